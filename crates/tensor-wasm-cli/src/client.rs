@@ -1,0 +1,151 @@
+//! The client subcommands: deploy, invoke, functions, delete over HTTP.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use serde_json::{json, Value};
+
+/// Where the server is.
+#[derive(Debug, Args)]
+pub struct ServerArg {
+    /// Base URL of the server.
+    #[arg(
+        long,
+        env = "TENSOR_WASM_SERVER",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    server: String,
+}
+
+impl ServerArg {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.server.trim_end_matches('/'))
+    }
+}
+
+/// Options of `deploy`.
+#[derive(Debug)]
+pub struct DeployOptions {
+    pub name: Option<String>,
+    pub style: String,
+    pub timeout_ms: Option<u64>,
+    pub memory_limit_bytes: Option<u64>,
+    pub fuel: Option<u64>,
+}
+
+/// Sends a request and returns the response, turning API errors into errors
+/// that carry the server's code and message.
+fn send(request: ureq::Request, body: Option<&[u8]>) -> anyhow::Result<ureq::Response> {
+    let result = match body {
+        Some(bytes) => request.send_bytes(bytes),
+        None => request.call(),
+    };
+    match result {
+        Ok(response) => Ok(response),
+        Err(ureq::Error::Status(status, response)) => {
+            let text = response.into_string().unwrap_or_default();
+            let detail = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| {
+                    let e = v.get("error")?;
+                    Some(format!(
+                        "{} ({})",
+                        e.get("message")?.as_str()?,
+                        e.get("code")?.as_str()?
+                    ))
+                })
+                .unwrap_or(text);
+            bail!("server answered {status}: {detail}")
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("request failed (is the server running?)")),
+    }
+}
+
+fn print_json(response: ureq::Response) -> anyhow::Result<ExitCode> {
+    let value: Value = response.into_json().context("reading the response")?;
+    println!("{}", serde_json::to_string_pretty(&value)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn deploy(server: &ServerArg, file: &Path, options: DeployOptions) -> anyhow::Result<ExitCode> {
+    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let name = options.name.unwrap_or_else(|| {
+        file.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "function".into())
+    });
+    let mut request = ureq::post(&server.url("/functions"))
+        .set("content-type", "application/wasm")
+        .query("name", &name)
+        .query("style", &options.style);
+    for (key, value) in [
+        ("timeout_ms", options.timeout_ms),
+        ("memory_limit_bytes", options.memory_limit_bytes),
+        ("fuel", options.fuel),
+    ] {
+        if let Some(v) = value {
+            request = request.query(key, &v.to_string());
+        }
+    }
+    print_json(send(request, Some(&bytes))?)
+}
+
+/// An `--arg` value: JSON when it parses (numbers), a string otherwise.
+fn parse_arg(arg: &str) -> Value {
+    serde_json::from_str(arg).unwrap_or_else(|_| Value::String(arg.to_owned()))
+}
+
+pub fn invoke(
+    server: &ServerArg,
+    id: &str,
+    export: Option<&str>,
+    args: &[String],
+) -> anyhow::Result<ExitCode> {
+    let url = server.url(&format!("/functions/{id}/invoke"));
+    if let Some(export) = export {
+        let body = json!({
+            "export": export,
+            "args": args.iter().map(|a| parse_arg(a)).collect::<Vec<_>>(),
+        });
+        let request = ureq::post(&url).set("content-type", "application/json");
+        return print_json(send(request, Some(body.to_string().as_bytes()))?);
+    }
+    if !args.is_empty() {
+        bail!("--arg needs --export (WASI commands read stdin)");
+    }
+    let mut stdin = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut stdin)
+        .context("reading stdin")?;
+    let request = ureq::post(&url).set("content-type", "application/octet-stream");
+    let response = send(request, Some(&stdin))?;
+    let exit_code = response
+        .header("x-exit-code")
+        .and_then(|v| v.parse::<i32>().ok())
+        .unwrap_or(0);
+    if let Some(tail) = response.header("x-stderr-tail") {
+        if !tail.is_empty() {
+            eprintln!("{tail}");
+        }
+    }
+    let mut stdout = Vec::new();
+    response
+        .into_reader()
+        .read_to_end(&mut stdout)
+        .context("reading the response")?;
+    std::io::stdout().write_all(&stdout)?;
+    Ok(ExitCode::from(exit_code.clamp(0, 255) as u8))
+}
+
+pub fn functions(server: &ServerArg) -> anyhow::Result<ExitCode> {
+    print_json(send(ureq::get(&server.url("/functions")), None)?)
+}
+
+pub fn delete(server: &ServerArg, id: &str) -> anyhow::Result<ExitCode> {
+    send(ureq::delete(&server.url(&format!("/functions/{id}"))), None)?;
+    println!("deleted {id}");
+    Ok(ExitCode::SUCCESS)
+}

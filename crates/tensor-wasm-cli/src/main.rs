@@ -1,0 +1,112 @@
+//! The `tensor-wasm` binary: run the server, or talk to one (deploy, invoke, list, delete).
+
+mod client;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// TensorWasm: a serverless runtime for WebAssembly functions.
+#[derive(Debug, Parser)]
+#[command(name = "tensor-wasm", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the HTTP server.
+    Serve(serve::ServeArgs),
+    /// Deploy a module (.wasm binary or .wat text) and print the new function.
+    Deploy {
+        /// Path of the module.
+        file: PathBuf,
+        /// Function name (default: the file stem).
+        #[arg(long)]
+        name: Option<String>,
+        /// Invocation style: `export` (call exports with JSON args) or `wasi` (stdin/stdout command).
+        #[arg(long, default_value = "export", value_parser = ["export", "wasi"])]
+        style: String,
+        /// Per-invocation deadline in milliseconds (server default if unset).
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+        /// Per-invocation memory limit in bytes (server default if unset).
+        #[arg(long)]
+        memory_limit_bytes: Option<u64>,
+        /// Fuel budget per invocation (the server must run with --fuel).
+        #[arg(long)]
+        fuel: Option<u64>,
+        #[command(flatten)]
+        server: client::ServerArg,
+    },
+    /// Invoke a function. With --export, call that export with --arg values;
+    /// without, send stdin as the body of a WASI command and print its stdout.
+    Invoke {
+        /// Function id.
+        id: String,
+        /// Export to call (export-style functions).
+        #[arg(long)]
+        export: Option<String>,
+        /// Argument, repeatable: a JSON number, or a string such as "NaN" or a 64-bit decimal.
+        #[arg(long = "arg", allow_hyphen_values = true)]
+        args: Vec<String>,
+        #[command(flatten)]
+        server: client::ServerArg,
+    },
+    /// List deployed functions.
+    Functions {
+        #[command(flatten)]
+        server: client::ServerArg,
+    },
+    /// Delete a function.
+    Delete {
+        /// Function id.
+        id: String,
+        #[command(flatten)]
+        server: client::ServerArg,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Deploy {
+            file,
+            name,
+            style,
+            timeout_ms,
+            memory_limit_bytes,
+            fuel,
+            server,
+        } => client::deploy(
+            &server,
+            &file,
+            client::DeployOptions {
+                name,
+                style,
+                timeout_ms,
+                memory_limit_bytes,
+                fuel,
+            },
+        ),
+        Command::Invoke {
+            id,
+            export,
+            args,
+            server,
+        } => client::invoke(&server, &id, export.as_deref(), &args),
+        Command::Functions { server } => client::functions(&server),
+        Command::Delete { id, server } => client::delete(&server, &id),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

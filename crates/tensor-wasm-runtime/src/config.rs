@@ -1,0 +1,61 @@
+//! Runtime configuration: data directory, default and maximum limits, pool size.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Settings of a [`crate::Runtime`]; every field has a production default.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Where functions, modules and artifacts live.
+    pub data_dir: PathBuf,
+    /// Deadline of an invocation when the function sets none.
+    pub default_timeout: Duration,
+    /// Longest deadline a function may ask for.
+    pub max_timeout: Duration,
+    /// Linear-memory limit of an invocation when the function sets none.
+    pub default_memory_limit_bytes: u64,
+    /// Largest memory limit a function may ask for; sizes the instance pool slots.
+    pub max_memory_limit_bytes: u64,
+    /// Largest module accepted at deploy.
+    pub max_module_bytes: usize,
+    /// Instance slots in the pooling allocator = invocations that can run at once.
+    pub max_instances: u32,
+    /// Whether fuel metering is compiled in (per-function budgets need it).
+    pub fuel_enabled: bool,
+    /// Cap on what a WASI command may write to stdout.
+    pub max_output_bytes: usize,
+    /// How many trailing bytes of stderr are reported back.
+    pub stderr_tail_bytes: usize,
+    /// Period of the epoch ticker; deadlines are rounded up to it.
+    pub epoch_tick: Duration,
+}
+
+impl RuntimeConfig {
+    /// Production defaults rooted at `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        RuntimeConfig {
+            data_dir: data_dir.into(),
+            default_timeout: Duration::from_secs(30),
+            max_timeout: Duration::from_secs(15 * 60),
+            default_memory_limit_bytes: 256 << 20,
+            max_memory_limit_bytes: 1 << 30,
+            max_module_bytes: 64 << 20,
+            max_instances: 256,
+            fuel_enabled: false,
+            max_output_bytes: 16 << 20,
+            stderr_tail_bytes: 4096,
+            epoch_tick: Duration::from_millis(5),
+        }
+    }
+
+    /// Small limits for tests: short deadline, 16 MiB memory, few slots.
+    pub fn for_tests(data_dir: &Path) -> Self {
+        RuntimeConfig {
+            default_timeout: Duration::from_secs(5),
+            default_memory_limit_bytes: 16 << 20,
+            max_memory_limit_bytes: 64 << 20,
+            max_instances: 64,
+            ..RuntimeConfig::new(data_dir)
+        }
+    }
+}

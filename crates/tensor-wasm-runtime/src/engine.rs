@@ -1,0 +1,236 @@
+//! The process-wide wasmtime engine, its epoch ticker and the on-disk cache of
+//! precompiled module artifacts.
+
+use std::fs;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, Module, PoolingAllocationConfig};
+
+use crate::config::RuntimeConfig;
+use crate::error::{Result, RuntimeError};
+use crate::store::sha256_hex;
+
+/// Builds the one engine of the process from the runtime configuration.
+///
+/// Epoch interruption is always on (deadlines); fuel only when the operator
+/// enables it, because metering slows every guest. Instances come from the
+/// pooling allocator with one slot per allowed concurrent instance.
+pub fn build_engine(config: &RuntimeConfig) -> Result<Engine> {
+    let mut pool = PoolingAllocationConfig::default();
+    let slots = config.max_instances;
+    pool.total_core_instances(slots)
+        .total_memories(slots)
+        .total_tables(slots)
+        .total_component_instances(0)
+        .max_memories_per_module(1)
+        .max_tables_per_module(4)
+        .max_memory_size(
+            usize::try_from(config.max_memory_limit_bytes).expect("memory cap fits in usize"),
+        );
+
+    let mut wasm = Config::new();
+    wasm.epoch_interruption(true)
+        .consume_fuel(config.fuel_enabled)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    Engine::new(&wasm).map_err(|e| RuntimeError::Engine(format!("{e:#}")))
+}
+
+/// One thread for the whole engine that advances its epoch every `tick`.
+///
+/// Each store sets its deadline in ticks; a guest past its deadline traps with
+/// `Trap::Interrupt` at the next loop header or function entry. The thread
+/// stops when this value is dropped.
+pub struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    /// Starts the ticker thread.
+    pub fn start(engine: Engine, tick: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("tensor-wasm-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(tick);
+                    engine.increment_epoch();
+                }
+            })
+            .expect("spawning the epoch thread");
+        EpochTicker {
+            stop,
+            handle: Some(handle),
+        }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// sha256 feeding `Hasher`, so wasmtime's compatibility hash becomes a stable
+/// directory name.
+struct Sha256Hasher(Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn finish(&self) -> u64 {
+        let digest = self.0.clone().finalize();
+        u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}
+
+/// Hex digest naming everything that makes compiled code of `engine` usable:
+/// wasmtime version, compiler settings and target.
+pub fn engine_fingerprint(engine: &Engine) -> String {
+    let mut hasher = Sha256Hasher(Sha256::new());
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    hex::encode(&hasher.0.finalize()[..16])
+}
+
+/// Where a module was loaded from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModuleSource {
+    /// Compiled from wasm bytes by Cranelift.
+    Compiled,
+    /// Loaded from a precompiled artifact written earlier by this server.
+    Artifact,
+}
+
+impl ModuleSource {
+    /// Label value used in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModuleSource::Compiled => "compiled",
+            ModuleSource::Artifact => "artifact",
+        }
+    }
+}
+
+/// Precompiled module artifacts on disk, under
+/// `artifacts/<engine fingerprint>/<module sha256>.cwasm`, each with a
+/// `.cwasm.sha256` sidecar holding the digest of the artifact bytes.
+///
+/// An artifact is host-local cache, not durable state: losing it costs one
+/// compile. Because loading one is unchecked native code, only files whose
+/// digest matches the sidecar this server wrote are loaded.
+#[derive(Debug)]
+pub struct ArtifactCache {
+    dir: PathBuf,
+}
+
+impl ArtifactCache {
+    /// Opens the cache for `engine` under `data_dir`.
+    pub fn open(data_dir: &Path, engine: &Engine) -> Result<Self> {
+        let dir = data_dir.join("artifacts").join(engine_fingerprint(engine));
+        fs::create_dir_all(&dir).map_err(|e| RuntimeError::storage(&dir, e))?;
+        Ok(ArtifactCache { dir })
+    }
+
+    fn paths(&self, module_sha256: &str) -> (PathBuf, PathBuf) {
+        (
+            self.dir.join(format!("{module_sha256}.cwasm")),
+            self.dir.join(format!("{module_sha256}.cwasm.sha256")),
+        )
+    }
+
+    /// Loads the artifact of `module_sha256`, or `None` when there is no usable one.
+    pub fn load(&self, engine: &Engine, module_sha256: &str) -> Option<Module> {
+        let (artifact, sidecar) = self.paths(module_sha256);
+        let bytes = fs::read(&artifact).ok()?;
+        let expected = fs::read_to_string(&sidecar).ok()?;
+        if sha256_hex(&bytes) != expected.trim() {
+            tracing::warn!(path = %artifact.display(), "artifact digest mismatch; recompiling");
+            return None;
+        }
+        match deserialize_artifact(engine, &bytes) {
+            Ok(module) => Some(module),
+            Err(e) => {
+                tracing::warn!(path = %artifact.display(), error = %e, "artifact rejected; recompiling");
+                None
+            }
+        }
+    }
+
+    /// Writes the artifact of a freshly compiled module. Failures only cost a
+    /// recompile later, so they are logged, not returned.
+    pub fn store(&self, module_sha256: &str, module: &Module) {
+        let (artifact, sidecar) = self.paths(module_sha256);
+        let result = (|| -> std::result::Result<(), String> {
+            let bytes = module.serialize().map_err(|e| format!("{e:#}"))?;
+            let tmp = artifact.with_extension("cwasm.partial");
+            fs::write(&tmp, &bytes).map_err(|e| e.to_string())?;
+            fs::rename(&tmp, &artifact).map_err(|e| e.to_string())?;
+            fs::write(&sidecar, sha256_hex(&bytes)).map_err(|e| e.to_string())
+        })();
+        if let Err(e) = result {
+            tracing::warn!(path = %artifact.display(), error = %e, "could not write artifact");
+        }
+    }
+}
+
+/// Turns artifact bytes written by [`ArtifactCache::store`] back into a module.
+#[allow(unsafe_code)]
+fn deserialize_artifact(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Module> {
+    // SAFETY: `Module::deserialize` trusts its input to be code produced by
+    // `Module::serialize` of a compatible engine. The bytes come from this
+    // server's own artifact directory, which is keyed by the engine's
+    // compatibility hash, and their sha256 was just checked against the
+    // sidecar written together with them; wasmtime additionally rejects
+    // artifacts of another version or configuration.
+    unsafe { Module::deserialize(engine, bytes) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn artifacts_round_trip_and_tampering_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = build_engine(&RuntimeConfig::for_tests(dir.path())).unwrap();
+        let cache = ArtifactCache::open(dir.path(), &engine).unwrap();
+        let module = Module::new(
+            &engine,
+            "(module (func (export \"f\") (result i32) i32.const 7))",
+        )
+        .unwrap();
+        let sha = "ab".repeat(32);
+        assert!(cache.load(&engine, &sha).is_none());
+        cache.store(&sha, &module);
+        let loaded = cache.load(&engine, &sha).expect("artifact loads");
+        assert!(loaded.get_export("f").is_some());
+
+        let (artifact, _) = cache.paths(&sha);
+        let mut bytes = fs::read(&artifact).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        fs::write(&artifact, bytes).unwrap();
+        assert!(cache.load(&engine, &sha).is_none());
+    }
+
+    #[test]
+    fn fingerprint_is_stable_for_one_engine_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = RuntimeConfig::for_tests(dir.path());
+        let a = engine_fingerprint(&build_engine(&config).unwrap());
+        let b = engine_fingerprint(&build_engine(&config).unwrap());
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 32);
+    }
+}

@@ -1,0 +1,73 @@
+//! Errors of the runtime boundary: deploy, lookup and invocation failures.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in [`crate::Runtime`].
+///
+/// Variants split along who is at fault: the caller (bad module, bad arguments,
+/// unknown id), the guest (trap, timeout, limits) or the host (storage, engine).
+/// The HTTP layer maps each variant to a status code and a stable error code.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The module bytes are not valid WebAssembly (binary or text) or do not compile.
+    #[error("invalid module: {0}")]
+    InvalidModule(String),
+    /// The deploy request is well-formed but asks for something not allowed.
+    #[error("invalid function config: {0}")]
+    InvalidConfig(String),
+    /// No function with this id exists.
+    #[error("function {0} not found")]
+    FunctionNotFound(String),
+    /// The export-call request names an export the module does not have.
+    #[error("unknown export `{0}`")]
+    UnknownExport(String),
+    /// Arguments do not match the export's signature.
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    /// The invocation style of the request does not match the function's.
+    #[error("wrong invocation style: {0}")]
+    WrongStyle(String),
+    /// The guest trapped (unreachable, out-of-bounds access, stack overflow, ...).
+    #[error("guest trapped: {0}")]
+    Trap(String),
+    /// The invocation ran past its deadline and was interrupted.
+    #[error("invocation exceeded its deadline of {timeout_ms} ms")]
+    Timeout { timeout_ms: u64 },
+    /// The guest tried to grow its memory (or tables) past the function's limit.
+    #[error("{0}")]
+    MemoryLimit(String),
+    /// The guest used up its fuel budget.
+    #[error("invocation ran out of fuel (budget {0})")]
+    FuelExhausted(u64),
+    /// A WASI command wrote more to stdout than the output cap allows.
+    #[error("output exceeded the cap of {0} bytes")]
+    OutputTooLarge(usize),
+    /// Every instance slot is taken.
+    #[error("all {0} instance slots are busy")]
+    Busy(u32),
+    /// The durable store failed.
+    #[error("storage error at {path}: {source}")]
+    Storage {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A stored record could not be decoded.
+    #[error("corrupt record at {path}: {message}")]
+    CorruptRecord { path: PathBuf, message: String },
+    /// The engine failed for a reason that is not the guest's fault.
+    #[error("engine error: {0}")]
+    Engine(String),
+}
+
+impl RuntimeError {
+    pub(crate) fn storage(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        RuntimeError::Storage {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

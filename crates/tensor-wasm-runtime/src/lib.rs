@@ -1,0 +1,42 @@
+//! The TensorWasm runtime: one wasmtime engine per process, a durable function
+//! store, compiled-module caching (in memory and as precompiled artifacts on
+//! disk) and invocations under per-function limits (deadline by epoch
+//! interruption, memory limit, optional fuel).
+//!
+//! Two invocation styles exist, chosen per function at deploy time:
+//! an *export call* (typed arguments in, typed results out) and a *WASI
+//! command* (stdin in, stdout out, exit code).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tensor_wasm_runtime::{DeploySpec, FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = Arc::new(FsFunctionStore::open(dir.path()).unwrap());
+//! let metrics = RuntimeMetrics::register(&prometheus::Registry::new()).unwrap();
+//! let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics).unwrap();
+//! let wat = r#"(module (func (export "add") (param i32 i32) (result i32)
+//!                local.get 0 local.get 1 i32.add))"#;
+//! let f = runtime.deploy(wat.as_bytes(), DeploySpec::export("adder")).unwrap();
+//! let out = runtime.invoke_export(&f.record.id, "add", &[1.into(), 2.into()]).unwrap();
+//! assert_eq!(out, vec![serde_json::json!(3)]);
+//! ```
+
+mod config;
+mod engine;
+mod error;
+mod metrics;
+mod runtime;
+mod store;
+mod values;
+
+pub use config::RuntimeConfig;
+pub use engine::{build_engine, engine_fingerprint, ModuleSource};
+pub use error::{Result, RuntimeError};
+pub use metrics::{Outcome, RuntimeMetrics};
+pub use runtime::{CommandOutput, DeploySpec, FunctionInfo, Runtime};
+pub use store::{
+    is_valid_function_id, sha256_hex, FsFunctionStore, FunctionLimits, FunctionRecord,
+    FunctionStore, InvocationStyle,
+};
+pub use values::{ExportSignature, WasmType};

@@ -1,0 +1,128 @@
+//! Prometheus metrics of the runtime: invocations, instantiation, compilation.
+
+use prometheus::{
+    exponential_buckets, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+/// How an invocation ended, as a metrics label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Returned results or exited.
+    Ok,
+    /// The guest trapped.
+    Trap,
+    /// The deadline passed.
+    Timeout,
+    /// A memory, fuel or output limit was hit.
+    Limit,
+    /// The request was refused before the guest ran (bad arguments, busy).
+    Rejected,
+    /// The host failed.
+    Error,
+}
+
+impl Outcome {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Trap => "trap",
+            Outcome::Timeout => "timeout",
+            Outcome::Limit => "limit",
+            Outcome::Rejected => "rejected",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// Handles to every runtime metric.
+#[derive(Clone, Debug)]
+pub struct RuntimeMetrics {
+    pub(crate) invocations: IntCounterVec,
+    pub(crate) invocation_seconds: Histogram,
+    pub(crate) instantiate_seconds: Histogram,
+    pub(crate) compile_seconds: Histogram,
+    pub(crate) module_loads: IntCounterVec,
+    pub(crate) cached_modules: IntGauge,
+}
+
+impl RuntimeMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let fast = exponential_buckets(1e-6, 2.0, 24)?; // 1 µs .. ~8 s
+        let metrics = RuntimeMetrics {
+            invocations: IntCounterVec::new(
+                Opts::new(
+                    "tensor_wasm_invocations_total",
+                    "Invocations by outcome (ok, trap, timeout, limit, rejected, error).",
+                ),
+                &["outcome"],
+            )?,
+            invocation_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "tensor_wasm_invocation_duration_seconds",
+                    "Wall time of an invocation from instantiation to results.",
+                )
+                .buckets(fast.clone()),
+            )?,
+            instantiate_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "tensor_wasm_instantiate_duration_seconds",
+                    "Time to create a store and instantiate a module from its InstancePre.",
+                )
+                .buckets(fast.clone()),
+            )?,
+            compile_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "tensor_wasm_module_compile_duration_seconds",
+                    "Time to compile a module, or to load its precompiled artifact.",
+                )
+                .buckets(fast),
+            )?,
+            module_loads: IntCounterVec::new(
+                Opts::new(
+                    "tensor_wasm_module_loads_total",
+                    "Modules made ready, by source (compiled, artifact).",
+                ),
+                &["source"],
+            )?,
+            cached_modules: IntGauge::new(
+                "tensor_wasm_cached_modules",
+                "Compiled modules held in memory.",
+            )?,
+        };
+        registry.register(Box::new(metrics.invocations.clone()))?;
+        registry.register(Box::new(metrics.invocation_seconds.clone()))?;
+        registry.register(Box::new(metrics.instantiate_seconds.clone()))?;
+        registry.register(Box::new(metrics.compile_seconds.clone()))?;
+        registry.register(Box::new(metrics.module_loads.clone()))?;
+        registry.register(Box::new(metrics.cached_modules.clone()))?;
+        for outcome in [
+            Outcome::Ok,
+            Outcome::Trap,
+            Outcome::Timeout,
+            Outcome::Limit,
+            Outcome::Rejected,
+            Outcome::Error,
+        ] {
+            metrics.invocations.with_label_values(&[outcome.as_str()]);
+        }
+        for source in ["compiled", "artifact"] {
+            metrics.module_loads.with_label_values(&[source]);
+        }
+        Ok(metrics)
+    }
+
+    /// Number of modules loaded from `source` so far.
+    pub fn module_loads(&self, source: crate::ModuleSource) -> u64 {
+        self.module_loads
+            .with_label_values(&[source.as_str()])
+            .get()
+    }
+
+    pub(crate) fn record_outcome(&self, outcome: Outcome) {
+        self.invocations
+            .with_label_values(&[outcome.as_str()])
+            .inc();
+    }
+}

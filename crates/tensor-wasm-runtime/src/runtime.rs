@@ -1,0 +1,764 @@
+//! [`Runtime`]: deploys, loads and invokes functions under per-invocation limits.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value as Json;
+use wasmtime::{
+    Engine, ExternType, InstancePre, Linker, Module, ResourceLimiter, Store, Trap, Val,
+};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
+use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
+
+use crate::config::RuntimeConfig;
+use crate::engine::{build_engine, ArtifactCache, EpochTicker, ModuleSource};
+use crate::error::{Result, RuntimeError};
+use crate::metrics::{Outcome, RuntimeMetrics};
+use crate::store::{
+    new_function_id, sha256_hex, FunctionLimits, FunctionRecord, FunctionStore, InvocationStyle,
+    RECORD_FORMAT,
+};
+use crate::values::{args_from_json, results_to_json, ExportSignature};
+
+/// Import module name of WASI preview 1.
+const WASI_P1: &str = "wasi_snapshot_preview1";
+/// Largest stderr a command may write before it traps; the tail is reported.
+const STDERR_CAP: usize = 1 << 20;
+/// Longest guest error message passed back to callers.
+const MAX_MESSAGE: usize = 4096;
+
+/// What a deploy asks for; unset limits take the server defaults.
+#[derive(Debug, Clone)]
+pub struct DeploySpec {
+    pub name: String,
+    pub style: InvocationStyle,
+    pub timeout_ms: Option<u64>,
+    pub memory_limit_bytes: Option<u64>,
+    pub fuel: Option<u64>,
+}
+
+impl DeploySpec {
+    /// An export-call function with default limits.
+    pub fn export(name: impl Into<String>) -> Self {
+        DeploySpec {
+            name: name.into(),
+            style: InvocationStyle::Export,
+            timeout_ms: None,
+            memory_limit_bytes: None,
+            fuel: None,
+        }
+    }
+
+    /// A WASI command with default limits.
+    pub fn wasi(name: impl Into<String>) -> Self {
+        DeploySpec {
+            style: InvocationStyle::Wasi,
+            ..DeploySpec::export(name)
+        }
+    }
+}
+
+/// A deployed function as the API shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FunctionInfo {
+    #[serde(flatten)]
+    pub record: FunctionRecord,
+    /// Callable exports and their signatures.
+    pub exports: Vec<ExportSignature>,
+}
+
+/// Result of a WASI command invocation.
+#[derive(Debug, Clone)]
+pub struct CommandOutput {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    /// The last `stderr_tail_bytes` bytes of stderr.
+    pub stderr_tail: Vec<u8>,
+    /// Whether stderr was longer than the tail.
+    pub stderr_truncated: bool,
+}
+
+/// Per-store state of one invocation.
+pub(crate) struct InvocationState {
+    limiter: InvocationLimiter,
+    wasi: Option<WasiP1Ctx>,
+}
+
+/// Enforces the function's memory limit and remembers that it did.
+struct InvocationLimiter {
+    memory_limit: usize,
+    hit: Option<String>,
+}
+
+/// Table elements any instance may have; generous for real programs, bounded for hostile ones.
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+impl ResourceLimiter for InvocationLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired <= self.memory_limit {
+            return Ok(true);
+        }
+        let message = format!(
+            "memory limit exceeded: the guest asked to grow linear memory from {current} to \
+             {desired} bytes; the function's limit is {} bytes",
+            self.memory_limit
+        );
+        self.hit = Some(message.clone());
+        Err(wasmtime::Error::msg(message))
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired <= MAX_TABLE_ELEMENTS {
+            return Ok(true);
+        }
+        let message = format!(
+            "table limit exceeded: the guest asked to grow a table from {current} to {desired} \
+             elements; the limit is {MAX_TABLE_ELEMENTS}"
+        );
+        self.hit = Some(message.clone());
+        Err(wasmtime::Error::msg(message))
+    }
+}
+
+/// A function compiled and linked, ready to instantiate.
+struct Prepared {
+    pre: InstancePre<InvocationState>,
+    needs_wasi: bool,
+}
+
+struct FunctionEntry {
+    record: FunctionRecord,
+    prepared: OnceLock<Arc<Prepared>>,
+    load_lock: Mutex<()>,
+}
+
+struct Inner {
+    config: RuntimeConfig,
+    engine: Engine,
+    linker: Linker<InvocationState>,
+    store: Arc<dyn FunctionStore>,
+    artifacts: ArtifactCache,
+    functions: RwLock<HashMap<String, Arc<FunctionEntry>>>,
+    modules: Mutex<HashMap<String, Module>>,
+    in_flight: AtomicU32,
+    metrics: RuntimeMetrics,
+    _ticker: EpochTicker,
+}
+
+/// The TensorWasm runtime: one engine, a durable function store and the
+/// functions deployed in it. Cheap to clone; every method is blocking and
+/// meant for a blocking thread (invocations run guest code to completion).
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+impl FunctionEntry {
+    fn new(record: FunctionRecord) -> Self {
+        FunctionEntry {
+            record,
+            prepared: OnceLock::new(),
+            load_lock: Mutex::new(()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("data_dir", &self.inner.config.data_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Releases an instance slot when dropped.
+struct SlotGuard<'a>(&'a AtomicU32);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn truncate_message(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str(" [truncated]");
+    }
+    message
+}
+
+impl Runtime {
+    /// Opens the runtime over `store`, with the engine and artifact cache of `config`.
+    /// Function records are read now; modules load lazily (see [`Runtime::warm_up`]).
+    pub fn open(
+        config: RuntimeConfig,
+        store: Arc<dyn FunctionStore>,
+        metrics: RuntimeMetrics,
+    ) -> Result<Self> {
+        let engine = build_engine(&config)?;
+        let artifacts = ArtifactCache::open(&config.data_dir, &engine)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |state: &mut InvocationState| {
+            state
+                .wasi
+                .as_mut()
+                .expect("stores of modules importing WASI always carry a WASI context")
+        })
+        .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+
+        let functions = store
+            .functions()?
+            .into_iter()
+            .map(|record| (record.id.clone(), Arc::new(FunctionEntry::new(record))))
+            .collect();
+        let ticker = EpochTicker::start(engine.clone(), config.epoch_tick);
+        let runtime = Runtime {
+            inner: Arc::new(Inner {
+                config,
+                engine,
+                linker,
+                store,
+                artifacts,
+                functions: RwLock::new(functions),
+                modules: Mutex::new(HashMap::new()),
+                in_flight: AtomicU32::new(0),
+                metrics,
+                _ticker: ticker,
+            }),
+        };
+        Ok(runtime)
+    }
+
+    /// The configuration this runtime runs with.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.inner.config
+    }
+
+    /// The runtime's metrics handles.
+    pub fn metrics(&self) -> &RuntimeMetrics {
+        &self.inner.metrics
+    }
+
+    /// The engine (for benches comparing against raw wasmtime).
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// Loads every stored function (from artifacts where possible) so the first
+    /// invocations do not pay for it. Returns how many failed to load.
+    pub fn warm_up(&self) -> usize {
+        let entries: Vec<_> = self
+            .inner
+            .functions
+            .read()
+            .expect("lock")
+            .values()
+            .cloned()
+            .collect();
+        let mut failed = 0;
+        for entry in entries {
+            if let Err(e) = self.prepared(&entry) {
+                tracing::error!(function = %entry.record.id, error = %e, "function failed to load");
+                failed += 1;
+            }
+        }
+        failed
+    }
+
+    /// Every deployed function, oldest first.
+    pub fn functions(&self) -> Vec<FunctionRecord> {
+        let mut records: Vec<_> = self
+            .inner
+            .functions
+            .read()
+            .expect("lock")
+            .values()
+            .map(|e| e.record.clone())
+            .collect();
+        records.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        records
+    }
+
+    /// One function with its export signatures (loading it if needed).
+    pub fn function(&self, id: &str) -> Result<FunctionInfo> {
+        let entry = self.entry(id)?;
+        let prepared = self.prepared(&entry)?;
+        Ok(FunctionInfo {
+            record: entry.record.clone(),
+            exports: exports_of(prepared.pre.module()),
+        })
+    }
+
+    /// How function `id` is invoked (cheap: no loading).
+    pub fn style(&self, id: &str) -> Result<InvocationStyle> {
+        Ok(self.entry(id)?.record.style)
+    }
+
+    fn entry(&self, id: &str) -> Result<Arc<FunctionEntry>> {
+        self.inner
+            .functions
+            .read()
+            .expect("lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| RuntimeError::FunctionNotFound(id.to_owned()))
+    }
+
+    /// Deploys a module (binary or WAT text) as a new function. Durable when it returns.
+    pub fn deploy(&self, module_bytes: &[u8], spec: DeploySpec) -> Result<FunctionInfo> {
+        let cfg = &self.inner.config;
+        if module_bytes.len() > cfg.max_module_bytes {
+            return Err(RuntimeError::InvalidModule(format!(
+                "module is {} bytes; the limit is {}",
+                module_bytes.len(),
+                cfg.max_module_bytes
+            )));
+        }
+        let limits = self.resolve_limits(&spec)?;
+        let name = spec.name.trim();
+        if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+            return Err(RuntimeError::InvalidConfig(
+                "name must be 1 to 128 printable characters".into(),
+            ));
+        }
+        let binary = wat::parse_bytes(module_bytes)
+            .map_err(|e| RuntimeError::InvalidModule(truncate_message(format!("{e}"))))?;
+        let sha = sha256_hex(&binary);
+        let module = self.module_for(&sha, Some(&binary))?;
+        let prepared = self.prepare(&module)?;
+        check_shape(&module, spec.style, &limits)?;
+
+        let stored_sha = self.inner.store.put_module(&binary)?;
+        debug_assert_eq!(stored_sha, sha);
+        let record = FunctionRecord {
+            format: RECORD_FORMAT,
+            id: new_function_id(),
+            name: name.to_owned(),
+            style: spec.style,
+            module_sha256: sha,
+            module_size: binary.len() as u64,
+            created_at_ms: now_ms(),
+            limits,
+        };
+        self.inner.store.put_function(&record)?;
+        let info = FunctionInfo {
+            record,
+            exports: exports_of(&module),
+        };
+        let entry = FunctionEntry::new(info.record.clone());
+        let _ = entry.prepared.set(Arc::new(prepared));
+        self.inner
+            .functions
+            .write()
+            .expect("lock")
+            .insert(info.record.id.clone(), Arc::new(entry));
+        tracing::info!(function = %info.record.id, name = %info.record.name, "deployed");
+        Ok(info)
+    }
+
+    fn resolve_limits(&self, spec: &DeploySpec) -> Result<FunctionLimits> {
+        let cfg = &self.inner.config;
+        let timeout_ms = spec
+            .timeout_ms
+            .unwrap_or(cfg.default_timeout.as_millis() as u64);
+        if timeout_ms == 0 || timeout_ms > cfg.max_timeout.as_millis() as u64 {
+            return Err(RuntimeError::InvalidConfig(format!(
+                "timeout_ms must be between 1 and {}",
+                cfg.max_timeout.as_millis()
+            )));
+        }
+        let memory_limit_bytes = spec
+            .memory_limit_bytes
+            .unwrap_or(cfg.default_memory_limit_bytes);
+        if memory_limit_bytes > cfg.max_memory_limit_bytes {
+            return Err(RuntimeError::InvalidConfig(format!(
+                "memory_limit_bytes must be at most {}",
+                cfg.max_memory_limit_bytes
+            )));
+        }
+        if spec.fuel.is_some() && !cfg.fuel_enabled {
+            return Err(RuntimeError::InvalidConfig(
+                "fuel metering is disabled on this server (start it with --fuel to allow fuel \
+                 budgets)"
+                    .into(),
+            ));
+        }
+        Ok(FunctionLimits {
+            timeout_ms,
+            memory_limit_bytes,
+            fuel: spec.fuel,
+        })
+    }
+
+    /// Deletes a function; `false` if it did not exist.
+    pub fn delete(&self, id: &str) -> Result<bool> {
+        if !self.inner.store.delete_function(id)? {
+            return Ok(false);
+        }
+        let removed = self.inner.functions.write().expect("lock").remove(id);
+        if let Some(entry) = removed {
+            let sha = &entry.record.module_sha256;
+            let still_used = self
+                .inner
+                .functions
+                .read()
+                .expect("lock")
+                .values()
+                .any(|e| &e.record.module_sha256 == sha);
+            if !still_used {
+                let mut modules = self.inner.modules.lock().expect("lock");
+                modules.remove(sha);
+                self.inner.metrics.cached_modules.set(modules.len() as i64);
+            }
+        }
+        tracing::info!(function = %id, "deleted");
+        Ok(true)
+    }
+
+    /// The compiled module `sha`: from memory, from an artifact, or compiled
+    /// from `binary` (read from the store when not given).
+    fn module_for(&self, sha: &str, binary: Option<&[u8]>) -> Result<Module> {
+        if let Some(module) = self.inner.modules.lock().expect("lock").get(sha) {
+            return Ok(module.clone());
+        }
+        let start = Instant::now();
+        if let Some(module) = self.inner.artifacts.load(&self.inner.engine, sha) {
+            self.note_module_loaded(sha, &module, ModuleSource::Artifact, start.elapsed());
+            return Ok(module);
+        }
+        let stored;
+        let binary = match binary {
+            Some(binary) => binary,
+            None => {
+                stored = self.inner.store.module(sha)?;
+                &stored
+            }
+        };
+        let module = Module::from_binary(&self.inner.engine, binary)
+            .map_err(|e| RuntimeError::InvalidModule(truncate_message(format!("{e:#}"))))?;
+        self.inner.artifacts.store(sha, &module);
+        self.note_module_loaded(sha, &module, ModuleSource::Compiled, start.elapsed());
+        Ok(module)
+    }
+
+    fn note_module_loaded(&self, sha: &str, module: &Module, source: ModuleSource, took: Duration) {
+        let m = &self.inner.metrics;
+        m.compile_seconds.observe(took.as_secs_f64());
+        m.module_loads.with_label_values(&[source.as_str()]).inc();
+        let mut modules = self.inner.modules.lock().expect("lock");
+        modules.insert(sha.to_owned(), module.clone());
+        m.cached_modules.set(modules.len() as i64);
+        tracing::debug!(
+            module = sha,
+            source = source.as_str(),
+            ?took,
+            "module ready"
+        );
+    }
+
+    fn prepare(&self, module: &Module) -> Result<Prepared> {
+        let pre = self.inner.linker.instantiate_pre(module).map_err(|e| {
+            RuntimeError::InvalidModule(truncate_message(format!(
+                "{e:#} (functions may import only `{WASI_P1}`)"
+            )))
+        })?;
+        let needs_wasi = module.imports().any(|i| i.module() == WASI_P1);
+        Ok(Prepared { pre, needs_wasi })
+    }
+
+    /// The prepared form of a stored function, loading it on first use.
+    fn prepared(&self, entry: &FunctionEntry) -> Result<Arc<Prepared>> {
+        if let Some(p) = entry.prepared.get() {
+            return Ok(p.clone());
+        }
+        let _guard = entry.load_lock.lock().expect("lock");
+        if let Some(p) = entry.prepared.get() {
+            return Ok(p.clone());
+        }
+        let module = self.module_for(&entry.record.module_sha256, None)?;
+        let prepared = Arc::new(self.prepare(&module)?);
+        let _ = entry.prepared.set(prepared.clone());
+        Ok(prepared)
+    }
+
+    /// Creates a store with the function's limits, and instantiates.
+    fn instantiate(
+        &self,
+        prepared: &Prepared,
+        limits: &FunctionLimits,
+        wasi: Option<WasiP1Ctx>,
+    ) -> (Store<InvocationState>, wasmtime::Result<wasmtime::Instance>) {
+        let start = Instant::now();
+        let state = InvocationState {
+            limiter: InvocationLimiter {
+                memory_limit: usize::try_from(limits.memory_limit_bytes).unwrap_or(usize::MAX),
+                hit: None,
+            },
+            wasi,
+        };
+        let mut store = Store::new(&self.inner.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        let tick = self.inner.config.epoch_tick.as_millis().max(1) as u64;
+        store.set_epoch_deadline(limits.timeout_ms.div_ceil(tick));
+        store.epoch_deadline_trap();
+        if self.inner.config.fuel_enabled {
+            store
+                .set_fuel(limits.fuel.unwrap_or(u64::MAX))
+                .expect("fuel is enabled in the engine");
+        }
+        let instance = prepared.pre.instantiate(&mut store);
+        self.inner
+            .metrics
+            .instantiate_seconds
+            .observe(start.elapsed().as_secs_f64());
+        (store, instance)
+    }
+
+    fn take_slot(&self) -> Result<SlotGuard<'_>> {
+        let max = self.inner.config.max_instances;
+        let slots = &self.inner.in_flight;
+        if slots.fetch_add(1, Ordering::AcqRel) >= max {
+            slots.fetch_sub(1, Ordering::AcqRel);
+            return Err(RuntimeError::Busy(max));
+        }
+        Ok(SlotGuard(slots))
+    }
+
+    /// Calls export `export` of an export-style function with JSON arguments.
+    pub fn invoke_export(&self, id: &str, export: &str, args: &[Json]) -> Result<Vec<Json>> {
+        let start = Instant::now();
+        let result = self.invoke_export_inner(id, export, args);
+        self.finish(start, &result);
+        result
+    }
+
+    fn invoke_export_inner(&self, id: &str, export: &str, args: &[Json]) -> Result<Vec<Json>> {
+        let entry = self.entry(id)?;
+        let record = &entry.record;
+        if record.style != InvocationStyle::Export {
+            return Err(RuntimeError::WrongStyle(format!(
+                "function {id} is a WASI command: send the request body as its stdin"
+            )));
+        }
+        let prepared = self.prepared(&entry)?;
+        let ty = match prepared.pre.module().get_export(export) {
+            Some(ExternType::Func(ty)) => ty,
+            _ => return Err(RuntimeError::UnknownExport(export.to_owned())),
+        };
+        let params = args_from_json(export, &ty, args)?;
+        let _slot = self.take_slot()?;
+        let wasi = prepared
+            .needs_wasi
+            .then(|| quiet_wasi(&record.name, self.inner.config.stderr_tail_bytes));
+        let (mut store, instance) = self.instantiate(&prepared, &record.limits, wasi);
+        let instance = instance.map_err(|e| classify(e, &mut store, &record.limits))?;
+        if let Some(init) = instance.get_func(&mut store, "_initialize") {
+            init.call(&mut store, &[], &mut [])
+                .map_err(|e| classify(e, &mut store, &record.limits))?;
+        }
+        let func = instance
+            .get_func(&mut store, export)
+            .ok_or_else(|| RuntimeError::UnknownExport(export.to_owned()))?;
+        let mut results = vec![Val::I32(0); ty.results().len()];
+        func.call(&mut store, &params, &mut results)
+            .map_err(|e| classify(e, &mut store, &record.limits))?;
+        Ok(results_to_json(&results))
+    }
+
+    /// Runs a WASI command function with `stdin` and returns what it wrote.
+    pub fn invoke_command(&self, id: &str, stdin: Vec<u8>) -> Result<CommandOutput> {
+        let start = Instant::now();
+        let result = self.invoke_command_inner(id, stdin);
+        self.finish(start, &result);
+        result
+    }
+
+    fn invoke_command_inner(&self, id: &str, stdin: Vec<u8>) -> Result<CommandOutput> {
+        let entry = self.entry(id)?;
+        let record = &entry.record;
+        if record.style != InvocationStyle::Wasi {
+            return Err(RuntimeError::WrongStyle(format!(
+                "function {id} is an export-call function: send {{\"export\": ..., \"args\": [...]}}"
+            )));
+        }
+        let prepared = self.prepared(&entry)?;
+        let _slot = self.take_slot()?;
+        let cap = self.inner.config.max_output_bytes;
+        let stdout = MemoryOutputPipe::new(cap);
+        let stderr = MemoryOutputPipe::new(STDERR_CAP);
+        let wasi = WasiCtxBuilder::new()
+            .stdin(MemoryInputPipe::new(stdin))
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .arg(&record.name)
+            .build_p1();
+        let (mut store, instance) = self.instantiate(&prepared, &record.limits, Some(wasi));
+        let run = instance.and_then(|instance| {
+            instance
+                .get_typed_func::<(), ()>(&mut store, "_start")?
+                .call(&mut store, ())
+        });
+        let exit_code = match run {
+            Ok(()) => 0,
+            Err(e) => match e.downcast_ref::<I32Exit>() {
+                Some(exit) => exit.0,
+                None => {
+                    let stdout_full = stdout.contents().len() >= cap
+                        || format!("{e:#}").contains("beyond capacity of MemoryOutputPipe")
+                            && stdout.contents().len() + 4096 > cap;
+                    if stdout_full {
+                        return Err(RuntimeError::OutputTooLarge(cap));
+                    }
+                    log_stderr(record, &stderr.contents());
+                    return Err(classify(e, &mut store, &record.limits));
+                }
+            },
+        };
+        drop(store);
+        let stderr = stderr.contents();
+        log_stderr(record, &stderr);
+        let tail = self.inner.config.stderr_tail_bytes;
+        let skip = stderr.len().saturating_sub(tail);
+        Ok(CommandOutput {
+            exit_code,
+            stdout: stdout.contents().to_vec(),
+            stderr_tail: stderr[skip..].to_vec(),
+            stderr_truncated: skip > 0,
+        })
+    }
+
+    fn finish<T>(&self, start: Instant, result: &Result<T>) {
+        let outcome = match result {
+            Ok(_) => Outcome::Ok,
+            Err(RuntimeError::Trap(_)) => Outcome::Trap,
+            Err(RuntimeError::Timeout { .. }) => Outcome::Timeout,
+            Err(
+                RuntimeError::MemoryLimit(_)
+                | RuntimeError::FuelExhausted(_)
+                | RuntimeError::OutputTooLarge(_),
+            ) => Outcome::Limit,
+            Err(
+                RuntimeError::InvalidArguments(_)
+                | RuntimeError::UnknownExport(_)
+                | RuntimeError::WrongStyle(_)
+                | RuntimeError::FunctionNotFound(_)
+                | RuntimeError::Busy(_),
+            ) => Outcome::Rejected,
+            Err(_) => Outcome::Error,
+        };
+        let m = &self.inner.metrics;
+        m.record_outcome(outcome);
+        m.invocation_seconds.observe(start.elapsed().as_secs_f64());
+    }
+}
+
+/// A WASI context for export-style functions: no stdin, output only logged.
+fn quiet_wasi(name: &str, stderr_cap: usize) -> WasiP1Ctx {
+    WasiCtxBuilder::new()
+        .stdout(MemoryOutputPipe::new(stderr_cap))
+        .stderr(MemoryOutputPipe::new(stderr_cap))
+        .arg(name)
+        .build_p1()
+}
+
+fn log_stderr(record: &FunctionRecord, stderr: &[u8]) {
+    if !stderr.is_empty() {
+        tracing::info!(
+            function = %record.id,
+            stderr = %String::from_utf8_lossy(&stderr[stderr.len().saturating_sub(4096)..]),
+            "guest stderr"
+        );
+    }
+}
+
+/// Export signatures of a module's function exports.
+fn exports_of(module: &Module) -> Vec<ExportSignature> {
+    module
+        .exports()
+        .filter_map(|e| match e.ty() {
+            ExternType::Func(ty) => Some(ExportSignature::new(e.name(), &ty)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Deploy-time checks that the module fits its style and limits.
+fn check_shape(module: &Module, style: InvocationStyle, limits: &FunctionLimits) -> Result<()> {
+    for export in module.exports() {
+        if let ExternType::Memory(mem) = export.ty() {
+            let initial = mem.minimum().saturating_mul(mem.page_size());
+            if initial > limits.memory_limit_bytes {
+                return Err(RuntimeError::InvalidConfig(format!(
+                    "the module's initial memory is {initial} bytes, above the memory limit of {} \
+                     bytes",
+                    limits.memory_limit_bytes
+                )));
+            }
+        }
+    }
+    match style {
+        InvocationStyle::Wasi => match module.get_export("_start") {
+            Some(ExternType::Func(ty)) if ty.params().len() == 0 && ty.results().len() == 0 => {
+                Ok(())
+            }
+            _ => Err(RuntimeError::InvalidModule(
+                "a WASI command must export `_start: func()`".into(),
+            )),
+        },
+        InvocationStyle::Export => {
+            if module
+                .exports()
+                .any(|e| matches!(e.ty(), ExternType::Func(_)))
+            {
+                Ok(())
+            } else {
+                Err(RuntimeError::InvalidModule(
+                    "an export-call function must export at least one function".into(),
+                ))
+            }
+        }
+    }
+}
+
+/// Maps a wasmtime error from guest execution to a [`RuntimeError`].
+fn classify(
+    err: wasmtime::Error,
+    store: &mut Store<InvocationState>,
+    limits: &FunctionLimits,
+) -> RuntimeError {
+    if let Some(message) = store.data_mut().limiter.hit.take() {
+        return RuntimeError::MemoryLimit(message);
+    }
+    match err.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => RuntimeError::Timeout {
+            timeout_ms: limits.timeout_ms,
+        },
+        Some(Trap::OutOfFuel) => RuntimeError::FuelExhausted(limits.fuel.unwrap_or(u64::MAX)),
+        _ => RuntimeError::Trap(truncate_message(format!("{err:#}"))),
+    }
+}

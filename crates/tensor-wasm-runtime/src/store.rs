@@ -1,0 +1,393 @@
+//! Durable function store: the trait and its embedded local-disk implementation.
+//!
+//! Layout of the embedded store under the data directory:
+//!
+//! ```text
+//! modules/<sha256>.wasm     module bytes, content-addressed, immutable
+//! functions/<id>.json       one metadata record per function
+//! tmp/                      staging area for atomic writes, emptied on open
+//! ```
+//!
+//! Every write goes to `tmp/`, is fsynced, renamed into place and the parent
+//! directory fsynced, so a record is either absent or complete after a crash.
+//! A deploy writes the module first and the record last: a crash in between
+//! leaves an unreferenced module (collected on the next open), never a function
+//! without its module.
+
+use std::collections::HashSet;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Result, RuntimeError};
+
+/// Version of the [`FunctionRecord`] encoding written by this build.
+pub const RECORD_FORMAT: u32 = 1;
+
+/// How a function is invoked; chosen at deploy time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InvocationStyle {
+    /// Call a named export with typed arguments, get typed results back.
+    Export,
+    /// Run the module's `_start` as a WASI preview 1 command: body to stdin,
+    /// stdout to the response.
+    Wasi,
+}
+
+impl InvocationStyle {
+    /// The name used in the API and in records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InvocationStyle::Export => "export",
+            InvocationStyle::Wasi => "wasi",
+        }
+    }
+}
+
+/// Per-function limits, resolved against the server defaults at deploy time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionLimits {
+    /// Wall-clock deadline of one invocation.
+    pub timeout_ms: u64,
+    /// Largest linear memory an instance may have.
+    pub memory_limit_bytes: u64,
+    /// Fuel budget per invocation, when fuel metering is enabled.
+    pub fuel: Option<u64>,
+}
+
+/// The durable description of a deployed function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionRecord {
+    /// Encoding version ([`RECORD_FORMAT`]).
+    pub format: u32,
+    /// Opaque id, `fn-` followed by 24 lowercase hex digits.
+    pub id: String,
+    /// Human name given at deploy time.
+    pub name: String,
+    /// How the function is invoked.
+    pub style: InvocationStyle,
+    /// sha256 of the module binary, lowercase hex.
+    pub module_sha256: String,
+    /// Size of the module binary in bytes.
+    pub module_size: u64,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Resolved limits.
+    pub limits: FunctionLimits,
+}
+
+/// Durable storage of functions and their modules.
+///
+/// The embedded default is [`FsFunctionStore`]; a shared store for several
+/// replicas is another implementation of this trait.
+pub trait FunctionStore: Send + Sync + 'static {
+    /// Stores module bytes under their sha256 and returns the hex digest.
+    /// Durable when it returns.
+    fn put_module(&self, bytes: &[u8]) -> Result<String>;
+    /// Reads module bytes by digest and checks them against it.
+    fn module(&self, sha256: &str) -> Result<Vec<u8>>;
+    /// Writes a function record atomically; durable when it returns.
+    fn put_function(&self, record: &FunctionRecord) -> Result<()>;
+    /// Deletes a function record; `false` if it did not exist.
+    fn delete_function(&self, id: &str) -> Result<bool>;
+    /// Every stored function record.
+    fn functions(&self) -> Result<Vec<FunctionRecord>>;
+}
+
+/// sha256 of `bytes` as lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Whether `id` has the shape of a function id (and so is safe as a file name).
+pub fn is_valid_function_id(id: &str) -> bool {
+    id.len() == 27
+        && id.starts_with("fn-")
+        && id[3..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// A fresh random function id.
+pub fn new_function_id() -> String {
+    let mut raw = [0u8; 12];
+    getrandom::fill(&mut raw).expect("the OS random source is available");
+    format!("fn-{}", hex::encode(raw))
+}
+
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The embedded store: plain files on the local data directory.
+#[derive(Debug)]
+pub struct FsFunctionStore {
+    root: PathBuf,
+    tmp_counter: AtomicU64,
+}
+
+impl FsFunctionStore {
+    /// Opens (creating if needed) the store under `root`, empties the staging
+    /// area and removes modules no function references.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
+        let root = root.into();
+        for dir in ["modules", "functions", "tmp"] {
+            let path = root.join(dir);
+            fs::create_dir_all(&path).map_err(|e| RuntimeError::storage(&path, e))?;
+        }
+        let store = FsFunctionStore {
+            root,
+            tmp_counter: AtomicU64::new(0),
+        };
+        store.clear_staging()?;
+        store.collect_unreferenced_modules()?;
+        Ok(store)
+    }
+
+    /// The directory this store lives in.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn clear_staging(&self) -> Result<()> {
+        let tmp = self.root.join("tmp");
+        for entry in fs::read_dir(&tmp).map_err(|e| RuntimeError::storage(&tmp, e))? {
+            let path = entry.map_err(|e| RuntimeError::storage(&tmp, e))?.path();
+            fs::remove_file(&path).map_err(|e| RuntimeError::storage(&path, e))?;
+        }
+        Ok(())
+    }
+
+    fn collect_unreferenced_modules(&self) -> Result<()> {
+        let referenced: HashSet<String> = self
+            .functions()?
+            .into_iter()
+            .map(|r| r.module_sha256)
+            .collect();
+        let dir = self.root.join("modules");
+        for entry in fs::read_dir(&dir).map_err(|e| RuntimeError::storage(&dir, e))? {
+            let path = entry.map_err(|e| RuntimeError::storage(&dir, e))?.path();
+            let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            if !referenced.contains(stem) {
+                tracing::info!(module = stem, "removing unreferenced module");
+                fs::remove_file(&path).map_err(|e| RuntimeError::storage(&path, e))?;
+            }
+        }
+        sync_dir(&dir)
+    }
+
+    fn module_path(&self, sha256: &str) -> PathBuf {
+        self.root.join("modules").join(format!("{sha256}.wasm"))
+    }
+
+    fn record_path(&self, id: &str) -> PathBuf {
+        self.root.join("functions").join(format!("{id}.json"))
+    }
+
+    /// Writes `bytes` to `dest` atomically and durably.
+    fn write_atomic(&self, dest: &Path, bytes: &[u8]) -> Result<()> {
+        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+        let tmp = self
+            .root
+            .join("tmp")
+            .join(format!("{}-{n}.partial", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let mut file = File::create(&tmp)?;
+            file.write_all(bytes)?;
+            file.sync_all()
+        };
+        if let Err(e) = write() {
+            let _ = fs::remove_file(&tmp);
+            return Err(RuntimeError::storage(&tmp, e));
+        }
+        fs::rename(&tmp, dest).map_err(|e| RuntimeError::storage(dest, e))?;
+        sync_dir(dest.parent().expect("store paths have a parent"))
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| RuntimeError::storage(dir, e))
+}
+
+impl FunctionStore for FsFunctionStore {
+    fn put_module(&self, bytes: &[u8]) -> Result<String> {
+        let sha = sha256_hex(bytes);
+        let path = self.module_path(&sha);
+        if !path.exists() {
+            self.write_atomic(&path, bytes)?;
+        }
+        Ok(sha)
+    }
+
+    fn module(&self, sha256: &str) -> Result<Vec<u8>> {
+        if !is_sha256_hex(sha256) {
+            return Err(RuntimeError::CorruptRecord {
+                path: self.root.join("modules"),
+                message: format!("`{sha256}` is not a sha256 digest"),
+            });
+        }
+        let path = self.module_path(sha256);
+        let bytes = fs::read(&path).map_err(|e| RuntimeError::storage(&path, e))?;
+        if sha256_hex(&bytes) != sha256 {
+            return Err(RuntimeError::CorruptRecord {
+                path,
+                message: "module bytes do not match their digest".into(),
+            });
+        }
+        Ok(bytes)
+    }
+
+    fn put_function(&self, record: &FunctionRecord) -> Result<()> {
+        if !is_valid_function_id(&record.id) {
+            return Err(RuntimeError::InvalidConfig(format!(
+                "`{}` is not a function id",
+                record.id
+            )));
+        }
+        let json = serde_json::to_vec_pretty(record).expect("records serialize");
+        self.write_atomic(&self.record_path(&record.id), &json)
+    }
+
+    fn delete_function(&self, id: &str) -> Result<bool> {
+        if !is_valid_function_id(id) {
+            return Ok(false);
+        }
+        let path = self.record_path(id);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                sync_dir(&self.root.join("functions"))?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(RuntimeError::storage(&path, e)),
+        }
+    }
+
+    fn functions(&self) -> Result<Vec<FunctionRecord>> {
+        let dir = self.root.join("functions");
+        let mut records = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(|e| RuntimeError::storage(&dir, e))? {
+            let path = entry.map_err(|e| RuntimeError::storage(&dir, e))?.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            let bytes = fs::read(&path).map_err(|e| RuntimeError::storage(&path, e))?;
+            match serde_json::from_slice::<FunctionRecord>(&bytes) {
+                Ok(record) if record.format == RECORD_FORMAT => records.push(record),
+                Ok(record) => tracing::error!(
+                    path = %path.display(),
+                    format = record.format,
+                    "skipping function record of an unknown format"
+                ),
+                Err(e) => tracing::error!(
+                    path = %path.display(),
+                    error = %e,
+                    "skipping unreadable function record"
+                ),
+            }
+        }
+        records.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        Ok(records)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, sha: &str) -> FunctionRecord {
+        FunctionRecord {
+            format: RECORD_FORMAT,
+            id: id.into(),
+            name: "f".into(),
+            style: InvocationStyle::Export,
+            module_sha256: sha.into(),
+            module_size: 8,
+            created_at_ms: 1,
+            limits: FunctionLimits {
+                timeout_ms: 1000,
+                memory_limit_bytes: 1 << 20,
+                fuel: None,
+            },
+        }
+    }
+
+    #[test]
+    fn records_and_modules_round_trip_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsFunctionStore::open(dir.path()).unwrap();
+        let sha = store.put_module(b"\0asm\x01\0\0\0").unwrap();
+        let id = new_function_id();
+        store.put_function(&record(&id, &sha)).unwrap();
+        drop(store);
+
+        let store = FsFunctionStore::open(dir.path()).unwrap();
+        let records = store.functions().unwrap();
+        assert_eq!(records, vec![record(&id, &sha)]);
+        assert_eq!(store.module(&sha).unwrap(), b"\0asm\x01\0\0\0");
+        assert!(store.delete_function(&id).unwrap());
+        assert!(!store.delete_function(&id).unwrap());
+        assert!(store.functions().unwrap().is_empty());
+    }
+
+    #[test]
+    fn open_collects_unreferenced_modules_and_staging_leftovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsFunctionStore::open(dir.path()).unwrap();
+        let orphan = store.put_module(b"orphan").unwrap();
+        let kept = store.put_module(b"kept").unwrap();
+        store
+            .put_function(&record(&new_function_id(), &kept))
+            .unwrap();
+        fs::write(dir.path().join("tmp/123-0.partial"), b"half").unwrap();
+        drop(store);
+
+        let store = FsFunctionStore::open(dir.path()).unwrap();
+        assert!(store.module(&kept).is_ok());
+        assert!(matches!(
+            store.module(&orphan),
+            Err(RuntimeError::Storage { .. })
+        ));
+        assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn corrupt_module_bytes_are_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsFunctionStore::open(dir.path()).unwrap();
+        let sha = store.put_module(b"original").unwrap();
+        fs::write(store.module_path(&sha), b"tampered").unwrap();
+        assert!(matches!(
+            store.module(&sha),
+            Err(RuntimeError::CorruptRecord { .. })
+        ));
+    }
+
+    #[test]
+    fn unreadable_records_are_skipped_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsFunctionStore::open(dir.path()).unwrap();
+        fs::write(dir.path().join("functions/fn-garbage.json"), b"{not json").unwrap();
+        assert!(store.functions().unwrap().is_empty());
+    }
+
+    #[test]
+    fn ids_are_validated() {
+        let id = new_function_id();
+        assert!(is_valid_function_id(&id));
+        assert!(!is_valid_function_id("../../etc/passwd"));
+        assert!(!is_valid_function_id("fn-XYZ"));
+        assert!(!is_valid_function_id(&format!("{id}0")));
+    }
+}
