@@ -36,7 +36,8 @@ use prometheus::Registry;
 use tensor_wasm_runtime::Runtime;
 use tokio::sync::Semaphore;
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
+use tracing::Level;
 
 pub use error::{ApiError, ERROR_CODES};
 pub use metrics::HttpMetrics;
@@ -133,7 +134,11 @@ pub fn router(state: AppState) -> Router {
             metrics::track,
         ))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(TraceLayer::new_for_http().make_span_with(request_id::span_for_request))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_id::span_for_request)
+                .on_failure(DefaultOnFailure::new().level(Level::WARN)),
+        )
         .layer(SetRequestIdLayer::x_request_id(
             request_id::RequestIds::default(),
         ))

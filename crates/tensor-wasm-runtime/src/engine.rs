@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, Module, PoolingAllocationConfig};
@@ -59,9 +59,19 @@ impl EpochTicker {
         let handle = std::thread::Builder::new()
             .name("tensor-wasm-epoch".into())
             .spawn(move || {
+                // The epoch follows wall time, not the number of sleeps: a
+                // sleep that overshoots (a loaded host) is caught up on the
+                // next wake, so deadlines do not drift late.
+                let start = Instant::now();
+                let mut ticks: u128 = 0;
                 while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(tick);
-                    engine.increment_epoch();
+                    let due = start.elapsed().as_nanos() / tick.as_nanos().max(1);
+                    while ticks < due {
+                        engine.increment_epoch();
+                        ticks += 1;
+                    }
+                    let next = start + tick * u32::try_from(ticks + 1).unwrap_or(u32::MAX);
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
                 }
             })
             .expect("spawning the epoch thread");

@@ -1,0 +1,530 @@
+//! The router driven in-process with `oneshot`: routes, status codes, error
+//! codes, body limits, metrics, and the OpenAPI document against the router.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tensor_wasm_api::{router, ApiConfig, AppState, ERROR_CODES, OPENAPI_JSON};
+use tensor_wasm_runtime::{FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
+use tower::ServiceExt;
+
+const UNKNOWN_ID: &str = "fn-000000000000000000000000";
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    app: Router,
+}
+
+fn harness_with(api: ApiConfig) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = prometheus::Registry::new();
+    let store = Arc::new(FsFunctionStore::open(dir.path()).unwrap());
+    let metrics = RuntimeMetrics::register(&registry).unwrap();
+    let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics).unwrap();
+    let state = AppState::new(runtime, registry, api).unwrap();
+    state.set_ready(true);
+    Harness {
+        _dir: dir,
+        app: router(state),
+    }
+}
+
+fn harness() -> Harness {
+    harness_with(ApiConfig::default())
+}
+
+fn example(name: &str) -> Vec<u8> {
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples")
+            .join(name),
+    )
+    .unwrap()
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    fn code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or("<none>")
+            .to_owned()
+    }
+}
+
+impl Harness {
+    async fn send(&self, method: Method, uri: &str, ctype: Option<&str>, body: Vec<u8>) -> Reply {
+        let mut req = Request::builder().method(method).uri(uri);
+        if let Some(ct) = ctype {
+            req = req.header(header::CONTENT_TYPE, ct);
+        }
+        let response = self
+            .app
+            .clone()
+            .oneshot(req.body(Body::from(body)).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    async fn get(&self, uri: &str) -> Reply {
+        self.send(Method::GET, uri, None, Vec::new()).await
+    }
+
+    async fn deploy(&self, file: &str, query: &str) -> String {
+        let r = self
+            .send(
+                Method::POST,
+                &format!("/functions?{query}"),
+                Some("application/wasm"),
+                example(file),
+            )
+            .await;
+        assert_eq!(
+            r.status,
+            StatusCode::CREATED,
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+        r.json()["id"].as_str().unwrap().to_owned()
+    }
+
+    async fn invoke(&self, id: &str, body: Value) -> Reply {
+        self.send(
+            Method::POST,
+            &format!("/functions/{id}/invoke"),
+            Some("application/json"),
+            body.to_string().into_bytes(),
+        )
+        .await
+    }
+}
+
+#[tokio::test]
+async fn health_ready_metrics_and_spec_are_served() {
+    let h = harness();
+    let r = h.get("/healthz").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.headers.contains_key("x-request-id"));
+    assert_eq!(h.get("/readyz").await.status, StatusCode::OK);
+    assert_eq!(h.get("/openapi.json").await.json()["openapi"], "3.1.0");
+    let metrics = h.get("/metrics").await;
+    assert_eq!(metrics.status, StatusCode::OK);
+    let text = String::from_utf8(metrics.body).unwrap();
+    assert!(
+        text.contains(
+            r#"tensor_wasm_http_requests_total{method="GET",route="/healthz",status="200"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains("tensor_wasm_invocations_total"));
+}
+
+#[tokio::test]
+async fn readyz_is_503_until_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = prometheus::Registry::new();
+    let store = Arc::new(FsFunctionStore::open(dir.path()).unwrap());
+    let metrics = RuntimeMetrics::register(&registry).unwrap();
+    let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics).unwrap();
+    let state = AppState::new(runtime, registry, ApiConfig::default()).unwrap();
+    let h = Harness {
+        _dir: dir,
+        app: router(state),
+    };
+    let r = h.get("/readyz").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.code(), "not_ready");
+}
+
+#[tokio::test]
+async fn deploy_list_get_invoke_delete() {
+    let h = harness();
+    let id = h.deploy("calc.wat", "name=calc").await;
+    let list = h.get("/functions").await.json();
+    assert_eq!(list["functions"][0]["id"], id.as_str());
+    let one = h.get(&format!("/functions/{id}")).await;
+    assert_eq!(one.status, StatusCode::OK);
+    let exports = one.json()["exports"].clone();
+    assert!(exports
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "add" && e["params"] == json!(["i32", "i32"])));
+
+    let r = h
+        .invoke(&id, json!({"export": "add", "args": [1, 2]}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json(), json!({"results": [3]}));
+
+    let r = h
+        .send(Method::DELETE, &format!("/functions/{id}"), None, vec![])
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert_eq!(h.get(&format!("/functions/{id}")).await.code(), "not_found");
+    let r = h
+        .send(Method::DELETE, &format!("/functions/{id}"), None, vec![])
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn deploy_as_json_with_base64_or_wat() {
+    use base64::Engine as _;
+    let h = harness();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(example("upper.wat"));
+    let body = json!({"name": "upper", "style": "wasi", "module_base64": b64, "timeout_ms": 2000});
+    let r = h
+        .send(
+            Method::POST,
+            "/functions",
+            Some("application/json"),
+            body.to_string().into_bytes(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(r.json()["limits"]["timeout_ms"], 2000);
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let r = h
+        .send(
+            Method::POST,
+            &format!("/functions/{id}/invoke"),
+            Some("text/plain"),
+            b"abc".to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, b"ABC");
+    assert_eq!(r.headers["x-exit-code"], "0");
+    assert_eq!(r.headers["x-stderr-tail"], "upper: done\\n");
+
+    let wat = String::from_utf8(example("calc.wat")).unwrap();
+    let body = json!({"wat": wat});
+    let r = h
+        .send(
+            Method::POST,
+            "/functions",
+            Some("application/json"),
+            body.to_string().into_bytes(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(r.json()["name"], "function");
+}
+
+#[tokio::test]
+async fn wasi_output_as_json_when_accepted() {
+    let h = harness();
+    let id = h.deploy("upper.wat", "name=upper&style=wasi").await;
+    let req = Request::post(format!("/functions/{id}/invoke"))
+        .header(header::ACCEPT, "application/json")
+        .body(Body::from("shout"))
+        .unwrap();
+    let response = h.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["stdout"], "SHOUT");
+    assert_eq!(body["exit_code"], 0);
+    assert_eq!(body["stderr_tail"], "upper: done\n");
+}
+
+#[tokio::test]
+async fn bad_input_gets_documented_errors() {
+    let h = harness_with(ApiConfig {
+        max_body_bytes: 64 << 10,
+        ..ApiConfig::default()
+    });
+    let id = h.deploy("calc.wat", "name=calc").await;
+
+    let cases: Vec<(Reply, StatusCode, &str)> = vec![
+        (
+            h.send(
+                Method::POST,
+                "/functions",
+                Some("application/wasm"),
+                b"\0asm\x01\0\0\0\x01".to_vec(),
+            )
+            .await,
+            StatusCode::BAD_REQUEST,
+            "invalid_module",
+        ),
+        (
+            h.send(
+                Method::POST,
+                "/functions",
+                Some("application/wasm"),
+                b"(module".to_vec(),
+            )
+            .await,
+            StatusCode::BAD_REQUEST,
+            "invalid_module",
+        ),
+        (
+            h.send(
+                Method::POST,
+                "/functions",
+                Some("application/json"),
+                b"{oops".to_vec(),
+            )
+            .await,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            h.send(
+                Method::POST,
+                "/functions",
+                Some("application/json"),
+                br#"{"wat":"(module)","bogus":1}"#.to_vec(),
+            )
+            .await,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            h.send(
+                Method::POST,
+                "/functions?style=nope",
+                Some("application/wasm"),
+                example("calc.wat"),
+            )
+            .await,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            h.send(
+                Method::POST,
+                "/functions?timeout_ms=0",
+                Some("application/wasm"),
+                example("calc.wat"),
+            )
+            .await,
+            StatusCode::BAD_REQUEST,
+            "invalid_config",
+        ),
+        (
+            h.send(
+                Method::POST,
+                "/functions",
+                Some("image/png"),
+                example("calc.wat"),
+            )
+            .await,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+        (
+            h.send(
+                Method::POST,
+                "/functions",
+                Some("application/wasm"),
+                vec![b' '; 65 << 10],
+            )
+            .await,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        ),
+        (
+            h.invoke(&id, json!({"export": "add", "args": [1]})).await,
+            StatusCode::BAD_REQUEST,
+            "invalid_arguments",
+        ),
+        (
+            h.invoke(&id, json!({"export": "add", "args": [1, 2.5]}))
+                .await,
+            StatusCode::BAD_REQUEST,
+            "invalid_arguments",
+        ),
+        (
+            h.invoke(&id, json!({"export": "missing"})).await,
+            StatusCode::BAD_REQUEST,
+            "unknown_export",
+        ),
+        (
+            h.send(
+                Method::POST,
+                &format!("/functions/{id}/invoke"),
+                Some("application/json"),
+                b"[1,2".to_vec(),
+            )
+            .await,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            h.invoke(&id, json!({"export": "div", "args": [1, 0]}))
+                .await,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "guest_trap",
+        ),
+        (
+            h.invoke(UNKNOWN_ID, json!({"export": "add"})).await,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            h.invoke("fn-..%2F..%2Fetc", json!({"export": "add"})).await,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            h.get("/nope").await,
+            StatusCode::NOT_FOUND,
+            "route_not_found",
+        ),
+        (
+            h.send(Method::PUT, "/functions", None, vec![]).await,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            h.send(
+                Method::POST,
+                &format!("/functions/{id}/invoke"),
+                Some("application/json"),
+                vec![b' '; 65 << 10],
+            )
+            .await,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        ),
+    ];
+    for (i, (reply, status, code)) in cases.iter().enumerate() {
+        assert_eq!(
+            reply.status,
+            *status,
+            "case {i}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert_eq!(reply.code(), *code, "case {i}");
+        assert!(!reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .is_empty());
+    }
+    // Still serving, and the good function still works.
+    assert_eq!(
+        h.invoke(&id, json!({"export": "add", "args": [2, 3]}))
+            .await
+            .json(),
+        json!({"results": [5]})
+    );
+    assert_eq!(
+        h.get("/functions").await.json()["functions"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+/// Every path and method of the OpenAPI document is routed, every other
+/// method on those paths is 405, and the error-code enum is exactly the
+/// codes the server can answer.
+#[tokio::test]
+async fn openapi_document_matches_the_router() {
+    let h = harness();
+    let spec: Value = serde_json::from_str(OPENAPI_JSON).unwrap();
+    let paths = spec["paths"].as_object().unwrap();
+    let all = ["get", "post", "put", "delete", "patch"];
+    let mut seen_routes = 0;
+    for (path, item) in paths {
+        let uri = path.replace("{id}", UNKNOWN_ID);
+        for method in all {
+            let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let body = if method == "post" && path == "/functions" {
+                b"(module".to_vec()
+            } else {
+                vec![]
+            };
+            let r = h.send(m, &uri, Some("application/wasm"), body).await;
+            if item.get(method).is_some() {
+                seen_routes += 1;
+                let code = if r.status.is_success() {
+                    String::new()
+                } else {
+                    r.code()
+                };
+                assert!(
+                    code != "route_not_found" && code != "method_not_allowed",
+                    "{method} {path} is in the spec but not routed"
+                );
+                let documented = item[method]["responses"].as_object().unwrap();
+                assert!(
+                    documented.contains_key(r.status.as_str()),
+                    "{method} {path} answered undocumented {}",
+                    r.status
+                );
+            } else {
+                assert_eq!(
+                    r.status,
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path} is routed but not in the spec"
+                );
+            }
+        }
+    }
+    assert_eq!(seen_routes, 9);
+
+    let mut spec_codes: Vec<String> = spec["components"]["schemas"]["Error"]["properties"]["error"]
+        ["properties"]["code"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    let mut codes: Vec<String> = ERROR_CODES.iter().map(|(c, _)| (*c).to_owned()).collect();
+    spec_codes.sort();
+    codes.sort();
+    assert_eq!(spec_codes, codes);
+}
+
+#[tokio::test]
+async fn metrics_count_invocations_by_outcome_and_route_template() {
+    let h = harness();
+    let id = h.deploy("calc.wat", "name=calc").await;
+    h.invoke(&id, json!({"export": "add", "args": [1, 2]}))
+        .await;
+    h.invoke(&id, json!({"export": "div", "args": [1, 0]}))
+        .await;
+    let text = String::from_utf8(h.get("/metrics").await.body).unwrap();
+    assert!(
+        text.contains(r#"tensor_wasm_invocations_total{outcome="ok"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"tensor_wasm_invocations_total{outcome="trap"} 1"#));
+    assert!(text.contains(r#"route="/functions/{id}/invoke",status="500"} 1"#));
+    assert!(text.contains(r#"tensor_wasm_module_loads_total{source="compiled"} 1"#));
+    assert!(text.contains("tensor_wasm_cached_modules 1"));
+    assert!(!text.contains(&id), "raw ids must not become label values");
+}

@@ -1,0 +1,523 @@
+//! End to end: the real `tensor-wasm serve` binary on a loopback port, driven
+//! by a real HTTP client and by the CLI itself. Restart, SIGKILL during a
+//! burst of deploys, guest faults and 200 concurrent invocations.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// The C guest, built with clang for wasm32-wasi if it is not built yet.
+fn c_guest() -> PathBuf {
+    let out = examples().join("c/wordcount.wasm");
+    if !out.exists() {
+        let status = Command::new("clang")
+            .args(["--target=wasm32-wasi", "-O2"])
+            .arg(examples().join("c/wordcount.c"))
+            .arg("-o")
+            .arg(&out)
+            .status()
+            .expect("clang is installed (make test installs clang, lld, wasi-libc)");
+        assert!(status.success(), "building the C guest failed");
+    }
+    out
+}
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting tensor-wasm serve");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let base = line
+            .trim()
+            .strip_prefix("tensor-wasm listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        let server = Server { child, base };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.get("/readyz").0 != 200 {
+            assert!(Instant::now() < deadline, "server never became ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn agent() -> ureq::Agent {
+        ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(60))
+            .build()
+    }
+
+    fn reply(result: Result<ureq::Response, ureq::Error>) -> (u16, Vec<u8>, Option<String>) {
+        let response = match result {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("transport error: {e}"),
+        };
+        let status = response.status();
+        let exit = response.header("x-exit-code").map(str::to_owned);
+        let mut body = Vec::new();
+        std::io::Read::read_to_end(&mut response.into_reader(), &mut body).unwrap();
+        (status, body, exit)
+    }
+
+    fn get(&self, path: &str) -> (u16, Vec<u8>) {
+        let (s, b, _) = Self::reply(Self::agent().get(&self.url(path)).call());
+        (s, b)
+    }
+
+    fn post(&self, path: &str, ctype: &str, body: &[u8]) -> (u16, Vec<u8>, Option<String>) {
+        Self::reply(
+            Self::agent()
+                .post(&self.url(path))
+                .set("content-type", ctype)
+                .send_bytes(body),
+        )
+    }
+
+    fn deploy(&self, file: &Path, query: &str) -> String {
+        let bytes = std::fs::read(file).unwrap();
+        let (status, body, _) =
+            self.post(&format!("/functions?{query}"), "application/wasm", &bytes);
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        json_of(&body)["id"].as_str().unwrap().to_owned()
+    }
+
+    fn call(&self, id: &str, export: &str, args: Value) -> (u16, Value) {
+        let body = json!({"export": export, "args": args}).to_string();
+        let (status, body, _) = self.post(
+            &format!("/functions/{id}/invoke"),
+            "application/json",
+            body.as_bytes(),
+        );
+        (status, json_of(&body))
+    }
+
+    fn metric(&self, series: &str) -> Option<f64> {
+        let text = String::from_utf8(self.get("/metrics").1).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    fn cli(&self, args: &[&str], stdin: &[u8]) -> std::process::Output {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env("TENSOR_WASM_SERVER", &self.base)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), stdin).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    fn terminate(mut self) {
+        Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "graceful shutdown failed: {status:?}");
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap(); // SIGKILL
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn json_of(body: &[u8]) -> Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(body)))
+}
+
+fn error_code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("<none>")
+}
+
+#[test]
+fn deploy_invoke_restart_without_recompiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let calc = server.deploy(&examples().join("calc.wat"), "name=calc");
+    let upper = server.deploy(&examples().join("upper.wat"), "name=upper&style=wasi");
+    let wc = server.deploy(&c_guest(), "name=wordcount&style=wasi");
+
+    assert_eq!(
+        server.call(&calc, "add", json!([20, 22])),
+        (200, json!({"results": [42]}))
+    );
+    let (status, out, exit) = server.post(
+        &format!("/functions/{upper}/invoke"),
+        "text/plain",
+        b"tensor wasm",
+    );
+    assert_eq!(
+        (status, out.as_slice(), exit.as_deref()),
+        (200, &b"TENSOR WASM"[..], Some("0"))
+    );
+    let (status, out, exit) = server.post(
+        &format!("/functions/{wc}/invoke"),
+        "text/plain",
+        b"one two\nthree\n",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(json_of(&out), json!({"lines": 2, "words": 3, "bytes": 14}));
+    assert_eq!(exit.as_deref(), Some("0"));
+    let (_, _, exit) = server.post(&format!("/functions/{wc}/invoke"), "text/plain", b"   ");
+    assert_eq!(
+        exit.as_deref(),
+        Some("3"),
+        "the C guest's exit status is reported"
+    );
+
+    // The CLI against the same server.
+    let out = server.cli(
+        &[
+            "invoke",
+            &calc,
+            "--export",
+            "mul64",
+            "--arg",
+            "4294967296",
+            "--arg",
+            "-2",
+        ],
+        b"",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json_of(&out.stdout), json!({"results": [-8589934592i64]}));
+    let out = server.cli(&["invoke", &upper], b"from stdin");
+    assert_eq!(out.stdout, b"FROM STDIN");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("upper: done"));
+    let out = server.cli(
+        &[
+            "deploy",
+            examples().join("loop.wat").to_str().unwrap(),
+            "--timeout-ms",
+            "100",
+        ],
+        b"",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spin = json_of(&out.stdout)["id"].as_str().unwrap().to_owned();
+    let out = server.cli(&["functions"], b"");
+    assert_eq!(
+        json_of(&out.stdout)["functions"].as_array().unwrap().len(),
+        4
+    );
+    let out = server.cli(&["delete", &spin], b"");
+    assert!(out.status.success());
+    let out = server.cli(&["invoke", &spin, "--export", "spin"], b"");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
+
+    assert_eq!(
+        server.metric(r#"tensor_wasm_module_loads_total{source="compiled"}"#),
+        Some(4.0)
+    );
+    server.terminate();
+
+    // Restart on the same data dir: everything is there, nothing recompiles.
+    let server = Server::start(dir.path(), &[]);
+    assert_eq!(
+        server.call(&calc, "add", json!([1, 1])),
+        (200, json!({"results": [2]}))
+    );
+    let (_, out, _) = server.post(
+        &format!("/functions/{upper}/invoke"),
+        "text/plain",
+        b"again",
+    );
+    assert_eq!(out, b"AGAIN");
+    let (_, out, _) = server.post(&format!("/functions/{wc}/invoke"), "text/plain", b"a b c");
+    assert_eq!(json_of(&out)["words"], 3);
+    assert_eq!(
+        server.metric(r#"tensor_wasm_module_loads_total{source="compiled"}"#),
+        Some(0.0)
+    );
+    assert_eq!(
+        server.metric(r#"tensor_wasm_module_loads_total{source="artifact"}"#),
+        Some(3.0)
+    );
+    assert_eq!(server.get(&format!("/functions/{spin}")).0, 404);
+    server.terminate();
+}
+
+#[test]
+fn guest_faults_and_bad_input_stay_per_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--max-body-bytes", "1048576"]);
+    let spin = server.deploy(&examples().join("loop.wat"), "name=loop&timeout_ms=300");
+    let hog = server.deploy(
+        &examples().join("hog.wat"),
+        "name=hog&memory_limit_bytes=8388608",
+    );
+    let calc = server.deploy(&examples().join("calc.wat"), "name=calc");
+
+    let start = Instant::now();
+    let (status, body) = server.call(&spin, "spin", json!([]));
+    let took = start.elapsed();
+    assert_eq!(
+        (status, error_code(&body)),
+        (504, "invocation_timeout"),
+        "{body}"
+    );
+    assert!(
+        took < Duration::from_millis(300 + 100),
+        "timeout answered after {took:?}"
+    );
+    assert!(took >= Duration::from_millis(290), "{took:?}");
+
+    let (status, body) = server.call(&hog, "grow", json!([]));
+    assert_eq!(
+        (status, error_code(&body)),
+        (500, "memory_limit_exceeded"),
+        "{body}"
+    );
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("8388608"));
+
+    let (status, body) = server.call(&calc, "div", json!([7, 0]));
+    assert_eq!((status, error_code(&body)), (500, "guest_trap"));
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("integer divide by zero"));
+
+    let (status, body) = server.call(&calc, "add", json!(["1", 2]));
+    assert_eq!(
+        (status, error_code(&json_of(body.to_string().as_bytes()))),
+        (400, "invalid_arguments")
+    );
+    let (status, body, _) =
+        server.post("/functions", "application/wasm", b"\0asm\x01\0\0\0garbage");
+    assert_eq!(
+        (status, error_code(&json_of(&body))),
+        (400, "invalid_module")
+    );
+    let (status, body, _) = server.post(
+        &format!("/functions/{calc}/invoke"),
+        "application/json",
+        b"{\"export\":",
+    );
+    assert_eq!((status, error_code(&json_of(&body))), (400, "bad_request"));
+    let (status, body) = server.call("fn-0123456789abcdef01234567", "add", json!([]));
+    assert_eq!((status, error_code(&body)), (404, "not_found"));
+    let (status, body, _) = server.post("/functions", "application/wasm", &vec![0u8; 2 << 20]);
+    assert_eq!(
+        (status, error_code(&json_of(&body))),
+        (413, "payload_too_large")
+    );
+
+    // Still serving, limits did not leak into other requests.
+    assert_eq!(
+        server.call(&calc, "add", json!([2, 2])),
+        (200, json!({"results": [4]}))
+    );
+    assert_eq!(server.get("/healthz").0, 200);
+    assert_eq!(
+        server.metric(r#"tensor_wasm_invocations_total{outcome="timeout"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        server.metric(r#"tensor_wasm_invocations_total{outcome="limit"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        server.metric(r#"tensor_wasm_invocations_total{outcome="trap"}"#),
+        Some(1.0)
+    );
+    server.terminate();
+}
+
+#[test]
+fn sigkill_during_deploy_burst_loses_no_acknowledged_function() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let acked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let base = server.base.clone();
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (acked, stop, base) = (acked.clone(), stop.clone(), base.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Distinct modules, so module writes happen too, not only records.
+                    let wat = format!(
+                        r#"(module (func (export "id") (result i32) i32.const {}))"#,
+                        w * 100_000 + n
+                    );
+                    n += 1;
+                    let result = ureq::post(&format!("{base}/functions?name=burst"))
+                        .set("content-type", "application/wasm")
+                        .timeout(Duration::from_secs(10))
+                        .send_string(&wat);
+                    match result {
+                        Ok(r) if r.status() == 201 => {
+                            let v: Value = r.into_json().unwrap();
+                            let expect = i64::from(w * 100_000 + n - 1);
+                            acked
+                                .lock()
+                                .unwrap()
+                                .push(format!("{}={expect}", v["id"].as_str().unwrap()));
+                        }
+                        Ok(r) => panic!("unexpected status {}", r.status()),
+                        Err(_) => break, // the server died mid-request: not acknowledged
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    server.kill9();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        acked.len() >= 10,
+        "too few deploys acknowledged to mean anything: {}",
+        acked.len()
+    );
+
+    let server = Server::start(dir.path(), &[]);
+    let (_, body) = server.get("/functions");
+    let listed: Vec<String> = json_of(&body)["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap().to_owned())
+        .collect();
+    for entry in &acked {
+        let (id, expect) = entry.split_once('=').unwrap();
+        assert!(
+            listed.iter().any(|l| l == id),
+            "acknowledged {id} lost after SIGKILL"
+        );
+        assert_eq!(
+            server.call(id, "id", json!([])),
+            (200, json!({"results": [expect.parse::<i64>().unwrap()]}))
+        );
+    }
+    // Records that made it to disk without their ack are fine; half records are not.
+    assert!(listed.len() >= acked.len());
+    assert!(std::fs::read_dir(dir.path().join("tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+    server.terminate();
+}
+
+#[test]
+fn two_hundred_concurrent_invocations_are_correct_and_isolated() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let calc = server.deploy(&examples().join("calc.wat"), "name=calc");
+    let upper = server.deploy(&examples().join("upper.wat"), "name=upper&style=wasi");
+    let base = Arc::new(server.base.clone());
+    let barrier = Arc::new(std::sync::Barrier::new(200));
+    let handles: Vec<_> = (0..200)
+        .map(|i| {
+            let (base, barrier, calc, upper) =
+                (base.clone(), barrier.clone(), calc.clone(), upper.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let agent = ureq::AgentBuilder::new()
+                    .timeout(Duration::from_secs(60))
+                    .build();
+                match i % 3 {
+                    0 => {
+                        let r: Value = agent
+                            .post(&format!("{base}/functions/{calc}/invoke"))
+                            .send_json(json!({"export": "add", "args": [i, 1000]}))
+                            .unwrap()
+                            .into_json()
+                            .unwrap();
+                        assert_eq!(r, json!({"results": [i + 1000]}));
+                    }
+                    1 => {
+                        let r: Value = agent
+                            .post(&format!("{base}/functions/{calc}/invoke"))
+                            .send_json(json!({"export": "bump"}))
+                            .unwrap()
+                            .into_json()
+                            .unwrap();
+                        assert_eq!(
+                            r,
+                            json!({"results": [1, 1]}),
+                            "state leaked between invocations"
+                        );
+                    }
+                    _ => {
+                        let text = format!("request {i}");
+                        let r = agent
+                            .post(&format!("{base}/functions/{upper}/invoke"))
+                            .send_string(&text)
+                            .unwrap()
+                            .into_string()
+                            .unwrap();
+                        assert_eq!(r, text.to_uppercase());
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(
+        server.metric(r#"tensor_wasm_invocations_total{outcome="ok"}"#),
+        Some(200.0)
+    );
+    server.terminate();
+}
