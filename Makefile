@@ -1,0 +1,60 @@
+# TensorWasm: thin wrappers over cargo. `make ci` is what CI runs.
+
+CARGO ?= cargo
+LISTEN ?= 127.0.0.1:8080
+DATA_DIR ?= ./tensor-wasm-data
+C_GUESTS := examples/c/wordcount.wasm
+
+.PHONY: run test ci deps examples fmt-check clippy unit doc bench http-throughput perf-doc build release clean-data
+
+## Start the server on $(LISTEN) with the data dir $(DATA_DIR) (release build).
+run:
+	$(CARGO) run --release -p tensor-wasm-cli -- serve --listen $(LISTEN) --data-dir $(DATA_DIR)
+
+## Everything CI checks: formatting, clippy, the whole test suite, docs.
+test: deps examples fmt-check clippy unit doc
+
+ci: test
+
+## Installs what the tests need when it is missing: clang + lld + wasi-libc
+## (the C example guest) from Debian packages.
+deps:
+	@scripts/install-deps.sh
+
+examples: $(C_GUESTS)
+
+examples/c/%.wasm: examples/c/%.c
+	clang --target=wasm32-wasi -O2 $< -o $@
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+unit:
+	$(CARGO) test --workspace
+
+doc:
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
+
+build:
+	$(CARGO) build --workspace
+
+release:
+	$(CARGO) build --release -p tensor-wasm-cli
+
+## Criterion benches (full Criterion defaults; slow).
+bench:
+	$(CARGO) bench -p tensor-wasm-bench
+
+## HTTP load benchmark: tensor-wasm vs a minimal axum + wasmtime server, A/B interleaved.
+http-throughput:
+	bash scripts/http-throughput.sh
+
+## Regenerates PERFORMANCE.md from the run files under bench-results/.
+perf-doc:
+	python3 scripts/perf_doc.py > PERFORMANCE.md
+
+clean-data:
+	rm -rf $(DATA_DIR)
