@@ -71,7 +71,7 @@ struct StateInner {
     runtime: Runtime,
     registry: Registry,
     http: HttpMetrics,
-    slots: Semaphore,
+    slots: Arc<Semaphore>,
     ready: AtomicBool,
     config: ApiConfig,
 }
@@ -85,7 +85,7 @@ impl AppState {
         config: ApiConfig,
     ) -> prometheus::Result<Self> {
         let http = HttpMetrics::register(&registry)?;
-        let slots = Semaphore::new(runtime.config().max_instances as usize);
+        let slots = Arc::new(Semaphore::new(runtime.config().max_instances as usize));
         Ok(AppState {
             inner: Arc::new(StateInner {
                 runtime,

@@ -253,24 +253,33 @@ pub(crate) async fn invoke(
         InvocationStyle::Export => Some(parse_json::<ExportCallRequest>(&bytes)?),
         InvocationStyle::Wasi => None,
     };
-    let _permit = acquire_slot(&state).await?;
+    // The permit moves into the blocking task: if the client goes away, the
+    // slot stays taken until the guest has really finished.
+    let permit = acquire_slot(&state).await?;
     match call {
         Some(call) => {
-            let results =
-                blocking(move || runtime.invoke_export(&id, &call.export, &call.args)).await?;
+            let results = blocking(move || {
+                let _permit = permit;
+                runtime.invoke_export(&id, &call.export, &call.args)
+            })
+            .await?;
             Ok(Json(json!({ "results": results })).into_response())
         }
         None => {
             let stdin = bytes.to_vec();
-            let output = blocking(move || runtime.invoke_command(&id, stdin)).await?;
+            let output = blocking(move || {
+                let _permit = permit;
+                runtime.invoke_command(&id, stdin)
+            })
+            .await?;
             Ok(command_response(output, wants_json(&headers)))
         }
     }
 }
 
-async fn acquire_slot(state: &AppState) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+async fn acquire_slot(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
     let wait: Duration = state.inner.config.queue_timeout;
-    match tokio::time::timeout(wait, state.inner.slots.acquire()).await {
+    match tokio::time::timeout(wait, state.inner.slots.clone().acquire_owned()).await {
         Ok(Ok(permit)) => Ok(permit),
         Ok(Err(_closed)) => Err(ApiError::new("not_ready", "the server is shutting down")),
         Err(_elapsed) => Err(ApiError::busy(format!(

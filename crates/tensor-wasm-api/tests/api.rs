@@ -21,11 +21,17 @@ struct Harness {
 }
 
 fn harness_with(api: ApiConfig) -> Harness {
+    harness_full(|_| {}, api)
+}
+
+fn harness_full(tune: impl FnOnce(&mut RuntimeConfig), api: ApiConfig) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let registry = prometheus::Registry::new();
     let store = Arc::new(FsFunctionStore::open(dir.path()).unwrap());
     let metrics = RuntimeMetrics::register(&registry).unwrap();
-    let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics).unwrap();
+    let mut config = RuntimeConfig::for_tests(dir.path());
+    tune(&mut config);
+    let runtime = Runtime::open(config, store, metrics).unwrap();
     let state = AppState::new(runtime, registry, api).unwrap();
     state.set_ready(true);
     Harness {
@@ -527,4 +533,38 @@ async fn metrics_count_invocations_by_outcome_and_route_template() {
     assert!(text.contains(r#"tensor_wasm_module_loads_total{source="compiled"} 1"#));
     assert!(text.contains("tensor_wasm_cached_modules 1"));
     assert!(!text.contains(&id), "raw ids must not become label values");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saturated_slots_answer_busy_with_retry_after() {
+    let h = harness_full(
+        |c| c.max_instances = 1,
+        ApiConfig {
+            queue_timeout: std::time::Duration::from_millis(50),
+            ..ApiConfig::default()
+        },
+    );
+    let spin = h.deploy("loop.wat", "name=loop&timeout_ms=400").await;
+    let calc = h.deploy("calc.wat", "name=calc").await;
+    let app = h.app.clone();
+    let long = tokio::spawn(async move {
+        let req = Request::post(format!("/functions/{spin}/invoke"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(r#"{"export":"spin"}"#))
+            .unwrap();
+        app.oneshot(req).await.unwrap().status()
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let r = h
+        .invoke(&calc, json!({"export": "add", "args": [1, 1]}))
+        .await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.code(), "busy");
+    assert_eq!(r.headers[header::RETRY_AFTER], "1");
+    assert_eq!(long.await.unwrap(), StatusCode::GATEWAY_TIMEOUT);
+    // The slot is free again.
+    let r = h
+        .invoke(&calc, json!({"export": "add", "args": [1, 1]}))
+        .await;
+    assert_eq!(r.json(), json!({"results": [2]}));
 }
