@@ -1,0 +1,373 @@
+//! Back-pressured kernel dispatch.
+//!
+//! A [`KernelDispatcher`] admits at most `max_in_flight` kernels at once (a
+//! tokio semaphore); up to `max_queued` more callers wait for a permit, and
+//! anyone beyond that gets [`DispatchError::Busy`] at once, which the HTTP
+//! layer answers with `429` and `Retry-After`. A [`DispatchFuture`] wraps the
+//! backend's completion, holds the permit until the kernel is done and records
+//! launch-to-completion latency.
+//!
+//! The dispatcher is executor-agnostic: [`KernelDispatcher::acquire`] is a
+//! future and [`KernelDispatcher::acquire_blocking`] parks the calling thread
+//! (guest code runs on blocking threads, so host calls from guests use it).
+//!
+//! ```
+//! use tensor_wasm_dispatch::{DispatchConfig, KernelDispatcher};
+//!
+//! let dispatcher = KernelDispatcher::new(DispatchConfig::default());
+//! let permit = dispatcher.acquire_blocking().unwrap();
+//! // Launch the kernel on the backend, then wait for it under the permit:
+//! let done = dispatcher.track(permit, std::future::ready(Ok::<(), ()>(())));
+//! assert_eq!(done.wait(), Ok(()));
+//! assert_eq!(dispatcher.in_flight(), 0);
+//! ```
+
+mod block_on;
+mod metrics;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+pub use block_on::block_on;
+pub use metrics::DispatchMetrics;
+
+/// Limits of a dispatcher.
+#[derive(Debug, Clone)]
+pub struct DispatchConfig {
+    /// Kernels that may run at once.
+    pub max_in_flight: usize,
+    /// Callers that may wait for a permit; more are refused with `Busy`.
+    pub max_queued: usize,
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        DispatchConfig {
+            max_in_flight: 64,
+            max_queued: 1024,
+        }
+    }
+}
+
+/// Why a dispatch was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DispatchError {
+    /// Every permit is taken and the wait queue is full.
+    #[error("kernel dispatcher saturated: {in_flight} kernels in flight, {queued} waiting")]
+    Busy { in_flight: usize, queued: usize },
+    /// The dispatcher was shut down.
+    #[error("kernel dispatcher is shut down")]
+    Closed,
+}
+
+struct Shared {
+    permits: Arc<Semaphore>,
+    config: DispatchConfig,
+    queued: AtomicUsize,
+    metrics: Option<DispatchMetrics>,
+}
+
+/// The process-wide admission point for kernel launches. Cheap to clone.
+#[derive(Clone)]
+pub struct KernelDispatcher {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for KernelDispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelDispatcher")
+            .field("config", &self.shared.config)
+            .field("in_flight", &self.in_flight())
+            .field("queued", &self.queued())
+            .finish()
+    }
+}
+
+/// Permission to run one kernel; released on drop.
+pub struct DispatchPermit {
+    _permit: OwnedSemaphorePermit,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for DispatchPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DispatchPermit")
+    }
+}
+
+impl Drop for DispatchPermit {
+    fn drop(&mut self) {
+        if let Some(m) = &self.shared.metrics {
+            m.in_flight.dec();
+        }
+    }
+}
+
+/// Decrements the queue count however the wait ends (granted, cancelled).
+struct QueueSlot<'a>(&'a Shared);
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+        if let Some(m) = &self.0.metrics {
+            m.queued.dec();
+        }
+    }
+}
+
+impl KernelDispatcher {
+    /// A dispatcher without metrics.
+    pub fn new(config: DispatchConfig) -> Self {
+        Self::build(config, None)
+    }
+
+    /// A dispatcher reporting to `metrics`.
+    pub fn with_metrics(config: DispatchConfig, metrics: DispatchMetrics) -> Self {
+        Self::build(config, Some(metrics))
+    }
+
+    fn build(config: DispatchConfig, metrics: Option<DispatchMetrics>) -> Self {
+        assert!(config.max_in_flight > 0, "max_in_flight must be at least 1");
+        KernelDispatcher {
+            shared: Arc::new(Shared {
+                permits: Arc::new(Semaphore::new(config.max_in_flight)),
+                config,
+                queued: AtomicUsize::new(0),
+                metrics,
+            }),
+        }
+    }
+
+    /// The limits this dispatcher enforces.
+    pub fn config(&self) -> &DispatchConfig {
+        &self.shared.config
+    }
+
+    /// Kernels admitted and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.shared.config.max_in_flight - self.shared.permits.available_permits()
+    }
+
+    /// Callers waiting for a permit.
+    pub fn queued(&self) -> usize {
+        self.shared.queued.load(Ordering::Acquire)
+    }
+
+    fn granted(&self, permit: OwnedSemaphorePermit) -> DispatchPermit {
+        if let Some(m) = &self.shared.metrics {
+            m.in_flight.inc();
+        }
+        DispatchPermit {
+            _permit: permit,
+            shared: self.shared.clone(),
+        }
+    }
+
+    fn busy(&self) -> DispatchError {
+        if let Some(m) = &self.shared.metrics {
+            m.rejected.inc();
+        }
+        DispatchError::Busy {
+            in_flight: self.in_flight(),
+            queued: self.queued(),
+        }
+    }
+
+    /// Takes a permit: at once when one is free, after waiting in the queue
+    /// when the queue has room, `Busy` otherwise.
+    pub async fn acquire(&self) -> Result<DispatchPermit, DispatchError> {
+        let shared = &self.shared;
+        match shared.permits.clone().try_acquire_owned() {
+            Ok(permit) => return Ok(self.granted(permit)),
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(DispatchError::Closed),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {}
+        }
+        let reserved = shared
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < shared.config.max_queued).then_some(q + 1)
+            });
+        if reserved.is_err() {
+            return Err(self.busy());
+        }
+        if let Some(m) = &shared.metrics {
+            m.queued.inc();
+        }
+        let _slot = QueueSlot(shared);
+        match shared.permits.clone().acquire_owned().await {
+            Ok(permit) => Ok(self.granted(permit)),
+            Err(_) => Err(DispatchError::Closed),
+        }
+    }
+
+    /// [`KernelDispatcher::acquire`] for a thread that may block (guest threads).
+    pub fn acquire_blocking(&self) -> Result<DispatchPermit, DispatchError> {
+        block_on(self.acquire())
+    }
+
+    /// Wraps a launched kernel's completion: the permit is held until it
+    /// resolves and launch-to-completion latency is recorded.
+    pub fn track<F>(&self, permit: DispatchPermit, completion: F) -> DispatchFuture<F> {
+        DispatchFuture {
+            completion,
+            permit: Some(permit),
+            started: Instant::now(),
+            metrics: self.shared.metrics.clone(),
+        }
+    }
+
+    /// Refuses every later acquire with `Closed` and wakes the waiters.
+    pub fn close(&self) {
+        self.shared.permits.close();
+    }
+}
+
+/// Completes when the kernel does; holds its dispatch permit until then.
+#[derive(Debug)]
+pub struct DispatchFuture<F> {
+    completion: F,
+    permit: Option<DispatchPermit>,
+    started: Instant,
+    metrics: Option<DispatchMetrics>,
+}
+
+impl<F> DispatchFuture<F> {
+    fn finish(&mut self) {
+        if self.permit.take().is_some() {
+            if let Some(m) = &self.metrics {
+                m.latency.observe(self.started.elapsed().as_secs_f64());
+            }
+        }
+    }
+}
+
+impl<F: Future + Unpin> Future for DispatchFuture<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        match Pin::new(&mut this.completion).poll(cx) {
+            Poll::Ready(out) => {
+                this.finish();
+                Poll::Ready(out)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<F: Future + Unpin> DispatchFuture<F> {
+    /// Blocks the calling thread until the kernel completes.
+    pub fn wait(self) -> F::Output {
+        block_on(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Barrier;
+
+    #[test]
+    fn permits_queue_and_busy_are_exact() {
+        let (cap, queue, extra) = (4, 3, 5);
+        let metrics = DispatchMetrics::register(&prometheus::Registry::new()).unwrap();
+        let d = KernelDispatcher::with_metrics(
+            DispatchConfig {
+                max_in_flight: cap,
+                max_queued: queue,
+            },
+            metrics.clone(),
+        );
+        // Hold every permit.
+        let held: Vec<_> = (0..cap).map(|_| d.acquire_blocking().unwrap()).collect();
+        assert_eq!(d.in_flight(), cap);
+
+        // Queue + extra callers arrive together.
+        let start = Arc::new(Barrier::new(queue + extra));
+        let handles: Vec<_> = (0..queue + extra)
+            .map(|_| {
+                let (d, start) = (d.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    d.acquire_blocking().map(|permit| {
+                        // Completing under the permit.
+                        d.track(permit, std::future::ready(())).wait();
+                    })
+                })
+            })
+            .collect();
+        // Wait until the queue is full and the rest were refused.
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while d.queued() < queue || metrics.rejected.get() < extra as u64 {
+            assert!(Instant::now() < deadline, "queue never filled");
+            std::thread::yield_now();
+        }
+        drop(held);
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        let busy = results
+            .iter()
+            .filter(|r| matches!(r, Err(DispatchError::Busy { .. })))
+            .count();
+        assert_eq!((ok, busy), (queue, extra));
+        assert_eq!((d.in_flight(), d.queued()), (0, 0));
+    }
+
+    #[test]
+    fn cancelled_waiters_leave_the_queue() {
+        let d = KernelDispatcher::new(DispatchConfig {
+            max_in_flight: 1,
+            max_queued: 1,
+        });
+        let held = d.acquire_blocking().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let waited =
+                tokio::time::timeout(std::time::Duration::from_millis(20), d.acquire()).await;
+            assert!(waited.is_err(), "the waiter had to time out");
+        });
+        assert_eq!(d.queued(), 0);
+        drop(held);
+        assert!(d.acquire_blocking().is_ok());
+    }
+
+    #[test]
+    fn close_refuses_new_work() {
+        let d = KernelDispatcher::new(DispatchConfig::default());
+        d.close();
+        assert_eq!(d.acquire_blocking().unwrap_err(), DispatchError::Closed);
+    }
+
+    #[test]
+    fn metrics_follow_the_permits() {
+        let registry = prometheus::Registry::new();
+        let m = DispatchMetrics::register(&registry).unwrap();
+        let d = KernelDispatcher::with_metrics(
+            DispatchConfig {
+                max_in_flight: 1,
+                max_queued: 0,
+            },
+            m.clone(),
+        );
+        let p = d.acquire_blocking().unwrap();
+        assert_eq!(m.in_flight.get(), 1);
+        assert!(matches!(
+            d.acquire_blocking(),
+            Err(DispatchError::Busy { .. })
+        ));
+        assert_eq!(m.rejected.get(), 1);
+        d.track(p, std::future::ready(())).wait();
+        assert_eq!(m.in_flight.get(), 0);
+        assert_eq!(m.latency.get_sample_count(), 1);
+    }
+}
