@@ -3,7 +3,7 @@
 CARGO ?= cargo
 LISTEN ?= 127.0.0.1:8080
 DATA_DIR ?= ./tensor-wasm-data
-C_GUESTS := examples/c/wordcount.wasm
+C_GUESTS := examples/c/wordcount.wasm examples/c/matmul.wasm
 
 .PHONY: run test ci deps examples fmt-check clippy unit doc bench http-throughput perf-doc build release clean-data
 
@@ -23,8 +23,8 @@ deps:
 
 examples: $(C_GUESTS)
 
-examples/c/%.wasm: examples/c/%.c
-	clang --target=wasm32-wasi -O2 $< -o $@
+examples/c/%.wasm: examples/c/%.c sdk/c/tensor_wasm.h
+	clang --target=wasm32-wasi -O2 -I sdk/c $< -o $@
 
 fmt-check:
 	$(CARGO) fmt --all -- --check

@@ -1,7 +1,36 @@
 #!/usr/bin/env bash
 # Installs the tools `make test` needs when they are missing: clang, lld,
-# wasi-libc and the wasm32 compiler-rt builtins (to build the C example guest).
+# wasi-libc and the wasm32 compiler-rt builtins (to build the C example guest),
+# and NVIDIA's ptxas (to check the hand-written PTX of tensor-wasm-gpu).
 set -euo pipefail
+
+# --- ptxas -------------------------------------------------------------------
+# tensor-wasm-gpu's test `ptx_assembles_with_ptxas` runs ptxas on the builtin
+# kernels; it needs no GPU. ptxas comes from the PyPI wheel nvidia-cuda-nvcc,
+# pinned to CUDA 13.0 (the driver on the GPU machines), installed under
+# .tools/cuda (git-ignored) with .tools/cuda/bin -> the wheel's bin directory.
+# The test looks there, or at $TENSOR_WASM_PTXAS.
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NVCC_WHEEL_VERSION=13.0.88
+CUDA_TOOLS="$ROOT/.tools/cuda"
+
+ptxas_ok() {
+  local version
+  version=$("$CUDA_TOOLS/bin/ptxas" --version 2>/dev/null) || return 1
+  [[ "$version" == *"V$NVCC_WHEEL_VERSION"* ]]
+}
+
+if ! ptxas_ok; then
+  echo "installing ptxas (PyPI nvidia-cuda-nvcc==$NVCC_WHEEL_VERSION) into $CUDA_TOOLS ..."
+  PY=$(command -v python3 || command -v python) || { echo "python3 is needed to install ptxas" >&2; exit 1; }
+  rm -rf "$CUDA_TOOLS"
+  PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$CUDA_TOOLS" "nvidia-cuda-nvcc==$NVCC_WHEEL_VERSION"
+  ln -sfn nvidia/cu13/bin "$CUDA_TOOLS/bin"
+  ptxas_ok || { echo "ptxas did not install at $CUDA_TOOLS/bin/ptxas" >&2; exit 1; }
+fi
+
+# --- clang / wasi-libc ---------------------------------------------------------
 
 probe() {
   local tmp

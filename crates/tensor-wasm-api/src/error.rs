@@ -32,12 +32,12 @@ pub const ERROR_CODES: &[(&str, u16)] = &[
     ("method_not_allowed", 405),
     ("payload_too_large", 413),
     ("unsupported_media_type", 415),
+    ("busy", 429),
     ("guest_trap", 500),
     ("memory_limit_exceeded", 500),
     ("fuel_exhausted", 500),
     ("output_too_large", 500),
     ("internal", 500),
-    ("busy", 503),
     ("not_ready", 503),
     ("invocation_timeout", 504),
 ];
@@ -67,7 +67,7 @@ impl ApiError {
         ApiError::new("bad_request", message)
     }
 
-    /// `503 busy` with `Retry-After`.
+    /// `429 busy` with `Retry-After`: instance slots or the kernel dispatcher are saturated.
     pub fn busy(message: impl Into<String>) -> Self {
         ApiError {
             retry_after_s: Some(1),
@@ -136,7 +136,7 @@ mod tests {
     #[test]
     fn busy_carries_retry_after() {
         let response = ApiError::busy("full").into_response();
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
     }
 }

@@ -104,6 +104,7 @@ pub(crate) struct DeployOptions {
     timeout_ms: Option<u64>,
     memory_limit_bytes: Option<u64>,
     fuel: Option<u64>,
+    raw_ptx: Option<bool>,
 }
 
 impl DeployOptions {
@@ -114,6 +115,7 @@ impl DeployOptions {
             timeout_ms: self.timeout_ms,
             memory_limit_bytes: self.memory_limit_bytes,
             fuel: self.fuel,
+            raw_ptx: self.raw_ptx.unwrap_or(false),
         }
     }
 }
@@ -136,6 +138,7 @@ struct DeployOptionsJson {
     timeout_ms: Option<u64>,
     memory_limit_bytes: Option<u64>,
     fuel: Option<u64>,
+    raw_ptx: Option<bool>,
 }
 
 pub(crate) async fn create_function(
@@ -170,6 +173,7 @@ pub(crate) async fn create_function(
                 timeout_ms: o.timeout_ms,
                 memory_limit_bytes: o.memory_limit_bytes,
                 fuel: o.fuel,
+                raw_ptx: o.raw_ptx,
             };
             (module, options)
         }

@@ -558,7 +558,7 @@ async fn saturated_slots_answer_busy_with_retry_after() {
     let r = h
         .invoke(&calc, json!({"export": "add", "args": [1, 1]}))
         .await;
-    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.code(), "busy");
     assert_eq!(r.headers[header::RETRY_AFTER], "1");
     assert_eq!(long.await.unwrap(), StatusCode::GATEWAY_TIMEOUT);
@@ -567,4 +567,41 @@ async fn saturated_slots_answer_busy_with_retry_after() {
         .invoke(&calc, json!({"export": "add", "args": [1, 1]}))
         .await;
     assert_eq!(r.json(), json!({"results": [2]}));
+}
+
+#[tokio::test]
+async fn saturated_kernel_dispatcher_answers_429() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = prometheus::Registry::new();
+    let store = Arc::new(FsFunctionStore::open(dir.path()).unwrap());
+    let metrics = RuntimeMetrics::register(&registry).unwrap();
+    let config = RuntimeConfig {
+        dispatch: tensor_wasm_dispatch::DispatchConfig {
+            max_in_flight: 1,
+            max_queued: 0,
+        },
+        ..RuntimeConfig::for_tests(dir.path())
+    };
+    let runtime = Runtime::open(config, store, metrics).unwrap();
+    let state = AppState::new(runtime.clone(), registry, ApiConfig::default()).unwrap();
+    state.set_ready(true);
+    let h = Harness {
+        _dir: dir,
+        app: router(state),
+    };
+    let id = h.deploy("vector_add.wat", "name=vadd").await;
+
+    let held = runtime.dispatcher().acquire_blocking().unwrap();
+    let r = h.invoke(&id, json!({"export": "run", "args": [100]})).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.code(), "busy");
+    assert_eq!(r.headers[header::RETRY_AFTER], "1");
+    drop(held);
+    let r = h.invoke(&id, json!({"export": "run", "args": [100]})).await;
+    assert_eq!(r.json(), json!({"results": [100]}));
+    let text = String::from_utf8(h.get("/metrics").await.body).unwrap();
+    assert!(
+        text.contains("tensor_wasm_dispatch_rejected_total 1"),
+        "{text}"
+    );
 }

@@ -34,6 +34,7 @@ pub struct DeployOptions {
     pub timeout_ms: Option<u64>,
     pub memory_limit_bytes: Option<u64>,
     pub fuel: Option<u64>,
+    pub raw_ptx: bool,
 }
 
 /// Sends a request and returns the response, turning API errors into errors
@@ -89,6 +90,9 @@ pub fn deploy(server: &ServerArg, file: &Path, options: DeployOptions) -> anyhow
         if let Some(v) = value {
             request = request.query(key, &v.to_string());
         }
+    }
+    if options.raw_ptx {
+        request = request.query("raw_ptx", "true");
     }
     print_json(send(request, Some(&bytes))?)
 }

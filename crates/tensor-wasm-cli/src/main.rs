@@ -20,6 +20,9 @@ struct Cli {
 enum Command {
     /// Run the HTTP server.
     Serve(serve::ServeArgs),
+    /// Show the kernel devices this host has (or why CUDA is unavailable) and
+    /// which backend `serve --device auto` would use.
+    Doctor,
     /// Deploy a module (.wasm binary or .wat text) and print the new function.
     Deploy {
         /// Path of the module.
@@ -39,6 +42,9 @@ enum Command {
         /// Fuel budget per invocation (the server must run with --fuel).
         #[arg(long)]
         fuel: Option<u64>,
+        /// Ask for the raw-PTX capability (the server must run with --allow-raw-ptx).
+        #[arg(long)]
+        raw_ptx: bool,
         #[command(flatten)]
         server: client::ServerArg,
     },
@@ -70,10 +76,19 @@ enum Command {
     },
 }
 
+fn doctor() -> anyhow::Result<ExitCode> {
+    let discovery = tensor_wasm_gpu::discover();
+    println!("{discovery}");
+    let backend = tensor_wasm_gpu::open_backend(tensor_wasm_gpu::DeviceChoice::Auto)?;
+    println!("serve --device auto would use: {}", backend.device());
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Doctor => doctor(),
         Command::Deploy {
             file,
             name,
@@ -81,6 +96,7 @@ fn main() -> ExitCode {
             timeout_ms,
             memory_limit_bytes,
             fuel,
+            raw_ptx,
             server,
         } => client::deploy(
             &server,
@@ -91,6 +107,7 @@ fn main() -> ExitCode {
                 timeout_ms,
                 memory_limit_bytes,
                 fuel,
+                raw_ptx,
             },
         ),
         Command::Invoke {

@@ -8,7 +8,16 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tensor_wasm_api::{router, ApiConfig, AppState};
-use tensor_wasm_runtime::{FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
+use tensor_wasm_dispatch::DispatchConfig;
+use tensor_wasm_gpu::{open_backend, DeviceChoice};
+use tensor_wasm_runtime::{FsFunctionStore, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics};
+
+/// Guest memory choice on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum GuestMemoryArg {
+    Pooled,
+    Unified,
+}
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -65,6 +74,29 @@ pub struct ServeArgs {
         default_value = "text"
     )]
     log_format: LogFormat,
+    /// Kernel device: `cpu`, `cuda` (fails without a usable GPU) or `auto`.
+    #[arg(long, env = "TENSOR_WASM_DEVICE", default_value = "auto")]
+    device: DeviceChoice,
+    /// Guest linear memory: `pooled` (host memory, fastest instantiation; CPU
+    /// only) or `unified` (one buffer per instance, pre-allocated at the
+    /// function's memory limit; CUDA managed memory on CUDA). CUDA forces `unified`.
+    #[arg(
+        long,
+        env = "TENSOR_WASM_GUEST_MEMORY",
+        value_enum,
+        default_value = "pooled"
+    )]
+    guest_memory: GuestMemoryArg,
+    /// Kernels that may run at once across all guests.
+    #[arg(long, env = "TENSOR_WASM_MAX_KERNELS_IN_FLIGHT", default_value_t = 64)]
+    max_kernels_in_flight: usize,
+    /// Kernel launches that may wait for a slot; beyond that invocations get 429.
+    #[arg(long, env = "TENSOR_WASM_MAX_QUEUED_LAUNCHES", default_value_t = 1024)]
+    max_queued_launches: usize,
+    /// Allow functions to be deployed with the raw-PTX capability. Raw PTX can
+    /// address any device memory: enable only when every deployer is trusted.
+    #[arg(long, env = "TENSOR_WASM_ALLOW_RAW_PTX")]
+    allow_raw_ptx: bool,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, env = "TENSOR_WASM_SHUTDOWN_GRACE_S", default_value_t = 30)]
     shutdown_grace_s: u64,
@@ -83,8 +115,20 @@ fn init_logging(format: LogFormat) {
 }
 
 impl ServeArgs {
-    fn runtime_config(&self) -> RuntimeConfig {
-        RuntimeConfig {
+    fn runtime_config(&self) -> anyhow::Result<RuntimeConfig> {
+        let backend = open_backend(self.device)
+            .with_context(|| format!("opening the `{}` kernel device", self.device))?;
+        Ok(RuntimeConfig {
+            backend,
+            guest_memory: match self.guest_memory {
+                GuestMemoryArg::Pooled => GuestMemory::Pooled,
+                GuestMemoryArg::Unified => GuestMemory::Unified,
+            },
+            dispatch: DispatchConfig {
+                max_in_flight: self.max_kernels_in_flight.max(1),
+                max_queued: self.max_queued_launches,
+            },
+            allow_raw_ptx: self.allow_raw_ptx,
             default_timeout: Duration::from_millis(self.default_timeout_ms),
             max_timeout: Duration::from_millis(self.max_timeout_ms),
             default_memory_limit_bytes: self.default_memory_limit_bytes,
@@ -94,7 +138,7 @@ impl ServeArgs {
             fuel_enabled: self.fuel,
             max_output_bytes: self.max_output_bytes,
             ..RuntimeConfig::new(&self.data_dir)
-        }
+        })
     }
 }
 
@@ -113,7 +157,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let store = FsFunctionStore::open(&args.data_dir)
         .with_context(|| format!("opening the data directory {}", args.data_dir.display()))?;
     let metrics = RuntimeMetrics::register(&registry)?;
-    let runtime = Runtime::open(args.runtime_config(), Arc::new(store), metrics)
+    let runtime = Runtime::open(args.runtime_config()?, Arc::new(store), metrics)
         .context("starting the runtime")?;
     let api = ApiConfig {
         max_body_bytes: args.max_body_bytes,
@@ -125,7 +169,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let local = listener.local_addr()?;
-    tracing::info!(addr = %local, data_dir = %args.data_dir.display(), "listening");
+    tracing::info!(
+        addr = %local,
+        data_dir = %args.data_dir.display(),
+        device = %runtime.device(),
+        uvm = runtime.is_uvm_backed(),
+        "listening"
+    );
     // Machine-readable line for scripts and tests that listen on port 0.
     println!("tensor-wasm listening on http://{local}");
 

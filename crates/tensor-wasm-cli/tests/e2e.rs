@@ -16,13 +16,14 @@ fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
 }
 
-/// The C guest, built with clang for wasm32-wasi if it is not built yet.
-fn c_guest() -> PathBuf {
-    let out = examples().join("c/wordcount.wasm");
+/// A C guest, built with clang for wasm32-wasi if it is not built yet.
+fn c_guest(name: &str) -> PathBuf {
+    let out = examples().join(format!("c/{name}.wasm"));
     if !out.exists() {
         let status = Command::new("clang")
-            .args(["--target=wasm32-wasi", "-O2"])
-            .arg(examples().join("c/wordcount.c"))
+            .args(["--target=wasm32-wasi", "-O2", "-I"])
+            .arg(examples().join("../sdk/c"))
+            .arg(examples().join(format!("c/{name}.c")))
             .arg("-o")
             .arg(&out)
             .status()
@@ -178,7 +179,7 @@ fn deploy_invoke_restart_without_recompiling() {
     let server = Server::start(dir.path(), &[]);
     let calc = server.deploy(&examples().join("calc.wat"), "name=calc");
     let upper = server.deploy(&examples().join("upper.wat"), "name=upper&style=wasi");
-    let wc = server.deploy(&c_guest(), "name=wordcount&style=wasi");
+    let wc = server.deploy(&c_guest("wordcount"), "name=wordcount&style=wasi");
 
     assert_eq!(
         server.call(&calc, "add", json!([20, 22])),
@@ -519,5 +520,72 @@ fn two_hundred_concurrent_invocations_are_correct_and_isolated() {
         server.metric(r#"tensor_wasm_invocations_total{outcome="ok"}"#),
         Some(200.0)
     );
+    server.terminate();
+}
+
+#[test]
+fn guests_launch_kernels_end_to_end_on_the_cpu_backend() {
+    let out = Command::new(BIN).arg("doctor").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("CPU"), "{text}");
+    assert!(
+        text.contains("serve --device auto would use: cpu"),
+        "{text}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--device", "cpu"]);
+    let vadd = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+    assert_eq!(
+        server.call(&vadd, "run", json!([4096])),
+        (200, json!({"results": [4096]}))
+    );
+    assert_eq!(
+        server.call(&vadd, "out_of_bounds", json!([])),
+        (200, json!({"results": [-1]}))
+    );
+    let out = server.cli(&["invoke", &vadd, "--export", "run", "--arg", "777"], b"");
+    assert_eq!(json_of(&out.stdout), json!({"results": [777]}));
+
+    let matmul = server.deploy(&c_guest("matmul"), "name=matmul&style=wasi");
+    for shape in ["64 64 64", "33 17 45", "1 1 1", "100 3 7"] {
+        let (status, out, exit) = server.post(
+            &format!("/functions/{matmul}/invoke"),
+            "text/plain",
+            shape.as_bytes(),
+        );
+        assert_eq!(status, 200);
+        let result = json_of(&out);
+        assert_eq!(result["mismatches"], 0, "{shape}: {result}");
+        assert_eq!(exit.as_deref(), Some("0"));
+    }
+    let out = server.cli(&["invoke", &matmul], b"16 16 16");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json_of(&out.stdout)["mismatches"], 0);
+    server.terminate();
+
+    // The same with unified guest memory (host-backed here).
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--device", "cpu", "--guest-memory", "unified"],
+    );
+    let vadd = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+    assert_eq!(
+        server.call(&vadd, "run", json!([65536])),
+        (200, json!({"results": [65536]}))
+    );
+    let matmul = server.deploy(&c_guest("matmul"), "name=matmul&style=wasi");
+    let (_, out, _) = server.post(
+        &format!("/functions/{matmul}/invoke"),
+        "text/plain",
+        b"48 40 32",
+    );
+    assert_eq!(json_of(&out)["mismatches"], 0);
     server.terminate();
 }

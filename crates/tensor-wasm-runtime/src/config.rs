@@ -1,7 +1,23 @@
-//! Runtime configuration: data directory, default and maximum limits, pool size.
+//! Runtime configuration: data directory, limits, pool size, device and guest memory.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+
+use tensor_wasm_dispatch::DispatchConfig;
+use tensor_wasm_gpu::{open_backend, Backend, DeviceChoice};
+
+/// Where guest linear memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestMemory {
+    /// wasmtime's pooling allocator: host memory, fastest instantiation.
+    /// Only for the CPU backend.
+    Pooled,
+    /// One [`tensor_wasm_mem::UnifiedBuffer`] per instance, pre-allocated at the
+    /// function's memory limit: CUDA managed memory with a CUDA backend (guest
+    /// pointers go to kernels without a copy), guarded host memory otherwise.
+    Unified,
+}
 
 /// Settings of a [`crate::Runtime`]; every field has a production default.
 #[derive(Debug, Clone)]
@@ -28,10 +44,19 @@ pub struct RuntimeConfig {
     pub stderr_tail_bytes: usize,
     /// Period of the epoch ticker; deadlines are rounded up to it.
     pub epoch_tick: Duration,
+    /// The kernel backend guests launch on (CPU or CUDA).
+    pub backend: Arc<dyn Backend>,
+    /// Where guest memory lives; a CUDA backend always uses `Unified`.
+    pub guest_memory: GuestMemory,
+    /// Concurrency cap and wait queue of kernel launches.
+    pub dispatch: DispatchConfig,
+    /// Whether functions may be granted the raw-PTX capability at deploy.
+    /// Raw PTX can address any device memory: grant it to trusted tenants only.
+    pub allow_raw_ptx: bool,
 }
 
 impl RuntimeConfig {
-    /// Production defaults rooted at `data_dir`.
+    /// Production defaults rooted at `data_dir`, on the CPU backend.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         RuntimeConfig {
             data_dir: data_dir.into(),
@@ -45,6 +70,10 @@ impl RuntimeConfig {
             max_output_bytes: 16 << 20,
             stderr_tail_bytes: 4096,
             epoch_tick: Duration::from_millis(5),
+            backend: open_backend(DeviceChoice::Cpu).expect("the CPU backend always opens"),
+            guest_memory: GuestMemory::Pooled,
+            dispatch: DispatchConfig::default(),
+            allow_raw_ptx: false,
         }
     }
 
@@ -56,6 +85,15 @@ impl RuntimeConfig {
             max_memory_limit_bytes: 64 << 20,
             max_instances: 64,
             ..RuntimeConfig::new(data_dir)
+        }
+    }
+
+    /// The guest memory actually used: CUDA backends force `Unified`.
+    pub fn effective_guest_memory(&self) -> GuestMemory {
+        if self.backend.device().is_cuda() {
+            GuestMemory::Unified
+        } else {
+            self.guest_memory
         }
     }
 }

@@ -10,35 +10,66 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+use tensor_wasm_mem::{MemoryBacking, TensorWasmMemoryCreator};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, Module, PoolingAllocationConfig};
 
-use crate::config::RuntimeConfig;
+use crate::config::{GuestMemory, RuntimeConfig};
 use crate::error::{Result, RuntimeError};
 use crate::store::sha256_hex;
+
+/// The engine and, for unified guest memory, the memory creator behind it.
+pub struct EngineParts {
+    pub engine: Engine,
+    pub memory_creator: Option<Arc<TensorWasmMemoryCreator>>,
+}
 
 /// Builds the one engine of the process from the runtime configuration.
 ///
 /// Epoch interruption is always on (deadlines); fuel only when the operator
-/// enables it, because metering slows every guest. Instances come from the
-/// pooling allocator with one slot per allowed concurrent instance.
-pub fn build_engine(config: &RuntimeConfig) -> Result<Engine> {
-    let mut pool = PoolingAllocationConfig::default();
-    let slots = config.max_instances;
-    pool.total_core_instances(slots)
-        .total_memories(slots)
-        .total_tables(slots)
-        .total_component_instances(0)
-        .max_memories_per_module(1)
-        .max_tables_per_module(4)
-        .max_memory_size(
-            usize::try_from(config.max_memory_limit_bytes).expect("memory cap fits in usize"),
-        );
-
+/// enables it, because metering slows every guest. With pooled guest memory
+/// instances come from the pooling allocator, one slot per allowed concurrent
+/// instance; with unified guest memory every linear memory is a
+/// [`tensor_wasm_mem::UnifiedBuffer`] from [`TensorWasmMemoryCreator`] (CUDA
+/// managed memory when the backend is CUDA).
+pub fn build_engine(config: &RuntimeConfig) -> Result<EngineParts> {
     let mut wasm = Config::new();
     wasm.epoch_interruption(true)
-        .consume_fuel(config.fuel_enabled)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    Engine::new(&wasm).map_err(|e| RuntimeError::Engine(format!("{e:#}")))
+        .consume_fuel(config.fuel_enabled);
+    let memory_creator = match config.effective_guest_memory() {
+        GuestMemory::Pooled => {
+            let mut pool = PoolingAllocationConfig::default();
+            let slots = config.max_instances;
+            pool.total_core_instances(slots)
+                .total_memories(slots)
+                .total_tables(slots)
+                .total_component_instances(0)
+                .max_memories_per_module(1)
+                .max_tables_per_module(4)
+                .max_memory_size(
+                    usize::try_from(config.max_memory_limit_bytes)
+                        .expect("memory cap fits in usize"),
+                );
+            wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+            None
+        }
+        GuestMemory::Unified => {
+            let backing = match config.backend.cuda_context() {
+                Some(ctx) => MemoryBacking::Managed(ctx),
+                None => MemoryBacking::Host,
+            };
+            let creator = Arc::new(TensorWasmMemoryCreator::new(
+                backing,
+                config.max_memory_limit_bytes,
+            ));
+            tensor_wasm_mem::configure_engine(&mut wasm, creator.clone());
+            Some(creator)
+        }
+    };
+    let engine = Engine::new(&wasm).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+    Ok(EngineParts {
+        engine,
+        memory_creator,
+    })
 }
 
 /// One thread for the whole engine that advances its epoch every `tick`.
@@ -213,7 +244,9 @@ mod tests {
     #[test]
     fn artifacts_round_trip_and_tampering_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = build_engine(&RuntimeConfig::for_tests(dir.path())).unwrap();
+        let engine = build_engine(&RuntimeConfig::for_tests(dir.path()))
+            .unwrap()
+            .engine;
         let cache = ArtifactCache::open(dir.path(), &engine).unwrap();
         let module = Module::new(
             &engine,
@@ -238,8 +271,8 @@ mod tests {
     fn fingerprint_is_stable_for_one_engine_config() {
         let dir = tempfile::tempdir().unwrap();
         let config = RuntimeConfig::for_tests(dir.path());
-        let a = engine_fingerprint(&build_engine(&config).unwrap());
-        let b = engine_fingerprint(&build_engine(&config).unwrap());
+        let a = engine_fingerprint(&build_engine(&config).unwrap().engine);
+        let b = engine_fingerprint(&build_engine(&config).unwrap().engine);
         assert_eq!(a, b);
         assert_eq!(a.len(), 32);
     }

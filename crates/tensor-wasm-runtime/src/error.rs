@@ -42,9 +42,9 @@ pub enum RuntimeError {
     /// A WASI command wrote more to stdout than the output cap allows.
     #[error("output exceeded the cap of {0} bytes")]
     OutputTooLarge(usize),
-    /// Every instance slot is taken.
-    #[error("all {0} instance slots are busy")]
-    Busy(u32),
+    /// Every instance slot, or the kernel dispatcher and its queue, is full.
+    #[error("{0}")]
+    Busy(String),
     /// The durable store failed.
     #[error("storage error at {path}: {source}")]
     Storage {

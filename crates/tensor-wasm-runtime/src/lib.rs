@@ -22,16 +22,18 @@
 //! assert_eq!(out, vec![serde_json::json!(3)]);
 //! ```
 
+pub mod abi;
 mod config;
 mod engine;
 mod error;
+mod guest_gpu;
 mod metrics;
 mod runtime;
 mod store;
 mod values;
 
-pub use config::RuntimeConfig;
-pub use engine::{build_engine, engine_fingerprint, ModuleSource};
+pub use config::{GuestMemory, RuntimeConfig};
+pub use engine::{build_engine, engine_fingerprint, EngineParts, ModuleSource};
 pub use error::{Result, RuntimeError};
 pub use metrics::{Outcome, RuntimeMetrics};
 pub use runtime::{CommandOutput, DeploySpec, FunctionInfo, Runtime};

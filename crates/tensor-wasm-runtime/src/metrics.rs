@@ -3,6 +3,7 @@
 use prometheus::{
     exponential_buckets, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry,
 };
+use tensor_wasm_dispatch::DispatchMetrics;
 
 /// How an invocation ended, as a metrics label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +45,8 @@ pub struct RuntimeMetrics {
     pub(crate) compile_seconds: Histogram,
     pub(crate) module_loads: IntCounterVec,
     pub(crate) cached_modules: IntGauge,
+    /// Metrics of the kernel dispatcher.
+    pub dispatch: DispatchMetrics,
 }
 
 impl RuntimeMetrics {
@@ -90,6 +93,7 @@ impl RuntimeMetrics {
                 "tensor_wasm_cached_modules",
                 "Compiled modules held in memory.",
             )?,
+            dispatch: DispatchMetrics::register(registry)?,
         };
         registry.register(Box::new(metrics.invocations.clone()))?;
         registry.register(Box::new(metrics.invocation_seconds.clone()))?;

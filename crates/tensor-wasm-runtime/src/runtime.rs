@@ -13,9 +13,14 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
 
+use tensor_wasm_dispatch::{DispatchError, KernelDispatcher};
+use tensor_wasm_gpu::Device;
+use tensor_wasm_mem::TensorWasmMemoryCreator;
+
 use crate::config::RuntimeConfig;
 use crate::engine::{build_engine, ArtifactCache, EpochTicker, ModuleSource};
 use crate::error::{Result, RuntimeError};
+use crate::guest_gpu::{GpuShared, GuestGpu};
 use crate::metrics::{Outcome, RuntimeMetrics};
 use crate::store::{
     new_function_id, sha256_hex, FunctionLimits, FunctionRecord, FunctionStore, InvocationStyle,
@@ -38,6 +43,8 @@ pub struct DeploySpec {
     pub timeout_ms: Option<u64>,
     pub memory_limit_bytes: Option<u64>,
     pub fuel: Option<u64>,
+    /// Grant the raw-PTX capability (needs `allow_raw_ptx` on the server).
+    pub raw_ptx: bool,
 }
 
 impl DeploySpec {
@@ -49,6 +56,7 @@ impl DeploySpec {
             timeout_ms: None,
             memory_limit_bytes: None,
             fuel: None,
+            raw_ptx: false,
         }
     }
 
@@ -85,6 +93,7 @@ pub struct CommandOutput {
 pub(crate) struct InvocationState {
     limiter: InvocationLimiter,
     wasi: Option<WasiP1Ctx>,
+    pub(crate) gpu: Option<GuestGpu>,
 }
 
 /// Enforces the function's memory limit and remembers that it did.
@@ -137,6 +146,7 @@ impl ResourceLimiter for InvocationLimiter {
 struct Prepared {
     pre: InstancePre<InvocationState>,
     needs_wasi: bool,
+    needs_gpu: bool,
 }
 
 struct FunctionEntry {
@@ -155,6 +165,8 @@ struct Inner {
     modules: Mutex<HashMap<String, Module>>,
     in_flight: AtomicU32,
     metrics: RuntimeMetrics,
+    gpu: Arc<GpuShared>,
+    memory_creator: Option<Arc<TensorWasmMemoryCreator>>,
     _ticker: EpochTicker,
 }
 
@@ -220,7 +232,8 @@ impl Runtime {
         store: Arc<dyn FunctionStore>,
         metrics: RuntimeMetrics,
     ) -> Result<Self> {
-        let engine = build_engine(&config)?;
+        let parts = build_engine(&config)?;
+        let engine = parts.engine;
         let artifacts = ArtifactCache::open(&config.data_dir, &engine)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |state: &mut InvocationState| {
@@ -230,6 +243,21 @@ impl Runtime {
                 .expect("stores of modules importing WASI always carry a WASI context")
         })
         .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        crate::guest_gpu::add_to_linker(&mut linker)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let gpu = Arc::new(GpuShared {
+            backend: config.backend.clone(),
+            dispatcher: KernelDispatcher::with_metrics(
+                config.dispatch.clone(),
+                metrics.dispatch.clone(),
+            ),
+        });
+        tracing::info!(
+            device = %config.backend.device(),
+            unified_memory = parts.memory_creator.is_some(),
+            uvm = parts.memory_creator.as_ref().is_some_and(|c| c.is_uvm_backed()),
+            "runtime engine ready"
+        );
 
         let functions = store
             .functions()?
@@ -248,6 +276,8 @@ impl Runtime {
                 modules: Mutex::new(HashMap::new()),
                 in_flight: AtomicU32::new(0),
                 metrics,
+                gpu,
+                memory_creator: parts.memory_creator,
                 _ticker: ticker,
             }),
         };
@@ -262,6 +292,24 @@ impl Runtime {
     /// The runtime's metrics handles.
     pub fn metrics(&self) -> &RuntimeMetrics {
         &self.inner.metrics
+    }
+
+    /// The device kernels run on.
+    pub fn device(&self) -> &Device {
+        self.inner.gpu.backend.device()
+    }
+
+    /// Whether guest linear memory is CUDA managed memory (device-visible).
+    pub fn is_uvm_backed(&self) -> bool {
+        self.inner
+            .memory_creator
+            .as_ref()
+            .is_some_and(|c| c.is_uvm_backed())
+    }
+
+    /// The kernel dispatcher (for tests and benches).
+    pub fn dispatcher(&self) -> &KernelDispatcher {
+        &self.inner.gpu.dispatcher
     }
 
     /// The engine (for benches comparing against raw wasmtime).
@@ -401,6 +449,13 @@ impl Runtime {
                 cfg.max_memory_limit_bytes
             )));
         }
+        if spec.raw_ptx && !cfg.allow_raw_ptx {
+            return Err(RuntimeError::InvalidConfig(
+                "raw PTX is disabled on this server (the operator grants it with --allow-raw-ptx; \
+                 raw PTX can address any device memory)"
+                    .into(),
+            ));
+        }
         if spec.fuel.is_some() && !cfg.fuel_enabled {
             return Err(RuntimeError::InvalidConfig(
                 "fuel metering is disabled on this server (start it with --fuel to allow fuel \
@@ -412,6 +467,7 @@ impl Runtime {
             timeout_ms,
             memory_limit_bytes,
             fuel: spec.fuel,
+            raw_ptx: spec.raw_ptx,
         })
     }
 
@@ -484,11 +540,17 @@ impl Runtime {
     fn prepare(&self, module: &Module) -> Result<Prepared> {
         let pre = self.inner.linker.instantiate_pre(module).map_err(|e| {
             RuntimeError::InvalidModule(truncate_message(format!(
-                "{e:#} (functions may import only `{WASI_P1}`)"
+                "{e:#} (functions may import only `{WASI_P1}` and `{}`)",
+                crate::abi::MODULE
             )))
         })?;
         let needs_wasi = module.imports().any(|i| i.module() == WASI_P1);
-        Ok(Prepared { pre, needs_wasi })
+        let needs_gpu = module.imports().any(|i| i.module() == crate::abi::MODULE);
+        Ok(Prepared {
+            pre,
+            needs_wasi,
+            needs_gpu,
+        })
     }
 
     /// The prepared form of a stored function, loading it on first use.
@@ -520,6 +582,9 @@ impl Runtime {
                 hit: None,
             },
             wasi,
+            gpu: prepared
+                .needs_gpu
+                .then(|| GuestGpu::new(self.inner.gpu.clone(), limits.raw_ptx)),
         };
         let mut store = Store::new(&self.inner.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -531,7 +596,13 @@ impl Runtime {
                 .set_fuel(limits.fuel.unwrap_or(u64::MAX))
                 .expect("fuel is enabled in the engine");
         }
-        let instance = prepared.pre.instantiate(&mut store);
+        // Unified memory is allocated up front at the function's limit.
+        let instance = match &self.inner.memory_creator {
+            Some(_) => tensor_wasm_mem::with_capacity_hint(limits.memory_limit_bytes, || {
+                prepared.pre.instantiate(&mut store)
+            }),
+            None => prepared.pre.instantiate(&mut store),
+        };
         self.inner
             .metrics
             .instantiate_seconds
@@ -544,7 +615,9 @@ impl Runtime {
         let slots = &self.inner.in_flight;
         if slots.fetch_add(1, Ordering::AcqRel) >= max {
             slots.fetch_sub(1, Ordering::AcqRel);
-            return Err(RuntimeError::Busy(max));
+            return Err(RuntimeError::Busy(format!(
+                "all {max} instance slots are busy"
+            )));
         }
         Ok(SlotGuard(slots))
     }
@@ -753,6 +826,9 @@ fn classify(
 ) -> RuntimeError {
     if let Some(message) = store.data_mut().limiter.hit.take() {
         return RuntimeError::MemoryLimit(message);
+    }
+    if let Some(busy) = err.downcast_ref::<DispatchError>() {
+        return RuntimeError::Busy(busy.to_string());
     }
     match err.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => RuntimeError::Timeout {

@@ -58,6 +58,9 @@ pub struct FunctionLimits {
     pub memory_limit_bytes: u64,
     /// Fuel budget per invocation, when fuel metering is enabled.
     pub fuel: Option<u64>,
+    /// Whether the function may load raw PTX (a capability; see `allow_raw_ptx`).
+    #[serde(default)]
+    pub raw_ptx: bool,
 }
 
 /// The durable description of a deployed function.
@@ -319,6 +322,7 @@ mod tests {
                 timeout_ms: 1000,
                 memory_limit_bytes: 1 << 20,
                 fuel: None,
+                raw_ptx: false,
             },
         }
     }

@@ -263,3 +263,141 @@ fn delete_removes_the_function_durably() {
     drop(rt);
     assert!(open(dir.path()).functions().is_empty());
 }
+
+mod kernels {
+    //! Guests launching kernels through `wasi:cuda` on the CPU backend.
+
+    use super::*;
+    use tensor_wasm_runtime::{abi, GuestMemory};
+
+    fn run_vector_add(rt: &Runtime) {
+        let f = rt
+            .deploy(&example("vector_add.wat"), DeploySpec::export("vadd"))
+            .unwrap();
+        let id = &f.record.id;
+        for n in [1, 255, 256, 1000, 65536] {
+            assert_eq!(
+                rt.invoke_export(id, "run", &[json!(n)]).unwrap(),
+                vec![json!(n)],
+                "n = {n}"
+            );
+        }
+        assert_eq!(
+            rt.invoke_export(id, "out_of_bounds", &[]).unwrap(),
+            vec![json!(abi::code::INVALID_ARGUMENT)]
+        );
+    }
+
+    #[test]
+    fn vector_add_example_matches_the_reference_in_pooled_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = open(dir.path());
+        assert!(!rt.device().is_cuda());
+        assert!(!rt.is_uvm_backed());
+        run_vector_add(&rt);
+    }
+
+    #[test]
+    fn vector_add_example_matches_the_reference_in_unified_host_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = open_with(RuntimeConfig {
+            guest_memory: GuestMemory::Unified,
+            ..RuntimeConfig::for_tests(dir.path())
+        });
+        assert!(!rt.is_uvm_backed(), "host backing on a CPU-only machine");
+        run_vector_add(&rt);
+    }
+
+    const PTX_GUEST: &str = r#"(module
+      (import "wasi:cuda" "kernel_from_ptx" (func $ptx (param i32 i32 i32 i32) (result i32)))
+      (import "wasi:cuda" "kernel_from_cuda" (func $cuda (param i32 i32 i32 i32) (result i32)))
+      (import "wasi:cuda" "kernel_from_blueprint" (func $bp (param i32 i32) (result i32)))
+      (import "wasi:cuda" "launch" (func $launch (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
+      (import "wasi:cuda" "last_error" (func $err (param i32 i32) (result i32)))
+      (memory (export "memory") 1)
+      (data (i32.const 0) ".version 8.0\00k\00nope")
+      (func (export "ptx") (result i32) (call $ptx (i32.const 0) (i32.const 12) (i32.const 13) (i32.const 1)))
+      (func (export "cuda") (result i32) (call $cuda (i32.const 0) (i32.const 12) (i32.const 13) (i32.const 1)))
+      (func (export "unknown_blueprint") (result i32) (call $bp (i32.const 15) (i32.const 4)))
+      (func (export "bad_handle") (result i32)
+        (call $launch (i32.const 7) (i32.const 1) (i32.const 1) (i32.const 1) (i32.const 1) (i32.const 1) (i32.const 1) (i32.const 0) (i32.const 0) (i32.const 0)))
+      (func (export "error_len") (result i32)
+        (drop (call $bp (i32.const 15) (i32.const 4)))
+        (call $err (i32.const 1024) (i32.const 8))))"#;
+
+    #[test]
+    fn capabilities_and_errors_are_reported_to_the_guest() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = open(dir.path());
+        let raw = DeploySpec {
+            raw_ptx: true,
+            ..DeploySpec::export("ptx")
+        };
+        assert!(matches!(
+            rt.deploy(PTX_GUEST.as_bytes(), raw),
+            Err(RuntimeError::InvalidConfig(_))
+        ));
+        let f = rt
+            .deploy(PTX_GUEST.as_bytes(), DeploySpec::export("ptx"))
+            .unwrap();
+        let call = |export: &str| {
+            rt.invoke_export(&f.record.id, export, &[]).unwrap()[0]
+                .as_i64()
+                .unwrap()
+        };
+        assert_eq!(call("ptx"), i64::from(abi::code::PERMISSION_DENIED));
+        assert_eq!(call("cuda"), i64::from(abi::code::NOT_AVAILABLE));
+        assert_eq!(
+            call("unknown_blueprint"),
+            i64::from(abi::code::INVALID_ARGUMENT)
+        );
+        assert_eq!(call("bad_handle"), i64::from(abi::code::BAD_HANDLE));
+        assert!(
+            call("error_len") > 8,
+            "last_error returns the full message length"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let rt = open_with(RuntimeConfig {
+            allow_raw_ptx: true,
+            ..RuntimeConfig::for_tests(dir.path())
+        });
+        let raw = DeploySpec {
+            raw_ptx: true,
+            ..DeploySpec::export("ptx")
+        };
+        let f = rt.deploy(PTX_GUEST.as_bytes(), raw).unwrap();
+        assert!(f.record.limits.raw_ptx);
+        let got = rt.invoke_export(&f.record.id, "ptx", &[]).unwrap();
+        assert_eq!(
+            got,
+            vec![json!(abi::code::NOT_AVAILABLE)],
+            "raw PTX needs a CUDA device"
+        );
+    }
+
+    #[test]
+    fn saturated_dispatcher_ends_the_invocation_as_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = open_with(RuntimeConfig {
+            dispatch: tensor_wasm_dispatch::DispatchConfig {
+                max_in_flight: 1,
+                max_queued: 0,
+            },
+            ..RuntimeConfig::for_tests(dir.path())
+        });
+        let f = rt
+            .deploy(&example("vector_add.wat"), DeploySpec::export("vadd"))
+            .unwrap();
+        let held = rt.dispatcher().acquire_blocking().unwrap();
+        assert!(matches!(
+            rt.invoke_export(&f.record.id, "run", &[json!(10)]),
+            Err(RuntimeError::Busy(_))
+        ));
+        drop(held);
+        assert_eq!(
+            rt.invoke_export(&f.record.id, "run", &[json!(10)]).unwrap(),
+            vec![json!(10)]
+        );
+    }
+}

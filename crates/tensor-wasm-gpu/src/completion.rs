@@ -1,0 +1,255 @@
+//! `Completion`: the signal that a launched kernel has finished, usable blocking and as a future.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use crate::GpuError;
+
+/// The shared state between a `Completion` and whoever finishes the work (a CPU worker or the
+/// CUDA event waiter thread).
+#[derive(Default)]
+pub(crate) struct Signal {
+    state: Mutex<SignalState>,
+    finished: Condvar,
+}
+
+#[derive(Default)]
+struct SignalState {
+    outcome: Option<Result<(), GpuError>>,
+    waker: Option<Waker>,
+}
+
+impl Signal {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Marks the work finished with `outcome` and wakes every waiter. Only the first call counts.
+    pub(crate) fn finish(&self, outcome: Result<(), GpuError>) {
+        let waker = {
+            let mut state = self.lock();
+            if state.outcome.is_some() {
+                return;
+            }
+            state.outcome = Some(outcome);
+            state.waker.take()
+        };
+        self.finished.notify_all();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SignalState> {
+        // The state is a plain value that is never left half-updated, so a poisoned lock (a
+        // panic elsewhere while holding it) still holds consistent data.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn block_until_finished(&self) -> Result<(), GpuError> {
+        let mut state = self.lock();
+        loop {
+            if let Some(outcome) = &state.outcome {
+                return outcome.clone();
+            }
+            state = self
+                .finished
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn is_finished(&self) -> bool {
+        self.lock().outcome.is_some()
+    }
+}
+
+/// The completion of one kernel launch.
+///
+/// It borrows the guest memory the kernel works on (`'m`) until the kernel is done. Use it either
+/// way:
+/// - blocking: [`Completion::wait`] (on a plain thread or inside `tokio::task::spawn_blocking`);
+/// - async: `.await` it (it implements [`Future`]; no particular runtime is needed).
+///
+/// Dropping a `Completion` early **blocks until the kernel has finished**, so the guest memory is
+/// never handed back while a kernel still reads or writes it. Do not leak it
+/// (`std::mem::forget`): a leaked completion ends the borrow without waiting.
+#[must_use = "a kernel launch is only known to have succeeded once its Completion is waited on"]
+pub struct Completion<'m> {
+    signal: Arc<Signal>,
+    _memory: PhantomData<&'m mut [u8]>,
+}
+
+impl<'m> Completion<'m> {
+    /// A completion for work that `signal` will report.
+    pub(crate) fn pending(signal: Arc<Signal>) -> Self {
+        Self {
+            signal,
+            _memory: PhantomData,
+        }
+    }
+
+    /// A completion for work that is already finished (for example a launch that covers no
+    /// element).
+    pub(crate) fn finished(outcome: Result<(), GpuError>) -> Self {
+        let signal = Signal::new();
+        signal.finish(outcome);
+        Self::pending(signal)
+    }
+
+    /// Blocks the calling thread until the kernel has finished and returns its outcome.
+    ///
+    /// # Errors
+    /// The error the kernel ended with, for example a CUDA fault reported by the driver.
+    pub fn wait(self) -> Result<(), GpuError> {
+        self.signal.block_until_finished()
+    }
+
+    /// Whether the kernel has finished; never blocks.
+    pub fn is_done(&self) -> bool {
+        self.signal.is_finished()
+    }
+}
+
+impl Future for Completion<'_> {
+    type Output = Result<(), GpuError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.signal.lock();
+        if let Some(outcome) = &state.outcome {
+            return Poll::Ready(outcome.clone());
+        }
+        match &mut state.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            slot => *slot = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Completion<'_> {
+    fn drop(&mut self) {
+        // The borrow of guest memory ends here: the kernel must be done with it first.
+        let _outcome = self.signal.block_until_finished();
+    }
+}
+
+impl fmt::Debug for Completion<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completion")
+            .field("done", &self.is_done())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+    use std::thread;
+    use std::time::Duration;
+
+    struct CountingWaker {
+        wakes: AtomicUsize,
+        thread: thread::Thread,
+    }
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.wakes.fetch_add(1, Ordering::SeqCst);
+            self.thread.unpark();
+        }
+    }
+
+    /// A minimal executor: polls `future` on this thread, parking between wake-ups.
+    fn block_on<F: Future>(future: F) -> (F::Output, usize) {
+        let waker_state = Arc::new(CountingWaker {
+            wakes: AtomicUsize::new(0),
+            thread: thread::current(),
+        });
+        let waker = Waker::from(waker_state.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut future = std::pin::pin!(future);
+        loop {
+            if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+                return (output, waker_state.wakes.load(Ordering::SeqCst));
+            }
+            thread::park();
+        }
+    }
+
+    #[test]
+    fn wait_returns_the_outcome_set_on_another_thread() {
+        let signal = Signal::new();
+        let completion = Completion::pending(signal.clone());
+        assert!(!completion.is_done());
+        let finisher = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(20));
+            signal.finish(Err(GpuError::Cuda("CUDA_ERROR_ILLEGAL_ADDRESS".into())));
+        });
+        assert_eq!(
+            completion.wait(),
+            Err(GpuError::Cuda("CUDA_ERROR_ILLEGAL_ADDRESS".into()))
+        );
+        finisher.join().unwrap();
+    }
+
+    #[test]
+    fn future_is_woken_when_the_work_finishes() {
+        let signal = Signal::new();
+        let completion = Completion::pending(signal.clone());
+        let finisher = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(20));
+            signal.finish(Ok(()));
+        });
+        let (outcome, wakes) = block_on(completion);
+        assert_eq!(outcome, Ok(()));
+        assert!(wakes >= 1, "the future completed without being woken");
+        finisher.join().unwrap();
+    }
+
+    #[test]
+    fn already_finished_completion_is_ready_at_once() {
+        let completion = Completion::finished(Ok(()));
+        assert!(completion.is_done());
+        let (outcome, wakes) = block_on(completion);
+        assert_eq!(outcome, Ok(()));
+        assert_eq!(wakes, 0);
+    }
+
+    #[test]
+    fn only_the_first_outcome_counts() {
+        let signal = Signal::new();
+        signal.finish(Ok(()));
+        signal.finish(Err(GpuError::Cuda("late".into())));
+        assert_eq!(Completion::pending(signal).wait(), Ok(()));
+    }
+
+    #[test]
+    fn drop_blocks_until_the_work_is_finished() {
+        let signal = Signal::new();
+        let completion = Completion::pending(signal.clone());
+        let finished_at = Arc::new(Mutex::new(None));
+        let finisher = {
+            let finished_at = finished_at.clone();
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(50));
+                *finished_at.lock().unwrap() = Some(std::time::Instant::now());
+                signal.finish(Ok(()));
+            })
+        };
+        drop(completion);
+        let dropped_at = std::time::Instant::now();
+        let finished_at = finished_at
+            .lock()
+            .unwrap()
+            .expect("drop returned before finish");
+        assert!(finished_at <= dropped_at);
+        finisher.join().unwrap();
+    }
+}

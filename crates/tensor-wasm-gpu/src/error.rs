@@ -1,0 +1,38 @@
+//! `GpuError`, the one error type of this crate.
+
+/// Everything that can go wrong when discovering devices, loading kernels or launching them.
+///
+/// The variants carry human-readable text: the callers turn them into API errors and log lines,
+/// they do not branch on details.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuError {
+    /// The capability is missing on this backend or host (no NVIDIA driver, no device, raw PTX on
+    /// the CPU backend, guest memory the device cannot reach).
+    #[error("not available: {0}")]
+    NotAvailable(String),
+    /// The caller passed something invalid: an unknown device name, a kernel argument out of
+    /// bounds or of the wrong type, a launch configuration beyond the limits.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The CUDA driver reported an error; the text starts with the `CUresult` name.
+    #[error("CUDA error: {0}")]
+    Cuda(String),
+}
+
+impl GpuError {
+    /// A CUDA driver error, named by its `CUresult` (for example `CUDA_ERROR_NO_DEVICE`), with
+    /// what the driver was asked to do.
+    pub(crate) fn cuda(what: &str, error: cudarc::driver::DriverError) -> Self {
+        GpuError::Cuda(format!("{} during {what}", driver_error_text(error)))
+    }
+}
+
+/// `CUDA_ERROR_X (driver description)`; the name comes from the enum itself, so this works even
+/// when the driver cannot describe the error.
+pub(crate) fn driver_error_text(error: cudarc::driver::DriverError) -> String {
+    let name = format!("{:?}", error.0);
+    match error.error_string() {
+        Ok(description) => format!("{name} ({})", description.to_string_lossy()),
+        Err(_) => name,
+    }
+}

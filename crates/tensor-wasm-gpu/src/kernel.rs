@@ -1,0 +1,275 @@
+//! What a launch is made of: kernels, their arguments, launch configurations, and the `Backend`
+//! trait that runs them.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::{Completion, Device, GpuError};
+
+/// One kernel argument, as a guest passes it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KernelArg {
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+    F64(f64),
+    /// A byte range of the guest's linear memory. The kernel receives its address.
+    Buffer {
+        offset: u64,
+        len: u64,
+    },
+}
+
+impl KernelArg {
+    /// The name of this argument's type, for error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            KernelArg::I32(_) => "i32",
+            KernelArg::U32(_) => "u32",
+            KernelArg::I64(_) => "i64",
+            KernelArg::U64(_) => "u64",
+            KernelArg::F32(_) => "f32",
+            KernelArg::F64(_) => "f64",
+            KernelArg::Buffer { .. } => "buffer",
+        }
+    }
+
+    /// Size in bytes of the value the kernel receives (a buffer is a 64-bit address).
+    pub fn param_size(&self) -> usize {
+        match self {
+            KernelArg::I32(_) | KernelArg::U32(_) | KernelArg::F32(_) => 4,
+            KernelArg::I64(_) | KernelArg::U64(_) | KernelArg::F64(_) => 8,
+            KernelArg::Buffer { .. } => 8,
+        }
+    }
+}
+
+/// Grid and block shape of a launch, in CUDA's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in the grid (x, y, z).
+    pub grid: [u32; 3],
+    /// Threads in a block (x, y, z).
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// A one-dimensional launch with `block_size` threads per block and enough blocks to cover
+    /// `elements` indices (at least one block).
+    pub fn linear(elements: u32, block_size: u32) -> Self {
+        let block_size = block_size.max(1);
+        Self {
+            grid: [elements.div_ceil(block_size).max(1), 1, 1],
+            block: [block_size, 1, 1],
+            shared_bytes: 0,
+        }
+    }
+
+    /// A two-dimensional launch with `block` threads per block and enough blocks to cover
+    /// `columns` (x) by `rows` (y) indices.
+    pub fn grid_2d(columns: u32, rows: u32, block: [u32; 2]) -> Self {
+        let [bx, by] = [block[0].max(1), block[1].max(1)];
+        Self {
+            grid: [columns.div_ceil(bx).max(1), rows.div_ceil(by).max(1), 1],
+            block: [bx, by, 1],
+            shared_bytes: 0,
+        }
+    }
+
+    /// Threads covered along x: `grid.x * block.x`.
+    pub fn threads_x(&self) -> u64 {
+        u64::from(self.grid[0]) * u64::from(self.block[0])
+    }
+
+    /// Threads covered along y: `grid.y * block.y`.
+    pub fn threads_y(&self) -> u64 {
+        u64::from(self.grid[1]) * u64::from(self.block[1])
+    }
+}
+
+/// The kernels every backend provides, with identical results on each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BuiltinKernel {
+    /// `vector_add(buffer a, buffer b, buffer out, u32 n)`: `out[x] = a[x] + b[x]` for `x < n`
+    /// (f32).
+    VectorAdd,
+    /// `scale(buffer x, buffer out, f32 alpha, u32 n)`: `out[i] = alpha * x[i]` for `i < n`.
+    Scale,
+    /// `matmul(buffer a, buffer b, buffer c, u32 m, u32 n, u32 k)`: row-major f32,
+    /// `c[row][col] = sum over p in 0..k of a[row][p] * b[p][col]`, summed in order of `p`, with
+    /// `row` the y index and `col` the x index.
+    Matmul,
+}
+
+impl BuiltinKernel {
+    /// Every builtin kernel.
+    pub const ALL: [BuiltinKernel; 3] = [
+        BuiltinKernel::VectorAdd,
+        BuiltinKernel::Scale,
+        BuiltinKernel::Matmul,
+    ];
+
+    /// The builtin named by a guest's kernel descriptor (`"vector_add"`, `"scale"`, `"matmul"`).
+    pub fn from_descriptor(descriptor: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|kernel| kernel.descriptor() == descriptor)
+    }
+
+    /// The descriptor naming this builtin; also its PTX entry name.
+    pub fn descriptor(&self) -> &'static str {
+        match self {
+            BuiltinKernel::VectorAdd => "vector_add",
+            BuiltinKernel::Scale => "scale",
+            BuiltinKernel::Matmul => "matmul",
+        }
+    }
+}
+
+impl fmt::Display for BuiltinKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.descriptor())
+    }
+}
+
+/// A kernel ready to launch on the backend that loaded it: a builtin, or a function loaded from
+/// tenant PTX (CUDA only). Cheap to clone.
+#[derive(Clone)]
+pub struct Kernel {
+    pub(crate) kind: KernelKind,
+}
+
+#[derive(Clone)]
+pub(crate) enum KernelKind {
+    Builtin(BuiltinKernel),
+    Ptx(Arc<crate::cuda::PtxFunction>),
+}
+
+impl Kernel {
+    pub(crate) fn builtin(kernel: BuiltinKernel) -> Self {
+        Self {
+            kind: KernelKind::Builtin(kernel),
+        }
+    }
+
+    /// The builtin this kernel is, if it is one.
+    pub fn as_builtin(&self) -> Option<BuiltinKernel> {
+        match &self.kind {
+            KernelKind::Builtin(kernel) => Some(*kernel),
+            KernelKind::Ptx(_) => None,
+        }
+    }
+
+    /// The kernel's name: the builtin descriptor or the PTX entry.
+    pub fn name(&self) -> &str {
+        match &self.kind {
+            KernelKind::Builtin(kernel) => kernel.descriptor(),
+            KernelKind::Ptx(function) => function.entry(),
+        }
+    }
+}
+
+impl fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            KernelKind::Builtin(kernel) => f.debug_tuple("Kernel::Builtin").field(kernel).finish(),
+            KernelKind::Ptx(function) => f
+                .debug_struct("Kernel::Ptx")
+                .field("entry", &function.entry())
+                .field("param_sizes", &function.param_sizes())
+                .finish(),
+        }
+    }
+}
+
+/// A device that runs kernels over guest memory: the CPU worker pool or one CUDA device.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// The device this backend runs on.
+    fn device(&self) -> &Device;
+
+    /// Makes a builtin kernel ready to launch.
+    ///
+    /// # Errors
+    /// Only when the backend failed to prepare it (not expected for a backend that opened).
+    fn load_builtin(&self, kernel: BuiltinKernel) -> Result<Kernel, GpuError>;
+
+    /// Loads the function `entry` from tenant PTX text.
+    ///
+    /// A tenant kernel receives raw addresses and is not bounds-checked by this crate beyond its
+    /// arguments; running tenant PTX is a trust decision of the caller.
+    ///
+    /// # Errors
+    /// `NotAvailable` on the CPU backend ("raw PTX needs a CUDA device"); `Cuda` when the driver
+    /// rejects the PTX or finds no such entry; `InvalidArgument` for text with NUL bytes.
+    fn load_ptx(&self, ptx: &str, entry: &str) -> Result<Kernel, GpuError>;
+
+    /// Validates and launches `kernel` over the guest memory `memory`; the returned
+    /// Completion borrows `memory` until the kernel is done.
+    ///
+    /// Validation (the same on every backend): every buffer lies inside `memory`; builtins get
+    /// the right number and types of arguments, buffers large enough for `n`/`m`/`k` and 4-byte
+    /// aligned; grid and block dimensions are at least 1 and within CUDA's limits (at most 1024
+    /// threads per block, grid x below 2^31, grid y and z at most 65535, block z at most 64);
+    /// at most 48 KiB of dynamic shared memory.
+    ///
+    /// Only the indices the launch grid covers are computed, on every backend.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for anything validation rejects (nothing is launched then);
+    /// `NotAvailable` when the device cannot reach `memory`; `Cuda` for driver errors.
+    fn launch<'m>(
+        &self,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory: &'m mut [u8],
+    ) -> Result<Completion<'m>, GpuError>;
+
+    /// The CUDA context of this backend, `None` on the CPU.
+    fn cuda_context(&self) -> Option<Arc<cudarc::driver::CudaContext>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_round_trip() {
+        for kernel in BuiltinKernel::ALL {
+            assert_eq!(
+                BuiltinKernel::from_descriptor(kernel.descriptor()),
+                Some(kernel)
+            );
+        }
+        assert_eq!(
+            BuiltinKernel::from_descriptor("vector_add"),
+            Some(BuiltinKernel::VectorAdd)
+        );
+        assert_eq!(
+            BuiltinKernel::from_descriptor("scale"),
+            Some(BuiltinKernel::Scale)
+        );
+        assert_eq!(
+            BuiltinKernel::from_descriptor("matmul"),
+            Some(BuiltinKernel::Matmul)
+        );
+        assert_eq!(BuiltinKernel::from_descriptor("Matmul"), None);
+        assert_eq!(BuiltinKernel::from_descriptor(""), None);
+    }
+
+    #[test]
+    fn linear_config_covers_the_elements() {
+        let config = LaunchConfig::linear(1000, 256);
+        assert_eq!(config.grid, [4, 1, 1]);
+        assert_eq!(config.block, [256, 1, 1]);
+        assert!(config.threads_x() >= 1000);
+        assert_eq!(LaunchConfig::linear(0, 0).grid, [1, 1, 1]);
+        let config = LaunchConfig::grid_2d(33, 17, [16, 16]);
+        assert_eq!(config.grid, [3, 2, 1]);
+        assert_eq!(config.threads_y(), 32);
+    }
+}

@@ -1,0 +1,102 @@
+//! GPU backends for TensorWasm: device discovery, the builtin kernels, tenant PTX, and launches
+//! over guest linear memory that finish through a [`Completion`].
+//!
+//! # Overview
+//!
+//! - [`discover`] lists the CUDA devices of the host, or says why there are none; it never
+//!   panics, even without an NVIDIA driver.
+//! - [`open_backend`] opens a [`Backend`] for a [`DeviceChoice`]: one CUDA device, or the CPU
+//!   backend (a fixed pool of worker threads). `Auto` takes CUDA device 0 when it is usable.
+//! - [`Backend::load_builtin`] readies a [`BuiltinKernel`] (`vector_add`, `scale`, `matmul`);
+//!   [`Backend::load_ptx`] loads tenant PTX (CUDA only).
+//! - [`Backend::launch`] validates the [`KernelArg`]s against guest memory and the
+//!   [`LaunchConfig`] against CUDA's limits, launches, and returns a [`Completion`] that borrows
+//!   the guest memory until the kernel is done. Wait on it blocking ([`Completion::wait`]) or
+//!   `.await` it.
+//!
+//! The builtins compute the same thing on both backends, bit for bit: each output element is
+//! one thread's work (only the indices the launch grid covers are computed), and the arithmetic
+//! is IEEE single precision with separate, round-to-nearest multiplies and adds (no FMA), summed
+//! in the same order. (NaN payloads are the one thing that may differ between CPU and GPU.)
+//!
+//! On CUDA hosts, guest memory must be CUDA managed memory (or any memory, on a device with
+//! pageable memory access); this crate never allocates device memory itself.
+//!
+//! # Example
+//!
+//! ```
+//! use tensor_wasm_gpu::{open_backend, BuiltinKernel, DeviceChoice, KernelArg, LaunchConfig};
+//!
+//! # fn main() -> Result<(), tensor_wasm_gpu::GpuError> {
+//! let backend = open_backend(DeviceChoice::Cpu)?;
+//! let kernel = backend.load_builtin(BuiltinKernel::VectorAdd)?;
+//!
+//! // Guest memory: a = [1, 2, 3, 4] at byte 0, b = [10, 20, 30, 40] at 16, out at 32.
+//! let mut memory = vec![0u8; 48];
+//! let values = [1.0f32, 2.0, 3.0, 4.0, 10.0, 20.0, 30.0, 40.0];
+//! for (i, v) in values.iter().enumerate() {
+//!     memory[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+//! }
+//! let args = [
+//!     KernelArg::Buffer { offset: 0, len: 16 },
+//!     KernelArg::Buffer { offset: 16, len: 16 },
+//!     KernelArg::Buffer { offset: 32, len: 16 },
+//!     KernelArg::U32(4),
+//! ];
+//! backend
+//!     .launch(&kernel, &LaunchConfig::linear(4, 256), &args, &mut memory)?
+//!     .wait()?;
+//!
+//! let out: Vec<f32> = memory[32..]
+//!     .chunks_exact(4)
+//!     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+//!     .collect();
+//! assert_eq!(out, [11.0, 22.0, 33.0, 44.0]);
+//! # Ok(())
+//! # }
+//! ```
+#![allow(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod completion;
+mod cpu;
+mod cuda;
+mod device;
+mod error;
+mod kernel;
+mod ptx;
+mod validate;
+
+use std::sync::Arc;
+
+pub use completion::Completion;
+pub use device::{discover, CudaDeviceInfo, Device, DeviceChoice, Discovery};
+pub use error::GpuError;
+pub use kernel::{Backend, BuiltinKernel, Kernel, KernelArg, LaunchConfig};
+pub use validate::{MAX_BLOCK_Z, MAX_GRID_X, MAX_GRID_YZ, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
+
+/// Opens the backend `choice` names.
+///
+/// - `Cpu`: the CPU backend.
+/// - `Cuda`: CUDA device 0; `NotAvailable` (saying why) when the host has no usable device.
+/// - `Auto`: CUDA device 0 if it opens, else the CPU backend (the reason is logged).
+///
+/// # Errors
+/// `NotAvailable` or `Cuda` for `Cuda` when CUDA cannot be used; `NotAvailable` when the CPU
+/// worker threads cannot be started.
+pub fn open_backend(choice: DeviceChoice) -> Result<Arc<dyn Backend>, GpuError> {
+    match choice {
+        DeviceChoice::Cpu => Ok(Arc::new(cpu::CpuBackend::new()?)),
+        DeviceChoice::Cuda => Ok(Arc::new(cuda::CudaBackend::open(0)?)),
+        DeviceChoice::Auto => match cuda::CudaBackend::open(0) {
+            Ok(backend) => Ok(Arc::new(backend)),
+            Err(reason) => {
+                tracing::info!(%reason, "CUDA is not usable; using the CPU backend");
+                Ok(Arc::new(cpu::CpuBackend::new()?))
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1084 @@
+//! Crate-level tests: discovery and backend selection on this host, the CPU kernels against
+//! plain reference loops, launch validation (including property tests), completions used
+//! blocking and async, and (ignored unless asked for, on a GPU host) CUDA against the CPU.
+
+use std::sync::{Arc, OnceLock};
+
+use proptest::prelude::*;
+
+use crate::cpu::CpuBackend;
+use crate::{
+    discover, open_backend, Backend, BuiltinKernel, DeviceChoice, GpuError, KernelArg, LaunchConfig,
+};
+
+/// One CPU backend for the tests that do not care about the worker count.
+fn cpu() -> &'static CpuBackend {
+    static CPU: OnceLock<CpuBackend> = OnceLock::new();
+    CPU.get_or_init(|| CpuBackend::new().expect("CPU backend"))
+}
+
+fn put_f32s(memory: &mut [u8], offset: usize, values: &[f32]) {
+    for (i, value) in values.iter().enumerate() {
+        memory[offset + 4 * i..offset + 4 * i + 4].copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+fn get_f32s(memory: &[u8], offset: usize, count: usize) -> Vec<f32> {
+    memory[offset..offset + 4 * count]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Deterministic pseudo-random f32 values in [-4, 4), with a few exact zeros, negative zeros
+/// and subnormals mixed in.
+fn values(seed: u64, count: usize) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    (0..count)
+        .map(|i| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            match i % 97 {
+                13 => 0.0,
+                29 => -0.0,
+                71 => f32::from_bits(0x0000_0123),
+                _ => ((state >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0,
+            }
+        })
+        .collect()
+}
+
+fn buffer(offset: usize, len: usize) -> KernelArg {
+    KernelArg::Buffer {
+        offset: offset as u64,
+        len: len as u64,
+    }
+}
+
+fn run(
+    backend: &dyn Backend,
+    kernel: BuiltinKernel,
+    config: LaunchConfig,
+    args: &[KernelArg],
+    memory: &mut [u8],
+) -> Result<(), GpuError> {
+    let kernel = backend.load_builtin(kernel)?;
+    backend.launch(&kernel, &config, args, memory)?.wait()
+}
+
+const SENTINEL: f32 = -7.25;
+
+fn reference_matmul(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut c = vec![0.0f32; m * n];
+    for row in 0..m {
+        for col in 0..n {
+            let mut acc = 0.0f32;
+            for p in 0..k {
+                acc += a[row * k + p] * b[p * n + col];
+            }
+            c[row * n + col] = acc;
+        }
+    }
+    c
+}
+
+/// Lays out matmul operands in guest memory and runs `config`; returns `c`.
+fn cpu_matmul(
+    backend: &dyn Backend,
+    a: &[f32],
+    b: &[f32],
+    (m, n, k): (usize, usize, usize),
+    config: LaunchConfig,
+) -> Vec<f32> {
+    let (a_at, b_at, c_at) = (0, 4 * m * k, 4 * (m * k + k * n));
+    let mut memory = vec![0u8; c_at + 4 * m * n];
+    put_f32s(&mut memory, a_at, a);
+    put_f32s(&mut memory, b_at, b);
+    put_f32s(&mut memory, c_at, &vec![SENTINEL; m * n]);
+    let args = [
+        buffer(a_at, 4 * m * k),
+        buffer(b_at, 4 * k * n),
+        buffer(c_at, 4 * m * n),
+        KernelArg::U32(m as u32),
+        KernelArg::U32(n as u32),
+        KernelArg::U32(k as u32),
+    ];
+    run(backend, BuiltinKernel::Matmul, config, &args, &mut memory).expect("matmul");
+    get_f32s(&memory, c_at, m * n)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Discovery and backend selection
+
+#[test]
+fn discovery_never_panics_and_explains_a_missing_gpu() {
+    let discovery = discover();
+    assert_eq!(
+        discovery.cuda_unavailable.is_some(),
+        discovery.cuda_devices.is_empty(),
+        "{discovery:?}"
+    );
+    // SAFETY: only probes for the driver library.
+    let driver_present = unsafe { cudarc::driver::sys::is_culib_present() };
+    if !driver_present {
+        assert!(discovery.cuda_devices.is_empty());
+        let reason = discovery.cuda_unavailable.as_deref().unwrap();
+        assert!(reason.contains("libcuda"), "{reason}");
+        assert_eq!(discovery.to_string(), format!("CPU backend: {reason}\n"));
+    }
+    // A second discovery gives the same answer (no state is left half-initialised).
+    assert_eq!(discover().cuda_devices.len(), discovery.cuda_devices.len());
+}
+
+#[test]
+fn auto_opens_cuda_when_discovered_else_the_cpu() {
+    let discovery = discover();
+    let backend = open_backend(DeviceChoice::Auto).expect("auto always opens a backend");
+    assert_eq!(
+        backend.device().is_cuda(),
+        !discovery.cuda_devices.is_empty()
+    );
+    assert_eq!(backend.cuda_context().is_some(), backend.device().is_cuda());
+}
+
+#[test]
+fn cuda_without_a_device_is_not_available() {
+    if !discover().cuda_devices.is_empty() {
+        return; // a GPU host: `cuda_builtins_match_the_cpu_bit_for_bit` covers it
+    }
+    let error = open_backend(DeviceChoice::Cuda).unwrap_err();
+    assert!(matches!(error, GpuError::NotAvailable(_)), "{error:?}");
+    assert_eq!(
+        Some(error.to_string()),
+        discover()
+            .cuda_unavailable
+            .map(|reason| format!("not available: {reason}"))
+    );
+}
+
+#[test]
+fn cpu_backend_refuses_raw_ptx() {
+    let backend = open_backend(DeviceChoice::Cpu).unwrap();
+    assert_eq!(*backend.device(), crate::Device::Cpu);
+    assert!(backend.cuda_context().is_none());
+    let error = backend.load_ptx(".version 8.0", "k").unwrap_err();
+    assert!(
+        matches!(&error, GpuError::NotAvailable(m) if m.contains("raw PTX needs a CUDA device")),
+        "{error:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU kernels against reference loops
+
+#[test]
+fn vector_add_matches_the_reference_loop() {
+    for n in [0usize, 1, 7, 255, 256, 257, 1000, 100_003] {
+        let (a, b) = (values(1, n), values(2, n));
+        let mut memory = vec![0u8; 12 * n + 4];
+        put_f32s(&mut memory, 0, &a);
+        put_f32s(&mut memory, 4 * n, &b);
+        let args = [
+            buffer(0, 4 * n),
+            buffer(4 * n, 4 * n),
+            buffer(8 * n, 4 * n),
+            KernelArg::U32(n as u32),
+        ];
+        run(
+            cpu(),
+            BuiltinKernel::VectorAdd,
+            LaunchConfig::linear(n as u32, 256),
+            &args,
+            &mut memory,
+        )
+        .unwrap();
+        let expected: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        assert_eq!(
+            bits(&get_f32s(&memory, 8 * n, n)),
+            bits(&expected),
+            "n = {n}"
+        );
+        assert_eq!(memory[12 * n..], [0; 4], "wrote past `out`");
+    }
+}
+
+#[test]
+fn scale_matches_the_reference_loop() {
+    for (n, alpha) in [(1usize, 2.0f32), (33, -0.5), (4096, 3.1), (70_001, 1e-30)] {
+        let x = values(3, n);
+        let mut memory = vec![0u8; 8 * n];
+        put_f32s(&mut memory, 0, &x);
+        let args = [
+            buffer(0, 4 * n),
+            buffer(4 * n, 4 * n),
+            KernelArg::F32(alpha),
+            KernelArg::U32(n as u32),
+        ];
+        run(
+            cpu(),
+            BuiltinKernel::Scale,
+            LaunchConfig::linear(n as u32, 128),
+            &args,
+            &mut memory,
+        )
+        .unwrap();
+        let expected: Vec<f32> = x.iter().map(|v| alpha * v).collect();
+        assert_eq!(
+            bits(&get_f32s(&memory, 4 * n, n)),
+            bits(&expected),
+            "n = {n}"
+        );
+    }
+}
+
+#[test]
+fn matmul_matches_the_reference_loop_for_many_shapes() {
+    let shapes = [
+        (1, 1, 1),
+        (3, 5, 7),
+        (4, 64, 2),
+        (17, 33, 9),
+        (64, 64, 64),
+        (65, 70, 129),
+        (100, 1, 300),
+        (1, 130, 5),
+        (6, 6, 0),
+    ];
+    for (m, n, k) in shapes {
+        let (a, b) = (values(m as u64, m * k), values(n as u64 + 100, k * n));
+        let config = LaunchConfig::grid_2d(n as u32, m as u32, [16, 16]);
+        let c = cpu_matmul(cpu(), &a, &b, (m, n, k), config);
+        assert_eq!(
+            bits(&c),
+            bits(&reference_matmul(&a, &b, m, n, k)),
+            "{m}x{n}x{k}"
+        );
+    }
+}
+
+#[test]
+fn matmul_on_many_workers_matches_one_worker() {
+    let (m, n, k) = (203, 150, 77);
+    let (a, b) = (values(11, m * k), values(12, k * n));
+    let config = LaunchConfig::grid_2d(n as u32, m as u32, [32, 8]);
+    let expected = reference_matmul(&a, &b, m, n, k);
+    for workers in [1, 3, 8] {
+        let backend = CpuBackend::with_workers(workers).unwrap();
+        let c = cpu_matmul(&backend, &a, &b, (m, n, k), config);
+        assert_eq!(bits(&c), bits(&expected), "{workers} workers");
+    }
+}
+
+#[test]
+fn a_too_small_grid_leaves_uncovered_elements_untouched() {
+    // vector_add: 2 blocks of 64 threads cover 128 of 300 elements.
+    let n = 300;
+    let mut memory = vec![0u8; 12 * n];
+    put_f32s(&mut memory, 0, &values(5, n));
+    put_f32s(&mut memory, 4 * n, &values(6, n));
+    put_f32s(&mut memory, 8 * n, &vec![SENTINEL; n]);
+    let config = LaunchConfig {
+        grid: [2, 1, 1],
+        block: [64, 1, 1],
+        shared_bytes: 0,
+    };
+    let args = [
+        buffer(0, 4 * n),
+        buffer(4 * n, 4 * n),
+        buffer(8 * n, 4 * n),
+        KernelArg::U32(n as u32),
+    ];
+    run(cpu(), BuiltinKernel::VectorAdd, config, &args, &mut memory).unwrap();
+    let out = get_f32s(&memory, 8 * n, n);
+    assert!(out[..128].iter().all(|&v| v != SENTINEL));
+    assert!(out[128..].iter().all(|&v| v == SENTINEL));
+
+    // matmul: an 8 x 4 grid of 4 x 4 blocks covers 32 columns and 16 rows of 40 x 50.
+    let (m, n, k) = (40, 50, 6);
+    let (a, b) = (values(7, m * k), values(8, k * n));
+    let config = LaunchConfig {
+        grid: [8, 4, 1],
+        block: [4, 4, 1],
+        shared_bytes: 0,
+    };
+    let c = cpu_matmul(cpu(), &a, &b, (m, n, k), config);
+    let full = reference_matmul(&a, &b, m, n, k);
+    for row in 0..m {
+        for col in 0..n {
+            let got = c[row * n + col];
+            if row < 16 && col < 32 {
+                assert_eq!(
+                    got.to_bits(),
+                    full[row * n + col].to_bits(),
+                    "({row}, {col})"
+                );
+            } else {
+                assert_eq!(got, SENTINEL, "({row}, {col}) is outside the grid");
+            }
+        }
+    }
+}
+
+#[test]
+fn output_aliasing_an_input_is_computed_in_place() {
+    // out == a, the elementwise in-place case every thread handles on its own element.
+    let n = 100_000;
+    let (a, b) = (values(9, n), values(10, n));
+    let mut memory = vec![0u8; 8 * n];
+    put_f32s(&mut memory, 0, &a);
+    put_f32s(&mut memory, 4 * n, &b);
+    let args = [
+        buffer(0, 4 * n),
+        buffer(4 * n, 4 * n),
+        buffer(0, 4 * n),
+        KernelArg::U32(n as u32),
+    ];
+    run(
+        cpu(),
+        BuiltinKernel::VectorAdd,
+        LaunchConfig::linear(n as u32, 256),
+        &args,
+        &mut memory,
+    )
+    .unwrap();
+    let expected: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    assert_eq!(bits(&get_f32s(&memory, 0, n)), bits(&expected));
+}
+
+#[test]
+fn unaligned_memory_base_is_handled() {
+    // Offsets are 4-byte aligned but the slice itself starts at an odd address.
+    let n = 37;
+    let mut backing = vec![0u8; 12 * n + 1];
+    let memory = &mut backing[1..];
+    let (a, b) = (values(1, n), values(2, n));
+    put_f32s(memory, 0, &a);
+    put_f32s(memory, 4 * n, &b);
+    let args = [
+        buffer(0, 4 * n),
+        buffer(4 * n, 4 * n),
+        buffer(8 * n, 4 * n),
+        KernelArg::U32(n as u32),
+    ];
+    run(
+        cpu(),
+        BuiltinKernel::VectorAdd,
+        LaunchConfig::linear(n as u32, 32),
+        &args,
+        memory,
+    )
+    .unwrap();
+    let expected: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    assert_eq!(bits(&get_f32s(memory, 8 * n, n)), bits(&expected));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+fn launch_error(
+    kernel: BuiltinKernel,
+    config: LaunchConfig,
+    args: &[KernelArg],
+    memory_len: usize,
+) -> String {
+    let mut memory = vec![0u8; memory_len];
+    match run(cpu(), kernel, config, args, &mut memory) {
+        Err(GpuError::InvalidArgument(message)) => message,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
+#[test]
+fn validation_rejects_bad_buffers_and_arguments() {
+    let ok_config = LaunchConfig::linear(4, 64);
+    let va = BuiltinKernel::VectorAdd;
+    let good = [
+        buffer(0, 16),
+        buffer(16, 16),
+        buffer(32, 16),
+        KernelArg::U32(4),
+    ];
+    let mut memory = vec![0u8; 48];
+    run(cpu(), va, ok_config, &good, &mut memory).expect("the baseline launch is valid");
+
+    let cases: Vec<(Vec<KernelArg>, &str)> = vec![
+        // out of bounds
+        (
+            vec![
+                buffer(0, 16),
+                buffer(16, 16),
+                buffer(40, 16),
+                KernelArg::U32(4),
+            ],
+            "argument 2 `out`: buffer [40, 56) ends beyond guest memory of 48 bytes",
+        ),
+        // offset + len overflows
+        (
+            vec![
+                KernelArg::Buffer {
+                    offset: u64::MAX - 3,
+                    len: 8,
+                },
+                buffer(16, 16),
+                buffer(32, 16),
+                KernelArg::U32(4),
+            ],
+            "argument 0 `a`: buffer offset 18446744073709551612 + len 8 overflows",
+        ),
+        // misaligned
+        (
+            vec![
+                buffer(2, 16),
+                buffer(16, 16),
+                buffer(32, 16),
+                KernelArg::U32(4),
+            ],
+            "argument 0 `a`: buffer offset 2 is not a multiple of 4",
+        ),
+        // wrong type
+        (
+            vec![
+                buffer(0, 16),
+                buffer(16, 16),
+                buffer(32, 16),
+                KernelArg::F32(4.0),
+            ],
+            "argument 3 `n` must be u32, got f32",
+        ),
+        (
+            vec![
+                buffer(0, 16),
+                KernelArg::U64(16),
+                buffer(32, 16),
+                KernelArg::U32(4),
+            ],
+            "argument 1 `b` must be buffer, got u64",
+        ),
+        // wrong count
+        (
+            vec![buffer(0, 16), buffer(16, 16), buffer(32, 16)],
+            "vector_add expects 4 arguments (a: buffer, b: buffer, out: buffer, n: u32), got 3",
+        ),
+        (vec![], "got 0"),
+        // buffer too small for n
+        (
+            vec![
+                buffer(0, 16),
+                buffer(16, 12),
+                buffer(32, 16),
+                KernelArg::U32(4),
+            ],
+            "argument 1 `b`: buffer of 12 bytes is too small for n = 4 f32 values (16 bytes)",
+        ),
+    ];
+    for (args, expected) in cases {
+        let message = launch_error(va, ok_config, &args, 48);
+        assert!(
+            message.contains(expected),
+            "{message:?} does not contain {expected:?}"
+        );
+    }
+
+    let message = launch_error(
+        BuiltinKernel::Matmul,
+        ok_config,
+        &[
+            buffer(0, 16),
+            buffer(0, 16),
+            buffer(0, 16),
+            KernelArg::U32(u32::MAX),
+            KernelArg::U32(u32::MAX),
+            KernelArg::U32(u32::MAX),
+        ],
+        48,
+    );
+    assert!(message.contains("matmul argument 0 `a`: m * k = 4294967295 * 4294967295 f32 values are more than any buffer can hold"), "{message}");
+    let message = launch_error(
+        BuiltinKernel::Scale,
+        ok_config,
+        &[
+            buffer(0, 16),
+            buffer(16, 16),
+            KernelArg::F64(2.0),
+            KernelArg::U32(4),
+        ],
+        48,
+    );
+    assert!(
+        message.contains("scale argument 2 `alpha` must be f32, got f64"),
+        "{message}"
+    );
+}
+
+#[test]
+fn validation_rejects_launch_configs_beyond_the_limits() {
+    let args = [
+        buffer(0, 16),
+        buffer(16, 16),
+        buffer(32, 16),
+        KernelArg::U32(4),
+    ];
+    let base = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [4, 1, 1],
+        shared_bytes: 0,
+    };
+    let cases = [
+        (
+            LaunchConfig {
+                grid: [0, 1, 1],
+                ..base
+            },
+            "grid.x is 0",
+        ),
+        (
+            LaunchConfig {
+                grid: [1, 1, 0],
+                ..base
+            },
+            "grid.z is 0",
+        ),
+        (
+            LaunchConfig {
+                block: [4, 0, 1],
+                ..base
+            },
+            "block.y is 0",
+        ),
+        (
+            LaunchConfig {
+                block: [1025, 1, 1],
+                ..base
+            },
+            "1025 threads exceeds the limit of 1024",
+        ),
+        (
+            LaunchConfig {
+                block: [64, 32, 1],
+                ..base
+            },
+            "2048 threads",
+        ),
+        (
+            LaunchConfig {
+                block: [1, 1, 65],
+                ..base
+            },
+            "block.z = 65 exceeds the CUDA limit 64",
+        ),
+        (
+            LaunchConfig {
+                grid: [1 << 31, 1, 1],
+                ..base
+            },
+            "grid.x = 2147483648 exceeds the CUDA limit 2147483647",
+        ),
+        (
+            LaunchConfig {
+                grid: [1, 65_536, 1],
+                ..base
+            },
+            "grid.y = 65536 exceeds the CUDA limit 65535",
+        ),
+        (
+            LaunchConfig {
+                shared_bytes: 48 * 1024 + 1,
+                ..base
+            },
+            "shared_bytes = 49153 exceeds the limit of 49152",
+        ),
+    ];
+    for (config, expected) in cases {
+        let message = launch_error(BuiltinKernel::VectorAdd, config, &args, 48);
+        assert!(
+            message.contains(expected),
+            "{message:?} does not contain {expected:?}"
+        );
+    }
+    // The limits themselves are accepted.
+    let mut memory = vec![0u8; 48];
+    for config in [
+        LaunchConfig {
+            grid: [(1 << 31) - 1, 65_535, 65_535],
+            block: [1, 1, 1],
+            shared_bytes: 48 * 1024,
+        },
+        LaunchConfig {
+            grid: [1, 1, 1],
+            block: [1024, 1, 1],
+            shared_bytes: 0,
+        },
+        LaunchConfig {
+            grid: [1, 1, 1],
+            block: [16, 1, 64],
+            shared_bytes: 0,
+        },
+    ] {
+        run(cpu(), BuiltinKernel::VectorAdd, config, &args, &mut memory).unwrap();
+    }
+}
+
+#[test]
+fn zero_length_buffer_at_the_end_of_memory_is_in_bounds() {
+    let mut memory = vec![0u8; 16];
+    let args = [
+        buffer(16, 0),
+        buffer(16, 0),
+        buffer(16, 0),
+        KernelArg::U32(0),
+    ];
+    run(
+        cpu(),
+        BuiltinKernel::VectorAdd,
+        LaunchConfig::linear(0, 32),
+        &args,
+        &mut memory,
+    )
+    .unwrap();
+    let args = [
+        buffer(20, 0),
+        buffer(16, 0),
+        buffer(16, 0),
+        KernelArg::U32(0),
+    ];
+    let message = launch_error(
+        BuiltinKernel::VectorAdd,
+        LaunchConfig::linear(0, 32),
+        &args,
+        16,
+    );
+    assert!(
+        message.contains("[20, 20) ends beyond guest memory of 16 bytes"),
+        "{message}"
+    );
+}
+
+fn arb_u64_edge() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        0u64..300,
+        (0u64..300).prop_map(|x| x * 4),
+        (0u64..16).prop_map(|x| u64::MAX - x),
+        (0u64..16).prop_map(|x| (1u64 << 63) - x),
+        any::<u64>(),
+    ]
+}
+
+fn arb_arg() -> impl Strategy<Value = KernelArg> {
+    prop_oneof![
+        4 => (arb_u64_edge(), arb_u64_edge()).prop_map(|(offset, len)| KernelArg::Buffer { offset, len }),
+        2 => prop_oneof![0u32..80, any::<u32>()].prop_map(KernelArg::U32),
+        1 => any::<f32>().prop_map(KernelArg::F32),
+        1 => any::<i32>().prop_map(KernelArg::I32),
+        1 => any::<u64>().prop_map(KernelArg::U64),
+        1 => any::<f64>().prop_map(KernelArg::F64),
+        1 => any::<i64>().prop_map(KernelArg::I64),
+    ]
+}
+
+fn arb_dim() -> impl Strategy<Value = u32> {
+    prop_oneof![
+        0u32..70,
+        Just(1024),
+        Just(1025),
+        Just(65_535),
+        Just(65_536),
+        Just((1 << 31) - 1),
+        Just(1 << 31),
+        any::<u32>()
+    ]
+}
+
+fn arb_config() -> impl Strategy<Value = LaunchConfig> {
+    (
+        [arb_dim(), arb_dim(), arb_dim()],
+        [arb_dim(), arb_dim(), arb_dim()],
+        prop_oneof![0u32..64, Just(49_152), Just(49_153), any::<u32>()],
+    )
+        .prop_map(|(grid, block, shared_bytes)| LaunchConfig {
+            grid,
+            block,
+            shared_bytes,
+        })
+}
+
+fn arb_kernel() -> impl Strategy<Value = BuiltinKernel> {
+    prop_oneof![
+        Just(BuiltinKernel::VectorAdd),
+        Just(BuiltinKernel::Scale),
+        Just(BuiltinKernel::Matmul)
+    ]
+}
+
+fn in_bounds(arg: &KernelArg, memory_len: usize) -> bool {
+    match *arg {
+        KernelArg::Buffer { offset, len } => {
+            u128::from(offset) + u128::from(len) <= memory_len as u128
+        }
+        _ => true,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn buffer_check_accepts_exactly_the_in_bounds_ranges(
+        offset in arb_u64_edge(),
+        len in arb_u64_edge(),
+        memory_len in prop_oneof![0usize..300, Just(usize::MAX)],
+    ) {
+        let checked = crate::validate::check_buffer("buffer", offset, len, memory_len);
+        let fits = u128::from(offset) + u128::from(len) <= memory_len as u128;
+        prop_assert_eq!(checked.is_ok(), fits);
+        if let Ok(range) = checked {
+            prop_assert_eq!(range.start as u64, offset);
+            prop_assert_eq!(range.len() as u64, len);
+        }
+    }
+
+    #[test]
+    fn arbitrary_launches_never_panic_nor_pass_out_of_bounds(
+        kernel in arb_kernel(),
+        config in arb_config(),
+        args in proptest::collection::vec(arb_arg(), 0..8),
+        memory_len in 0usize..256,
+    ) {
+        let mut memory = vec![0u8; memory_len];
+        let result = run(cpu(), kernel, config, &args, &mut memory);
+        if !args.iter().all(|arg| in_bounds(arg, memory_len)) {
+            prop_assert!(matches!(result, Err(GpuError::InvalidArgument(_))), "{:?}", result);
+        }
+        if let Err(error) = &result {
+            prop_assert!(matches!(error, GpuError::InvalidArgument(_)), "{:?}", error);
+        }
+    }
+
+    #[test]
+    fn well_formed_vector_adds_with_arbitrary_configs_compute_the_covered_prefix(
+        n in 0usize..64,
+        config in arb_config(),
+    ) {
+        let mut memory = vec![0u8; 12 * n];
+        let (a, b) = (values(n as u64, n), values(n as u64 + 1, n));
+        put_f32s(&mut memory, 0, &a);
+        put_f32s(&mut memory, 4 * n, &b);
+        put_f32s(&mut memory, 8 * n, &vec![SENTINEL; n]);
+        let args = [buffer(0, 4 * n), buffer(4 * n, 4 * n), buffer(8 * n, 4 * n), KernelArg::U32(n as u32)];
+        let result = run(cpu(), BuiltinKernel::VectorAdd, config, &args, &mut memory);
+        let valid = crate::validate::check_config(&config).is_ok();
+        prop_assert_eq!(result.is_ok(), valid);
+        let covered = if valid { (config.threads_x() as usize).min(n) } else { 0 };
+        let out = get_f32s(&memory, 8 * n, n);
+        for i in 0..n {
+            let expected = if i < covered { a[i] + b[i] } else { SENTINEL };
+            prop_assert_eq!(out[i].to_bits(), expected.to_bits(), "element {}", i);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completion with real backends and runtimes
+
+fn vector_add_job(n: usize) -> (Vec<u8>, [KernelArg; 4]) {
+    let mut memory = vec![0u8; 12 * n];
+    put_f32s(&mut memory, 0, &vec![1.5; n]);
+    put_f32s(&mut memory, 4 * n, &vec![2.25; n]);
+    let args = [
+        buffer(0, 4 * n),
+        buffer(4 * n, 4 * n),
+        buffer(8 * n, 4 * n),
+        KernelArg::U32(n as u32),
+    ];
+    (memory, args)
+}
+
+#[test]
+fn completion_waits_inside_spawn_blocking() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let backend: Arc<dyn Backend> = open_backend(DeviceChoice::Cpu).unwrap();
+    let n = 200_000;
+    let out = runtime.block_on(async move {
+        tokio::task::spawn_blocking(move || {
+            let (mut memory, args) = vector_add_job(n);
+            let kernel = backend.load_builtin(BuiltinKernel::VectorAdd).unwrap();
+            backend
+                .launch(
+                    &kernel,
+                    &LaunchConfig::linear(n as u32, 256),
+                    &args,
+                    &mut memory,
+                )
+                .unwrap()
+                .wait()
+                .unwrap();
+            get_f32s(&memory, 8 * n, n)
+        })
+        .await
+        .unwrap()
+    });
+    assert!(out.iter().all(|&v| v == 3.75));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_is_awaitable() {
+    let backend = open_backend(DeviceChoice::Cpu).unwrap();
+    let kernel = backend.load_builtin(BuiltinKernel::VectorAdd).unwrap();
+    let n = 300_000;
+    let (mut memory, args) = vector_add_job(n);
+    let completion = backend
+        .launch(
+            &kernel,
+            &LaunchConfig::linear(n as u32, 256),
+            &args,
+            &mut memory,
+        )
+        .unwrap();
+    completion.await.unwrap();
+    assert!(get_f32s(&memory, 8 * n, n).iter().all(|&v| v == 3.75));
+}
+
+#[test]
+fn dropping_a_completion_waits_for_the_kernel() {
+    let n = 500_000;
+    let (mut memory, args) = vector_add_job(n);
+    let kernel = cpu().load_builtin(BuiltinKernel::VectorAdd).unwrap();
+    let completion = cpu()
+        .launch(
+            &kernel,
+            &LaunchConfig::linear(n as u32, 256),
+            &args,
+            &mut memory,
+        )
+        .unwrap();
+    drop(completion);
+    // The borrow has ended, so the kernel must have finished writing.
+    assert!(get_f32s(&memory, 8 * n, n).iter().all(|&v| v == 3.75));
+}
+
+#[test]
+fn many_concurrent_launches_complete() {
+    let backend: Arc<dyn Backend> = open_backend(DeviceChoice::Cpu).unwrap();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let backend = backend.clone();
+            std::thread::spawn(move || {
+                let kernel = backend.load_builtin(BuiltinKernel::Scale).unwrap();
+                for round in 0..20 {
+                    let n = 1000 + 997 * round;
+                    let x = values(t * 100 + round as u64, n);
+                    let mut memory = vec![0u8; 8 * n];
+                    put_f32s(&mut memory, 0, &x);
+                    let args = [
+                        buffer(0, 4 * n),
+                        buffer(4 * n, 4 * n),
+                        KernelArg::F32(-3.0),
+                        KernelArg::U32(n as u32),
+                    ];
+                    backend
+                        .launch(
+                            &kernel,
+                            &LaunchConfig::linear(n as u32, 64),
+                            &args,
+                            &mut memory,
+                        )
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                    let expected: Vec<f32> = x.iter().map(|v| -3.0 * v).collect();
+                    assert_eq!(bits(&get_f32s(&memory, 4 * n, n)), bits(&expected));
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA (GPU hosts only: `cargo test -p tensor-wasm-gpu -- --ignored`)
+
+/// Guest-memory stand-in for the CUDA tests: a managed allocation, freed on drop.
+struct ManagedBuffer {
+    ptr: cudarc::driver::sys::CUdeviceptr,
+    len: usize,
+    ctx: Arc<cudarc::driver::CudaContext>,
+}
+
+impl ManagedBuffer {
+    fn new(ctx: Arc<cudarc::driver::CudaContext>, len: usize) -> Self {
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: allocates `len` bytes of managed memory, attached globally.
+        let ptr = unsafe {
+            cudarc::driver::result::malloc_managed(
+                len,
+                cudarc::driver::sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL,
+            )
+        }
+        .expect("cuMemAllocManaged");
+        Self { ptr, len, ctx }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: managed memory is host-accessible for `len` bytes while no kernel runs on it
+        // (launches borrow this slice mutably until they complete), and it lives until drop.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+}
+
+impl Drop for ManagedBuffer {
+    fn drop(&mut self) {
+        self.ctx.bind_to_thread().unwrap();
+        // SAFETY: allocated by `new`, no kernel is using it (no borrow is alive).
+        unsafe { cudarc::driver::result::free_sync(self.ptr) }.unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_builtins_match_the_cpu_bit_for_bit() {
+    let gpu = open_backend(DeviceChoice::Cuda).expect("this test needs a CUDA device");
+    println!("{}", discover());
+    let ctx = gpu.cuda_context().unwrap();
+
+    // matmul, several shapes and a too-small grid
+    for ((m, n, k), block, shrink) in [
+        ((1, 1, 1), [16, 16], false),
+        ((65, 70, 129), [16, 16], false),
+        ((128, 96, 333), [32, 8], false),
+        ((40, 50, 6), [4, 4], true),
+    ] {
+        let (a, b) = (values(21, m * k), values(22, k * n));
+        let mut config = LaunchConfig::grid_2d(n as u32, m as u32, block);
+        if shrink {
+            config.grid = [8, 4, 1];
+        }
+        let expected = cpu_matmul(cpu(), &a, &b, (m, n, k), config);
+        let (a_at, b_at, c_at) = (0, 4 * m * k, 4 * (m * k + k * n));
+        let mut guest = ManagedBuffer::new(ctx.clone(), c_at + 4 * m * n);
+        let memory = guest.bytes();
+        put_f32s(memory, a_at, &a);
+        put_f32s(memory, b_at, &b);
+        put_f32s(memory, c_at, &vec![SENTINEL; m * n]);
+        let args = [
+            buffer(a_at, 4 * m * k),
+            buffer(b_at, 4 * k * n),
+            buffer(c_at, 4 * m * n),
+            KernelArg::U32(m as u32),
+            KernelArg::U32(n as u32),
+            KernelArg::U32(k as u32),
+        ];
+        run(&*gpu, BuiltinKernel::Matmul, config, &args, memory).unwrap();
+        assert_eq!(
+            bits(&get_f32s(memory, c_at, m * n)),
+            bits(&expected),
+            "{m}x{n}x{k}"
+        );
+    }
+
+    // vector_add and scale, awaited and waited
+    let n = 1_000_003;
+    let (a, b) = (values(31, n), values(32, n));
+    let mut guest = ManagedBuffer::new(ctx.clone(), 12 * n);
+    let memory = guest.bytes();
+    put_f32s(memory, 0, &a);
+    put_f32s(memory, 4 * n, &b);
+    let args = [
+        buffer(0, 4 * n),
+        buffer(4 * n, 4 * n),
+        buffer(8 * n, 4 * n),
+        KernelArg::U32(n as u32),
+    ];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let kernel = gpu.load_builtin(BuiltinKernel::VectorAdd).unwrap();
+    let completion = gpu
+        .launch(&kernel, &LaunchConfig::linear(n as u32, 256), &args, memory)
+        .unwrap();
+    runtime.block_on(completion).unwrap();
+    let expected: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    assert_eq!(bits(&get_f32s(memory, 8 * n, n)), bits(&expected));
+    let args = [
+        buffer(0, 4 * n),
+        buffer(4 * n, 4 * n),
+        KernelArg::F32(0.1),
+        KernelArg::U32(n as u32),
+    ];
+    run(
+        &*gpu,
+        BuiltinKernel::Scale,
+        LaunchConfig::linear(n as u32, 512),
+        &args,
+        memory,
+    )
+    .unwrap();
+    let expected: Vec<f32> = a.iter().map(|x| 0.1 * x).collect();
+    assert_eq!(bits(&get_f32s(memory, 4 * n, n)), bits(&expected));
+
+    // tenant PTX: the builtin text loaded as tenant code, with a checked parameter layout
+    let tenant = gpu.load_ptx(BuiltinKernel::Scale.ptx(), "scale").unwrap();
+    let wrong = [
+        buffer(0, 4 * n),
+        buffer(4 * n, 4 * n),
+        KernelArg::F64(0.1),
+        KernelArg::U32(n as u32),
+    ];
+    let error = gpu
+        .launch(
+            &tenant,
+            &LaunchConfig::linear(n as u32, 512),
+            &wrong,
+            memory,
+        )
+        .unwrap_err();
+    assert!(matches!(error, GpuError::InvalidArgument(_)), "{error:?}");
+    gpu.launch(&tenant, &LaunchConfig::linear(n as u32, 512), &args, memory)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(bits(&get_f32s(memory, 4 * n, n)), bits(&expected));
+    assert!(matches!(
+        gpu.load_ptx("not ptx", "x"),
+        Err(GpuError::Cuda(_))
+    ));
+
+    // host memory that is not managed is refused (unless the device reaches pageable memory)
+    let pageable = matches!(gpu.device(), crate::Device::Cuda(info) if info.pageable_memory_access);
+    if !pageable {
+        let mut host = vec![0u8; 48];
+        let args = [
+            buffer(0, 16),
+            buffer(16, 16),
+            buffer(32, 16),
+            KernelArg::U32(4),
+        ];
+        let error = run(
+            &*gpu,
+            BuiltinKernel::VectorAdd,
+            LaunchConfig::linear(4, 32),
+            &args,
+            &mut host,
+        )
+        .unwrap_err();
+        assert!(matches!(error, GpuError::NotAvailable(_)), "{error:?}");
+    }
+}
+
+#[test]
+fn public_types_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<crate::Kernel>();
+    send_sync::<std::sync::Arc<dyn Backend>>();
+    send_sync::<GpuError>();
+    send::<crate::Completion<'static>>();
+}
