@@ -70,14 +70,22 @@ impl Signal {
 
 /// The completion of one kernel launch.
 ///
-/// It borrows the guest memory the kernel works on (`'m`) until the kernel is done. Use it either
-/// way:
-/// - blocking: [`Completion::wait`] (on a plain thread or inside `tokio::task::spawn_blocking`);
-/// - async: `.await` it (it implements [`Future`]; no particular runtime is needed).
+/// It borrows the guest memory the kernel works on (`'m`) until the kernel is done. Launch with
+/// [`crate::launch`], which lends the completion to a closure as `&mut Completion` and drops it
+/// (waiting for the kernel) before it returns. Inside the closure, wait on it either way:
+/// - blocking: [`Completion::wait_mut`] (on a plain thread or inside
+///   `tokio::task::spawn_blocking`);
+/// - async: poll or `.await` the `&mut Completion` (a completion is [`Unpin`], so a mutable
+///   reference to it is a [`Future`] too; no particular runtime is needed), for example with a
+///   runtime's `block_on` or a wrapper future that takes any `Future + Unpin`.
 ///
 /// Dropping a `Completion` early **blocks until the kernel has finished**, so the guest memory is
-/// never handed back while a kernel still reads or writes it. Do not leak it
-/// (`std::mem::forget`): a leaked completion ends the borrow without waiting.
+/// never handed back while a kernel still reads or writes it. That is also why no safe code gets
+/// to own one: a leaked completion (`std::mem::forget`, an `Rc` cycle) would end the borrow
+/// without waiting. Owned completions come only from the unsafe
+/// [`Backend::launch_unscoped`](crate::Backend::launch_unscoped), whose caller promises not to
+/// leak them; such a completion may also be consumed by [`Completion::wait`] or `.await`ed by
+/// value.
 #[must_use = "a kernel launch is only known to have succeeded once its Completion is waited on"]
 pub struct Completion<'m> {
     signal: Arc<Signal>,
@@ -109,6 +117,16 @@ impl<'m> Completion<'m> {
         self.signal.block_until_finished()
     }
 
+    /// [`Completion::wait`] through a mutable reference, as [`crate::launch`] lends it: blocks
+    /// the calling thread until the kernel has finished and returns its outcome. Waiting again
+    /// returns the same outcome at once.
+    ///
+    /// # Errors
+    /// The error the kernel ended with, for example a CUDA fault reported by the driver.
+    pub fn wait_mut(&mut self) -> Result<(), GpuError> {
+        self.signal.block_until_finished()
+    }
+
     /// Whether the kernel has finished; never blocks.
     pub fn is_done(&self) -> bool {
         self.signal.is_finished()
@@ -130,6 +148,15 @@ impl Future for Completion<'_> {
         Poll::Pending
     }
 }
+
+// `launch` lends `&mut Completion` to its closure, and callers pass that reference on to code
+// that takes any `Future + Unpin` (the runtime's dispatcher): that holds only while a completion
+// is `Unpin`.
+const _: () = {
+    const fn assert_future_unpin<F: Future + Unpin>() {}
+    assert_future_unpin::<Completion<'static>>();
+    assert_future_unpin::<&mut Completion<'static>>();
+};
 
 impl Drop for Completion<'_> {
     fn drop(&mut self) {
@@ -210,6 +237,36 @@ mod tests {
         let (outcome, wakes) = block_on(completion);
         assert_eq!(outcome, Ok(()));
         assert!(wakes >= 1, "the future completed without being woken");
+        finisher.join().unwrap();
+    }
+
+    #[test]
+    fn wait_mut_blocks_for_the_outcome_and_repeats_it() {
+        let signal = Signal::new();
+        let mut completion = Completion::pending(signal.clone());
+        let finisher = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(20));
+            signal.finish(Err(GpuError::Cuda("CUDA_ERROR_LAUNCH_FAILED".into())));
+        });
+        let failed = Err(GpuError::Cuda("CUDA_ERROR_LAUNCH_FAILED".into()));
+        assert_eq!(completion.wait_mut(), failed);
+        assert!(completion.is_done());
+        assert_eq!(completion.wait_mut(), failed);
+        finisher.join().unwrap();
+    }
+
+    #[test]
+    fn a_mutable_reference_is_a_future_woken_when_the_work_finishes() {
+        let signal = Signal::new();
+        let mut completion = Completion::pending(signal.clone());
+        let finisher = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(20));
+            signal.finish(Ok(()));
+        });
+        let (outcome, wakes) = block_on(&mut completion);
+        assert_eq!(outcome, Ok(()));
+        assert!(wakes >= 1, "the future completed without being woken");
+        assert!(completion.is_done());
         finisher.join().unwrap();
     }
 

@@ -69,7 +69,7 @@ impl Backend for CpuBackend {
         )))
     }
 
-    fn launch<'m>(
+    unsafe fn launch_unscoped<'m>(
         &self,
         kernel: &Kernel,
         config: &LaunchConfig,
@@ -119,8 +119,10 @@ struct GuestMemory(*mut u8);
 
 // SAFETY: the pointer is only dereferenced by the tasks of one job, on the bytes validation put
 // inside the guest memory; the `Completion` that borrows that memory (`&'m mut [u8]`) does not
-// release the borrow before every task has finished (its drop blocks), so the memory outlives
-// every use on any thread. Concurrent tasks write disjoint bytes (see `Work::partition`).
+// release the borrow before every task has finished (its drop blocks), and the caller of
+// `launch_unscoped` promised not to leak it (the safe `crate::launch` never does), so the
+// memory outlives every use on any thread. Concurrent tasks write disjoint bytes (see
+// `Work::partition`).
 unsafe impl Send for GuestMemory {}
 // SAFETY: as for `Send`: shared references only copy the address.
 unsafe impl Sync for GuestMemory {}
@@ -344,9 +346,9 @@ impl Task {
         let job = &self.job;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: the job was validated against the guest memory at `job.memory`, which its
-            // Completion keeps borrowed until `tasks_left` reaches zero below; `partition` gave
-            // this task a part disjoint from every other task's, and a job whose output aliases
-            // an input has one task only.
+            // Completion (never leaked, by the contract of `launch_unscoped`) keeps borrowed
+            // until `tasks_left` reaches zero below; `partition` gave this task a part disjoint
+            // from every other task's, and a job whose output aliases an input has one task only.
             unsafe { job.work.run(job.memory, self.part.clone()) }
         }));
         if outcome.is_err() {

@@ -552,7 +552,8 @@ impl CudaBackend {
         // so the driver reads exactly `params`, which outlive this call. Every address points
         // into guest memory that validation bounded (builtins never leave their buffers;
         // tenant code is trusted by whoever loaded it), and the returned Completion keeps that
-        // memory borrowed until the event recorded below has completed.
+        // memory borrowed until the event recorded below has completed (the only caller,
+        // `launch_unscoped`, hands it on under the promise that it is never leaked).
         unsafe { builder.launch(cfg) }
             .map_err(|error| GpuError::cuda("launching the kernel", error))?;
         if let Err(error) = event.record(&self.stream) {
@@ -630,7 +631,7 @@ impl Backend for CudaBackend {
         catching_driver_panics(|| self.load_tenant_ptx(ptx, entry))
     }
 
-    fn launch<'m>(
+    unsafe fn launch_unscoped<'m>(
         &self,
         kernel: &Kernel,
         config: &LaunchConfig,

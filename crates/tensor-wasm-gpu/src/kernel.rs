@@ -210,6 +210,9 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Validates and launches `kernel` over the guest memory `memory`; the returned
     /// Completion borrows `memory` until the kernel is done.
     ///
+    /// This is the unchecked building block: use the safe [`crate::launch`], which lends the
+    /// completion to a closure and never lets it be leaked.
+    ///
     /// Validation (the same on every backend): every buffer lies inside `memory`; builtins get
     /// the right number and types of arguments, buffers large enough for `n`/`m`/`k` and 4-byte
     /// aligned; grid and block dimensions are at least 1 and within CUDA's limits (at most 1024
@@ -220,8 +223,23 @@ pub trait Backend: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// `InvalidArgument` for anything validation rejects (nothing is launched then);
-    /// `NotAvailable` when the device cannot reach `memory`; `Cuda` for driver errors.
-    fn launch<'m>(
+    /// `NotAvailable` when the device cannot reach `memory`; `Cuda` for driver errors. When this
+    /// returns an error, no kernel of this call is using `memory` any more.
+    ///
+    /// # Safety
+    /// The kernel may still be reading and writing `memory` after this returns; only the
+    /// returned [`Completion`] keeps `memory` borrowed until it is done, and only by being
+    /// dropped (its drop blocks until the kernel has finished) or consumed by
+    /// [`Completion::wait`]. The caller must not leak it: it must be dropped or waited on
+    /// before `memory` is used again or freed. Leaking it (`std::mem::forget`,
+    /// `ManuallyDrop`, `Box::leak`, an `Rc` cycle, a thread that never ends) ends the borrow
+    /// while the kernel may still write into the memory, which is undefined behaviour.
+    ///
+    /// The duty travels with the completion: the caller must not exchange it for a completion
+    /// it only borrows (`std::mem::swap` or `std::mem::replace` through a
+    /// `&mut Completion`, such as the one [`crate::launch`] lends its closure) unless it then
+    /// drops or waits on the completion it received in the same way.
+    unsafe fn launch_unscoped<'m>(
         &self,
         kernel: &Kernel,
         config: &LaunchConfig,

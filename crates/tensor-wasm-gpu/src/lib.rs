@@ -9,10 +9,13 @@
 //!   backend (a fixed pool of worker threads). `Auto` takes CUDA device 0 when it is usable.
 //! - [`Backend::load_builtin`] readies a [`BuiltinKernel`] (`vector_add`, `scale`, `matmul`);
 //!   [`Backend::load_ptx`] loads tenant PTX (CUDA only).
-//! - [`Backend::launch`] validates the [`KernelArg`]s against guest memory and the
-//!   [`LaunchConfig`] against CUDA's limits, launches, and returns a [`Completion`] that borrows
-//!   the guest memory until the kernel is done. Wait on it blocking ([`Completion::wait`]) or
-//!   `.await` it.
+//! - [`launch`] validates the [`KernelArg`]s against guest memory and the [`LaunchConfig`]
+//!   against CUDA's limits, launches, and lends the launch's [`Completion`] (which borrows the
+//!   guest memory until the kernel is done) to a closure: wait on it there, blocking
+//!   ([`Completion::wait_mut`]) or as a future (`&mut Completion` is a `Future + Unpin`).
+//!   [`launch`] returns only once the kernel has finished, whatever the closure did.
+//! - [`Backend::launch_unscoped`] is the unsafe building block underneath: it returns the
+//!   completion itself, and its caller must not leak it (see its `# Safety` section).
 //!
 //! The builtins compute the same thing on both backends, bit for bit: each output element is
 //! one thread's work (only the indices the launch grid covers are computed), and the arithmetic
@@ -25,7 +28,7 @@
 //! # Example
 //!
 //! ```
-//! use tensor_wasm_gpu::{open_backend, BuiltinKernel, DeviceChoice, KernelArg, LaunchConfig};
+//! use tensor_wasm_gpu::{launch, open_backend, BuiltinKernel, DeviceChoice, KernelArg, LaunchConfig};
 //!
 //! # fn main() -> Result<(), tensor_wasm_gpu::GpuError> {
 //! let backend = open_backend(DeviceChoice::Cpu)?;
@@ -43,9 +46,10 @@
 //!     KernelArg::Buffer { offset: 32, len: 16 },
 //!     KernelArg::U32(4),
 //! ];
-//! backend
-//!     .launch(&kernel, &LaunchConfig::linear(4, 256), &args, &mut memory)?
-//!     .wait()?;
+//! let config = LaunchConfig::linear(4, 256);
+//! launch(&*backend, &kernel, &config, &args, &mut memory, |completion| {
+//!     completion.wait_mut()
+//! })??;
 //!
 //! let out: Vec<f32> = memory[32..]
 //!     .chunks_exact(4)
@@ -65,6 +69,7 @@ mod device;
 mod error;
 mod kernel;
 mod ptx;
+mod scoped;
 mod validate;
 
 use std::sync::Arc;
@@ -73,6 +78,7 @@ pub use completion::Completion;
 pub use device::{discover, CudaDeviceInfo, Device, DeviceChoice, Discovery};
 pub use error::GpuError;
 pub use kernel::{Backend, BuiltinKernel, Kernel, KernelArg, LaunchConfig};
+pub use scoped::launch;
 pub use validate::{MAX_BLOCK_Z, MAX_GRID_X, MAX_GRID_YZ, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
 
 /// Opens the backend `choice` names.

@@ -8,7 +8,8 @@ use proptest::prelude::*;
 
 use crate::cpu::CpuBackend;
 use crate::{
-    discover, open_backend, Backend, BuiltinKernel, DeviceChoice, GpuError, KernelArg, LaunchConfig,
+    discover, launch, open_backend, Backend, BuiltinKernel, DeviceChoice, GpuError, KernelArg,
+    LaunchConfig,
 };
 
 /// One CPU backend for the tests that do not care about the worker count.
@@ -68,7 +69,9 @@ fn run(
     memory: &mut [u8],
 ) -> Result<(), GpuError> {
     let kernel = backend.load_builtin(kernel)?;
-    backend.launch(&kernel, &config, args, memory)?.wait()
+    launch(backend, &kernel, &config, args, memory, |completion| {
+        completion.wait_mut()
+    })?
 }
 
 const SENTINEL: f32 = -7.25;
@@ -809,16 +812,17 @@ fn completion_waits_inside_spawn_blocking() {
         tokio::task::spawn_blocking(move || {
             let (mut memory, args) = vector_add_job(n);
             let kernel = backend.load_builtin(BuiltinKernel::VectorAdd).unwrap();
-            backend
-                .launch(
-                    &kernel,
-                    &LaunchConfig::linear(n as u32, 256),
-                    &args,
-                    &mut memory,
-                )
-                .unwrap()
-                .wait()
-                .unwrap();
+            let config = LaunchConfig::linear(n as u32, 256);
+            launch(
+                &*backend,
+                &kernel,
+                &config,
+                &args,
+                &mut memory,
+                |completion| completion.wait_mut(),
+            )
+            .unwrap()
+            .unwrap();
             get_f32s(&memory, 8 * n, n)
         })
         .await
@@ -833,16 +837,51 @@ async fn completion_is_awaitable() {
     let kernel = backend.load_builtin(BuiltinKernel::VectorAdd).unwrap();
     let n = 300_000;
     let (mut memory, args) = vector_add_job(n);
-    let completion = backend
-        .launch(
+    // SAFETY: the completion is awaited (moved into the `.await` and dropped there once ready)
+    // right here, inside a test future the runtime drives to its end; it is never leaked.
+    let completion = unsafe {
+        backend.launch_unscoped(
             &kernel,
             &LaunchConfig::linear(n as u32, 256),
             &args,
             &mut memory,
         )
-        .unwrap();
+    }
+    .unwrap();
     completion.await.unwrap();
     assert!(get_f32s(&memory, 8 * n, n).iter().all(|&v| v == 3.75));
+}
+
+#[test]
+fn scoped_completion_is_awaitable_through_a_reference() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let backend: Arc<dyn Backend> = open_backend(DeviceChoice::Cpu).unwrap();
+    let n = 300_000;
+    let out = runtime.block_on(async move {
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            let (mut memory, args) = vector_add_job(n);
+            let kernel = backend.load_builtin(BuiltinKernel::VectorAdd).unwrap();
+            let config = LaunchConfig::linear(n as u32, 256);
+            launch(
+                &*backend,
+                &kernel,
+                &config,
+                &args,
+                &mut memory,
+                |completion| handle.block_on(completion),
+            )
+            .unwrap()
+            .unwrap();
+            get_f32s(&memory, 8 * n, n)
+        })
+        .await
+        .unwrap()
+    });
+    assert!(out.iter().all(|&v| v == 3.75));
 }
 
 #[test]
@@ -850,17 +889,74 @@ fn dropping_a_completion_waits_for_the_kernel() {
     let n = 500_000;
     let (mut memory, args) = vector_add_job(n);
     let kernel = cpu().load_builtin(BuiltinKernel::VectorAdd).unwrap();
-    let completion = cpu()
-        .launch(
+    // SAFETY: the completion is dropped on the next line, never leaked.
+    let completion = unsafe {
+        cpu().launch_unscoped(
             &kernel,
             &LaunchConfig::linear(n as u32, 256),
             &args,
             &mut memory,
         )
-        .unwrap();
+    }
+    .unwrap();
     drop(completion);
     // The borrow has ended, so the kernel must have finished writing.
     assert!(get_f32s(&memory, 8 * n, n).iter().all(|&v| v == 3.75));
+}
+
+#[test]
+// Forgetting the lent reference is the point: it must not leak the completion.
+#[allow(forgetting_references)]
+fn scoped_launch_waits_for_the_kernel_even_unwaited() {
+    let n = 500_000;
+    let (mut memory, args) = vector_add_job(n);
+    let kernel = cpu().load_builtin(BuiltinKernel::VectorAdd).unwrap();
+    let config = LaunchConfig::linear(n as u32, 256);
+    // The closure neither waits nor keeps the completion; `forget` only forgets the reference.
+    let returned = launch(cpu(), &kernel, &config, &args, &mut memory, |completion| {
+        std::mem::forget(completion);
+        7
+    })
+    .unwrap();
+    assert_eq!(returned, 7);
+    // `launch` has returned, so the kernel must have finished writing.
+    assert!(get_f32s(&memory, 8 * n, n).iter().all(|&v| v == 3.75));
+}
+
+#[test]
+fn scoped_launch_waits_for_the_kernel_when_the_closure_panics() {
+    let n = 500_000;
+    let (mut memory, args) = vector_add_job(n);
+    let kernel = cpu().load_builtin(BuiltinKernel::VectorAdd).unwrap();
+    let config = LaunchConfig::linear(n as u32, 256);
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        launch(cpu(), &kernel, &config, &args, &mut memory, |_completion| {
+            panic!("the closure gives up")
+        })
+    }));
+    assert!(unwound.is_err());
+    // The completion was dropped while unwinding, which waited for the kernel.
+    assert!(get_f32s(&memory, 8 * n, n).iter().all(|&v| v == 3.75));
+}
+
+#[test]
+fn scoped_launch_reports_validation_errors_without_calling_the_closure() {
+    let mut memory = vec![0u8; 16];
+    let kernel = cpu().load_builtin(BuiltinKernel::VectorAdd).unwrap();
+    let args = [
+        buffer(0, 16),
+        buffer(0, 16),
+        buffer(8, 16),
+        KernelArg::U32(4),
+    ];
+    let config = LaunchConfig::linear(4, 32);
+    let result = launch(cpu(), &kernel, &config, &args, &mut memory, |_| {
+        panic!("no completion for a rejected launch")
+    });
+    assert!(
+        matches!(result, Err(GpuError::InvalidArgument(_))),
+        "{result:?}"
+    );
 }
 
 #[test]
@@ -882,16 +978,17 @@ fn many_concurrent_launches_complete() {
                         KernelArg::F32(-3.0),
                         KernelArg::U32(n as u32),
                     ];
-                    backend
-                        .launch(
-                            &kernel,
-                            &LaunchConfig::linear(n as u32, 64),
-                            &args,
-                            &mut memory,
-                        )
-                        .unwrap()
-                        .wait()
-                        .unwrap();
+                    let config = LaunchConfig::linear(n as u32, 64);
+                    launch(
+                        &*backend,
+                        &kernel,
+                        &config,
+                        &args,
+                        &mut memory,
+                        |completion| completion.wait_mut(),
+                    )
+                    .unwrap()
+                    .unwrap();
                     let expected: Vec<f32> = x.iter().map(|v| -3.0 * v).collect();
                     assert_eq!(bits(&get_f32s(&memory, 4 * n, n)), bits(&expected));
                 }
@@ -1001,10 +1098,12 @@ fn cuda_builtins_match_the_cpu_bit_for_bit() {
         .build()
         .unwrap();
     let kernel = gpu.load_builtin(BuiltinKernel::VectorAdd).unwrap();
-    let completion = gpu
-        .launch(&kernel, &LaunchConfig::linear(n as u32, 256), &args, memory)
-        .unwrap();
-    runtime.block_on(completion).unwrap();
+    let config = LaunchConfig::linear(n as u32, 256);
+    launch(&*gpu, &kernel, &config, &args, memory, |completion| {
+        runtime.block_on(completion)
+    })
+    .unwrap()
+    .unwrap();
     let expected: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
     assert_eq!(bits(&get_f32s(memory, 8 * n, n)), bits(&expected));
     let args = [
@@ -1032,19 +1131,14 @@ fn cuda_builtins_match_the_cpu_bit_for_bit() {
         KernelArg::F64(0.1),
         KernelArg::U32(n as u32),
     ];
-    let error = gpu
-        .launch(
-            &tenant,
-            &LaunchConfig::linear(n as u32, 512),
-            &wrong,
-            memory,
-        )
-        .unwrap_err();
+    let config = LaunchConfig::linear(n as u32, 512);
+    let error = launch(&*gpu, &tenant, &config, &wrong, memory, |_| ()).unwrap_err();
     assert!(matches!(error, GpuError::InvalidArgument(_)), "{error:?}");
-    gpu.launch(&tenant, &LaunchConfig::linear(n as u32, 512), &args, memory)
-        .unwrap()
-        .wait()
-        .unwrap();
+    launch(&*gpu, &tenant, &config, &args, memory, |completion| {
+        completion.wait_mut()
+    })
+    .unwrap()
+    .unwrap();
     assert_eq!(bits(&get_f32s(memory, 4 * n, n)), bits(&expected));
     assert!(matches!(
         gpu.load_ptx("not ptx", "x"),

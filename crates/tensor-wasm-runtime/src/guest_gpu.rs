@@ -190,8 +190,14 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
                     .dispatcher
                     .acquire_blocking()
                     .map_err(Failure::Saturated)?;
-                let completion = shared.backend.launch(&kernel, &config, &args, mem)?;
-                shared.dispatcher.track(permit, completion).wait()?;
+                tensor_wasm_gpu::launch(
+                    &*shared.backend,
+                    &kernel,
+                    &config,
+                    &args,
+                    mem,
+                    |completion| shared.dispatcher.track(permit, completion).wait(),
+                )??;
                 Ok(code::OK)
             })
         },
