@@ -47,14 +47,16 @@ impl MakeRequestId for RequestIds {
     }
 }
 
-/// Log span of a request, carrying its id.
+/// Log span of a request, carrying its id. DEBUG level: with the default
+/// `info` filter no span is built on the hot path (`RUST_LOG=debug` turns
+/// per-request spans on).
 pub(crate) fn span_for_request<B>(request: &Request<B>) -> Span {
     let id = request
         .headers()
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("-");
-    tracing::info_span!(
+    tracing::debug_span!(
         "request",
         method = %request.method(),
         uri = %request.uri(),

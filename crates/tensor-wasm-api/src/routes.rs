@@ -282,6 +282,10 @@ pub(crate) async fn invoke(
 }
 
 async fn acquire_slot(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    // Fast path without a timer: a free slot.
+    if let Ok(permit) = state.inner.slots.clone().try_acquire_owned() {
+        return Ok(permit);
+    }
     let wait: Duration = state.inner.config.queue_timeout;
     match tokio::time::timeout(wait, state.inner.slots.clone().acquire_owned()).await {
         Ok(Ok(permit)) => Ok(permit),

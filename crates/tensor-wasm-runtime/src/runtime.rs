@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value as Json;
 use wasmtime::{
-    Engine, ExternType, InstancePre, Linker, Module, ResourceLimiter, Store, Trap, Val,
+    Engine, ExternType, FuncType, InstancePre, Linker, Module, ResourceLimiter, Store, Trap, Val,
 };
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
@@ -147,6 +147,10 @@ struct Prepared {
     pre: InstancePre<InvocationState>,
     needs_wasi: bool,
     needs_gpu: bool,
+    /// Function exports and their types, resolved once.
+    funcs: HashMap<String, FuncType>,
+    /// Whether the module is a reactor with an `_initialize` to run first.
+    has_initialize: bool,
 }
 
 struct FunctionEntry {
@@ -546,10 +550,20 @@ impl Runtime {
         })?;
         let needs_wasi = module.imports().any(|i| i.module() == WASI_P1);
         let needs_gpu = module.imports().any(|i| i.module() == crate::abi::MODULE);
+        let funcs: HashMap<String, FuncType> = module
+            .exports()
+            .filter_map(|e| match e.ty() {
+                ExternType::Func(ty) => Some((e.name().to_owned(), ty)),
+                _ => None,
+            })
+            .collect();
+        let has_initialize = funcs.contains_key("_initialize");
         Ok(Prepared {
             pre,
             needs_wasi,
             needs_gpu,
+            funcs,
+            has_initialize,
         })
     }
 
@@ -639,20 +653,22 @@ impl Runtime {
             )));
         }
         let prepared = self.prepared(&entry)?;
-        let ty = match prepared.pre.module().get_export(export) {
-            Some(ExternType::Func(ty)) => ty,
-            _ => return Err(RuntimeError::UnknownExport(export.to_owned())),
-        };
-        let params = args_from_json(export, &ty, args)?;
+        let ty = prepared
+            .funcs
+            .get(export)
+            .ok_or_else(|| RuntimeError::UnknownExport(export.to_owned()))?;
+        let params = args_from_json(export, ty, args)?;
         let _slot = self.take_slot()?;
         let wasi = prepared
             .needs_wasi
             .then(|| quiet_wasi(&record.name, self.inner.config.stderr_tail_bytes));
         let (mut store, instance) = self.instantiate(&prepared, &record.limits, wasi);
         let instance = instance.map_err(|e| classify(e, &mut store, &record.limits))?;
-        if let Some(init) = instance.get_func(&mut store, "_initialize") {
-            init.call(&mut store, &[], &mut [])
-                .map_err(|e| classify(e, &mut store, &record.limits))?;
+        if prepared.has_initialize {
+            if let Some(init) = instance.get_func(&mut store, "_initialize") {
+                init.call(&mut store, &[], &mut [])
+                    .map_err(|e| classify(e, &mut store, &record.limits))?;
+            }
         }
         let func = instance
             .get_func(&mut store, export)
