@@ -35,9 +35,6 @@ use axum::Router;
 use prometheus::Registry;
 use tensor_wasm_runtime::Runtime;
 use tokio::sync::Semaphore;
-use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::{DefaultOnFailure, TraceLayer};
-use tracing::Level;
 
 pub use error::{ApiError, ERROR_CODES};
 pub use metrics::HttpMetrics;
@@ -72,6 +69,7 @@ struct StateInner {
     registry: Registry,
     http: HttpMetrics,
     slots: Arc<Semaphore>,
+    request_ids: request_id::RequestIds,
     ready: AtomicBool,
     config: ApiConfig,
 }
@@ -92,6 +90,7 @@ impl AppState {
                 registry,
                 http,
                 slots,
+                request_ids: request_id::RequestIds::default(),
                 ready: AtomicBool::new(false),
                 config,
             }),
@@ -131,16 +130,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            metrics::track,
-        ))
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(request_id::span_for_request)
-                .on_failure(DefaultOnFailure::new().level(Level::WARN)),
-        )
-        .layer(SetRequestIdLayer::x_request_id(
-            request_id::RequestIds::default(),
+            metrics::observe,
         ))
         .with_state(state)
 }

@@ -7,7 +7,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use prometheus::{exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
-use crate::AppState;
+use crate::{request_id, AppState};
 
 /// Handles to the HTTP metrics.
 #[derive(Clone, Debug)]
@@ -40,25 +40,46 @@ impl HttpMetrics {
     }
 }
 
-/// Middleware recording every request. The route label is the matched route
-/// template (`/functions/{id}`), never the raw path, so cardinality is bounded.
-pub(crate) async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// The one middleware around every route: request id (kept or generated,
+/// echoed), metrics and the request log line. The route label is the matched
+/// route template (`/functions/{id}`), never the raw path, so cardinality is
+/// bounded. Server errors log at WARN with the request id; everything else at
+/// DEBUG.
+pub(crate) async fn observe(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let start = Instant::now();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
+    let id = match req.headers().get(request_id::HEADER) {
+        Some(v) if request_id::acceptable(v) => v.clone(),
+        _ => {
+            let v = state.inner.request_ids.next();
+            req.headers_mut().insert(request_id::HEADER, v.clone());
+            v
+        }
+    };
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
     let method = req.method().clone();
-    let response = next.run(req).await;
+    let mut response = next.run(req).await;
+    let elapsed = start.elapsed();
+    let status = response.status();
     let metrics = &state.inner.http;
     metrics
         .requests
-        .with_label_values(&[route.as_str(), method.as_str(), response.status().as_str()])
+        .with_label_values(&[route, method.as_str(), status.as_str()])
         .inc();
     metrics
         .duration
-        .with_label_values(&[route.as_str(), method.as_str()])
-        .observe(start.elapsed().as_secs_f64());
+        .with_label_values(&[route, method.as_str()])
+        .observe(elapsed.as_secs_f64());
+    let id_text = id.to_str().unwrap_or("-");
+    if status.is_server_error() {
+        tracing::warn!(request_id = id_text, %method, route, status = status.as_u16(), ?elapsed, "request failed");
+    } else {
+        tracing::debug!(request_id = id_text, %method, route, status = status.as_u16(), ?elapsed, "request");
+    }
+    response.headers_mut().insert(request_id::HEADER, id);
     response
 }

@@ -1,65 +1,61 @@
-//! Request ids: `x-request-id` is kept when the client sends one, otherwise
-//! generated, echoed in the response and attached to the request's log span.
+//! Request ids: `x-request-id` is kept when the client sends a usable one,
+//! otherwise generated; it is echoed in the response and named in the logs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
-use axum::http::{HeaderValue, Request};
-use tower_http::request_id::{MakeRequestId, RequestId};
-use tracing::Span;
+use axum::http::HeaderValue;
+
+/// The header carrying the id.
+pub(crate) const HEADER: &str = "x-request-id";
 
 /// Generates `<process prefix>-<counter>` ids: unique per process, cheap.
-#[derive(Clone, Debug)]
-pub struct RequestIds {
-    prefix: Arc<str>,
-    next: Arc<AtomicU64>,
+#[derive(Debug)]
+pub(crate) struct RequestIds {
+    prefix: String,
+    next: AtomicU64,
 }
 
 impl Default for RequestIds {
     fn default() -> Self {
         let mut raw = [0u8; 4];
-        getrandom_prefix(&mut raw);
+        // A clash of prefixes between restarts only makes ids less unique in logs.
+        if getrandom::fill(&mut raw).is_err() {
+            raw = std::process::id().to_le_bytes();
+        }
         RequestIds {
-            prefix: hex_prefix(&raw).into(),
-            next: Arc::new(AtomicU64::new(1)),
+            prefix: raw.iter().map(|b| format!("{b:02x}")).collect(),
+            next: AtomicU64::new(1),
         }
     }
 }
 
-fn getrandom_prefix(raw: &mut [u8; 4]) {
-    // A clash of prefixes between restarts only makes ids less unique in logs.
-    if getrandom::fill(raw).is_err() {
-        *raw = std::process::id().to_le_bytes();
-    }
-}
-
-fn hex_prefix(raw: &[u8]) -> String {
-    raw.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-impl MakeRequestId for RequestIds {
-    fn make_request_id<B>(&mut self, _request: &Request<B>) -> Option<RequestId> {
+impl RequestIds {
+    /// The next id.
+    pub(crate) fn next(&self) -> HeaderValue {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let id = format!("{}-{n}", self.prefix);
-        Some(RequestId::new(
-            HeaderValue::from_str(&id).expect("ids are ASCII"),
-        ))
+        HeaderValue::from_str(&format!("{}-{n}", self.prefix)).expect("ids are ASCII")
     }
 }
 
-/// Log span of a request, carrying its id. DEBUG level: with the default
-/// `info` filter no span is built on the hot path (`RUST_LOG=debug` turns
-/// per-request spans on).
-pub(crate) fn span_for_request<B>(request: &Request<B>) -> Span {
-    let id = request
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("-");
-    tracing::debug_span!(
-        "request",
-        method = %request.method(),
-        uri = %request.uri(),
-        request_id = %id,
-    )
+/// Whether a client-sent id is worth keeping: short, visible ASCII.
+pub(crate) fn acceptable(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_client_ids_are_checked() {
+        let ids = RequestIds::default();
+        assert_ne!(ids.next(), ids.next());
+        assert!(acceptable(&HeaderValue::from_static("abc-123")));
+        assert!(!acceptable(&HeaderValue::from_static("")));
+        assert!(!acceptable(&HeaderValue::from_static("has space")));
+        assert!(!acceptable(
+            &HeaderValue::from_str(&"x".repeat(200)).unwrap()
+        ));
+    }
 }

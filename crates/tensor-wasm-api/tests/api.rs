@@ -138,7 +138,14 @@ async fn health_ready_metrics_and_spec_are_served() {
     let h = harness();
     let r = h.get("/healthz").await;
     assert_eq!(r.status, StatusCode::OK);
-    assert!(r.headers.contains_key("x-request-id"));
+    let generated = r.headers["x-request-id"].clone();
+    assert_ne!(h.get("/healthz").await.headers["x-request-id"], generated);
+    let req = Request::get("/healthz")
+        .header("x-request-id", "client-42")
+        .body(Body::empty())
+        .unwrap();
+    let response = h.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(response.headers()["x-request-id"], "client-42");
     assert_eq!(h.get("/readyz").await.status, StatusCode::OK);
     assert_eq!(h.get("/openapi.json").await.json()["openapi"], "3.1.0");
     let metrics = h.get("/metrics").await;
@@ -146,7 +153,7 @@ async fn health_ready_metrics_and_spec_are_served() {
     let text = String::from_utf8(metrics.body).unwrap();
     assert!(
         text.contains(
-            r#"tensor_wasm_http_requests_total{method="GET",route="/healthz",status="200"} 1"#
+            r#"tensor_wasm_http_requests_total{method="GET",route="/healthz",status="200"} 3"#
         ),
         "{text}"
     );

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# HTTP throughput of `tensor-wasm serve` (the real server: default limits,
+# metrics, request ids, tracing) against the minimal axum + wasmtime reference
+# server of crates/tensor-wasm-bench, both invoking the same trivial `add`
+# module with the same request, measured interleaved (A B A B ...) in one run
+# by the in-repo load generator.
+#
+# Writes bench-results/http-throughput/<YYYY-MM-DD>.json (<date>-N.json for
+# later runs the same day) and a copy as latest.json.
+# Knobs (environment): ROUNDS (5), ROUND_S (5), CONNECTIONS (16),
+# WARMUP_S (2), LOADGEN_THREADS (1). Loopback only; both servers are killed
+# on exit.
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-5}
+ROUND_S=${ROUND_S:-5}
+CONNECTIONS=${CONNECTIONS:-16}
+WARMUP_S=${WARMUP_S:-2}
+LOADGEN_THREADS=${LOADGEN_THREADS:-1}
+TARGET_RATIO=0.8
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+command_line="ROUNDS=$ROUNDS ROUND_S=$ROUND_S CONNECTIONS=$CONNECTIONS WARMUP_S=$WARMUP_S LOADGEN_THREADS=$LOADGEN_THREADS bash scripts/http-throughput.sh"
+
+for tool in cargo curl jq; do
+    command -v "$tool" >/dev/null || { echo "missing tool: $tool" >&2; exit 1; }
+done
+
+echo "== building release binaries" >&2
+cargo build --release -p tensor-wasm-cli -p tensor-wasm-bench --bins >&2
+bin=$root/target/release
+# What was built: taken now, so a commit landing during the run is not misattributed.
+git_commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+git_dirty=$(git status --porcelain 2>/dev/null | sed 's/^...//' | jq -R . | jq -cs .)
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Starts a server in the background (in this shell, so the trap knows its
+# pid), waits for its "listening on http://ADDR" line and sets $addr.
+# $1 names its log files under $tmp.
+start_server() {
+    local name=$1
+    shift
+    "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" &
+    pids+=($!)
+    local _
+    addr=""
+    for _ in $(seq 1 200); do
+        addr=$(grep -o 'listening on http://[0-9.:]*' "$tmp/$name.out" 2>/dev/null | head -n1 | sed 's|.*http://||' || true)
+        [ -n "$addr" ] && break
+        sleep 0.05
+    done
+    if [ -z "$addr" ]; then
+        echo "$name did not start; its stderr:" >&2
+        cat "$tmp/$name.err" >&2
+        exit 1
+    fi
+}
+
+cat >"$tmp/add.wat" <<'WAT'
+(module
+  (func (export "add") (param i32 i32) (result i32)
+    local.get 0
+    local.get 1
+    i32.add))
+WAT
+body='{"export":"add","args":[1,2]}'
+
+echo "== starting tensor-wasm serve" >&2
+tw_cmd=(env -u RUST_LOG "$bin/tensor-wasm" serve --listen 127.0.0.1:0 --data-dir "$tmp/data")
+start_server tensor-wasm "${tw_cmd[@]}"
+tw_addr=$addr
+for _ in $(seq 1 200); do
+    curl -sf "http://$tw_addr/readyz" >/dev/null && break
+    sleep 0.05
+done
+curl -sf "http://$tw_addr/readyz" >/dev/null || { echo "tensor-wasm never became ready" >&2; exit 1; }
+deployed=$(curl -sf -H 'content-type: application/wasm' --data-binary @"$tmp/add.wat" \
+    "http://$tw_addr/functions?name=add")
+fn_id=$(jq -r .id <<<"$deployed")
+tw_url="http://$tw_addr/functions/$fn_id/invoke"
+
+echo "== starting minimal-server" >&2
+min_cmd=("$bin/minimal-server" --listen 127.0.0.1:0 --module "$tmp/add.wat")
+start_server minimal "${min_cmd[@]}"
+min_addr=$addr
+min_url="http://$min_addr/functions/$fn_id/invoke"
+
+# Both must answer the same thing before anything is timed.
+for url in "$tw_url" "$min_url"; do
+    answer=$(curl -sf -H 'content-type: application/json' -d "$body" "$url")
+    if [ "$(jq -c . <<<"$answer")" != '{"results":[3]}' ]; then
+        echo "unexpected answer from $url: $answer" >&2
+        exit 1
+    fi
+done
+
+loadgen() { # url seconds
+    "$bin/loadgen" --url "$1" --connections "$CONNECTIONS" --duration-s "$2" \
+        --threads "$LOADGEN_THREADS" --body "$body"
+}
+
+echo "== warm-up ${WARMUP_S}s each" >&2
+warm_tw=$(loadgen "$tw_url" "$WARMUP_S")
+warm_min=$(loadgen "$min_url" "$WARMUP_S")
+
+rounds_file=$tmp/rounds.jsonl
+: >"$rounds_file"
+for round in $(seq 1 "$ROUNDS"); do
+    a=$(loadgen "$tw_url" "$ROUND_S")
+    b=$(loadgen "$min_url" "$ROUND_S")
+    echo "round $round: tensor-wasm $a" >&2
+    echo "round $round: minimal     $b" >&2
+    jq -cn --argjson round "$round" --argjson a "$a" --argjson b "$b" \
+        '{round: $round, tensor_wasm: $a, minimal: $b}' >>"$rounds_file"
+done
+
+date_utc=$(date -u +%F)
+out_dir=$root/bench-results/http-throughput
+mkdir -p "$out_dir"
+# A second run on the same day keeps the first: <date>-2.json, <date>-3.json, ...
+out=$out_dir/$date_utc.json
+n=2
+while [ -e "$out" ]; do
+    out=$out_dir/$date_utc-$n.json
+    n=$((n + 1))
+done
+
+jq -s \
+    --arg date "$date_utc" \
+    --arg timestamp "$(date -u +%FT%TZ)" \
+    --arg commit "$git_commit" \
+    --argjson dirty "$git_dirty" \
+    --argjson nproc "$(nproc)" \
+    --arg uname "$(uname -srm)" \
+    --arg cpu "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')" \
+    --arg command "$command_line" \
+    --arg tw_cmd "tensor-wasm serve --listen 127.0.0.1:0 --data-dir <tmp> (defaults otherwise, RUST_LOG unset)" \
+    --arg min_cmd "minimal-server --listen 127.0.0.1:0 --module add.wat" \
+    --arg loadgen_cmd "loadgen --url <server>/functions/<id>/invoke --connections $CONNECTIONS --duration-s $ROUND_S --threads $LOADGEN_THREADS --body '$body'" \
+    --arg module_wat "$(cat "$tmp/add.wat")" \
+    --arg body "$body" \
+    --argjson rounds "$ROUNDS" --argjson round_s "$ROUND_S" \
+    --argjson connections "$CONNECTIONS" --argjson warmup_s "$WARMUP_S" \
+    --argjson threads "$LOADGEN_THREADS" \
+    --argjson warm_tw "$warm_tw" --argjson warm_min "$warm_min" \
+    --argjson target "$TARGET_RATIO" '
+    def median: sort | if length % 2 == 1 then .[length / 2 | floor]
+                       else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+    def stats(f): map(f) | {median: median, min: min, max: max};
+    def r3: . * 1000 | round / 1000;
+    . as $r
+    | ($r | map(.tensor_wasm)) as $a
+    | ($r | map(.minimal)) as $b
+    | ($a | stats(.req_per_s)) as $a_rps
+    | ($b | stats(.req_per_s)) as $b_rps
+    | ($a_rps.median / $b_rps.median | r3) as $ratio
+    | {
+        benchmark: "http-throughput",
+        description: "Closed-loop HTTP/1.1 keep-alive load on POST /functions/{id}/invoke of a trivial add(i32,i32) module: tensor-wasm serve (A) against the minimal axum + wasmtime reference server (B), interleaved A B A B in one run. Server and load generator share the machine.",
+        date: $date,
+        timestamp_utc: $timestamp,
+        git_commit: $commit,
+        git_uncommitted_paths: $dirty,
+        machine: {nproc: $nproc, uname: $uname, cpu_model: $cpu},
+        command: $command,
+        config: {rounds: $rounds, round_seconds: $round_s, connections: $connections,
+                 warmup_seconds: $warmup_s, loadgen_threads: $threads,
+                 request_body: $body, module_wat: $module_wat},
+        servers: {tensor_wasm: $tw_cmd, minimal: $min_cmd},
+        loadgen: $loadgen_cmd,
+        warmup: {tensor_wasm: $warm_tw, minimal: $warm_min},
+        rounds: $r,
+        summary: {
+          tensor_wasm: {req_per_s: $a_rps, p50_us: ($a | stats(.p50_us)),
+                        p99_us: ($a | stats(.p99_us)), errors_total: ($a | map(.errors) | add)},
+          minimal: {req_per_s: $b_rps, p50_us: ($b | stats(.p50_us)),
+                    p99_us: ($b | stats(.p99_us)), errors_total: ($b | map(.errors) | add)}
+        },
+        ratio_req_per_s_tensor_wasm_over_minimal: {
+          median: $ratio,
+          definition: "median req/s of tensor_wasm / median req/s of minimal",
+          per_round: ($r | map(.tensor_wasm.req_per_s / .minimal.req_per_s | r3)),
+          per_round_median: ($r | map(.tensor_wasm.req_per_s / .minimal.req_per_s) | median | r3)
+        },
+        target: {ratio_at_least: $target, met: ($ratio >= $target)}
+      }' "$rounds_file" >"$out"
+cp "$out" "$out_dir/latest.json"
+
+jq -r '"ratio tensor-wasm/minimal (median req/s): \(.ratio_req_per_s_tensor_wasm_over_minimal.median)  tensor-wasm \(.summary.tensor_wasm.req_per_s.median) req/s, minimal \(.summary.minimal.req_per_s.median) req/s; target >= \(.target.ratio_at_least): \(.target.met)"' "$out"
+echo "wrote $out and $out_dir/latest.json" >&2
