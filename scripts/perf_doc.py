@@ -81,7 +81,13 @@ def criterion_section(out):
             if ours in benches and peer in benches:
                 ratio = benches[ours]["median_ns"] / benches[peer]["median_ns"]
                 out.append(f"Ratio, same run: {what} = **{ratio:.2f}×** (medians).\n")
-        peers = [(k, k.replace("/tensor_wasm", "/memcpy")) for k in benches if "/tensor_wasm" in k]
+        peers = []
+        for key in benches:
+            parts = key.split("/")
+            if len(parts) == 3 and not parts[1].endswith("_vec_peer"):
+                peer = f"{parts[0]}/{parts[1]}_vec_peer/{parts[2]}"
+                if peer in benches:
+                    peers.append((key, peer))
         if peers:
             out.append("| ours vs peer (same run) | ratio of medians |")
             out.append("|---|---|")
