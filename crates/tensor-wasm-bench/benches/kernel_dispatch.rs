@@ -6,7 +6,6 @@
 //! - `dispatch/concurrent_cap64/<N>`: N dispatches as tasks on a 4-worker
 //!   tokio runtime through a dispatcher capped at 64 in flight.
 
-use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tensor_wasm_dispatch::{DispatchConfig, KernelDispatcher};
@@ -22,7 +21,7 @@ fn serial(c: &mut Criterion) {
             b.iter(|| {
                 for _ in 0..n {
                     let permit = dispatcher.acquire_blocking().expect("uncontended");
-                    black_box(dispatcher.track(permit, std::future::ready(())).wait());
+                    dispatcher.track(permit, std::future::ready(())).wait();
                 }
             })
         });
