@@ -5,7 +5,7 @@ LISTEN ?= 127.0.0.1:8080
 DATA_DIR ?= ./tensor-wasm-data
 C_GUESTS := examples/c/wordcount.wasm examples/c/matmul.wasm
 
-.PHONY: run test ci deps examples fmt-check clippy unit doc bench http-throughput perf-doc build release clean-data
+.PHONY: run test ci deps examples fmt-check clippy unit doc bench bench-record http-throughput perf-doc build release clean-data
 
 ## Start the server on $(LISTEN) with the data dir $(DATA_DIR) (release build).
 run:
@@ -58,3 +58,11 @@ perf-doc:
 
 clean-data:
 	rm -rf $(DATA_DIR)
+
+## Runs every Criterion bench with short windows and records a run file under
+## bench-results/criterion/ (then run `make perf-doc`).
+bench-record:
+	@since=$$(date +%s); \
+	$(CARGO) bench -p tensor-wasm-bench -- --warm-up-time 1 --measurement-time 3 && \
+	SINCE=$$since python3 scripts/criterion_summary.py bench-results/criterion/$$(date -u +%F)-all.json \
+	  "make bench-record ($(CARGO) bench -p tensor-wasm-bench -- --warm-up-time 1 --measurement-time 3)"
