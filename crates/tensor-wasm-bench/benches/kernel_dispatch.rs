@@ -6,7 +6,6 @@
 //! - `dispatch/concurrent_cap64/<N>`: N dispatches as tasks on a 4-worker
 //!   tokio runtime through a dispatcher capped at 64 in flight.
 
-
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tensor_wasm_dispatch::{DispatchConfig, KernelDispatcher};
 
