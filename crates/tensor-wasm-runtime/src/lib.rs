@@ -39,6 +39,6 @@ pub use metrics::{Outcome, RuntimeMetrics};
 pub use runtime::{CommandOutput, DeploySpec, FunctionInfo, Runtime};
 pub use store::{
     is_valid_function_id, sha256_hex, FsFunctionStore, FunctionLimits, FunctionRecord,
-    FunctionStore, InvocationStyle,
+    FunctionStore, InvocationStyle, RECORD_FORMAT,
 };
 pub use values::{ExportSignature, WasmType};
