@@ -18,6 +18,7 @@ const UNKNOWN_ID: &str = "fn-000000000000000000000000";
 struct Harness {
     _dir: tempfile::TempDir,
     app: Router,
+    runtime: Runtime,
 }
 
 fn harness_with(api: ApiConfig) -> Harness {
@@ -32,11 +33,12 @@ fn harness_full(tune: impl FnOnce(&mut RuntimeConfig), api: ApiConfig) -> Harnes
     let mut config = RuntimeConfig::for_tests(dir.path());
     tune(&mut config);
     let runtime = Runtime::open(config, store, metrics).unwrap();
-    let state = AppState::new(runtime, registry, api).unwrap();
+    let state = AppState::new(runtime.clone(), registry, api).unwrap();
     state.set_ready(true);
     Harness {
         _dir: dir,
         app: router(state),
+        runtime,
     }
 }
 
@@ -167,10 +169,11 @@ async fn readyz_is_503_until_ready() {
     let store = Arc::new(FsFunctionStore::open(dir.path()).unwrap());
     let metrics = RuntimeMetrics::register(&registry).unwrap();
     let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics).unwrap();
-    let state = AppState::new(runtime, registry, ApiConfig::default()).unwrap();
+    let state = AppState::new(runtime.clone(), registry, ApiConfig::default()).unwrap();
     let h = Harness {
         _dir: dir,
         app: router(state),
+        runtime,
     };
     let r = h.get("/readyz").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -578,27 +581,18 @@ async fn saturated_slots_answer_busy_with_retry_after() {
 
 #[tokio::test]
 async fn saturated_kernel_dispatcher_answers_429() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = prometheus::Registry::new();
-    let store = Arc::new(FsFunctionStore::open(dir.path()).unwrap());
-    let metrics = RuntimeMetrics::register(&registry).unwrap();
-    let config = RuntimeConfig {
-        dispatch: tensor_wasm_dispatch::DispatchConfig {
-            max_in_flight: 1,
-            max_queued: 0,
+    let h = harness_full(
+        |c| {
+            c.dispatch = tensor_wasm_dispatch::DispatchConfig {
+                max_in_flight: 1,
+                max_queued: 0,
+            }
         },
-        ..RuntimeConfig::for_tests(dir.path())
-    };
-    let runtime = Runtime::open(config, store, metrics).unwrap();
-    let state = AppState::new(runtime.clone(), registry, ApiConfig::default()).unwrap();
-    state.set_ready(true);
-    let h = Harness {
-        _dir: dir,
-        app: router(state),
-    };
+        ApiConfig::default(),
+    );
     let id = h.deploy("vector_add.wat", "name=vadd").await;
 
-    let held = runtime.dispatcher().acquire_blocking().unwrap();
+    let held = h.runtime.dispatcher().acquire_blocking().unwrap();
     let r = h.invoke(&id, json!({"export": "run", "args": [100]})).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.code(), "busy");
