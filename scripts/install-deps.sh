@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the tools `make test` needs when they are missing: clang, lld,
 # wasi-libc and the wasm32 compiler-rt builtins (to build the C example guest),
-# and NVIDIA's ptxas (to check the hand-written PTX of tensor-wasm-gpu).
+# NVIDIA's ptxas (to check the hand-written PTX of tensor-wasm-gpu) and NVIDIA's
+# NVRTC library (tensor-wasm-gpu compiles CUDA C++ with it).
 set -euo pipefail
 
 # --- ptxas -------------------------------------------------------------------
@@ -28,6 +29,30 @@ if ! ptxas_ok; then
     --target "$CUDA_TOOLS" "nvidia-cuda-nvcc==$NVCC_WHEEL_VERSION"
   ln -sfn nvidia/cu13/bin "$CUDA_TOOLS/bin"
   ptxas_ok || { echo "ptxas did not install at $CUDA_TOOLS/bin/ptxas" >&2; exit 1; }
+fi
+
+# --- NVRTC ---------------------------------------------------------------------
+# tensor-wasm-gpu compiles CUDA C++ to PTX and cubin with NVRTC, which needs no
+# GPU. libnvrtc.so.13 comes from the PyPI wheel nvidia-cuda-nvrtc, pinned to
+# CUDA 13.0 like ptxas (a newer NVRTC emits PTX the 13.0 driver rejects),
+# installed under .tools/nvrtc (git-ignored). cudarc loads the library by bare
+# name, so `make unit` puts $NVRTC_LIB_DIR on LD_LIBRARY_PATH.
+NVRTC_WHEEL_VERSION=13.0.88
+NVRTC_TOOLS="$ROOT/.tools/nvrtc"
+NVRTC_LIB_DIR="$NVRTC_TOOLS/nvidia/cu13/lib"
+
+nvrtc_ok() {
+  [[ -f "$NVRTC_LIB_DIR/libnvrtc.so.13" ]] &&
+    [[ -d "$NVRTC_TOOLS/nvidia_cuda_nvrtc-$NVRTC_WHEEL_VERSION.dist-info" ]]
+}
+
+if ! nvrtc_ok; then
+  echo "installing NVRTC (PyPI nvidia-cuda-nvrtc==$NVRTC_WHEEL_VERSION) into $NVRTC_TOOLS ..."
+  PY=$(command -v python3 || command -v python) || { echo "python3 is needed to install NVRTC" >&2; exit 1; }
+  rm -rf "$NVRTC_TOOLS"
+  PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$NVRTC_TOOLS" "nvidia-cuda-nvrtc==$NVRTC_WHEEL_VERSION"
+  nvrtc_ok || { echo "libnvrtc.so.13 did not install at $NVRTC_LIB_DIR" >&2; exit 1; }
 fi
 
 # --- clang / wasi-libc ---------------------------------------------------------

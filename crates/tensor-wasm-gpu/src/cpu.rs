@@ -1,5 +1,6 @@
 //! The CPU backend: the builtin kernels on a fixed pool of worker threads, with the same
-//! per-element arithmetic as the PTX kernels so results are bit-identical.
+//! per-element arithmetic as the PTX kernels so results are bit-identical, and host-described
+//! programs ([`KernelProgram::run_cpu`]) on the same pool.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -9,10 +10,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use crate::completion::Signal;
-use crate::kernel::KernelKind;
+use crate::kernel::{KernelKind, ProgramKernel};
+use crate::program::{ProgramCache, PROGRAM_CACHE_CAPACITY};
 use crate::validate::{self, BuiltinCall};
 use crate::{
-    Backend, BuiltinKernel, Completion, Device, GpuError, Kernel, KernelArg, LaunchConfig,
+    Backend, BuiltinKernel, Completion, Device, GpuError, Kernel, KernelArg, KernelProgram,
+    LaunchConfig,
 };
 
 /// Elementwise kernels: fewer elements than this per task are not worth another thread.
@@ -28,6 +31,7 @@ const TILE_COLS: usize = 64;
 pub(crate) struct CpuBackend {
     device: Device,
     pool: WorkerPool,
+    programs: ProgramCache<Kernel>,
 }
 
 impl CpuBackend {
@@ -41,7 +45,45 @@ impl CpuBackend {
         Ok(Self {
             device: Device::Cpu,
             pool: WorkerPool::start(workers.max(1))?,
+            programs: ProgramCache::new(PROGRAM_CACHE_CAPACITY),
         })
+    }
+
+    /// How many programs this backend has loaded (cache misses), for tests.
+    #[cfg(test)]
+    pub(crate) fn program_loads(&self) -> u64 {
+        self.programs.loads()
+    }
+
+    /// Queues `parts` of `work` over `memory` on the pool and returns their completion.
+    ///
+    /// # Safety
+    /// `work` was validated against `memory` and its parts are disjoint (see
+    /// [`JobWork::run`]); the caller holds the duty of [`Backend::launch_unscoped`] for the
+    /// returned completion: it must not be leaked.
+    unsafe fn submit<'m>(
+        &self,
+        work: JobWork,
+        parts: Vec<Range<usize>>,
+        memory: &'m mut [u8],
+    ) -> Completion<'m> {
+        if parts.is_empty() {
+            return Completion::finished(Ok(()));
+        }
+        let signal = Signal::new();
+        let job = Arc::new(CpuJob {
+            work,
+            memory: GuestMemory(memory.as_mut_ptr()),
+            memory_len: memory.len(),
+            tasks_left: AtomicUsize::new(parts.len()),
+            failure: Mutex::new(None),
+            signal: signal.clone(),
+        });
+        self.pool.submit(parts.into_iter().map(|part| Task {
+            job: job.clone(),
+            part,
+        }));
+        Completion::pending(signal)
     }
 }
 
@@ -69,6 +111,24 @@ impl Backend for CpuBackend {
         )))
     }
 
+    fn load_cubin(&self, _cubin: &[u8], entry: &str) -> Result<Kernel, GpuError> {
+        Err(GpuError::NotAvailable(format!(
+            "a cubin needs a CUDA device; this host runs the CPU backend (cannot load entry \
+             `{entry}`)"
+        )))
+    }
+
+    fn load_program(&self, program: Arc<dyn KernelProgram>) -> Result<Kernel, GpuError> {
+        self.programs.get_or_load(program.fingerprint(), || {
+            Ok(Kernel {
+                kind: KernelKind::Program(Arc::new(ProgramKernel {
+                    program,
+                    function: None,
+                })),
+            })
+        })
+    }
+
     unsafe fn launch_unscoped<'m>(
         &self,
         kernel: &Kernel,
@@ -82,30 +142,34 @@ impl Backend for CpuBackend {
             KernelKind::Ptx(function) => {
                 validate::check_buffers(function.entry(), args, memory.len())?;
                 return Err(GpuError::NotAvailable(format!(
-                    "kernel `{}` is raw PTX, which needs a CUDA device; this is the CPU backend",
+                    "kernel `{}` is raw PTX or cubin, which needs a CUDA device; this is the \
+                     CPU backend",
                     function.entry()
                 )));
+            }
+            KernelKind::Program(loaded) => {
+                // Any loaded program runs here, whichever backend loaded it: `run_cpu` needs
+                // nothing but the program.
+                let program = &loaded.program;
+                validate::check_buffers(program.name(), args, memory.len())?;
+                program.validate(config, args, memory.len())?;
+                let work = JobWork::Program {
+                    program: program.clone(),
+                    config: *config,
+                    args: args.to_vec(),
+                };
+                // SAFETY: the program validated the launch against `memory` above and runs as
+                // one task (its part is unused: `run_cpu` is the whole launch); the completion
+                // is returned under this function's own no-leak contract.
+                return Ok(unsafe { self.submit(work, vec![Range::default()], memory) });
             }
         };
         let call = validate::plan_builtin(builtin, args, memory.len())?;
         let work = Work::new(call, config);
         let parts = work.partition(self.pool.workers.len());
-        if parts.is_empty() {
-            return Ok(Completion::finished(Ok(())));
-        }
-        let signal = Signal::new();
-        let job = Arc::new(CpuJob {
-            work,
-            memory: GuestMemory(memory.as_mut_ptr()),
-            tasks_left: AtomicUsize::new(parts.len()),
-            failure: Mutex::new(None),
-            signal: signal.clone(),
-        });
-        self.pool.submit(parts.into_iter().map(|part| Task {
-            job: job.clone(),
-            part,
-        }));
-        Ok(Completion::pending(signal))
+        // SAFETY: `plan_builtin` validated the call against `memory` and `partition` returns
+        // disjoint parts; the completion is returned under this function's no-leak contract.
+        Ok(unsafe { self.submit(JobWork::Builtin(work), parts, memory) })
     }
 
     fn cuda_context(&self) -> Option<Arc<cudarc::driver::CudaContext>> {
@@ -326,10 +390,58 @@ unsafe fn matmul_rows(
     }
 }
 
+/// What one launch on the pool computes.
+enum JobWork {
+    /// A builtin, split into parts.
+    Builtin(Work),
+    /// A host-described program, run whole by one task.
+    Program {
+        program: Arc<dyn KernelProgram>,
+        config: LaunchConfig,
+        args: Vec<KernelArg>,
+    },
+}
+
+impl JobWork {
+    /// Runs one part.
+    ///
+    /// # Safety
+    /// `memory` must be the base of the `memory_len` bytes of guest memory the launch was
+    /// validated against, valid for reads and writes for the whole call, and no other thread
+    /// may access the bytes this part writes, nor write the bytes it reads, while it runs (a
+    /// program's single task may touch all of guest memory, so nothing else may).
+    unsafe fn run(
+        &self,
+        memory: GuestMemory,
+        memory_len: usize,
+        part: Range<usize>,
+    ) -> Result<(), GpuError> {
+        match self {
+            JobWork::Builtin(work) => {
+                // SAFETY: forwarded from this function's contract.
+                unsafe { work.run(memory, part) };
+                Ok(())
+            }
+            JobWork::Program {
+                program,
+                config,
+                args,
+            } => {
+                // SAFETY: the caller promises `memory_len` bytes at `memory`, valid for reads
+                // and writes and touched by no other thread while this runs (a program job has
+                // one task), so this is the only reference to them.
+                let memory = unsafe { std::slice::from_raw_parts_mut(memory.0, memory_len) };
+                program.run_cpu(config, args, memory)
+            }
+        }
+    }
+}
+
 /// One launch on the pool: its work, shared by its tasks.
 struct CpuJob {
-    work: Work,
+    work: JobWork,
     memory: GuestMemory,
+    memory_len: usize,
     tasks_left: AtomicUsize,
     failure: Mutex<Option<GpuError>>,
     signal: Arc<Signal>,
@@ -345,17 +457,23 @@ impl Task {
     fn run(self) {
         let job = &self.job;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            // SAFETY: the job was validated against the guest memory at `job.memory`, which its
-            // Completion (never leaked, by the contract of `launch_unscoped`) keeps borrowed
-            // until `tasks_left` reaches zero below; `partition` gave this task a part disjoint
-            // from every other task's, and a job whose output aliases an input has one task only.
-            unsafe { job.work.run(job.memory, self.part.clone()) }
+            // SAFETY: the job was validated against the `memory_len` bytes of guest memory at
+            // `job.memory`, which its Completion (never leaked, by the contract of
+            // `launch_unscoped`) keeps borrowed until `tasks_left` reaches zero below;
+            // `partition` gave this task a part disjoint from every other task's, a job whose
+            // output aliases an input has one task only, and so does a program job.
+            unsafe { job.work.run(job.memory, job.memory_len, self.part.clone()) }
         }));
-        if outcome.is_err() {
+        let error = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error),
+            Err(_) => Some(GpuError::Cuda(String::from(
+                "CPU kernel panicked (internal error)",
+            ))),
+        };
+        if let Some(error) = error {
             let mut failure = job.failure.lock().unwrap_or_else(PoisonError::into_inner);
-            failure.get_or_insert_with(|| {
-                GpuError::Cuda(String::from("CPU kernel panicked (internal error)"))
-            });
+            failure.get_or_insert(error);
         }
         if job.tasks_left.fetch_sub(1, Ordering::AcqRel) == 1 {
             let failure = job

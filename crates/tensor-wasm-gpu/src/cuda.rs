@@ -1,5 +1,6 @@
-//! The CUDA backend: device discovery, the builtin PTX modules, tenant PTX, launches on one
-//! stream, and completion through blocking-sync events waited on by a dedicated thread.
+//! The CUDA backend: device discovery, the builtin PTX modules, tenant PTX and cubin,
+//! host-described programs (loaded once per fingerprint), launches on one stream, and completion
+//! through blocking-sync events waited on by a dedicated thread.
 //!
 //! cudarc panics when `libcuda.so` is missing, so every entry point here first probes for the
 //! library (`is_culib_present`) and runs the driver calls under `catch_unwind` as a second line
@@ -17,11 +18,12 @@ use cudarc::nvrtc::Ptx;
 
 use crate::completion::Signal;
 use crate::error::driver_error_text;
-use crate::kernel::KernelKind;
+use crate::kernel::{KernelKind, ProgramKernel};
+use crate::program::{ProgramCache, PROGRAM_CACHE_CAPACITY};
 use crate::validate::{self, BuiltinCall};
 use crate::{
     Backend, BuiltinKernel, Completion, CudaDeviceInfo, Device, GpuError, Kernel, KernelArg,
-    LaunchConfig,
+    KernelProgram, LaunchConfig,
 };
 
 /// Most parameters accepted from a tenant kernel (CUDA allows at most 32 764 bytes of them).
@@ -99,6 +101,7 @@ pub(crate) fn query_all_devices() -> Result<Vec<CudaDeviceInfo>, String> {
         GpuError::NotAvailable(reason)
         | GpuError::Cuda(reason)
         | GpuError::InvalidArgument(reason) => reason,
+        GpuError::Compile { log } => log,
     })
 }
 
@@ -140,7 +143,8 @@ fn query_device(ctx: &Arc<CudaContext>) -> Result<CudaDeviceInfo, GpuError> {
     })
 }
 
-/// A function loaded from tenant PTX, with the parameter layout the driver reports.
+/// A function loaded from tenant PTX or cubin, or from a program's PTX, with the parameter
+/// layout the driver reports.
 pub(crate) struct PtxFunction {
     backend_id: u64,
     entry: String,
@@ -276,11 +280,15 @@ enum Param {
 pub(crate) struct CudaBackend {
     id: u64,
     device: Device,
+    compute_capability: (u32, u32),
+    driver_version: i32,
     pageable_memory_access: bool,
     concurrent_managed_access: bool,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     builtins: BuiltinFunctions,
+    /// Loaded programs by fingerprint: the program loaded first, and its function.
+    programs: ProgramCache<(Arc<ProgramKernel>, Arc<PtxFunction>)>,
     launcher: Mutex<Launcher>,
     waiter: Option<JoinHandle<()>>,
 }
@@ -329,12 +337,15 @@ impl CudaBackend {
         tracing::info!(device = %Device::Cuda(info.clone()), "CUDA backend open");
         Ok(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            compute_capability: info.compute_capability,
+            driver_version: info.driver_version,
             pageable_memory_access: info.pageable_memory_access,
             concurrent_managed_access: info.concurrent_managed_access,
             device: Device::Cuda(info),
             ctx,
             stream,
             builtins,
+            programs: ProgramCache::new(PROGRAM_CACHE_CAPACITY),
             launcher: Mutex::new(Launcher {
                 to_waiter: Some(to_waiter),
                 spare_events,
@@ -483,33 +494,65 @@ impl CudaBackend {
             .collect()
     }
 
-    /// Loads `entry` from tenant PTX and reads its parameter layout.
-    fn load_tenant_ptx(&self, ptx: &str, entry: &str) -> Result<Kernel, GpuError> {
+    /// Loads `entry` from PTX text (`what` names it in errors) and reads its parameter layout.
+    fn load_ptx_function(
+        &self,
+        ptx: &str,
+        entry: &str,
+        what: &str,
+    ) -> Result<Arc<PtxFunction>, GpuError> {
         if ptx.contains('\0') {
-            return Err(GpuError::InvalidArgument(String::from(
-                "PTX text contains a NUL byte",
+            return Err(GpuError::InvalidArgument(format!(
+                "{what}: PTX text contains a NUL byte"
             )));
         }
+        self.load_function(Ptx::from_src(ptx), entry, what)
+    }
+
+    /// Loads `entry` from a module image (PTX text without NUL bytes, or a checked cubin) and
+    /// reads its parameter layout.
+    fn load_function(
+        &self,
+        image: Ptx,
+        entry: &str,
+        what: &str,
+    ) -> Result<Arc<PtxFunction>, GpuError> {
         if entry.is_empty() || entry.contains('\0') {
             return Err(GpuError::InvalidArgument(format!(
-                "invalid PTX entry name {entry:?}"
+                "{what}: invalid entry name {entry:?}"
             )));
         }
         let module = self
             .ctx
-            .load_module(Ptx::from_src(ptx))
-            .map_err(|error| GpuError::cuda("loading tenant PTX", error))?;
-        let function = module
-            .load_function(entry)
-            .map_err(|error| GpuError::cuda(&format!("finding PTX entry `{entry}`"), error))?;
+            .load_module(image)
+            .map_err(|error| GpuError::cuda(&format!("loading {what}"), error))?;
+        let function = module.load_function(entry).map_err(|error| {
+            GpuError::cuda(&format!("finding entry `{entry}` in {what}"), error)
+        })?;
         let param_sizes = param_sizes(&self.ctx, &function)?;
-        Ok(Kernel {
-            kind: KernelKind::Ptx(Arc::new(PtxFunction {
-                backend_id: self.id,
-                entry: entry.to_owned(),
-                function,
-                param_sizes,
-            })),
+        Ok(Arc::new(PtxFunction {
+            backend_id: self.id,
+            entry: entry.to_owned(),
+            function,
+            param_sizes,
+        }))
+    }
+
+    /// The loaded program with the fingerprint of `program`, and its function on this device:
+    /// from the cache, or loaded from the PTX of `program`.
+    fn load_program_function(
+        &self,
+        program: &Arc<dyn KernelProgram>,
+    ) -> Result<(Arc<ProgramKernel>, Arc<PtxFunction>), GpuError> {
+        self.programs.get_or_load(program.fingerprint(), || {
+            let (ptx, entry) = program.ptx(self.compute_capability, self.driver_version)?;
+            let what = format!("the PTX of program `{}`", program.name());
+            let function = self.load_ptx_function(&ptx, &entry, &what)?;
+            let loaded = Arc::new(ProgramKernel {
+                program: program.clone(),
+                function: Some(function.clone()),
+            });
+            Ok((loaded, function))
         })
     }
 
@@ -548,9 +591,10 @@ impl CudaBackend {
             shared_mem_bytes: config.shared_bytes,
         };
         // SAFETY: the parameters match the function's layout (builtins: their PTX signature,
-        // checked by the `ptx` tests; tenant kernels: the sizes `cuFuncGetParamInfo` reported),
-        // so the driver reads exactly `params`, which outlive this call. Every address points
-        // into guest memory that validation bounded (builtins never leave their buffers;
+        // checked by the `ptx` tests; tenant kernels and programs: the sizes
+        // `cuFuncGetParamInfo` reported), so the driver reads exactly `params`, which outlive
+        // this call. Every address points into guest memory that validation bounded (builtins
+        // never leave their buffers; programs are kept inside them by their own `validate`;
         // tenant code is trusted by whoever loaded it), and the returned Completion keeps that
         // memory borrowed until the event recorded below has completed (the only caller,
         // `launch_unscoped`, hands it on under the promise that it is never leaked).
@@ -628,7 +672,30 @@ impl Backend for CudaBackend {
     }
 
     fn load_ptx(&self, ptx: &str, entry: &str) -> Result<Kernel, GpuError> {
-        catching_driver_panics(|| self.load_tenant_ptx(ptx, entry))
+        catching_driver_panics(|| {
+            let function = self.load_ptx_function(ptx, entry, "tenant PTX")?;
+            Ok(Kernel {
+                kind: KernelKind::Ptx(function),
+            })
+        })
+    }
+
+    fn load_cubin(&self, cubin: &[u8], entry: &str) -> Result<Kernel, GpuError> {
+        crate::cubin::check_cubin(cubin)?;
+        catching_driver_panics(|| {
+            let function =
+                self.load_function(Ptx::from_binary(cubin.to_vec()), entry, "tenant cubin")?;
+            Ok(Kernel {
+                kind: KernelKind::Ptx(function),
+            })
+        })
+    }
+
+    fn load_program(&self, program: Arc<dyn KernelProgram>) -> Result<Kernel, GpuError> {
+        let (loaded, _) = catching_driver_panics(|| self.load_program_function(&program))?;
+        Ok(Kernel {
+            kind: KernelKind::Program(loaded),
+        })
     }
 
     unsafe fn launch_unscoped<'m>(
@@ -656,6 +723,19 @@ impl Backend for CudaBackend {
                 }
                 validate::check_buffers(function.entry(), args, memory.len())?;
                 let params = Self::tenant_params(function, args, base)?;
+                self.check_reachable(memory)?;
+                self.submit(&function.function, &params, config)
+            }
+            KernelKind::Program(loaded) => {
+                let program = &loaded.program;
+                validate::check_buffers(program.name(), args, memory.len())?;
+                program.validate(config, args, memory.len())?;
+                // A program loaded by another backend (or the CPU) is loaded here on first use.
+                let function = match &loaded.function {
+                    Some(function) if function.backend_id == self.id => function.clone(),
+                    _ => catching_driver_panics(|| self.load_program_function(program))?.1,
+                };
+                let params = Self::tenant_params(&function, args, base)?;
                 self.check_reachable(memory)?;
                 self.submit(&function.function, &params, config)
             }

@@ -17,6 +17,14 @@ pub enum GpuError {
     /// The CUDA driver reported an error; the text starts with the `CUresult` name.
     #[error("CUDA error: {0}")]
     Cuda(String),
+    /// CUDA C++ did not compile ([`crate::compile_cuda`]): the source has an error, or the
+    /// kernel entry is missing. `log` is NVRTC's log (or says which entry is missing), meant
+    /// for whoever wrote the source.
+    #[error("CUDA C++ compilation failed: {log}")]
+    Compile {
+        /// NVRTC's compilation log.
+        log: String,
+    },
 }
 
 impl GpuError {

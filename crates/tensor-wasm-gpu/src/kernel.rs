@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::{Completion, Device, GpuError};
+use crate::{Completion, Device, GpuError, KernelProgram};
 
 /// One kernel argument, as a guest passes it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -136,8 +136,8 @@ impl fmt::Display for BuiltinKernel {
     }
 }
 
-/// A kernel ready to launch on the backend that loaded it: a builtin, or a function loaded from
-/// tenant PTX (CUDA only). Cheap to clone.
+/// A kernel ready to launch on the backend that loaded it: a builtin, a host-described
+/// [`KernelProgram`], or a function loaded from tenant PTX or cubin (CUDA only). Cheap to clone.
 #[derive(Clone)]
 pub struct Kernel {
     pub(crate) kind: KernelKind,
@@ -147,6 +147,13 @@ pub struct Kernel {
 pub(crate) enum KernelKind {
     Builtin(BuiltinKernel),
     Ptx(Arc<crate::cuda::PtxFunction>),
+    Program(Arc<ProgramKernel>),
+}
+
+/// A loaded [`KernelProgram`]: the program, and on CUDA the function loaded from its PTX.
+pub(crate) struct ProgramKernel {
+    pub(crate) program: Arc<dyn KernelProgram>,
+    pub(crate) function: Option<Arc<crate::cuda::PtxFunction>>,
 }
 
 impl Kernel {
@@ -160,15 +167,24 @@ impl Kernel {
     pub fn as_builtin(&self) -> Option<BuiltinKernel> {
         match &self.kind {
             KernelKind::Builtin(kernel) => Some(*kernel),
-            KernelKind::Ptx(_) => None,
+            KernelKind::Ptx(_) | KernelKind::Program(_) => None,
         }
     }
 
-    /// The kernel's name: the builtin descriptor or the PTX entry.
+    /// The host-described program this kernel runs, if it is one.
+    pub fn as_program(&self) -> Option<&Arc<dyn KernelProgram>> {
+        match &self.kind {
+            KernelKind::Program(loaded) => Some(&loaded.program),
+            KernelKind::Builtin(_) | KernelKind::Ptx(_) => None,
+        }
+    }
+
+    /// The kernel's name: the builtin descriptor, the program's name, or the PTX/cubin entry.
     pub fn name(&self) -> &str {
         match &self.kind {
             KernelKind::Builtin(kernel) => kernel.descriptor(),
             KernelKind::Ptx(function) => function.entry(),
+            KernelKind::Program(loaded) => loaded.program.name(),
         }
     }
 }
@@ -181,6 +197,12 @@ impl fmt::Debug for Kernel {
                 .debug_struct("Kernel::Ptx")
                 .field("entry", &function.entry())
                 .field("param_sizes", &function.param_sizes())
+                .finish(),
+            KernelKind::Program(loaded) => f
+                .debug_struct("Kernel::Program")
+                .field("name", &loaded.program.name())
+                .field("fingerprint", &loaded.program.fingerprint())
+                .field("on_cuda", &loaded.function.is_some())
                 .finish(),
         }
     }
@@ -207,6 +229,33 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// rejects the PTX or finds no such entry; `InvalidArgument` for text with NUL bytes.
     fn load_ptx(&self, ptx: &str, entry: &str) -> Result<Kernel, GpuError>;
 
+    /// Loads the function `entry` from a tenant cubin: an ELF image for this device's exact
+    /// `sm_XX`, such as [`crate::compile_cuda`] returns. Tenant CUDA C++ is tenant code like
+    /// tenant PTX: only the argument count and sizes are checked, and running it is a trust
+    /// decision of the caller.
+    ///
+    /// The image is checked to be a CUDA ELF file whose headers and sections lie inside
+    /// `cubin` before the driver sees it.
+    ///
+    /// # Errors
+    /// `NotAvailable` on the CPU backend; `InvalidArgument` for bytes that are not a
+    /// well-formed CUDA ELF image or an invalid entry name; `Cuda` when the driver rejects the
+    /// image (for example a cubin built for another architecture) or finds no such entry.
+    fn load_cubin(&self, cubin: &[u8], entry: &str) -> Result<Kernel, GpuError>;
+
+    /// Makes a host-described [`KernelProgram`] ready to launch.
+    ///
+    /// Loaded programs are cached by [`KernelProgram::fingerprint`]: loading a program whose
+    /// fingerprint this backend already loaded returns the kernel loaded first (on CUDA without
+    /// asking for PTX or loading a module again). The CPU backend runs
+    /// [`KernelProgram::run_cpu`] on its worker pool; a CUDA backend loads
+    /// [`KernelProgram::ptx`] for its device.
+    ///
+    /// # Errors
+    /// On CUDA: what [`KernelProgram::ptx`] returns; `InvalidArgument` for PTX text with NUL
+    /// bytes; `Cuda` when the driver rejects the PTX or finds no such entry.
+    fn load_program(&self, program: Arc<dyn KernelProgram>) -> Result<Kernel, GpuError>;
+
     /// Validates and launches `kernel` over the guest memory `memory`; the returned
     /// Completion borrows `memory` until the kernel is done.
     ///
@@ -215,9 +264,9 @@ pub trait Backend: Send + Sync + fmt::Debug {
     ///
     /// Validation (the same on every backend): every buffer lies inside `memory`; builtins get
     /// the right number and types of arguments, buffers large enough for `n`/`m`/`k` and 4-byte
-    /// aligned; grid and block dimensions are at least 1 and within CUDA's limits (at most 1024
-    /// threads per block, grid x below 2^31, grid y and z at most 65535, block z at most 64);
-    /// at most 48 KiB of dynamic shared memory.
+    /// aligned; programs pass [`KernelProgram::validate`]; grid and block dimensions are at
+    /// least 1 and within CUDA's limits (at most 1024 threads per block, grid x below 2^31, grid
+    /// y and z at most 65535, block z at most 64); at most 48 KiB of dynamic shared memory.
     ///
     /// Only the indices the launch grid covers are computed, on every backend.
     ///

@@ -1,5 +1,6 @@
-//! GPU backends for TensorWasm: device discovery, the builtin kernels, tenant PTX, and launches
-//! over guest linear memory that finish through a [`Completion`].
+//! GPU backends for TensorWasm: device discovery, the builtin kernels, host-described kernel
+//! programs, tenant PTX, cubin and CUDA C++ (through NVRTC), and launches over guest linear
+//! memory that finish through a [`Completion`].
 //!
 //! # Overview
 //!
@@ -7,8 +8,15 @@
 //!   panics, even without an NVIDIA driver.
 //! - [`open_backend`] opens a [`Backend`] for a [`DeviceChoice`]: one CUDA device, or the CPU
 //!   backend (a fixed pool of worker threads). `Auto` takes CUDA device 0 when it is usable.
-//! - [`Backend::load_builtin`] readies a [`BuiltinKernel`] (`vector_add`, `scale`, `matmul`);
-//!   [`Backend::load_ptx`] loads tenant PTX (CUDA only).
+//! - [`Backend::load_builtin`] readies a [`BuiltinKernel`] (`vector_add`, `scale`, `matmul`).
+//! - [`Backend::load_program`] readies a [`KernelProgram`]: a kernel host code (the JIT)
+//!   describes with its own bounds validation, a CPU implementation and PTX. The CPU backend
+//!   runs [`KernelProgram::run_cpu`] on its worker pool; a CUDA backend loads
+//!   [`KernelProgram::ptx`] for its device, once per [`KernelProgram::fingerprint`].
+//! - [`Backend::load_ptx`] and [`Backend::load_cubin`] load tenant code (CUDA only);
+//!   [`compile_cuda`] turns tenant CUDA C++ into PTX and a cubin with NVRTC, without a GPU
+//!   ([`nvrtc_available`] says whether `libnvrtc.so` loads). Tenant code is only checked for
+//!   the count and sizes of its arguments: running it is a trust decision of the caller.
 //! - [`launch`] validates the [`KernelArg`]s against guest memory and the [`LaunchConfig`]
 //!   against CUDA's limits, launches, and lends the launch's [`Completion`] (which borrows the
 //!   guest memory until the kernel is done) to a closure: wait on it there, blocking
@@ -16,6 +24,11 @@
 //!   [`launch`] returns only once the kernel has finished, whatever the closure did.
 //! - [`Backend::launch_unscoped`] is the unsafe building block underneath: it returns the
 //!   completion itself, and its caller must not leak it (see its `# Safety` section).
+//!
+//! Every launch is validated before anything runs: the launch configuration against CUDA's
+//! limits, every buffer argument against guest memory, and then the kernel's own rules (the
+//! builtins' signatures, [`KernelProgram::validate`], or the parameter layout the driver reports
+//! for tenant code).
 //!
 //! The builtins compute the same thing on both backends, bit for bit: each output element is
 //! one thread's work (only the indices the launch grid covers are computed), and the arithmetic
@@ -64,10 +77,13 @@
 
 mod completion;
 mod cpu;
+mod cubin;
 mod cuda;
 mod device;
 mod error;
 mod kernel;
+mod nvrtc;
+mod program;
 mod ptx;
 mod scoped;
 mod validate;
@@ -78,6 +94,8 @@ pub use completion::Completion;
 pub use device::{discover, CudaDeviceInfo, Device, DeviceChoice, Discovery};
 pub use error::GpuError;
 pub use kernel::{Backend, BuiltinKernel, Kernel, KernelArg, LaunchConfig};
+pub use nvrtc::{compile_cuda, nvrtc_available, nvrtc_version, CudaBinary};
+pub use program::KernelProgram;
 pub use scoped::launch;
 pub use validate::{MAX_BLOCK_Z, MAX_GRID_X, MAX_GRID_YZ, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
 
@@ -104,5 +122,7 @@ pub fn open_backend(choice: DeviceChoice) -> Result<Arc<dyn Backend>, GpuError> 
     }
 }
 
+#[cfg(test)]
+mod program_tests;
 #[cfg(test)]
 mod tests;

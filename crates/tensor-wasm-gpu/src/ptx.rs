@@ -39,7 +39,7 @@ impl BuiltinKernel {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::path::{Path, PathBuf};
     use std::process::Command;
@@ -94,7 +94,7 @@ mod tests {
         }
     }
 
-    fn workspace_root() -> PathBuf {
+    pub(crate) fn workspace_root() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .ancestors()
             .nth(2)
@@ -102,8 +102,10 @@ mod tests {
             .to_path_buf()
     }
 
-    #[test]
-    fn ptx_assembles_with_ptxas() {
+    /// The ptxas to check PTX with: `$TENSOR_WASM_PTXAS`, else `.tools/cuda/bin/ptxas` in the
+    /// workspace (installed by `scripts/install-deps.sh`). Panics, saying how to get it, when
+    /// there is none.
+    pub(crate) fn ptxas() -> PathBuf {
         let ptxas = std::env::var_os("TENSOR_WASM_PTXAS")
             .map(PathBuf::from)
             .unwrap_or_else(|| workspace_root().join(".tools/cuda/bin/ptxas"));
@@ -113,6 +115,52 @@ mod tests {
              wheel nvidia-cuda-nvcc into .tools/cuda) or set TENSOR_WASM_PTXAS to a ptxas binary",
             ptxas.display()
         );
+        ptxas
+    }
+
+    /// Assembles the PTX file `source` for `arch` (`sm_80`) with ptxas, warnings as errors,
+    /// writing the cubin to `cubin`; panics with ptxas's output when it fails.
+    pub(crate) fn assert_ptxas_assembles(source: &Path, arch: &str, cubin: &Path) {
+        let ptxas = ptxas();
+        let output = Command::new(&ptxas)
+            .arg(format!("-arch={arch}"))
+            .arg("--warning-as-error")
+            .arg(source)
+            .arg("-o")
+            .arg(cubin)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.display()));
+        assert!(
+            output.status.success(),
+            "ptxas -arch={arch} {} failed ({}):\n{}{}",
+            source.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let size = std::fs::metadata(cubin).map(|m| m.len()).unwrap_or(0);
+        assert!(
+            size > 0,
+            "ptxas wrote no cubin for {} {arch}",
+            source.display()
+        );
+    }
+
+    /// Assembles PTX text for `sm_80` and `sm_90` (see [`assert_ptxas_assembles`]).
+    pub(crate) fn assert_ptx_text_assembles(name: &str, ptx: &str) {
+        let out_dir =
+            std::env::temp_dir().join(format!("tensor-wasm-ptxas-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let source = out_dir.join(format!("{name}.ptx"));
+        std::fs::write(&source, ptx).unwrap();
+        for arch in ["sm_80", "sm_90"] {
+            assert_ptxas_assembles(&source, arch, &out_dir.join(format!("{name}.{arch}.cubin")));
+        }
+        let _ = std::fs::remove_dir_all(&out_dir);
+    }
+
+    #[test]
+    fn ptx_assembles_with_ptxas() {
         let out_dir =
             std::env::temp_dir().join(format!("tensor-wasm-ptxas-{}", std::process::id()));
         std::fs::create_dir_all(&out_dir).unwrap();
@@ -122,24 +170,7 @@ mod tests {
             assert_eq!(std::fs::read_to_string(&source).unwrap(), kernel.ptx());
             for arch in ["sm_80", "sm_90"] {
                 let cubin = out_dir.join(format!("{}.{arch}.cubin", kernel.descriptor()));
-                let output = Command::new(&ptxas)
-                    .arg(format!("-arch={arch}"))
-                    .arg("--warning-as-error")
-                    .arg(&source)
-                    .arg("-o")
-                    .arg(&cubin)
-                    .output()
-                    .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.display()));
-                assert!(
-                    output.status.success(),
-                    "ptxas -arch={arch} {} failed ({}):\n{}{}",
-                    source.display(),
-                    output.status,
-                    String::from_utf8_lossy(&output.stdout),
-                    String::from_utf8_lossy(&output.stderr)
-                );
-                let size = std::fs::metadata(&cubin).map(|m| m.len()).unwrap_or(0);
-                assert!(size > 0, "ptxas wrote no cubin for {kernel} {arch}");
+                assert_ptxas_assembles(&source, arch, &cubin);
             }
         }
         let _ = std::fs::remove_dir_all(&out_dir);

@@ -13,31 +13,31 @@ use crate::{
 };
 
 /// One CPU backend for the tests that do not care about the worker count.
-fn cpu() -> &'static CpuBackend {
+pub(crate) fn cpu() -> &'static CpuBackend {
     static CPU: OnceLock<CpuBackend> = OnceLock::new();
     CPU.get_or_init(|| CpuBackend::new().expect("CPU backend"))
 }
 
-fn put_f32s(memory: &mut [u8], offset: usize, values: &[f32]) {
+pub(crate) fn put_f32s(memory: &mut [u8], offset: usize, values: &[f32]) {
     for (i, value) in values.iter().enumerate() {
         memory[offset + 4 * i..offset + 4 * i + 4].copy_from_slice(&value.to_le_bytes());
     }
 }
 
-fn get_f32s(memory: &[u8], offset: usize, count: usize) -> Vec<f32> {
+pub(crate) fn get_f32s(memory: &[u8], offset: usize, count: usize) -> Vec<f32> {
     memory[offset..offset + 4 * count]
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
 }
 
-fn bits(values: &[f32]) -> Vec<u32> {
+pub(crate) fn bits(values: &[f32]) -> Vec<u32> {
     values.iter().map(|v| v.to_bits()).collect()
 }
 
 /// Deterministic pseudo-random f32 values in [-4, 4), with a few exact zeros, negative zeros
 /// and subnormals mixed in.
-fn values(seed: u64, count: usize) -> Vec<f32> {
+pub(crate) fn values(seed: u64, count: usize) -> Vec<f32> {
     let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
     (0..count)
         .map(|i| {
@@ -54,7 +54,7 @@ fn values(seed: u64, count: usize) -> Vec<f32> {
         .collect()
 }
 
-fn buffer(offset: usize, len: usize) -> KernelArg {
+pub(crate) fn buffer(offset: usize, len: usize) -> KernelArg {
     KernelArg::Buffer {
         offset: offset as u64,
         len: len as u64,
@@ -74,7 +74,7 @@ fn run(
     })?
 }
 
-const SENTINEL: f32 = -7.25;
+pub(crate) const SENTINEL: f32 = -7.25;
 
 fn reference_matmul(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
     let mut c = vec![0.0f32; m * n];
@@ -1004,14 +1004,14 @@ fn many_concurrent_launches_complete() {
 // CUDA (GPU hosts only: `cargo test -p tensor-wasm-gpu -- --ignored`)
 
 /// Guest-memory stand-in for the CUDA tests: a managed allocation, freed on drop.
-struct ManagedBuffer {
+pub(crate) struct ManagedBuffer {
     ptr: cudarc::driver::sys::CUdeviceptr,
     len: usize,
     ctx: Arc<cudarc::driver::CudaContext>,
 }
 
 impl ManagedBuffer {
-    fn new(ctx: Arc<cudarc::driver::CudaContext>, len: usize) -> Self {
+    pub(crate) fn new(ctx: Arc<cudarc::driver::CudaContext>, len: usize) -> Self {
         ctx.bind_to_thread().unwrap();
         // SAFETY: allocates `len` bytes of managed memory, attached globally.
         let ptr = unsafe {
@@ -1024,7 +1024,7 @@ impl ManagedBuffer {
         Self { ptr, len, ctx }
     }
 
-    fn bytes(&mut self) -> &mut [u8] {
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
         // SAFETY: managed memory is host-accessible for `len` bytes while no kernel runs on it
         // (launches borrow this slice mutably until they complete), and it lives until drop.
         unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }

@@ -1,0 +1,177 @@
+//! Host-described kernels: the [`KernelProgram`] trait (bounds validation, a CPU implementation
+//! and PTX, supplied by host code such as the JIT), and the per-backend cache of loaded programs.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::{GpuError, KernelArg, LaunchConfig};
+
+/// A kernel described by host code: bounds validation, CPU execution and PTX.
+///
+/// Load one with [`Backend::load_program`](crate::Backend::load_program) and launch it with
+/// [`launch`](crate::launch) like any other kernel. Every launch is checked in this order, in the
+/// launching thread, before anything runs: the [`LaunchConfig`] against CUDA's limits, every
+/// [`KernelArg::Buffer`] against the guest memory (the generic check every kernel gets), then
+/// [`KernelProgram::validate`].
+///
+/// The program is trusted host code: its `validate` is what keeps its kernel inside guest memory,
+/// so it must refuse every launch whose grid-covered indices could reach a byte outside a buffer
+/// argument. On the CPU backend the whole launch is one call of [`KernelProgram::run_cpu`] on a
+/// worker thread; on a CUDA backend the PTX entry is called with each buffer argument as its
+/// device address (guest memory base plus offset, a 64-bit parameter) and each scalar by value,
+/// in argument order, after the driver-reported parameter sizes have been checked against the
+/// arguments.
+pub trait KernelProgram: Send + Sync + fmt::Debug {
+    /// Name for errors and logs, e.g. `"matmul[16x16x16]:f32"`.
+    fn name(&self) -> &str;
+
+    /// Stable identity (the JIT's fingerprint): backends cache loaded modules by it.
+    ///
+    /// Two programs with the same fingerprint must be the same kernel: a backend that already
+    /// loaded one returns it for the other.
+    fn fingerprint(&self) -> [u8; 16];
+
+    /// Refuses any launch that could touch memory outside `memory_len` bytes or outside its
+    /// buffers.
+    ///
+    /// # Errors
+    /// `InvalidArgument` saying what is wrong.
+    fn validate(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory_len: usize,
+    ) -> Result<(), GpuError>;
+
+    /// Runs on the CPU over guest memory, computing exactly the grid-covered indices.
+    ///
+    /// Only called after [`KernelProgram::validate`] accepted the same `config` and `args` for
+    /// `memory.len()` bytes.
+    ///
+    /// # Errors
+    /// Whatever the kernel reports; the launch's completion ends with it.
+    fn run_cpu(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory: &mut [u8],
+    ) -> Result<(), GpuError>;
+
+    /// (PTX text, entry name) for a device of this compute capability and driver version
+    /// (`cuDriverGetVersion`, e.g. 13000 for CUDA 13.0).
+    ///
+    /// # Errors
+    /// `NotAvailable` when the program has no PTX for such a device.
+    fn ptx(
+        &self,
+        compute_capability: (u32, u32),
+        driver_version: i32,
+    ) -> Result<(Arc<str>, String), GpuError>;
+}
+
+/// Most programs one backend keeps loaded; past it, the oldest is forgotten (kernels already
+/// handed out keep their module alive).
+pub(crate) const PROGRAM_CACHE_CAPACITY: usize = 1024;
+
+/// Loaded programs of one backend, keyed by fingerprint, oldest evicted first.
+pub(crate) struct ProgramCache<T> {
+    state: Mutex<CacheState<T>>,
+    capacity: usize,
+}
+
+struct CacheState<T> {
+    entries: HashMap<[u8; 16], T>,
+    order: VecDeque<[u8; 16]>,
+    loads: u64,
+}
+
+impl<T: Clone> ProgramCache<T> {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            state: Mutex::new(CacheState {
+                entries: HashMap::new(),
+                order: VecDeque::new(),
+                loads: 0,
+            }),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// The entry for `fingerprint`, loading it with `load` when missing. The lock is held while
+    /// loading, so concurrent loads of one program load it once.
+    pub(crate) fn get_or_load(
+        &self,
+        fingerprint: [u8; 16],
+        load: impl FnOnce() -> Result<T, GpuError>,
+    ) -> Result<T, GpuError> {
+        // Entries are inserted whole, so a poisoned lock still holds a consistent map.
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = state.entries.get(&fingerprint) {
+            return Ok(entry.clone());
+        }
+        let entry = load()?;
+        state.loads += 1;
+        if state.entries.len() >= self.capacity {
+            if let Some(oldest) = state.order.pop_front() {
+                state.entries.remove(&oldest);
+            }
+        }
+        state.entries.insert(fingerprint, entry.clone());
+        state.order.push_back(fingerprint);
+        Ok(entry)
+    }
+
+    /// How many times an entry was loaded (cache misses that succeeded).
+    #[cfg(test)]
+    pub(crate) fn loads(&self) -> u64 {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .loads
+    }
+
+    /// Entries held now.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entries
+            .len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_loads_each_fingerprint_once_and_evicts_the_oldest() {
+        let cache = ProgramCache::new(2);
+        let loaded = |value: u32| move || Ok(value);
+        assert_eq!(cache.get_or_load([1; 16], loaded(1)), Ok(1));
+        assert_eq!(cache.get_or_load([1; 16], loaded(99)), Ok(1));
+        assert_eq!(cache.loads(), 1);
+        assert_eq!(cache.get_or_load([2; 16], loaded(2)), Ok(2));
+        assert_eq!(cache.get_or_load([3; 16], loaded(3)), Ok(3));
+        assert_eq!((cache.loads(), cache.len()), (3, 2));
+        // [1] was the oldest: it is loaded again.
+        assert_eq!(cache.get_or_load([1; 16], loaded(10)), Ok(10));
+        assert_eq!(cache.get_or_load([3; 16], loaded(99)), Ok(3));
+        assert_eq!(cache.loads(), 4);
+    }
+
+    #[test]
+    fn failed_loads_are_not_cached() {
+        let cache: ProgramCache<u32> = ProgramCache::new(4);
+        let error = GpuError::NotAvailable(String::from("no PTX"));
+        assert_eq!(
+            cache.get_or_load([7; 16], || Err(error.clone())),
+            Err(error)
+        );
+        assert_eq!((cache.loads(), cache.len()), (0, 0));
+        assert_eq!(cache.get_or_load([7; 16], || Ok(5)), Ok(5));
+        assert_eq!(cache.loads(), 1);
+    }
+}
