@@ -61,6 +61,7 @@
 //! ```
 
 mod blueprint;
+mod cache;
 mod contract;
 mod cpu;
 mod emit;
@@ -73,6 +74,7 @@ pub use blueprint::{
     Blueprint, BlueprintKind, Conv2dParams, Dtype, ElementwiseOp, MatmulTile, ReduceOp,
     MAX_DESCRIPTOR_LEN,
 };
+pub use cache::{CacheKey, CompiledKernel, KernelCache, KernelCacheConfig, KernelCacheMetrics};
 pub use contract::{conv2d_output_size, Param, ParamKind, Shape, BLOCK_1D};
 pub use emit::EMITTER_VERSION;
 pub use error::JitError;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tensor_wasm_gpu::{GpuError, KernelArg, KernelProgram, LaunchConfig};
 
-use crate::{Blueprint, Fingerprint, JitError, PtxTarget};
+use crate::{Blueprint, CacheKey, CompiledKernel, Fingerprint, JitError, KernelCache, PtxTarget};
 
 /// A blueprint ready to hand to `Backend::load_program`: it carries its canonical name and
 /// target-independent fingerprint, and emits PTX for whichever device asks.
@@ -16,6 +16,7 @@ pub struct CompiledBlueprint {
     blueprint: Blueprint,
     name: String,
     fingerprint: Fingerprint,
+    cache: Option<Arc<KernelCache>>,
 }
 
 impl CompiledBlueprint {
@@ -25,6 +26,16 @@ impl CompiledBlueprint {
             name: blueprint.descriptor(),
             fingerprint: Fingerprint::of_program(&blueprint),
             blueprint,
+            cache: None,
+        }
+    }
+
+    /// Wraps `blueprint`, emitting its PTX through `cache` (one emission per
+    /// device target, kept in memory and on disk).
+    pub fn with_cache(blueprint: Blueprint, cache: Arc<KernelCache>) -> Self {
+        Self {
+            cache: Some(cache),
+            ..Self::new(blueprint)
         }
     }
 
@@ -75,8 +86,24 @@ impl KernelProgram for CompiledBlueprint {
         driver_version: i32,
     ) -> Result<(Arc<str>, String), GpuError> {
         let target = PtxTarget::for_device(compute_capability, driver_version)?;
-        let ptx = self.blueprint.emit_ptx(&target);
-        Ok((Arc::from(ptx), self.blueprint.entry_name()))
+        let emit = || CompiledKernel {
+            ptx: Arc::from(self.blueprint.emit_ptx(&target)),
+            entry: Arc::from(self.blueprint.entry_name()),
+            cubin: None,
+        };
+        let Some(cache) = &self.cache else {
+            let kernel = emit();
+            return Ok((kernel.ptx, kernel.entry.to_string()));
+        };
+        let key = CacheKey {
+            fingerprint: self.fingerprint.0,
+            arch: compute_capability,
+            driver_version,
+        };
+        let kernel = cache
+            .get_or_compile(&key, || Ok(emit()))
+            .map_err(GpuError::InvalidArgument)?;
+        Ok((kernel.ptx.clone(), kernel.entry.to_string()))
     }
 }
 
@@ -128,5 +155,35 @@ mod tests {
         memory[16..20].copy_from_slice(&2.25f32.to_le_bytes());
         program.run_cpu(&config, &args, &mut memory).unwrap();
         assert_eq!(memory[32..36], 3.75f32.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+    use crate::{KernelCacheConfig, KernelCacheMetrics};
+
+    #[test]
+    fn ptx_goes_through_the_cache_once_per_target() {
+        let cache = Arc::new(
+            KernelCache::new(
+                KernelCacheConfig::default(),
+                KernelCacheMetrics::unregistered().unwrap(),
+            )
+            .unwrap(),
+        );
+        let blueprint = Blueprint::parse("matmul[16x16x16]").unwrap();
+        let program = CompiledBlueprint::with_cache(blueprint.clone(), cache.clone());
+        let (first, entry) = program.ptx((9, 0), 13000).unwrap();
+        let (again, _) = program.ptx((9, 0), 13000).unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "the second call is a cache hit"
+        );
+        assert_eq!(entry, blueprint.entry_name());
+        program.ptx((8, 0), 13000).unwrap();
+        assert_eq!(cache.len(), 2);
+        assert_eq!(cache.metrics().compile_seconds.get_sample_count(), 2);
+        assert_eq!(cache.metrics().hits.get(), 1);
     }
 }
