@@ -173,7 +173,7 @@ mod cache_tests {
             .unwrap(),
         );
         let blueprint = Blueprint::parse("matmul[16x16x16]").unwrap();
-        let program = CompiledBlueprint::with_cache(blueprint.clone(), cache.clone());
+        let program = CompiledBlueprint::with_cache(blueprint, cache.clone());
         let (first, entry) = program.ptx((9, 0), 13000).unwrap();
         let (again, _) = program.ptx((9, 0), 13000).unwrap();
         assert!(
