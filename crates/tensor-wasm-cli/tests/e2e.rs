@@ -567,6 +567,22 @@ fn guests_launch_kernels_end_to_end_on_the_cpu_backend() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(json_of(&out.stdout)["mismatches"], 0);
+
+    // Every JIT blueprint family through HTTP -> guest -> wasi:cuda -> dispatcher -> backend.
+    let blueprints = server.deploy(&c_guest("blueprints"), "name=blueprints&style=wasi");
+    for scale in ["1", "37", "100"] {
+        let (status, out, exit) = server.post(
+            &format!("/functions/{blueprints}/invoke"),
+            "text/plain",
+            scale.as_bytes(),
+        );
+        assert_eq!(status, 200);
+        let result = json_of(&out);
+        let families = result.as_object().unwrap_or_else(|| panic!("{result}"));
+        assert_eq!(families.len(), 5, "{result}");
+        assert!(families.values().all(|v| v == 0), "scale {scale}: {result}");
+        assert_eq!(exit.as_deref(), Some("0"));
+    }
     server.terminate();
 
     // The same with unified guest memory (host-backed here).

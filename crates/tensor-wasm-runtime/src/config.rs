@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tensor_wasm_dispatch::DispatchConfig;
 use tensor_wasm_gpu::{open_backend, Backend, DeviceChoice};
+use tensor_wasm_jit::KernelCacheConfig;
 
 /// Where guest linear memory lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,9 +51,12 @@ pub struct RuntimeConfig {
     pub guest_memory: GuestMemory,
     /// Concurrency cap and wait queue of kernel launches.
     pub dispatch: DispatchConfig,
-    /// Whether functions may be granted the raw-PTX capability at deploy.
-    /// Raw PTX can address any device memory: grant it to trusted tenants only.
+    /// Whether functions may be granted the raw-kernel capability (`raw_ptx`:
+    /// tenant PTX and CUDA C++) at deploy. Such kernels can address any device
+    /// memory: grant it to trusted tenants only.
     pub allow_raw_ptx: bool,
+    /// Bounds of the compiled-kernel cache (its directory is `<data_dir>/kernels`).
+    pub kernel_cache: KernelCacheConfig,
 }
 
 impl RuntimeConfig {
@@ -74,6 +78,7 @@ impl RuntimeConfig {
             guest_memory: GuestMemory::Pooled,
             dispatch: DispatchConfig::default(),
             allow_raw_ptx: false,
+            kernel_cache: KernelCacheConfig::default(),
         }
     }
 

@@ -1,20 +1,124 @@
 //! Host side of the `wasi:cuda` ABI: per-instance kernel handles and the
 //! linker functions guests import (see [`crate::abi`] for the contract).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
 
+use sha2::{Digest, Sha256};
 use tensor_wasm_dispatch::{DispatchError, KernelDispatcher};
-use tensor_wasm_gpu::{Backend, BuiltinKernel, GpuError, Kernel, LaunchConfig};
+use tensor_wasm_gpu::{Backend, BuiltinKernel, Device, GpuError, Kernel, LaunchConfig};
+use tensor_wasm_jit::{Blueprint, CacheKey, CompiledBlueprint, CompiledKernel, KernelCache};
 use wasmtime::{Caller, Extern, Linker};
 
 use crate::abi::{self, code, AbiError};
 use crate::runtime::InvocationState;
 
-/// What every instance shares: the backend and the dispatcher.
+/// What every instance shares: the backend, the dispatcher and compiled kernels.
+///
+/// Sharing rule: kernels are shared across all instances of all functions
+/// only when they are identical and read-only — blueprint kernels (generated
+/// code keyed by the blueprint's fingerprint) and compiled CUDA C++ (keyed by
+/// the fingerprint of source, entry, options and architecture). A kernel
+/// holds no data: buffers are per launch, inside the launching instance's
+/// memory. Kernel *handles* are per instance.
 #[derive(Debug)]
 pub(crate) struct GpuShared {
     pub backend: Arc<dyn Backend>,
     pub dispatcher: KernelDispatcher,
+    cache: Arc<KernelCache>,
+    /// Loaded blueprint kernels by canonical descriptor.
+    blueprints: RwLock<HashMap<String, Kernel>>,
+}
+
+impl GpuShared {
+    pub(crate) fn new(
+        backend: Arc<dyn Backend>,
+        dispatcher: KernelDispatcher,
+        cache: Arc<KernelCache>,
+    ) -> Self {
+        GpuShared {
+            backend,
+            dispatcher,
+            cache,
+            blueprints: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// A kernel for `descriptor`: a built-in, or a JIT blueprint (parsed,
+    /// emitted through the kernel cache on CUDA, loaded once per process).
+    fn blueprint_kernel(&self, descriptor: &str) -> Result<Kernel, Failure> {
+        if let Some(builtin) = BuiltinKernel::from_descriptor(descriptor) {
+            return Ok(self.backend.load_builtin(builtin)?);
+        }
+        let blueprint = Blueprint::parse(descriptor).map_err(|e| {
+            AbiError::new(
+                code::INVALID_ARGUMENT,
+                format!("blueprint `{descriptor}`: {e}"),
+            )
+        })?;
+        let canonical = blueprint.descriptor();
+        let loaded = self
+            .blueprints
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&canonical)
+            .cloned();
+        if let Some(kernel) = loaded {
+            return Ok(kernel);
+        }
+        let program = CompiledBlueprint::with_cache(blueprint, self.cache.clone());
+        let kernel = self.backend.load_program(Arc::new(program))?;
+        self.blueprints
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(canonical, kernel.clone());
+        Ok(kernel)
+    }
+
+    /// A kernel from tenant CUDA C++: compiled by NVRTC for the device's exact
+    /// architecture (once per source, entry and architecture, through the
+    /// kernel cache, on disk too) and loaded as cubin.
+    fn cuda_kernel(&self, source: &str, entry: &str) -> Result<Kernel, Failure> {
+        let Device::Cuda(info) = self.backend.device() else {
+            return Err(AbiError::new(
+                code::NOT_AVAILABLE,
+                "CUDA C++ kernels need a CUDA device; this host runs the CPU backend",
+            )
+            .into());
+        };
+        let arch = info.compute_capability;
+        let mut hasher = Sha256::new();
+        for part in [
+            b"tensor-wasm cuda c++ v1\0".as_slice(),
+            source.as_bytes(),
+            b"\0",
+            entry.as_bytes(),
+        ] {
+            hasher.update(part);
+        }
+        let digest = hasher.finalize();
+        let key = CacheKey {
+            fingerprint: digest[..16].try_into().expect("16 bytes"),
+            arch,
+            driver_version: info.driver_version,
+        };
+        let compiled = self.cache.get_or_compile(&key, || {
+            let binary =
+                tensor_wasm_gpu::compile_cuda(source, entry, arch).map_err(|e| e.to_string())?;
+            Ok(CompiledKernel {
+                ptx: binary.ptx.into(),
+                entry: entry.into(),
+                cubin: Some(binary.cubin.into()),
+            })
+        });
+        let compiled =
+            compiled.map_err(|message| AbiError::new(code::INVALID_ARGUMENT, message))?;
+        let cubin = compiled
+            .cubin
+            .as_ref()
+            .ok_or_else(|| AbiError::new(code::DEVICE_ERROR, "cached kernel has no cubin"))?;
+        Ok(self.backend.load_cubin(cubin, entry)?)
+    }
 }
 
 /// Per-instance state of a guest that imports `wasi:cuda`.
@@ -66,7 +170,7 @@ impl From<AbiError> for Failure {
 impl From<GpuError> for Failure {
     fn from(e: GpuError) -> Self {
         let code = match &e {
-            GpuError::InvalidArgument(_) => code::INVALID_ARGUMENT,
+            GpuError::InvalidArgument(_) | GpuError::Compile { .. } => code::INVALID_ARGUMENT,
             GpuError::NotAvailable(_) => code::NOT_AVAILABLE,
             _ => code::DEVICE_ERROR,
         };
@@ -110,16 +214,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
         |mut caller: Caller<'_, InvocationState>, ptr: i32, len: i32| {
             with_gpu(&mut caller, |mem, gpu| {
                 let desc = abi::guest_str(mem, ptr, len, "descriptor")?;
-                let builtin = BuiltinKernel::from_descriptor(desc.trim()).ok_or_else(|| {
-                    AbiError::new(
-                        code::INVALID_ARGUMENT,
-                        format!(
-                            "unknown blueprint `{desc}`: built-in kernels are vector_add, scale, \
-                             matmul"
-                        ),
-                    )
-                })?;
-                let kernel = gpu.shared.backend.load_builtin(builtin)?;
+                let kernel = gpu.shared.blueprint_kernel(desc.trim())?;
                 gpu.add_kernel(kernel)
             })
         },
@@ -147,13 +242,20 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
     linker.func_wrap(
         abi::MODULE,
         "kernel_from_cuda",
-        |mut caller: Caller<'_, InvocationState>, _: i32, _: i32, _: i32, _: i32| {
-            with_gpu(&mut caller, |_, _| {
-                Err(AbiError::new(
-                    code::NOT_AVAILABLE,
-                    "CUDA C++ kernels (NVRTC) are not built yet; use a built-in blueprint",
-                )
-                .into())
+        |mut caller: Caller<'_, InvocationState>, ptr: i32, len: i32, eptr: i32, elen: i32| {
+            with_gpu(&mut caller, |mem, gpu| {
+                if !gpu.raw_ptx {
+                    return Err(AbiError::new(
+                        code::PERMISSION_DENIED,
+                        "CUDA C++ kernels are a capability this function was not granted (deploy \
+                         with raw_ptx=true on a server started with --allow-raw-ptx)",
+                    )
+                    .into());
+                }
+                let source = abi::guest_str(mem, ptr, len, "CUDA C++ source")?;
+                let entry = abi::guest_str(mem, eptr, elen, "entry name")?;
+                let kernel = gpu.shared.cuda_kernel(&source, &entry)?;
+                gpu.add_kernel(kernel)
             })
         },
     )?;

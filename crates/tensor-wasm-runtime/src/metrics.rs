@@ -5,6 +5,7 @@ use prometheus::{
     Registry,
 };
 use tensor_wasm_dispatch::DispatchMetrics;
+use tensor_wasm_jit::KernelCacheMetrics;
 
 /// How an invocation ended, as a metrics label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +61,8 @@ pub struct RuntimeMetrics {
     pub(crate) cached_modules: IntGauge,
     /// Metrics of the kernel dispatcher.
     pub dispatch: DispatchMetrics,
+    /// Metrics of the compiled-kernel cache.
+    pub kernel_cache: KernelCacheMetrics,
 }
 
 impl RuntimeMetrics {
@@ -110,6 +113,7 @@ impl RuntimeMetrics {
                 "Compiled modules held in memory.",
             )?,
             dispatch: DispatchMetrics::register(registry)?,
+            kernel_cache: KernelCacheMetrics::register(registry)?,
         };
         registry.register(Box::new(metrics.invocations.clone()))?;
         registry.register(Box::new(metrics.invocation_seconds.clone()))?;

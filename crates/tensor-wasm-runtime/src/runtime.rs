@@ -15,6 +15,7 @@ use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
 
 use tensor_wasm_dispatch::{DispatchError, KernelDispatcher};
 use tensor_wasm_gpu::Device;
+use tensor_wasm_jit::{KernelCache, KernelCacheConfig};
 use tensor_wasm_mem::TensorWasmMemoryCreator;
 
 use crate::config::RuntimeConfig;
@@ -249,13 +250,20 @@ impl Runtime {
         .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         crate::guest_gpu::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
-        let gpu = Arc::new(GpuShared {
-            backend: config.backend.clone(),
-            dispatcher: KernelDispatcher::with_metrics(
-                config.dispatch.clone(),
-                metrics.dispatch.clone(),
-            ),
-        });
+        let kernel_dir = config.data_dir.join("kernels");
+        let kernel_cache = KernelCache::new(
+            KernelCacheConfig {
+                dir: Some(kernel_dir.clone()),
+                ..config.kernel_cache.clone()
+            },
+            metrics.kernel_cache.clone(),
+        )
+        .map_err(|e| RuntimeError::storage(&kernel_dir, e))?;
+        let gpu = Arc::new(GpuShared::new(
+            config.backend.clone(),
+            KernelDispatcher::with_metrics(config.dispatch.clone(), metrics.dispatch.clone()),
+            Arc::new(kernel_cache),
+        ));
         tracing::info!(
             device = %config.backend.device(),
             unified_memory = parts.memory_creator.is_some(),

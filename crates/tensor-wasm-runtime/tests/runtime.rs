@@ -346,7 +346,7 @@ mod kernels {
                 .unwrap()
         };
         assert_eq!(call("ptx"), i64::from(abi::code::PERMISSION_DENIED));
-        assert_eq!(call("cuda"), i64::from(abi::code::NOT_AVAILABLE));
+        assert_eq!(call("cuda"), i64::from(abi::code::PERMISSION_DENIED));
         assert_eq!(
             call("unknown_blueprint"),
             i64::from(abi::code::INVALID_ARGUMENT)
@@ -374,6 +374,74 @@ mod kernels {
             vec![json!(abi::code::NOT_AVAILABLE)],
             "raw PTX needs a CUDA device"
         );
+        let got = rt.invoke_export(&f.record.id, "cuda", &[]).unwrap();
+        assert_eq!(
+            got,
+            vec![json!(abi::code::NOT_AVAILABLE)],
+            "CUDA C++ needs a CUDA device"
+        );
+    }
+
+    /// A JIT blueprint launched with buffers too small for its shape is refused
+    /// before launch; a well-formed launch computes the right values.
+    const BLUEPRINT_GUEST: &str = r#"(module
+      (import "wasi:cuda" "kernel_from_blueprint" (func $bp (param i32 i32) (result i32)))
+      (import "wasi:cuda" "launch" (func $launch (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
+      (memory (export "memory") 1)
+      (data (i32.const 0) "elementwise[relu]:f32")
+      (data (i32.const 32) "matmul[16x16x16]")
+      (data (i32.const 64) "nonsense[1]")
+      (func $record (param $at i32) (param $tag i32) (param $aux i32) (param $value i64)
+        (i32.store (local.get $at) (local.get $tag))
+        (i32.store offset=4 (local.get $at) (local.get $aux))
+        (i64.store offset=8 (local.get $at) (local.get $value)))
+      (func (export "relu") (result f32)
+        (local $k i32) (local $rc i32)
+        (f32.store (i32.const 1024) (f32.const -1))
+        (f32.store (i32.const 1028) (f32.const 2))
+        (f32.store (i32.const 1032) (f32.const -3))
+        (f32.store (i32.const 1036) (f32.const 4))
+        (local.set $k (call $bp (i32.const 0) (i32.const 21)))
+        (call $record (i32.const 256) (i32.const 7) (i32.const 16) (i64.const 1024))
+        (call $record (i32.const 272) (i32.const 7) (i32.const 16) (i64.const 2048))
+        (call $record (i32.const 288) (i32.const 2) (i32.const 0) (i64.const 4))
+        (local.set $rc (call $launch (local.get $k) (i32.const 1) (i32.const 1) (i32.const 1)
+          (i32.const 256) (i32.const 1) (i32.const 1) (i32.const 0) (i32.const 256) (i32.const 48)))
+        (if (i32.lt_s (local.get $rc) (i32.const 0)) (then (return (f32.convert_i32_s (local.get $rc)))))
+        (f32.add (f32.add (f32.load (i32.const 2048)) (f32.load (i32.const 2052)))
+                 (f32.add (f32.load (i32.const 2056)) (f32.load (i32.const 2060)))))
+      (func (export "too_small") (result i32)
+        (local $k i32)
+        (local.set $k (call $bp (i32.const 32) (i32.const 16)))
+        (call $record (i32.const 256) (i32.const 7) (i32.const 16) (i64.const 1024))
+        (call $record (i32.const 272) (i32.const 7) (i32.const 16) (i64.const 2048))
+        (call $record (i32.const 288) (i32.const 7) (i32.const 16) (i64.const 3072))
+        (call $record (i32.const 304) (i32.const 2) (i32.const 0) (i64.const 32))
+        (call $record (i32.const 320) (i32.const 2) (i32.const 0) (i64.const 32))
+        (call $record (i32.const 336) (i32.const 2) (i32.const 0) (i64.const 32))
+        (call $launch (local.get $k) (i32.const 2) (i32.const 2) (i32.const 1)
+          (i32.const 16) (i32.const 16) (i32.const 1) (i32.const 0) (i32.const 256) (i32.const 96)))
+      (func (export "unknown") (result i32) (call $bp (i32.const 64) (i32.const 11))))"#;
+
+    #[test]
+    fn jit_blueprints_run_and_are_bounds_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = open(dir.path());
+        let f = rt
+            .deploy(BLUEPRINT_GUEST.as_bytes(), DeploySpec::export("bp"))
+            .unwrap();
+        let id = &f.record.id;
+        assert_eq!(rt.invoke_export(id, "relu", &[]).unwrap(), vec![json!(6.0)]);
+        assert_eq!(
+            rt.invoke_export(id, "too_small", &[]).unwrap(),
+            vec![json!(abi::code::INVALID_ARGUMENT)]
+        );
+        assert_eq!(
+            rt.invoke_export(id, "unknown", &[]).unwrap(),
+            vec![json!(abi::code::INVALID_ARGUMENT)]
+        );
+        // The second invocation reuses the blueprint loaded by the first.
+        assert_eq!(rt.invoke_export(id, "relu", &[]).unwrap(), vec![json!(6.0)]);
     }
 
     #[test]
