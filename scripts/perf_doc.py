@@ -24,6 +24,10 @@ INVENTORY = [
     ("dispatch/serial/<N>", "tensor-wasm-bench", "benches/kernel_dispatch.rs", "N dispatches one after another: permit acquire + release + future poll", "dispatches/s"),
     ("dispatch/concurrent_cap64/<N>", "tensor-wasm-bench", "benches/kernel_dispatch.rs", "N dispatches from 4 threads through a cap-64 dispatcher", "dispatches/s"),
     ("memory_bandwidth/sequential/<bytes>", "tensor-wasm-bench", "benches/memory_bandwidth.rs", "copy_from_slice into a GuardedHostBuffer, with a Vec memcpy peer", "bytes/s"),
+    ("jit_compile/emit_text/<kernel>", "tensor-wasm-bench", "benches/jit_compile.rs", "PTX text emission of vector_add[4], vector_add[16], matmul[16x16x16], conv2d[3x3]", "kernels/s"),
+    ("jit_compile/fingerprint/matmul_16x16x16", "tensor-wasm-bench", "benches/jit_compile.rs", "fingerprint of one blueprint + target", "hashes/s"),
+    ("jit_compile/cache/cold_miss_then_insert", "tensor-wasm-bench", "benches/jit_compile.rs", "KernelCache miss: emit + insert + get on a fresh cache (built outside the timing)", "kernels/s"),
+    ("jit_compile/cache/warm_hit", "tensor-wasm-bench", "benches/jit_compile.rs", "KernelCache::get of a present kernel", "lookups/s"),
     ("memory_bandwidth/strided/<bytes>", "tensor-wasm-bench", "benches/memory_bandwidth.rs", "64-byte copies at a 4096-byte stride over a GuardedHostBuffer, with a Vec peer", "bytes/s"),
 ]
 
