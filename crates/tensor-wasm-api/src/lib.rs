@@ -1,24 +1,31 @@
 //! The HTTP API of TensorWasm: an axum [`Router`] over a
-//! [`tensor_wasm_runtime::Runtime`], with stable JSON errors, a body limit,
-//! request ids, Prometheus metrics and an OpenAPI document.
+//! [`tensor_wasm_runtime::Runtime`], with bearer-token authentication and
+//! per-tenant quotas, stable JSON errors, a body limit, request ids,
+//! Prometheus metrics and an OpenAPI document.
 //!
 //! ```no_run
 //! # async fn serve() -> anyhow::Result<()> {
 //! use std::sync::Arc;
-//! use tensor_wasm_api::{router, ApiConfig, AppState};
+//! use tensor_wasm_api::{router, ApiConfig, AppState, AuthMode};
 //! use tensor_wasm_runtime::{FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
+//! use tensor_wasm_tenant::{FsTenantStore, TenantMetrics, TenantRegistry};
 //!
 //! let registry = prometheus::Registry::new();
 //! let store = Arc::new(FsFunctionStore::open("./tensor-wasm-data")?);
 //! let metrics = RuntimeMetrics::register(&registry)?;
 //! let runtime = Runtime::open(RuntimeConfig::new("./tensor-wasm-data"), store, metrics)?;
-//! let state = AppState::new(runtime, registry, ApiConfig::default())?;
+//! let tenants = Arc::new(TenantRegistry::open(
+//!     Arc::new(FsTenantStore::open("./tensor-wasm-data")?),
+//!     TenantMetrics::register(&registry)?,
+//! )?);
+//! let state = AppState::new(runtime, registry, ApiConfig::default(), tenants, AuthMode::Enforced)?;
 //! state.set_ready(true);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! axum::serve(listener, router(state)).await?;
 //! # Ok(()) }
 //! ```
 
+mod auth;
 mod error;
 mod metrics;
 mod openapi;
@@ -30,23 +37,40 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use prometheus::Registry;
 use tensor_wasm_runtime::Runtime;
+use tensor_wasm_tenant::{MemoryTenantStore, TenantMetrics, TenantRegistry};
 use tokio::sync::Semaphore;
 
+pub use auth::{AuthMode, Caller};
 pub use error::{ApiError, ERROR_CODES};
 pub use metrics::HttpMetrics;
 pub use openapi::OPENAPI_JSON;
 
 /// Settings of the HTTP layer.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ApiConfig {
     /// Largest request body accepted (413 above).
     pub max_body_bytes: usize,
-    /// How long an invocation may wait for a free instance slot before `503 busy`.
+    /// How long an invocation may wait for a free instance slot before `429 busy`.
     pub queue_timeout: Duration,
+    /// A token that may read `/metrics` (besides the admin token).
+    pub metrics_token: Option<String>,
+}
+
+impl std::fmt::Debug for ApiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiConfig")
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("queue_timeout", &self.queue_timeout)
+            .field(
+                "metrics_token",
+                &self.metrics_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
 }
 
 impl Default for ApiConfig {
@@ -54,6 +78,7 @@ impl Default for ApiConfig {
         ApiConfig {
             max_body_bytes: 64 << 20,
             queue_timeout: Duration::from_secs(10),
+            metrics_token: None,
         }
     }
 }
@@ -66,6 +91,9 @@ pub struct AppState {
 
 struct StateInner {
     runtime: Runtime,
+    tenants: Arc<TenantRegistry>,
+    auth: AuthMode,
+    metrics_token: Option<String>,
     registry: Registry,
     http: HttpMetrics,
     slots: Arc<Semaphore>,
@@ -75,18 +103,25 @@ struct StateInner {
 }
 
 impl AppState {
-    /// State over `runtime`; HTTP metrics are registered in `registry`, which
-    /// `/metrics` serves. Starts not ready (see [`AppState::set_ready`]).
+    /// State over `runtime` and `tenants`; HTTP metrics are registered in
+    /// `registry`, which `/metrics` serves. Starts not ready (see
+    /// [`AppState::set_ready`]).
     pub fn new(
         runtime: Runtime,
         registry: Registry,
         config: ApiConfig,
+        tenants: Arc<TenantRegistry>,
+        auth: AuthMode,
     ) -> prometheus::Result<Self> {
         let http = HttpMetrics::register(&registry)?;
         let slots = Arc::new(Semaphore::new(runtime.config().max_instances as usize));
+        let metrics_token = config.metrics_token.clone();
         Ok(AppState {
             inner: Arc::new(StateInner {
                 runtime,
+                tenants,
+                auth,
+                metrics_token,
                 registry,
                 http,
                 slots,
@@ -95,6 +130,35 @@ impl AppState {
                 config,
             }),
         })
+    }
+
+    /// A single-tenant state without authentication (every request is the
+    /// tenant `default`, with admin rights), over an in-memory tenant store:
+    /// for tests, benches and embedding. The server binary never uses it
+    /// unless started with `--insecure-no-auth`.
+    pub fn insecure_single_tenant(
+        runtime: Runtime,
+        registry: Registry,
+        config: ApiConfig,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        let tenants = Arc::new(TenantRegistry::open(
+            Arc::new(MemoryTenantStore::new()),
+            TenantMetrics::register(&registry)?,
+        )?);
+        tenants.bootstrap()?;
+        let default = default_tenant(&tenants).ok_or("bootstrap created no default tenant")?;
+        Ok(Self::new(
+            runtime,
+            registry,
+            config,
+            tenants,
+            AuthMode::Insecure(default),
+        )?)
+    }
+
+    /// The tenant registry.
+    pub fn tenants(&self) -> &Arc<TenantRegistry> {
+        &self.inner.tenants
     }
 
     /// Marks the service ready (or not) for `/readyz`.
@@ -108,12 +172,19 @@ impl AppState {
     }
 }
 
+/// The tenant named `default` (created by the registry's bootstrap), if any.
+pub fn default_tenant(tenants: &TenantRegistry) -> Option<Arc<tensor_wasm_tenant::Tenant>> {
+    let info = tenants
+        .list()
+        .into_iter()
+        .find(|t| t.name == tensor_wasm_tenant::DEFAULT_TENANT_NAME)?;
+    tenants.lookup(&info.id)
+}
+
 /// The full router with every route, fallback and layer.
 pub fn router(state: AppState) -> Router {
     let body_limit = state.inner.config.max_body_bytes;
-    Router::new()
-        .route("/healthz", get(routes::healthz))
-        .route("/readyz", get(routes::readyz))
+    let protected = Router::new()
         .route("/metrics", get(routes::metrics))
         .route("/openapi.json", get(openapi::serve))
         .route(
@@ -125,6 +196,29 @@ pub fn router(state: AppState) -> Router {
             get(routes::get_function).delete(routes::delete_function),
         )
         .route("/functions/{id}/invoke", post(routes::invoke))
+        .route(
+            "/tenants",
+            post(auth::create_tenant).get(auth::list_tenants),
+        )
+        .route(
+            "/tenants/{id}",
+            get(auth::get_tenant)
+                .patch(auth::update_tenant)
+                .delete(auth::delete_tenant),
+        )
+        .route("/tenants/{id}/tokens", post(auth::create_token))
+        .route(
+            "/tenants/{id}/tokens/{token_id}",
+            delete(auth::revoke_token),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ));
+    Router::new()
+        .route("/healthz", get(routes::healthz))
+        .route("/readyz", get(routes::readyz))
+        .merge(protected)
         .fallback(routes::route_not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))

@@ -7,14 +7,16 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 use tensor_wasm_runtime::{
     is_valid_function_id, CommandOutput, DeploySpec, InvocationStyle, Runtime, RuntimeError,
 };
+use tensor_wasm_tenant::{Resource, Tenant};
 
+use crate::auth::{quota_error, Caller};
 use crate::{ApiError, AppState};
 
 /// Longest stderr tail sent in the `x-stderr-tail` header (escaped).
@@ -35,7 +37,12 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Result<Json<Json_>,
     }
 }
 
-pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub(crate) async fn metrics(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, ApiError> {
+    // Metrics span every tenant: admin (or the metrics token) only.
+    caller.require_admin()?;
     let families = state.inner.registry.gather();
     let text = prometheus::TextEncoder::new()
         .encode_to_string(&families)
@@ -108,8 +115,9 @@ pub(crate) struct DeployOptions {
 }
 
 impl DeployOptions {
-    fn into_spec(self) -> DeploySpec {
+    fn into_spec(self, tenant: &str) -> DeploySpec {
         DeploySpec {
+            tenant: tenant.to_owned(),
             name: self.name.unwrap_or_else(|| "function".to_owned()),
             style: self.style.unwrap_or(InvocationStyle::Export),
             timeout_ms: self.timeout_ms,
@@ -143,6 +151,7 @@ struct DeployOptionsJson {
 
 pub(crate) async fn create_function(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<DeployOptions>, QueryRejection>,
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
@@ -187,9 +196,22 @@ pub(crate) async fn create_function(
             ))
         }
     };
+    let tenant = caller.tenant()?.clone();
+    tenant.check_rate().map_err(|e| quota_error(&tenant, e))?;
+    // A per-module size check: the guard holds nothing.
+    drop(
+        tenant
+            .acquire(Resource::ModuleBytes, module.len() as u64)
+            .map_err(|e| quota_error(&tenant, e))?,
+    );
+    let count = tenant
+        .acquire(Resource::Functions, 1)
+        .map_err(|e| quota_error(&tenant, e))?;
     let runtime = state.inner.runtime.clone();
-    let spec = options.into_spec();
+    let spec = options.into_spec(tenant.id());
     let info = blocking(move || runtime.deploy(&module, spec)).await?;
+    // Deployed: the function counts until it is deleted.
+    count.forget_into_usage();
     let location = format!("/functions/{}", info.record.id);
     Ok((
         StatusCode::CREATED,
@@ -199,23 +221,31 @@ pub(crate) async fn create_function(
         .into_response())
 }
 
-pub(crate) async fn list_functions(State(state): State<AppState>) -> Json<Json_> {
-    Json(json!({ "functions": state.inner.runtime.functions() }))
+pub(crate) async fn list_functions(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Json_>, ApiError> {
+    let tenant = caller.tenant()?;
+    Ok(Json(
+        json!({ "functions": state.inner.runtime.functions_of(tenant.id()) }),
+    ))
 }
 
-fn checked_id(id: &str) -> Result<(), ApiError> {
-    if is_valid_function_id(id) {
-        Ok(())
-    } else {
-        Err(RuntimeError::FunctionNotFound(id.to_owned()).into())
+/// The style of function `id` if `tenant` owns it; 404 otherwise (for
+/// malformed ids, unknown ids and other tenants' ids alike).
+fn owned(state: &AppState, tenant: &Tenant, id: &str) -> Result<InvocationStyle, ApiError> {
+    if !is_valid_function_id(id) {
+        return Err(RuntimeError::FunctionNotFound(id.to_owned()).into());
     }
+    Ok(state.inner.runtime.style_for(id, tenant.id())?)
 }
 
 pub(crate) async fn get_function(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    checked_id(&id)?;
+    owned(&state, caller.tenant()?, &id)?;
     let runtime = state.inner.runtime.clone();
     let info = blocking(move || runtime.function(&id)).await?;
     Ok(Json(info).into_response())
@@ -223,12 +253,15 @@ pub(crate) async fn get_function(
 
 pub(crate) async fn delete_function(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    checked_id(&id)?;
+    let tenant = caller.tenant()?.clone();
+    owned(&state, &tenant, &id)?;
     let runtime = state.inner.runtime.clone();
     let key = id.clone();
     if blocking(move || runtime.delete(&key)).await? {
+        tenant.release(Resource::Functions, 1);
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(RuntimeError::FunctionNotFound(id).into())
@@ -245,13 +278,28 @@ struct ExportCallRequest {
 
 pub(crate) async fn invoke(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    checked_id(&id)?;
+    let tenant = caller.tenant()?.clone();
+    let style = owned(&state, &tenant, &id)?;
     let runtime: Runtime = state.inner.runtime.clone();
-    let style = runtime.style(&id)?;
+    let quota = |e| quota_error(&tenant, e);
+    tenant.check_rate().map_err(quota)?;
+    // Released on every exit path: the guards move into the blocking task and
+    // drop when the guest has finished (trap, timeout or client gone alike).
+    let memory = runtime.memory_limit(&id)?;
+    let guards = (
+        tenant
+            .acquire(Resource::ConcurrentInvocations, 1)
+            .map_err(quota)?,
+        tenant.acquire(Resource::LiveInstances, 1).map_err(quota)?,
+        tenant
+            .acquire(Resource::GuestMemoryBytes, memory)
+            .map_err(quota)?,
+    );
     let bytes = body(bytes)?;
     let call = match style {
         InvocationStyle::Export => Some(parse_json::<ExportCallRequest>(&bytes)?),
@@ -263,7 +311,7 @@ pub(crate) async fn invoke(
     match call {
         Some(call) => {
             let results = blocking(move || {
-                let _permit = permit;
+                let _held = (permit, guards);
                 runtime.invoke_export(&id, &call.export, &call.args)
             })
             .await?;
@@ -272,7 +320,7 @@ pub(crate) async fn invoke(
         None => {
             let stdin = bytes.to_vec();
             let output = blocking(move || {
-                let _permit = permit;
+                let _held = (permit, guards);
                 runtime.invoke_command(&id, stdin)
             })
             .await?;

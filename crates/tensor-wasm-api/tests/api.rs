@@ -33,7 +33,7 @@ fn harness_full(tune: impl FnOnce(&mut RuntimeConfig), api: ApiConfig) -> Harnes
     let mut config = RuntimeConfig::for_tests(dir.path());
     tune(&mut config);
     let runtime = Runtime::open(config, store, metrics).unwrap();
-    let state = AppState::new(runtime.clone(), registry, api).unwrap();
+    let state = AppState::insecure_single_tenant(runtime.clone(), registry, api).unwrap();
     state.set_ready(true);
     Harness {
         _dir: dir,
@@ -169,7 +169,8 @@ async fn readyz_is_503_until_ready() {
     let store = Arc::new(FsFunctionStore::open(dir.path()).unwrap());
     let metrics = RuntimeMetrics::register(&registry).unwrap();
     let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics).unwrap();
-    let state = AppState::new(runtime.clone(), registry, ApiConfig::default()).unwrap();
+    let state =
+        AppState::insecure_single_tenant(runtime.clone(), registry, ApiConfig::default()).unwrap();
     let h = Harness {
         _dir: dir,
         app: router(state),
@@ -475,7 +476,14 @@ async fn openapi_document_matches_the_router() {
     let all = ["get", "post", "put", "delete", "patch"];
     let mut seen_routes = 0;
     for (path, item) in paths {
-        let uri = path.replace("{id}", UNKNOWN_ID);
+        let id = if path.starts_with("/tenants") {
+            "tn-0000000000000000"
+        } else {
+            UNKNOWN_ID
+        };
+        let uri = path
+            .replace("{id}", id)
+            .replace("{token_id}", "tk-000000000000");
         for method in all {
             let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
             let body = if method == "post" && path == "/functions" {
@@ -510,7 +518,7 @@ async fn openapi_document_matches_the_router() {
             }
         }
     }
-    assert_eq!(seen_routes, 9);
+    assert_eq!(seen_routes, 16);
 
     let mut spec_codes: Vec<String> = spec["components"]["schemas"]["Error"]["properties"]["error"]
         ["properties"]["code"]["enum"]

@@ -34,7 +34,8 @@ fn new_server() -> Server {
     let metrics = RuntimeMetrics::register(&registry).expect("runtime metrics");
     let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics)
         .expect("runtime starts");
-    let state = AppState::new(runtime, registry, ApiConfig::default()).expect("app state");
+    let state = AppState::insecure_single_tenant(runtime, registry, ApiConfig::default())
+        .expect("app state");
     state.set_ready(true);
     Server {
         app: router(state),

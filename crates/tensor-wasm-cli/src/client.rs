@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use serde_json::{json, Value};
 
-/// Where the server is.
+/// Where the server is, and the credentials to use.
 #[derive(Debug, Args)]
 pub struct ServerArg {
     /// Base URL of the server.
@@ -18,11 +18,39 @@ pub struct ServerArg {
         default_value = "http://127.0.0.1:8080"
     )]
     server: String,
+    /// Bearer token (a tenant token). Default: `tenant_token` of the credentials file.
+    #[arg(long, env = "TENSOR_WASM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Credentials file the server writes on first start (used when no token is given).
+    #[arg(
+        long,
+        env = "TENSOR_WASM_CREDENTIALS",
+        default_value = "./tensor-wasm-data/credentials.json"
+    )]
+    credentials: std::path::PathBuf,
 }
 
 impl ServerArg {
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.server.trim_end_matches('/'))
+    }
+
+    /// The token to send: `--token`, else the credentials file's tenant token.
+    fn token(&self) -> Option<String> {
+        if let Some(token) = &self.token {
+            return Some(token.clone());
+        }
+        let text = std::fs::read_to_string(&self.credentials).ok()?;
+        let value: Value = serde_json::from_str(&text).ok()?;
+        value["tenant_token"].as_str().map(str::to_owned)
+    }
+
+    fn request(&self, method: &str, path: &str) -> ureq::Request {
+        let request = ureq::request(method, &self.url(path));
+        match self.token() {
+            Some(token) => request.set("authorization", &format!("Bearer {token}")),
+            None => request,
+        }
     }
 }
 
@@ -78,7 +106,8 @@ pub fn deploy(server: &ServerArg, file: &Path, options: DeployOptions) -> anyhow
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "function".into())
     });
-    let mut request = ureq::post(&server.url("/functions"))
+    let mut request = server
+        .request("POST", "/functions")
         .set("content-type", "application/wasm")
         .query("name", &name)
         .query("style", &options.style);
@@ -108,13 +137,15 @@ pub fn invoke(
     export: Option<&str>,
     args: &[String],
 ) -> anyhow::Result<ExitCode> {
-    let url = server.url(&format!("/functions/{id}/invoke"));
+    let path = format!("/functions/{id}/invoke");
     if let Some(export) = export {
         let body = json!({
             "export": export,
             "args": args.iter().map(|a| parse_arg(a)).collect::<Vec<_>>(),
         });
-        let request = ureq::post(&url).set("content-type", "application/json");
+        let request = server
+            .request("POST", &path)
+            .set("content-type", "application/json");
         return print_json(send(request, Some(body.to_string().as_bytes()))?);
     }
     if !args.is_empty() {
@@ -124,7 +155,9 @@ pub fn invoke(
     std::io::stdin()
         .read_to_end(&mut stdin)
         .context("reading stdin")?;
-    let request = ureq::post(&url).set("content-type", "application/octet-stream");
+    let request = server
+        .request("POST", &path)
+        .set("content-type", "application/octet-stream");
     let response = send(request, Some(&stdin))?;
     let exit_code = response
         .header("x-exit-code")
@@ -145,11 +178,11 @@ pub fn invoke(
 }
 
 pub fn functions(server: &ServerArg) -> anyhow::Result<ExitCode> {
-    print_json(send(ureq::get(&server.url("/functions")), None)?)
+    print_json(send(server.request("GET", "/functions"), None)?)
 }
 
 pub fn delete(server: &ServerArg, id: &str) -> anyhow::Result<ExitCode> {
-    send(ureq::delete(&server.url(&format!("/functions/{id}"))), None)?;
+    send(server.request("DELETE", &format!("/functions/{id}")), None)?;
     println!("deleted {id}");
     Ok(ExitCode::SUCCESS)
 }

@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use tensor_wasm_api::{router, ApiConfig, AppState};
+use std::path::Path;
+
+use tensor_wasm_api::{default_tenant, router, ApiConfig, AppState, AuthMode};
 use tensor_wasm_dispatch::DispatchConfig;
 use tensor_wasm_gpu::{open_backend, DeviceChoice};
 use tensor_wasm_runtime::{FsFunctionStore, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics};
+use tensor_wasm_tenant::{FsTenantStore, Resource, TenantMetrics, TenantRegistry};
 
 /// Guest memory choice on the command line.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -97,6 +100,14 @@ pub struct ServeArgs {
     /// address any device memory: enable only when every deployer is trusted.
     #[arg(long, env = "TENSOR_WASM_ALLOW_RAW_PTX")]
     allow_raw_ptx: bool,
+    /// Serve without authentication: every request acts as the default tenant
+    /// and as admin. For local experiments only: refused unless listening on
+    /// a loopback address.
+    #[arg(long, env = "TENSOR_WASM_INSECURE_NO_AUTH")]
+    insecure_no_auth: bool,
+    /// A token that may read `/metrics` (besides the admin token), e.g. for Prometheus.
+    #[arg(long, env = "TENSOR_WASM_METRICS_TOKEN", hide_env_values = true)]
+    metrics_token: Option<String>,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, env = "TENSOR_WASM_SHUTDOWN_GRACE_S", default_value_t = 30)]
     shutdown_grace_s: u64,
@@ -159,11 +170,39 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = RuntimeMetrics::register(&registry)?;
     let runtime = Runtime::open(args.runtime_config()?, Arc::new(store), metrics)
         .context("starting the runtime")?;
+    if args.insecure_no_auth && !args.listen.ip().is_loopback() {
+        anyhow::bail!(
+            "--insecure-no-auth serves without authentication and is refused on the \
+             non-loopback address {}; listen on 127.0.0.1 or drop the flag",
+            args.listen
+        );
+    }
+    let tenant_store = FsTenantStore::open(&args.data_dir)
+        .with_context(|| format!("opening the tenant store in {}", args.data_dir.display()))?;
+    let tenants = Arc::new(
+        TenantRegistry::open(Arc::new(tenant_store), TenantMetrics::register(&registry)?)
+            .context("opening the tenant registry")?,
+    );
+    write_bootstrap_credentials(&tenants, &args.data_dir)?;
+    for tenant in tenants.list() {
+        if let Some(live) = tenants.lookup(&tenant.id) {
+            let owned = runtime.functions_of(&tenant.id).len() as u64;
+            live.set_usage(Resource::Functions, owned);
+        }
+    }
+    let auth = if args.insecure_no_auth {
+        tracing::warn!("serving WITHOUT authentication (--insecure-no-auth)");
+        let default = default_tenant(&tenants).context("no default tenant to act as")?;
+        AuthMode::Insecure(default)
+    } else {
+        AuthMode::Enforced
+    };
     let api = ApiConfig {
         max_body_bytes: args.max_body_bytes,
         queue_timeout: Duration::from_millis(args.queue_timeout_ms),
+        metrics_token: args.metrics_token.clone(),
     };
-    let state = AppState::new(runtime.clone(), registry, api)?;
+    let state = AppState::new(runtime.clone(), registry, api, tenants, auth)?;
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -208,6 +247,38 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Ok(joined) => joined.context("server task")?.context("serving")?,
         Err(_) => tracing::warn!("in-flight requests did not finish within the grace period"),
     }
+    Ok(())
+}
+
+/// On first start (no admin, no tenant), creates the admin token and the
+/// default tenant and writes their secrets to `<data_dir>/credentials.json`
+/// (mode 0600). The secrets exist nowhere else: the stores keep hashes.
+fn write_bootstrap_credentials(tenants: &TenantRegistry, data_dir: &Path) -> anyhow::Result<()> {
+    let path = data_dir.join("credentials.json");
+    let Some(boot) = tenants.bootstrap().context("bootstrapping tenants")? else {
+        if path.exists() {
+            tracing::info!(path = %path.display(), "credentials file");
+        }
+        return Ok(());
+    };
+    let body = serde_json::json!({
+        "admin_token": boot.admin_token,
+        "tenant_id": boot.tenant.id,
+        "tenant_token": boot.tenant_token,
+    });
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options
+        .open(&path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    std::io::Write::write_all(&mut file, format!("{body:#}\n").as_bytes())?;
+    file.sync_all()?;
+    tracing::info!(
+        path = %path.display(),
+        "first start: admin token and the default tenant's token written (mode 0600)"
+    );
     Ok(())
 }
 

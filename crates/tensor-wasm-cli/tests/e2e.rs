@@ -36,6 +36,9 @@ fn c_guest(name: &str) -> PathBuf {
 struct Server {
     child: Child,
     base: String,
+    data_dir: PathBuf,
+    /// The default tenant's token, from the credentials file of the first start.
+    token: String,
 }
 
 impl Server {
@@ -58,7 +61,18 @@ impl Server {
             .strip_prefix("tensor-wasm listening on ")
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .to_owned();
-        let server = Server { child, base };
+        let credentials: Value = serde_json::from_str(
+            &std::fs::read_to_string(data_dir.join("credentials.json"))
+                .expect("the server writes credentials.json on first start"),
+        )
+        .unwrap();
+        let token = credentials["tenant_token"].as_str().unwrap().to_owned();
+        let server = Server {
+            child,
+            base,
+            data_dir: data_dir.to_owned(),
+            token,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         while server.get("/readyz").0 != 200 {
             assert!(Instant::now() < deadline, "server never became ready");
@@ -77,6 +91,39 @@ impl Server {
             .build()
     }
 
+    fn auth(&self) -> String {
+        format!("Bearer {}", self.token)
+    }
+
+    /// Lets the default tenant run `n` invocations at once (admin PATCH).
+    fn raise_quotas(&self, n: u64) {
+        let credentials: Value = serde_json::from_str(
+            &std::fs::read_to_string(self.data_dir.join("credentials.json")).unwrap(),
+        )
+        .unwrap();
+        let tenant = credentials["tenant_id"].as_str().unwrap();
+        let body = json!({"quotas": {
+            "max_concurrent_invocations": n,
+            "max_live_instances": n,
+            "max_guest_memory_bytes": n << 30,
+        }});
+        let (status, reply, _) = Self::reply(
+            Self::agent()
+                .request("PATCH", &self.url(&format!("/tenants/{tenant}")))
+                .set("authorization", &self.admin_auth())
+                .send_json(body),
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&reply));
+    }
+
+    fn admin_auth(&self) -> String {
+        let credentials: Value = serde_json::from_str(
+            &std::fs::read_to_string(self.data_dir.join("credentials.json")).unwrap(),
+        )
+        .unwrap();
+        format!("Bearer {}", credentials["admin_token"].as_str().unwrap())
+    }
+
     fn reply(result: Result<ureq::Response, ureq::Error>) -> (u16, Vec<u8>, Option<String>) {
         let response = match result {
             Ok(r) => r,
@@ -91,7 +138,17 @@ impl Server {
     }
 
     fn get(&self, path: &str) -> (u16, Vec<u8>) {
-        let (s, b, _) = Self::reply(Self::agent().get(&self.url(path)).call());
+        let auth = if path == "/metrics" {
+            self.admin_auth()
+        } else {
+            self.auth()
+        };
+        let (s, b, _) = Self::reply(
+            Self::agent()
+                .get(&self.url(path))
+                .set("authorization", &auth)
+                .call(),
+        );
         (s, b)
     }
 
@@ -100,6 +157,7 @@ impl Server {
             Self::agent()
                 .post(&self.url(path))
                 .set("content-type", ctype)
+                .set("authorization", &self.auth())
                 .send_bytes(body),
         )
     }
@@ -132,6 +190,10 @@ impl Server {
         let mut child = Command::new(BIN)
             .args(args)
             .env("TENSOR_WASM_SERVER", &self.base)
+            .env(
+                "TENSOR_WASM_CREDENTIALS",
+                self.data_dir.join("credentials.json"),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -389,6 +451,7 @@ fn sigkill_during_deploy_burst_loses_no_acknowledged_function() {
     let workers: Vec<_> = (0..4)
         .map(|w| {
             let (acked, stop, base) = (acked.clone(), stop.clone(), base.clone());
+            let auth = server.auth();
             std::thread::spawn(move || {
                 let mut n = 0u32;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -399,6 +462,7 @@ fn sigkill_during_deploy_burst_loses_no_acknowledged_function() {
                     );
                     n += 1;
                     let result = ureq::post(&format!("{base}/functions?name=burst"))
+                        .set("authorization", &auth)
                         .set("content-type", "application/wasm")
                         .timeout(Duration::from_secs(10))
                         .send_string(&wat);
@@ -465,12 +529,19 @@ fn two_hundred_concurrent_invocations_are_correct_and_isolated() {
     let server = Server::start(dir.path(), &[]);
     let calc = server.deploy(&examples().join("calc.wat"), "name=calc");
     let upper = server.deploy(&examples().join("upper.wat"), "name=upper&style=wasi");
+    server.raise_quotas(256);
     let base = Arc::new(server.base.clone());
+    let auth = Arc::new(server.auth());
     let barrier = Arc::new(std::sync::Barrier::new(200));
     let handles: Vec<_> = (0..200)
         .map(|i| {
-            let (base, barrier, calc, upper) =
-                (base.clone(), barrier.clone(), calc.clone(), upper.clone());
+            let (base, barrier, calc, upper, auth) = (
+                base.clone(),
+                barrier.clone(),
+                calc.clone(),
+                upper.clone(),
+                auth.clone(),
+            );
             std::thread::spawn(move || {
                 barrier.wait();
                 let agent = ureq::AgentBuilder::new()
@@ -480,6 +551,7 @@ fn two_hundred_concurrent_invocations_are_correct_and_isolated() {
                     0 => {
                         let r: Value = agent
                             .post(&format!("{base}/functions/{calc}/invoke"))
+                            .set("authorization", &auth)
                             .send_json(json!({"export": "add", "args": [i, 1000]}))
                             .unwrap()
                             .into_json()
@@ -489,6 +561,7 @@ fn two_hundred_concurrent_invocations_are_correct_and_isolated() {
                     1 => {
                         let r: Value = agent
                             .post(&format!("{base}/functions/{calc}/invoke"))
+                            .set("authorization", &auth)
                             .send_json(json!({"export": "bump"}))
                             .unwrap()
                             .into_json()
@@ -503,6 +576,7 @@ fn two_hundred_concurrent_invocations_are_correct_and_isolated() {
                         let text = format!("request {i}");
                         let r = agent
                             .post(&format!("{base}/functions/{upper}/invoke"))
+                            .set("authorization", &auth)
                             .send_string(&text)
                             .unwrap()
                             .into_string()

@@ -39,6 +39,8 @@ const MAX_MESSAGE: usize = 4096;
 /// What a deploy asks for; unset limits take the server defaults.
 #[derive(Debug, Clone)]
 pub struct DeploySpec {
+    /// Owning tenant (empty when tenants are not in use).
+    pub tenant: String,
     pub name: String,
     pub style: InvocationStyle,
     pub timeout_ms: Option<u64>,
@@ -52,6 +54,7 @@ impl DeploySpec {
     /// An export-call function with default limits.
     pub fn export(name: impl Into<String>) -> Self {
         DeploySpec {
+            tenant: String::new(),
             name: name.into(),
             style: InvocationStyle::Export,
             timeout_ms: None,
@@ -379,6 +382,28 @@ impl Runtime {
         Ok(self.entry(id)?.record.style)
     }
 
+    /// How function `id` is invoked, if `tenant` owns it; any other tenant
+    /// gets `FunctionNotFound`, so ids cannot be probed.
+    pub fn style_for(&self, id: &str, tenant: &str) -> Result<InvocationStyle> {
+        let entry = self.entry(id)?;
+        if entry.record.tenant != tenant {
+            return Err(RuntimeError::FunctionNotFound(id.to_owned()));
+        }
+        Ok(entry.record.style)
+    }
+
+    /// The memory limit of function `id` (what an invocation may hold).
+    pub fn memory_limit(&self, id: &str) -> Result<u64> {
+        Ok(self.entry(id)?.record.limits.memory_limit_bytes)
+    }
+
+    /// The functions `tenant` owns, oldest first.
+    pub fn functions_of(&self, tenant: &str) -> Vec<FunctionRecord> {
+        let mut records = self.functions();
+        records.retain(|r| r.tenant == tenant);
+        records
+    }
+
     fn entry(&self, id: &str) -> Result<Arc<FunctionEntry>> {
         self.inner
             .functions
@@ -418,6 +443,7 @@ impl Runtime {
         let record = FunctionRecord {
             format: RECORD_FORMAT,
             id: new_function_id(),
+            tenant: spec.tenant.clone(),
             name: name.to_owned(),
             style: spec.style,
             module_sha256: sha,

@@ -70,6 +70,9 @@ pub struct FunctionRecord {
     pub format: u32,
     /// Opaque id, `fn-` followed by 24 lowercase hex digits.
     pub id: String,
+    /// Owning tenant's id (empty for functions deployed without tenants).
+    #[serde(default)]
+    pub tenant: String,
     /// Human name given at deploy time.
     pub name: String,
     /// How the function is invoked.
@@ -313,6 +316,7 @@ mod tests {
         FunctionRecord {
             format: RECORD_FORMAT,
             id: id.into(),
+            tenant: "tn-0123456789abcdef".into(),
             name: "f".into(),
             style: InvocationStyle::Export,
             module_sha256: sha.into(),

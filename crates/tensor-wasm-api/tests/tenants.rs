@@ -1,0 +1,365 @@
+//! Tenants through the router with authentication enforced: the cross-tenant
+//! matrix, quotas and their release, the admin routes, tokens never stored in
+//! plain text.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use common::server;
+use serde_json::{json, Value};
+use tensor_wasm_tenant::Resource;
+use tower::ServiceExt;
+
+#[tokio::test]
+async fn cross_tenant_matrix_denies_everything_and_changes_nothing() {
+    let s = server();
+    let (a_id, a) = s.tenant("alpha", json!({})).await;
+    let (_, b) = s.tenant("beta", json!({})).await;
+    let r = s.deploy(&a, "calc.wat", "name=calc").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let f = r.json()["id"].as_str().unwrap().to_owned();
+
+    // A revoked token of A.
+    let r = s
+        .as_token(
+            &s.admin,
+            Method::POST,
+            &format!("/tenants/{a_id}/tokens"),
+            json!({"label": "old"}),
+        )
+        .await;
+    let revoked = r.json()["token"].as_str().unwrap().to_owned();
+    let revoked_id = r.json()["token_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        s.invoke(&revoked, &f, "add", json!([1, 1])).await.status,
+        StatusCode::OK
+    );
+    let r = s
+        .as_token(
+            &s.admin,
+            Method::DELETE,
+            &format!("/tenants/{a_id}/tokens/{revoked_id}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+
+    // B with its own token, on A's function: 404 everywhere, never 403.
+    let list = s.as_token(&b, Method::GET, "/functions", Value::Null).await;
+    assert_eq!(list.json()["functions"], json!([]));
+    for (method, uri, body) in [
+        (Method::GET, format!("/functions/{f}"), Value::Null),
+        (
+            Method::POST,
+            format!("/functions/{f}/invoke"),
+            json!({"export": "add", "args": [1, 2]}),
+        ),
+        (Method::DELETE, format!("/functions/{f}"), Value::Null),
+    ] {
+        let r = s.as_token(&b, method.clone(), &uri, body.clone()).await;
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (StatusCode::NOT_FOUND, "not_found"),
+            "{method} {uri}"
+        );
+        // No token, a revoked token, malformed headers: 401.
+        for auth in [
+            None,
+            Some(format!("Bearer {revoked}")),
+            Some("Basic abc".into()),
+            Some("Bearer".into()),
+            Some(format!("Bearer {a}x")),
+        ] {
+            let bytes = if body.is_null() {
+                vec![]
+            } else {
+                body.to_string().into_bytes()
+            };
+            let r = s
+                .send(
+                    method.clone(),
+                    &uri,
+                    auth.as_deref(),
+                    "application/json",
+                    bytes,
+                )
+                .await;
+            assert_eq!(
+                r.status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {uri} with {auth:?}"
+            );
+            assert_eq!(r.code(), "unauthorized");
+            assert_eq!(r.headers[header::WWW_AUTHENTICATE], "Bearer");
+        }
+    }
+    // Tenants cannot administer tenants or read metrics.
+    for uri in ["/tenants", "/metrics"] {
+        let r = s.as_token(&b, Method::GET, uri, Value::Null).await;
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (StatusCode::FORBIDDEN, "forbidden"),
+            "{uri}"
+        );
+    }
+    // The admin token owns no functions.
+    let r = s
+        .as_token(&s.admin, Method::GET, "/functions", Value::Null)
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+
+    // A's function is unchanged and still A's.
+    assert_eq!(
+        s.invoke(&a, &f, "add", json!([2, 3])).await.json(),
+        json!({"results": [5]})
+    );
+    let list = s.as_token(&a, Method::GET, "/functions", Value::Null).await;
+    assert_eq!(list.json()["functions"].as_array().unwrap().len(), 1);
+    // Health needs no token.
+    assert_eq!(
+        s.send(Method::GET, "/healthz", None, "text/plain", vec![])
+            .await
+            .status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn quotas_refuse_with_the_documented_status_and_name_the_limit() {
+    let s = server();
+    let (_, t) = s
+        .tenant(
+            "small",
+            json!({"max_functions": 1, "max_module_bytes": 4096, "requests_per_second": 0}),
+        )
+        .await;
+    assert_eq!(
+        s.deploy(&t, "calc.wat", "name=one").await.status,
+        StatusCode::CREATED
+    );
+    let r = s.deploy(&t, "calc.wat", "name=two").await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::CONFLICT, "quota_count_exceeded")
+    );
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_functions"));
+    let big = vec![b' '; 8192];
+    let r = s
+        .send(
+            Method::POST,
+            "/functions",
+            Some(&format!("Bearer {t}")),
+            "application/wasm",
+            big,
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::FORBIDDEN, "quota_size_exceeded")
+    );
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("4096"));
+
+    let (_, rate) = s
+        .tenant("rate", json!({"requests_per_second": 1, "burst": 2}))
+        .await;
+    let f = s.deploy(&rate, "calc.wat", "name=calc").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = s.invoke(&rate, &f, "add", json!([1, 1])).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = s.invoke(&rate, &f, "add", json!([1, 1])).await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, "rate_limited")
+    );
+    assert!(r.headers.contains_key(header::RETRY_AFTER));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_returns_to_zero_after_a_thousand_mixed_failures() {
+    let s = server();
+    let (id, t) = s
+        .tenant("mixed", json!({"max_concurrent_invocations": 64, "max_live_instances": 64, "requests_per_second": 0}))
+        .await;
+    let calc = s.deploy(&t, "calc.wat", "name=calc").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let spin = s
+        .deploy(&t, "loop.wat", "name=spin&timeout_ms=5")
+        .await
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let hog = s
+        .deploy(&t, "hog.wat", "name=hog&memory_limit_bytes=1048576")
+        .await
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let tenant = s.tenants.lookup(&id).unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..1000u32 {
+        let app = s.app.clone();
+        let (t, calc, spin, hog) = (t.clone(), calc.clone(), spin.clone(), hog.clone());
+        tasks.push(tokio::spawn(async move {
+            let (id, body) = match i % 5 {
+                0 => (calc, json!({"export": "div", "args": [1, 0]})), // trap
+                1 => (spin, json!({"export": "spin"})),                // timeout
+                2 => (hog, json!({"export": "grow"})),                 // memory limit
+                3 => (calc, json!({"export": "add", "args": ["x"]})),  // bad arguments
+                _ => (calc, json!({"export": "add", "args": [1, 2]})), // ok, but the client goes away
+            };
+            let req = Request::post(format!("/functions/{id}/invoke"))
+                .header(header::AUTHORIZATION, format!("Bearer {t}"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.to_string()))
+                .unwrap();
+            if i % 5 == 4 {
+                // A dropped connection: the request future is dropped mid-flight.
+                let _ = tokio::time::timeout(Duration::from_micros(50), app.oneshot(req)).await;
+            } else {
+                let status = app.oneshot(req).await.unwrap().status();
+                assert!(
+                    status.is_client_error() || status.is_server_error(),
+                    "{status}"
+                );
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for resource in [
+        Resource::ConcurrentInvocations,
+        Resource::LiveInstances,
+        Resource::GuestMemoryBytes,
+    ] {
+        while tenant.usage(resource) != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{resource:?} leaked: {}",
+                tenant.usage(resource)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(tenant.usage(Resource::Functions), 3);
+}
+
+#[tokio::test]
+async fn tokens_are_never_stored_in_plain_text() {
+    let s = server();
+    let (id, token) = s.tenant("secretive", json!({})).await;
+    let r = s
+        .as_token(
+            &s.admin,
+            Method::POST,
+            &format!("/tenants/{id}/tokens"),
+            json!({"label": "ci"}),
+        )
+        .await;
+    let second = r.json()["token"].as_str().unwrap().to_owned();
+    let listed = s
+        .as_token(
+            &s.admin,
+            Method::GET,
+            &format!("/tenants/{id}"),
+            Value::Null,
+        )
+        .await;
+    let listed = String::from_utf8(listed.body).unwrap();
+    for secret in [&token, &second, &s.admin] {
+        assert!(!listed.contains(secret.as_str()));
+        for entry in walk(s.dir.path()) {
+            let bytes = std::fs::read(&entry).unwrap();
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(
+                !text.contains(secret.as_str()),
+                "a token is stored in plain text in {}",
+                entry.display()
+            );
+        }
+    }
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn admin_routes_create_update_and_delete_tenants() {
+    let s = server();
+    let (id, token) = s.tenant("ops", json!({"max_functions": 5})).await;
+    let r = s
+        .as_token(
+            &s.admin,
+            Method::PATCH,
+            &format!("/tenants/{id}"),
+            json!({"quotas": {"max_functions": 7}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["quotas"]["max_functions"], 7);
+    let f = s.deploy(&token, "calc.wat", "name=calc").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = s
+        .as_token(
+            &s.admin,
+            Method::GET,
+            &format!("/tenants/{id}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(r.json()["usage"]["max_functions"], 1);
+    let r = s
+        .as_token(&s.admin, Method::POST, "/tenants", json!({"name": "ops"}))
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    let r = s
+        .as_token(
+            &s.admin,
+            Method::DELETE,
+            &format!("/tenants/{id}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    // Its token and its functions went with it.
+    let r = s.invoke(&token, &f, "add", json!([1, 1])).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let r = s
+        .as_token(
+            &s.admin,
+            Method::GET,
+            &format!("/tenants/{id}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+}
