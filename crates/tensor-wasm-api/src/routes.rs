@@ -299,6 +299,16 @@ pub(crate) async fn invoke(
         tenant
             .acquire(Resource::GuestMemoryBytes, memory)
             .map_err(quota)?,
+        // Guest memory is device memory too when it is CUDA managed memory.
+        if runtime.is_uvm_backed() {
+            Some(
+                tenant
+                    .acquire(Resource::GpuMemoryBytes, memory)
+                    .map_err(quota)?,
+            )
+        } else {
+            None
+        },
     );
     let bytes = body(bytes)?;
     let call = match style {

@@ -43,14 +43,18 @@ struct Server {
 
 impl Server {
     fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        Self::start_logging(data_dir, extra, "warn", Stdio::inherit())
+    }
+
+    fn start_logging(data_dir: &Path, extra: &[&str], log: &str, stderr: Stdio) -> Server {
         let mut child = Command::new(BIN)
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", log)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("starting tensor-wasm serve");
         let stdout = child.stdout.take().unwrap();
@@ -677,5 +681,106 @@ fn guests_launch_kernels_end_to_end_on_the_cpu_backend() {
         b"48 40 32",
     );
     assert_eq!(json_of(&out)["mismatches"], 0);
+    server.terminate();
+}
+
+#[test]
+fn tokens_never_reach_the_log_or_the_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("server.log");
+    let data = dir.path().join("data");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let server = Server::start_logging(&data, &[], "debug", Stdio::from(log));
+    // A second tenant and token through the admin API, then traffic with both.
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url("/tenants"))
+            .set("authorization", &server.admin_auth())
+            .send_json(json!({"name": "second"})),
+    );
+    assert_eq!(status, 201);
+    let second = json_of(&body)["token"].as_str().unwrap().to_owned();
+    let calc = server.deploy(&examples().join("calc.wat"), "name=calc");
+    assert_eq!(server.call(&calc, "add", json!([1, 2])).0, 200);
+    let (status, _, _) = Server::reply(
+        Server::agent()
+            .get(&server.url("/functions"))
+            .set("authorization", &format!("Bearer {second}"))
+            .call(),
+    );
+    assert_eq!(status, 200);
+    let (status, _, _) = Server::reply(
+        Server::agent()
+            .get(&server.url("/functions"))
+            .set("authorization", "Bearer twt_not-a-real-token")
+            .call(),
+    );
+    assert_eq!(status, 401);
+    let admin = server.admin_auth().trim_start_matches("Bearer ").to_owned();
+    let tenant = server.token.clone();
+    server.terminate();
+
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("request"), "debug logging was on: {log}");
+    for secret in [&admin, &tenant, &second, &"twt_not-a-real-token".to_owned()] {
+        assert!(!log.contains(secret.as_str()), "a token is in the log");
+        for file in walk(&data) {
+            // The bootstrap credentials file is the one place secrets are
+            // written, by design (mode 0600, for the operator).
+            if file.file_name().is_some_and(|n| n == "credentials.json") {
+                continue;
+            }
+            let bytes = std::fs::read(&file).unwrap();
+            assert!(
+                !String::from_utf8_lossy(&bytes).contains(secret.as_str()),
+                "a token is stored in plain text in {}",
+                file.display()
+            );
+        }
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(data.join("credentials.json"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[test]
+fn insecure_mode_is_refused_off_loopback_and_open_on_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--insecure-no-auth",
+            "--listen",
+            "0.0.0.0:0",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--insecure-no-auth"));
+
+    let server = Server::start(dir.path(), &["--insecure-no-auth"]);
+    let (status, _, _) = Server::reply(Server::agent().get(&server.url("/functions")).call());
+    assert_eq!(status, 200, "no token needed in insecure mode");
     server.terminate();
 }
