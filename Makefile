@@ -63,6 +63,6 @@ clean-data:
 ## bench-results/criterion/ (then run `make perf-doc`).
 bench-record:
 	@since=$$(date +%s); \
-	$(CARGO) bench -p tensor-wasm-bench --bench '*' -- --warm-up-time 1 --measurement-time 3 && \
+	$(CARGO) bench -p tensor-wasm-bench -p tensor-wasm-tenant --bench '*' -- --warm-up-time 1 --measurement-time 3 && \
 	SINCE=$$since python3 scripts/criterion_summary.py bench-results/criterion/$$(date -u +%F)-all.json \
-	  "make bench-record ($(CARGO) bench -p tensor-wasm-bench --bench '*' -- --warm-up-time 1 --measurement-time 3)"
+	  "make bench-record ($(CARGO) bench -p tensor-wasm-bench -p tensor-wasm-tenant --bench '*' -- --warm-up-time 1 --measurement-time 3)"

@@ -28,6 +28,8 @@ INVENTORY = [
     ("jit_compile/fingerprint/matmul_16x16x16", "tensor-wasm-bench", "benches/jit_compile.rs", "fingerprint of one blueprint + target", "hashes/s"),
     ("jit_compile/cache/cold_miss_then_insert", "tensor-wasm-bench", "benches/jit_compile.rs", "KernelCache miss: emit + insert + get on a fresh cache (built outside the timing)", "kernels/s"),
     ("jit_compile/cache/warm_hit", "tensor-wasm-bench", "benches/jit_compile.rs", "KernelCache::get of a present kernel", "lookups/s"),
+    ("tenant_registry/lookup/<N>", "tensor-wasm-tenant", "benches/context_switch.rs", "TenantRegistry::lookup of an existing id among N tenants", "lookups/s"),
+    ("tenant_registry/consume_release/256KiB", "tensor-wasm-tenant", "benches/context_switch.rs", "Tenant::acquire of 256 KiB guest memory + guard drop", "round trips/s"),
     ("memory_bandwidth/strided/<bytes>", "tensor-wasm-bench", "benches/memory_bandwidth.rs", "64-byte copies at a 4096-byte stride over a GuardedHostBuffer, with a Vec peer", "bytes/s"),
 ]
 
