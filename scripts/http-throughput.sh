@@ -89,8 +89,20 @@ for _ in $(seq 1 200); do
     sleep 0.05
 done
 curl -sf "http://$tw_addr/readyz" >/dev/null || { echo "tensor-wasm never became ready" >&2; exit 1; }
-deployed=$(curl -sf -H 'content-type: application/wasm' --data-binary @"$tmp/add.wat" \
-    "http://$tw_addr/functions?name=add")
+# The server wrote the default tenant's token on first start; the load
+# generator sends it to both servers (the minimal one ignores it), so both
+# parse the same request bytes.
+token=$(jq -r .tenant_token "$tmp/data/credentials.json")
+export LOADGEN_BEARER=$token
+# The default tenant's rate quota (1000 req/s) would cap the run: raise it
+# far above what the machine can do, keeping the token bucket on the path.
+admin=$(jq -r .admin_token "$tmp/data/credentials.json")
+tenant=$(jq -r .tenant_id "$tmp/data/credentials.json")
+curl -sf -X PATCH -H "Authorization: Bearer $admin" -H 'content-type: application/json' \
+    -d '{"quotas":{"requests_per_second":10000000,"burst":10000000}}' \
+    "http://$tw_addr/tenants/$tenant" >/dev/null
+deployed=$(curl -sf -H "Authorization: Bearer $token" -H 'content-type: application/wasm' \
+    --data-binary @"$tmp/add.wat" "http://$tw_addr/functions?name=add")
 fn_id=$(jq -r .id <<<"$deployed")
 tw_url="http://$tw_addr/functions/$fn_id/invoke"
 
@@ -102,7 +114,7 @@ min_url="http://$min_addr/functions/$fn_id/invoke"
 
 # Both must answer the same thing before anything is timed.
 for url in "$tw_url" "$min_url"; do
-    answer=$(curl -sf -H 'content-type: application/json' -d "$body" "$url")
+    answer=$(curl -sf -H "Authorization: Bearer $token" -H 'content-type: application/json' -d "$body" "$url")
     if [ "$(jq -c . <<<"$answer")" != '{"results":[3]}' ]; then
         echo "unexpected answer from $url: $answer" >&2
         exit 1

@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
@@ -89,36 +88,29 @@ fn bearer(req: &Request) -> Result<Option<&str>, &'static str> {
     Ok(Some(token.trim()))
 }
 
-/// Middleware on every protected route: resolves the caller or answers 401.
-pub(crate) async fn authenticate(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let caller = match &state.inner.auth {
-        AuthMode::Insecure(default) => Caller::Insecure(default.clone()),
-        AuthMode::Enforced => match bearer(&req) {
-            Err(message) => return unauthorized(message),
-            Ok(None) => return unauthorized("missing `Authorization: Bearer <token>`"),
-            Ok(Some(token)) => {
-                let metrics_token = state.inner.metrics_token.as_deref();
-                let is_metrics = req.uri().path() == "/metrics"
-                    && metrics_token
-                        .is_some_and(|m| constant_time_eq(m.as_bytes(), token.as_bytes()));
-                if is_metrics {
-                    Caller::Admin
-                } else {
-                    match state.inner.tenants.authenticate(token) {
-                        Some(Principal::Admin) => Caller::Admin,
-                        Some(Principal::Tenant(t)) => Caller::Tenant(t),
-                        None => return unauthorized("unknown or revoked token"),
-                    }
-                }
-            }
+/// Resolves the caller of a protected route, or the 401 response to send.
+/// Called by the `observe` middleware (one layer for request ids, auth and
+/// metrics keeps the per-request overhead down).
+pub(crate) fn caller_of(state: &AppState, req: &Request) -> Result<Caller, Response> {
+    let token = match &state.inner.auth {
+        AuthMode::Insecure(default) => return Ok(Caller::Insecure(default.clone())),
+        AuthMode::Enforced => match bearer(req) {
+            Err(message) => return Err(unauthorized(message)),
+            Ok(None) => return Err(unauthorized("missing `Authorization: Bearer <token>`")),
+            Ok(Some(token)) => token,
         },
     };
-    req.extensions_mut().insert(caller);
-    next.run(req).await
+    let metrics_token = state.inner.metrics_token.as_deref();
+    if req.uri().path() == "/metrics"
+        && metrics_token.is_some_and(|m| constant_time_eq(m.as_bytes(), token.as_bytes()))
+    {
+        return Ok(Caller::Admin);
+    }
+    match state.inner.tenants.authenticate(token) {
+        Some(Principal::Admin) => Ok(Caller::Admin),
+        Some(Principal::Tenant(t)) => Ok(Caller::Tenant(t)),
+        None => Err(unauthorized("unknown or revoked token")),
+    }
 }
 
 /// Maps a quota refusal to its status: rate and concurrency 429 with

@@ -210,11 +210,7 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/tenants/{id}/tokens/{token_id}",
             delete(auth::revoke_token),
-        )
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::authenticate,
-        ));
+        );
     Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/readyz", get(routes::readyz))

@@ -7,7 +7,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use prometheus::{exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
-use crate::{request_id, AppState};
+use crate::{auth, request_id, AppState};
 
 /// Handles to the HTTP metrics.
 #[derive(Clone, Debug)]
@@ -41,7 +41,8 @@ impl HttpMetrics {
 }
 
 /// The one middleware around every route: request id (kept or generated,
-/// echoed), metrics and the request log line. The route label is the matched
+/// echoed), authentication (every route but `/healthz` and `/readyz`),
+/// metrics and the request log line. The route label is the matched
 /// route template (`/functions/{id}`), never the raw path, so cardinality is
 /// bounded. Server errors log at WARN with the request id; everything else at
 /// DEBUG.
@@ -62,7 +63,19 @@ pub(crate) async fn observe(
     let route = req.extensions().get::<MatchedPath>().cloned();
     let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
     let method = req.method().clone();
-    let mut response = next.run(req).await;
+    // Every matched route but the health probes needs a caller.
+    let public = matches!(route, "/healthz" | "/readyz" | "unmatched");
+    let caller = if public {
+        Ok(())
+    } else {
+        auth::caller_of(&state, &req).map(|caller| {
+            req.extensions_mut().insert(caller);
+        })
+    };
+    let mut response = match caller {
+        Ok(()) => next.run(req).await,
+        Err(denied) => denied,
+    };
     let elapsed = start.elapsed();
     let status = response.status();
     let metrics = &state.inner.http;

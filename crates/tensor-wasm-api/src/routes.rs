@@ -284,13 +284,15 @@ pub(crate) async fn invoke(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?.clone();
-    let style = owned(&state, &tenant, &id)?;
+    if !is_valid_function_id(&id) {
+        return Err(RuntimeError::FunctionNotFound(id).into());
+    }
+    let (style, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
     let runtime: Runtime = state.inner.runtime.clone();
     let quota = |e| quota_error(&tenant, e);
     tenant.check_rate().map_err(quota)?;
     // Released on every exit path: the guards move into the blocking task and
     // drop when the guest has finished (trap, timeout or client gone alike).
-    let memory = runtime.memory_limit(&id)?;
     let guards = (
         tenant
             .acquire(Resource::ConcurrentInvocations, 1)

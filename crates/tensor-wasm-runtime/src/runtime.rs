@@ -392,9 +392,14 @@ impl Runtime {
         Ok(entry.record.style)
     }
 
-    /// The memory limit of function `id` (what an invocation may hold).
-    pub fn memory_limit(&self, id: &str) -> Result<u64> {
-        Ok(self.entry(id)?.record.limits.memory_limit_bytes)
+    /// Style and memory limit of function `id` if `tenant` owns it (one
+    /// lookup on the invocation path); `FunctionNotFound` otherwise.
+    pub fn invocation_of(&self, id: &str, tenant: &str) -> Result<(InvocationStyle, u64)> {
+        let entry = self.entry(id)?;
+        if entry.record.tenant != tenant {
+            return Err(RuntimeError::FunctionNotFound(id.to_owned()));
+        }
+        Ok((entry.record.style, entry.record.limits.memory_limit_bytes))
     }
 
     /// The functions `tenant` owns, oldest first.

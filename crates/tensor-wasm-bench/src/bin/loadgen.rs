@@ -13,7 +13,7 @@ use anyhow::{bail, Context as _};
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use serde_json::json;
@@ -43,6 +43,9 @@ struct Args {
     /// Content type of the body.
     #[arg(long, default_value = "application/json")]
     content_type: String,
+    /// Bearer token sent as `Authorization` on every request.
+    #[arg(long, env = "LOADGEN_BEARER", hide_env_values = true)]
+    bearer: Option<String>,
     /// Client threads (1 = a current-thread runtime, which leaves the most CPU to the server).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -55,6 +58,7 @@ struct Target {
     host: HeaderValue,
     path: Uri,
     content_type: HeaderValue,
+    authorization: Option<HeaderValue>,
     body: Bytes,
 }
 
@@ -83,6 +87,11 @@ fn target(args: &Args) -> anyhow::Result<Target> {
         host: HeaderValue::from_str(authority.as_str())?,
         path,
         content_type: HeaderValue::from_str(&args.content_type)?,
+        authorization: args
+            .bearer
+            .as_ref()
+            .map(|t| HeaderValue::from_str(&format!("Bearer {t}")))
+            .transpose()?,
         body: Bytes::from(args.body.clone()),
     })
 }
@@ -92,10 +101,13 @@ async fn one_request(
     sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
     target: &Target,
 ) -> anyhow::Result<StatusCode> {
-    let request = Request::post(target.path.clone())
+    let mut request = Request::post(target.path.clone())
         .header(HOST, target.host.clone())
-        .header(CONTENT_TYPE, target.content_type.clone())
-        .body(Full::new(target.body.clone()))?;
+        .header(CONTENT_TYPE, target.content_type.clone());
+    if let Some(auth) = &target.authorization {
+        request = request.header(AUTHORIZATION, auth.clone());
+    }
+    let request = request.body(Full::new(target.body.clone()))?;
     sender.ready().await?;
     let response = sender.send_request(request).await?;
     let status = response.status();
