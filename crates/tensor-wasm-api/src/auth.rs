@@ -63,7 +63,8 @@ impl Caller {
     }
 }
 
-fn unauthorized(message: &str) -> Response {
+/// `401 unauthorized` with `WWW-Authenticate: Bearer`.
+pub(crate) fn unauthorized(message: &str) -> Response {
     let mut response = ApiError::new("unauthorized", message).into_response();
     response
         .headers_mut()
@@ -88,15 +89,15 @@ fn bearer(req: &Request) -> Result<Option<&str>, &'static str> {
     Ok(Some(token.trim()))
 }
 
-/// Resolves the caller of a protected route, or the 401 response to send.
-/// Called by the `observe` middleware (one layer for request ids, auth and
-/// metrics keeps the per-request overhead down).
-pub(crate) fn caller_of(state: &AppState, req: &Request) -> Result<Caller, Response> {
+/// Resolves the caller of a protected route, or says why it is refused (401,
+/// see [`unauthorized`]). Called by the `observe` middleware (one layer for
+/// request ids, auth and metrics keeps the per-request overhead down).
+pub(crate) fn caller_of(state: &AppState, req: &Request) -> Result<Caller, &'static str> {
     let token = match &state.inner.auth {
         AuthMode::Insecure(default) => return Ok(Caller::Insecure(default.clone())),
         AuthMode::Enforced => match bearer(req) {
-            Err(message) => return Err(unauthorized(message)),
-            Ok(None) => return Err(unauthorized("missing `Authorization: Bearer <token>`")),
+            Err(message) => return Err(message),
+            Ok(None) => return Err("missing `Authorization: Bearer <token>`"),
             Ok(Some(token)) => token,
         },
     };
@@ -109,7 +110,7 @@ pub(crate) fn caller_of(state: &AppState, req: &Request) -> Result<Caller, Respo
     match state.inner.tenants.authenticate(token) {
         Some(Principal::Admin) => Ok(Caller::Admin),
         Some(Principal::Tenant(t)) => Ok(Caller::Tenant(t)),
-        None => Err(unauthorized("unknown or revoked token")),
+        None => Err("unknown or revoked token"),
     }
 }
 

@@ -74,7 +74,7 @@ pub(crate) async fn observe(
     };
     let mut response = match caller {
         Ok(()) => next.run(req).await,
-        Err(denied) => denied,
+        Err(why) => auth::unauthorized(why),
     };
     let elapsed = start.elapsed();
     let status = response.status();
