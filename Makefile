@@ -5,7 +5,7 @@ LISTEN ?= 127.0.0.1:8080
 DATA_DIR ?= ./tensor-wasm-data
 C_GUESTS := examples/c/wordcount.wasm examples/c/matmul.wasm examples/c/blueprints.wasm
 
-.PHONY: run test ci deps examples fmt-check clippy unit doc bench bench-record http-throughput perf-doc build release clean-data
+.PHONY: run test ci deps examples fmt-check clippy unit doc bench bench-record ci-bench http-throughput perf-doc build release clean-data
 
 ## Start the server on $(LISTEN) with the data dir $(DATA_DIR) (release build).
 run:
@@ -58,6 +58,12 @@ perf-doc:
 
 clean-data:
 	rm -rf $(DATA_DIR)
+
+## CI flags (short warm-up and measurement), then the regression gate against
+## bench-results/baseline.json (fails naming every regressed or missing metric).
+ci-bench:
+	$(CARGO) bench -p tensor-wasm-bench -p tensor-wasm-tenant --bench '*' -- --warm-up-time 1 --measurement-time 3
+	$(CARGO) run --release -q -p tensor-wasm-bench --bin bench-gate -- --criterion-dir target/criterion
 
 ## Runs every Criterion bench with short windows and records a run file under
 ## bench-results/criterion/ (then run `make perf-doc`).

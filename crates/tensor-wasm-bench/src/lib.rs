@@ -6,6 +6,8 @@
 //! all take their inputs from here, so every side of a comparison runs the
 //! same module with the same request.
 
+pub mod gate;
+
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 /// The trivial `add(i32, i32) -> i32` function of the HTTP comparisons.
