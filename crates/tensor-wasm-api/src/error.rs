@@ -40,6 +40,7 @@ pub const ERROR_CODES: &[(&str, u16)] = &[
     ("busy", 429),
     ("rate_limited", 429),
     ("quota_exhausted", 429),
+    ("client_gone", 499),
     ("guest_trap", 500),
     ("memory_limit_exceeded", 500),
     ("fuel_exhausted", 500),
@@ -105,6 +106,7 @@ impl From<RuntimeError> for ApiError {
             RuntimeError::FuelExhausted(_) => ApiError::new("fuel_exhausted", message),
             RuntimeError::OutputTooLarge(_) => ApiError::new("output_too_large", message),
             RuntimeError::Busy(_) => ApiError::busy(message),
+            RuntimeError::ClientGone => ApiError::new("client_gone", message),
             RuntimeError::Storage { .. }
             | RuntimeError::CorruptRecord { .. }
             | RuntimeError::Engine(_) => ApiError::internal(err),

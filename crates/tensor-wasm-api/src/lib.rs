@@ -31,6 +31,7 @@ mod metrics;
 mod openapi;
 mod request_id;
 mod routes;
+mod stream;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -196,6 +197,7 @@ pub fn router(state: AppState) -> Router {
             get(routes::get_function).delete(routes::delete_function),
         )
         .route("/functions/{id}/invoke", post(routes::invoke))
+        .route("/functions/{id}/invoke-stream", post(stream::invoke_stream))
         .route(
             "/tenants",
             post(auth::create_tenant).get(auth::list_tenants),

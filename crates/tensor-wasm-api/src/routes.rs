@@ -66,7 +66,7 @@ pub(crate) async fn method_not_allowed() -> ApiError {
 }
 
 /// Maps a body-read failure: over the limit is 413, anything else 400.
-fn body(bytes: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body(bytes: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     bytes.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
@@ -93,7 +93,7 @@ fn content_type(headers: &HeaderMap) -> &str {
 }
 
 /// Runs blocking runtime work off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, RuntimeError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
@@ -341,7 +341,9 @@ pub(crate) async fn invoke(
     }
 }
 
-async fn acquire_slot(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+pub(crate) async fn acquire_slot(
+    state: &AppState,
+) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
     // Fast path without a timer: a free slot.
     if let Ok(permit) = state.inner.slots.clone().try_acquire_owned() {
         return Ok(permit);

@@ -518,7 +518,7 @@ async fn openapi_document_matches_the_router() {
             }
         }
     }
-    assert_eq!(seen_routes, 16);
+    assert_eq!(seen_routes, 17);
 
     let mut spec_codes: Vec<String> = spec["components"]["schemas"]["Error"]["properties"]["error"]
         ["properties"]["code"]["enum"]

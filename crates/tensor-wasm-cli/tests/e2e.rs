@@ -784,3 +784,38 @@ fn insecure_mode_is_refused_off_loopback_and_open_on_loopback() {
     assert_eq!(status, 200, "no token needed in insecure mode");
     server.terminate();
 }
+
+#[test]
+fn streamed_chunks_arrive_while_the_guest_is_still_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let id = server.deploy(&examples().join("stream.wat"), "name=stream");
+    // Three ticks, 400 ms apart: the whole call takes >= 800 ms.
+    let start = Instant::now();
+    let response = Server::agent()
+        .post(&server.url(&format!(
+            "/functions/{id}/invoke-stream?export=ticks&args=%5B3%2C400%5D"
+        )))
+        .set("authorization", &server.auth())
+        .set("accept", "application/octet-stream")
+        .send_bytes(b"")
+        .unwrap();
+    let mut reader = response.into_reader();
+    let mut first = [0u8; 5];
+    std::io::Read::read_exact(&mut reader, &mut first).unwrap();
+    let first_at = start.elapsed();
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut reader, &mut rest).unwrap();
+    let total = start.elapsed();
+    assert_eq!(&first, b"tick\n");
+    assert_eq!(rest, b"tick\ntick\n");
+    assert!(
+        first_at < Duration::from_millis(400),
+        "first chunk after {first_at:?}"
+    );
+    assert!(
+        total >= Duration::from_millis(800),
+        "whole stream in {total:?}"
+    );
+    server.terminate();
+}

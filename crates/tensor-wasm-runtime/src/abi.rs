@@ -52,6 +52,8 @@ pub mod code {
     pub const LIMIT_EXCEEDED: i32 = -5;
     /// The device failed the launch.
     pub const DEVICE_ERROR: i32 = -6;
+    /// The client of a streaming invocation disconnected (`tw:stream`).
+    pub const CLIENT_GONE: i32 = -7;
 }
 
 /// Argument record tags.

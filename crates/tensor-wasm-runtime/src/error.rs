@@ -42,6 +42,10 @@ pub enum RuntimeError {
     /// A WASI command wrote more to stdout than the output cap allows.
     #[error("output exceeded the cap of {0} bytes")]
     OutputTooLarge(usize),
+    /// The client of a streaming invocation disconnected and the guest kept
+    /// streaming: the invocation was cancelled.
+    #[error("the client disconnected; the invocation was cancelled")]
+    ClientGone,
     /// Every instance slot, or the kernel dispatcher and its queue, is full.
     #[error("{0}")]
     Busy(String),

@@ -30,6 +30,7 @@ mod guest_gpu;
 mod metrics;
 mod runtime;
 mod store;
+pub mod stream;
 mod values;
 
 pub use config::{GuestMemory, RuntimeConfig};

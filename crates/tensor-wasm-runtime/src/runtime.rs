@@ -98,6 +98,7 @@ pub(crate) struct InvocationState {
     limiter: InvocationLimiter,
     wasi: Option<WasiP1Ctx>,
     pub(crate) gpu: Option<GuestGpu>,
+    pub(crate) stream: Option<crate::stream::StreamIo>,
 }
 
 /// Enforces the function's memory limit and remembers that it did.
@@ -252,6 +253,8 @@ impl Runtime {
         })
         .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         crate::guest_gpu::add_to_linker(&mut linker)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        crate::stream::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let kernel_dir = config.data_dir.join("kernels");
         let kernel_cache = KernelCache::new(
@@ -583,8 +586,9 @@ impl Runtime {
     fn prepare(&self, module: &Module) -> Result<Prepared> {
         let pre = self.inner.linker.instantiate_pre(module).map_err(|e| {
             RuntimeError::InvalidModule(truncate_message(format!(
-                "{e:#} (functions may import only `{WASI_P1}` and `{}`)",
-                crate::abi::MODULE
+                "{e:#} (functions may import only `{WASI_P1}`, `{}` and `{}`)",
+                crate::abi::MODULE,
+                crate::stream::MODULE
             )))
         })?;
         let needs_wasi = module.imports().any(|i| i.module() == WASI_P1);
@@ -638,6 +642,7 @@ impl Runtime {
             gpu: prepared
                 .needs_gpu
                 .then(|| GuestGpu::new(self.inner.gpu.clone(), limits.raw_ptx)),
+            stream: None,
         };
         let mut store = Store::new(&self.inner.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -678,12 +683,51 @@ impl Runtime {
     /// Calls export `export` of an export-style function with JSON arguments.
     pub fn invoke_export(&self, id: &str, export: &str, args: &[Json]) -> Result<Vec<Json>> {
         let start = Instant::now();
-        let result = self.invoke_export_inner(id, export, args);
+        let result = self.invoke_export_inner(id, export, args, None);
         self.finish(start, &result);
         result
     }
 
-    fn invoke_export_inner(&self, id: &str, export: &str, args: &[Json]) -> Result<Vec<Json>> {
+    /// [`Runtime::invoke_export`] with `tw:stream` connected: the guest reads
+    /// `io`'s input and its chunks go to `io`'s channel as they are emitted.
+    pub fn invoke_export_streaming(
+        &self,
+        id: &str,
+        export: &str,
+        args: &[Json],
+        io: crate::stream::StreamIo,
+    ) -> Result<Vec<Json>> {
+        let start = Instant::now();
+        let result = self.invoke_export_inner(id, export, args, Some(io));
+        self.finish(start, &result);
+        result
+    }
+
+    /// Checks an export call (export exists, arguments fit its signature)
+    /// without running anything, so a streaming response can still answer
+    /// a proper 4xx before it starts.
+    pub fn check_export_call(&self, id: &str, export: &str, args: &[Json]) -> Result<()> {
+        let entry = self.entry(id)?;
+        if entry.record.style != InvocationStyle::Export {
+            return Err(RuntimeError::WrongStyle(format!(
+                "function {id} is a WASI command; streaming is for export-call functions"
+            )));
+        }
+        let prepared = self.prepared(&entry)?;
+        let ty = prepared
+            .funcs
+            .get(export)
+            .ok_or_else(|| RuntimeError::UnknownExport(export.to_owned()))?;
+        args_from_json(export, ty, args).map(|_| ())
+    }
+
+    fn invoke_export_inner(
+        &self,
+        id: &str,
+        export: &str,
+        args: &[Json],
+        stream: Option<crate::stream::StreamIo>,
+    ) -> Result<Vec<Json>> {
         let entry = self.entry(id)?;
         let record = &entry.record;
         if record.style != InvocationStyle::Export {
@@ -702,6 +746,7 @@ impl Runtime {
             .needs_wasi
             .then(|| quiet_wasi(&record.name, self.inner.config.stderr_tail_bytes));
         let (mut store, instance) = self.instantiate(&prepared, &record.limits, wasi);
+        store.data_mut().stream = stream;
         let instance = instance.map_err(|e| classify(e, &mut store, &record.limits))?;
         if prepared.has_initialize {
             if let Some(init) = instance.get_func(&mut store, "_initialize") {
@@ -884,6 +929,9 @@ fn classify(
     }
     if let Some(busy) = err.downcast_ref::<DispatchError>() {
         return RuntimeError::Busy(busy.to_string());
+    }
+    if err.downcast_ref::<crate::stream::ClientGone>().is_some() {
+        return RuntimeError::ClientGone;
     }
     match err.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => RuntimeError::Timeout {

@@ -1,0 +1,218 @@
+//! `POST /functions/{id}/invoke-stream`: chunks emitted by the guest reach
+//! the client as they are produced — as SSE events when the client accepts
+//! `text/event-stream`, as a chunked `application/octet-stream` body
+//! otherwise. A bounded buffer between guest and client means a slow client
+//! slows the guest; a client that disconnects makes the guest's next
+//! `emit_chunk` return `CLIENT_GONE`, and the one after that end the
+//! invocation. Quota guards and the instance slot are held until the guest
+//! has finished.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use base64::Engine as _;
+use futures_core::Stream;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tensor_wasm_runtime::stream::{StreamIo, StreamLimits};
+use tensor_wasm_runtime::{is_valid_function_id, InvocationStyle, RuntimeError};
+use tensor_wasm_tenant::Resource;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::auth::{quota_error, Caller};
+use crate::{ApiError, AppState};
+
+/// Chunks buffered between guest and client; with 1 MiB chunks at most,
+/// a slow client holds at most this many MiB per stream.
+const BUFFERED_CHUNKS: usize = 8;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StreamQuery {
+    /// The export to call.
+    export: Option<String>,
+    /// Its arguments as a JSON array (URL-encoded), default `[]`.
+    args: Option<String>,
+    /// SSE data encoding of chunks: `base64` (default) or `text` (UTF-8, lossy).
+    encoding: Option<String>,
+}
+
+enum Frame {
+    Chunk(Vec<u8>),
+    End(Result<Vec<Value>, ApiError>),
+}
+
+/// The guest's chunks, then its outcome, as a stream of `T`.
+struct InvocationStream<F> {
+    rx: mpsc::Receiver<Vec<u8>>,
+    done: Option<JoinHandle<Result<Vec<Value>, RuntimeError>>>,
+    map: F,
+}
+
+impl<F, T> Stream for InvocationStream<F>
+where
+    F: FnMut(Frame) -> Option<T> + Unpin,
+{
+    type Item = T;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let this = self.get_mut();
+        loop {
+            let Some(handle) = this.done.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match this.rx.poll_recv(cx) {
+                Poll::Ready(Some(chunk)) => {
+                    if let Some(item) = (this.map)(Frame::Chunk(chunk)) {
+                        return Poll::Ready(Some(item));
+                    }
+                }
+                // Every sender is gone: the invocation has returned.
+                Poll::Ready(None) => match Pin::new(handle).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(joined) => {
+                        this.done = None;
+                        let end = match joined {
+                            Ok(result) => result.map_err(ApiError::from),
+                            Err(e) => Err(ApiError::internal(e)),
+                        };
+                        if let Some(item) = (this.map)(Frame::End(end)) {
+                            return Poll::Ready(Some(item));
+                        }
+                    }
+                },
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+fn wants_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"))
+}
+
+pub(crate) async fn invoke_stream(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    query: Result<Query<StreamQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let tenant = caller.tenant()?.clone();
+    if !is_valid_function_id(&id) {
+        return Err(RuntimeError::FunctionNotFound(id).into());
+    }
+    let (style, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
+    if style != InvocationStyle::Export {
+        return Err(RuntimeError::WrongStyle(format!(
+            "function {id} is a WASI command; invoke-stream serves export-call functions"
+        ))
+        .into());
+    }
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let export = query
+        .export
+        .ok_or_else(|| ApiError::bad_request("the `export` query parameter is required"))?;
+    let args: Vec<Value> = match &query.args {
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| ApiError::bad_request(format!("`args` must be a JSON array: {e}")))?,
+        None => Vec::new(),
+    };
+    let text = match query.encoding.as_deref() {
+        None | Some("base64") => false,
+        Some("text") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "encoding `{other}`: use base64 or text"
+            )))
+        }
+    };
+    let input = crate::routes::body(bytes)?.to_vec();
+    let quota = |e| quota_error(&tenant, e);
+    tenant.check_rate().map_err(quota)?;
+    let guards = (
+        tenant
+            .acquire(Resource::ConcurrentInvocations, 1)
+            .map_err(quota)?,
+        tenant.acquire(Resource::LiveInstances, 1).map_err(quota)?,
+        tenant
+            .acquire(Resource::GuestMemoryBytes, memory)
+            .map_err(quota)?,
+    );
+    // Refuse bad calls with a proper status before the response starts.
+    let runtime = state.inner.runtime.clone();
+    {
+        let (runtime, id, export, args) =
+            (runtime.clone(), id.clone(), export.clone(), args.clone());
+        crate::routes::blocking(move || runtime.check_export_call(&id, &export, &args)).await?;
+    }
+    let permit = crate::routes::acquire_slot(&state).await?;
+    let (tx, rx) = mpsc::channel(BUFFERED_CHUNKS);
+    let io = StreamIo::new(input, tx, StreamLimits::default());
+    let done = tokio::task::spawn_blocking(move || {
+        let _held = (permit, guards);
+        runtime.invoke_export_streaming(&id, &export, &args, io)
+    });
+
+    if wants_sse(&headers) {
+        let events = InvocationStream {
+            rx,
+            done: Some(done),
+            map: move |frame| {
+                let event = match frame {
+                    Frame::Chunk(bytes) => {
+                        let data = if text {
+                            String::from_utf8_lossy(&bytes).into_owned()
+                        } else {
+                            base64::engine::general_purpose::STANDARD.encode(bytes)
+                        };
+                        Event::default().event("chunk").data(data)
+                    }
+                    Frame::End(Ok(results)) => Event::default()
+                        .event("end")
+                        .data(json!({ "results": results }).to_string()),
+                    Frame::End(Err(e)) => Event::default().event("error").data(
+                        json!({ "error": { "code": e.code, "message": e.message } }).to_string(),
+                    ),
+                };
+                Some(Ok::<_, Infallible>(event))
+            },
+        };
+        return Ok(Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response());
+    }
+    let chunks = InvocationStream {
+        rx,
+        done: Some(done),
+        map: |frame| match frame {
+            Frame::Chunk(bytes) => Some(Ok(Bytes::from(bytes))),
+            Frame::End(Ok(_)) => None,
+            // Mid-stream failure: abort the body so the client sees an
+            // incomplete chunked response instead of a silent truncation.
+            Frame::End(Err(e)) => Some(Err(std::io::Error::other(format!(
+                "{}: {}",
+                e.code, e.message
+            )))),
+        },
+    };
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(chunks),
+    )
+        .into_response())
+}

@@ -1,0 +1,175 @@
+//! `/functions/{id}/invoke-stream`: chunked and SSE delivery, errors before
+//! the stream starts, back-pressure and client disconnects.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use base64::Engine as _;
+use common::server;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tensor_wasm_tenant::Resource;
+use tower::ServiceExt;
+
+fn stream_request(token: &str, id: &str, query: &str, accept: &str, body: &str) -> Request<Body> {
+    Request::post(format!("/functions/{id}/invoke-stream?{query}"))
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(header::ACCEPT, accept)
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_and_sse_deliver_every_chunk_then_the_outcome() {
+    let s = server();
+    let (_, t) = s.tenant("streamer", json!({})).await;
+    let id = s.deploy(&t, "stream.wat", "name=stream").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let args = "export=ticks&args=%5B3%2C0%5D"; // args=[3,0]
+
+    let response = s
+        .app
+        .clone()
+        .oneshot(stream_request(&t, &id, args, "*/*", "hello "))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/octet-stream"
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"hello tick\ntick\ntick\n");
+
+    let response = s
+        .app
+        .clone()
+        .oneshot(stream_request(&t, &id, args, "text/event-stream", "hi"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = String::from_utf8(
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let events: Vec<(String, String)> = text
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let field = |name: &str| {
+                e.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                    .map(|v| v.trim_start().to_owned())
+                    .unwrap_or_default()
+            };
+            (field("event"), field("data"))
+        })
+        .collect();
+    let chunks: Vec<Vec<u8>> = events
+        .iter()
+        .filter(|(e, _)| e == "chunk")
+        .map(|(_, d)| base64::engine::general_purpose::STANDARD.decode(d).unwrap())
+        .collect();
+    assert_eq!(
+        chunks,
+        vec![
+            b"hi".to_vec(),
+            b"tick\n".to_vec(),
+            b"tick\n".to_vec(),
+            b"tick\n".to_vec()
+        ]
+    );
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "end");
+    assert_eq!(
+        serde_json::from_str::<Value>(data).unwrap(),
+        json!({"results": [4]})
+    );
+}
+
+#[tokio::test]
+async fn bad_calls_are_refused_before_the_stream_starts() {
+    let s = server();
+    let (_, t) = s.tenant("streamer", json!({})).await;
+    let id = s.deploy(&t, "stream.wat", "name=stream").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for (query, code) in [
+        ("export=nope", "unknown_export"),
+        ("export=ticks&args=%5B1%5D", "invalid_arguments"),
+        ("args=%5B%5D", "bad_request"),
+        ("export=ticks&args=oops", "bad_request"),
+        ("export=ticks&encoding=hex", "bad_request"),
+    ] {
+        let response = s
+            .app
+            .clone()
+            .oneshot(stream_request(&t, &id, query, "*/*", ""))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{query}");
+        let body: Value =
+            serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes())
+                .unwrap();
+        assert_eq!(body["error"]["code"], code, "{query}");
+    }
+}
+
+/// A client that stops reading holds the guest (bounded buffer, no runaway
+/// memory); a client that goes away cancels it and every quota is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_pressure_and_disconnect_release_everything() {
+    let s = server();
+    let (tid, t) = s.tenant("flooder", json!({})).await;
+    let id = s.deploy(&t, "stream.wat", "name=stream").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let tenant = s.tenants.lookup(&tid).unwrap();
+
+    let response = s
+        .app
+        .clone()
+        .oneshot(stream_request(&t, &id, "export=flood", "*/*", ""))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    // Nobody reads: the guest blocks on the full buffer and stays in flight.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        tenant.usage(Resource::ConcurrentInvocations),
+        1,
+        "the guest is held, not finished"
+    );
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap().len(), 65536);
+    drop(body); // the client goes away
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for resource in [
+        Resource::ConcurrentInvocations,
+        Resource::LiveInstances,
+        Resource::GuestMemoryBytes,
+    ] {
+        while tenant.usage(resource) != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{resource:?} still held after the client left"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
