@@ -177,6 +177,65 @@ pub fn invoke(
     Ok(ExitCode::from(exit_code.clamp(0, 255) as u8))
 }
 
+/// `invoke --stream`: SSE from `/invoke-stream`; chunk data (text) goes to
+/// stdout as each event arrives, the final results or error to stderr.
+pub fn invoke_stream(
+    server: &ServerArg,
+    id: &str,
+    export: &str,
+    args: &[String],
+) -> anyhow::Result<ExitCode> {
+    use std::io::BufRead;
+    let args = Value::Array(args.iter().map(|a| parse_arg(a)).collect());
+    let mut input = Vec::new();
+    if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        std::io::stdin()
+            .read_to_end(&mut input)
+            .context("reading stdin")?;
+    }
+    let request = server
+        .request("POST", &format!("/functions/{id}/invoke-stream"))
+        .query("export", export)
+        .query("args", &args.to_string())
+        .query("encoding", "text")
+        .set("accept", "text/event-stream")
+        .set("content-type", "application/octet-stream");
+    let response = send(request, Some(&input))?;
+    let mut event = String::new();
+    let mut data: Vec<String> = Vec::new();
+    let mut stdout = std::io::stdout();
+    let mut failed = false;
+    for line in std::io::BufReader::new(response.into_reader()).lines() {
+        let line = line.context("reading the stream")?;
+        if line.is_empty() {
+            let payload = data.join("\n");
+            match event.as_str() {
+                "chunk" => {
+                    stdout.write_all(payload.as_bytes())?;
+                    stdout.flush()?;
+                }
+                "end" => eprintln!("{payload}"),
+                "error" => {
+                    eprintln!("error: {payload}");
+                    failed = true;
+                }
+                _ => {}
+            }
+            event.clear();
+            data.clear();
+        } else if let Some(v) = line.strip_prefix("event:") {
+            event = v.trim().to_owned();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 pub fn functions(server: &ServerArg) -> anyhow::Result<ExitCode> {
     print_json(send(server.request("GET", "/functions"), None)?)
 }

@@ -59,6 +59,10 @@ enum Command {
         /// Argument, repeatable: a JSON number, or a string such as "NaN" or a 64-bit decimal.
         #[arg(long = "arg", allow_hyphen_values = true)]
         args: Vec<String>,
+        /// Stream the export's `tw:stream` chunks to stdout as they arrive
+        /// (stdin is the function's input); the results follow on stderr.
+        #[arg(long, requires = "export")]
+        stream: bool,
         #[command(flatten)]
         server: client::ServerArg,
     },
@@ -114,6 +118,14 @@ fn main() -> ExitCode {
             id,
             export,
             args,
+            stream: true,
+            server,
+        } => client::invoke_stream(&server, &id, export.as_deref().unwrap_or_default(), &args),
+        Command::Invoke {
+            id,
+            export,
+            args,
+            stream: false,
             server,
         } => client::invoke(&server, &id, export.as_deref(), &args),
         Command::Functions { server } => client::functions(&server),

@@ -817,5 +817,20 @@ fn streamed_chunks_arrive_while_the_guest_is_still_running() {
         total >= Duration::from_millis(800),
         "whole stream in {total:?}"
     );
+
+    // The CLI streams the same way.
+    let out = server.cli(
+        &[
+            "invoke", &id, "--export", "ticks", "--arg", "2", "--arg", "0", "--stream",
+        ],
+        b"in:",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"in:tick\ntick\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(r#"{"results":[3]}"#));
     server.terminate();
 }
