@@ -27,6 +27,7 @@
 
 mod auth;
 mod error;
+mod jobs;
 mod metrics;
 mod openapi;
 mod request_id;
@@ -47,6 +48,7 @@ use tokio::sync::Semaphore;
 
 pub use auth::{AuthMode, Caller};
 pub use error::{ApiError, ERROR_CODES};
+pub use jobs::{Job, JobStatus};
 pub use metrics::HttpMetrics;
 pub use openapi::OPENAPI_JSON;
 
@@ -59,6 +61,9 @@ pub struct ApiConfig {
     pub queue_timeout: Duration,
     /// A token that may read `/metrics` (besides the admin token).
     pub metrics_token: Option<String>,
+    /// Data directory whose `jobs/` keeps asynchronous jobs durable; `None`
+    /// keeps them in memory.
+    pub jobs_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -80,6 +85,7 @@ impl Default for ApiConfig {
             max_body_bytes: 64 << 20,
             queue_timeout: Duration::from_secs(10),
             metrics_token: None,
+            jobs_dir: None,
         }
     }
 }
@@ -93,6 +99,7 @@ pub struct AppState {
 struct StateInner {
     runtime: Runtime,
     tenants: Arc<TenantRegistry>,
+    jobs: jobs::JobBoard,
     auth: AuthMode,
     metrics_token: Option<String>,
     registry: Registry,
@@ -119,6 +126,12 @@ impl AppState {
         let metrics_token = config.metrics_token.clone();
         Ok(AppState {
             inner: Arc::new(StateInner {
+                jobs: match &config.jobs_dir {
+                    Some(dir) => jobs::JobBoard::open(dir).map_err(|e| {
+                        prometheus::Error::Msg(format!("opening the job store: {e}"))
+                    })?,
+                    None => jobs::JobBoard::in_memory(),
+                },
                 runtime,
                 tenants,
                 auth,
@@ -198,6 +211,8 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/functions/{id}/invoke", post(routes::invoke))
         .route("/functions/{id}/invoke-stream", post(stream::invoke_stream))
+        .route("/functions/{id}/invoke-async", post(jobs::invoke_async))
+        .route("/jobs/{id}", get(jobs::get_job).delete(jobs::cancel_job))
         .route(
             "/tenants",
             post(auth::create_tenant).get(auth::list_tenants),

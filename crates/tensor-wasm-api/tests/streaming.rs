@@ -173,3 +173,138 @@ async fn back_pressure_and_disconnect_release_everything() {
         }
     }
 }
+
+async fn get_job(s: &common::Server, token: &str, job: &str) -> Value {
+    let r = s
+        .as_token(
+            token,
+            axum::http::Method::GET,
+            &format!("/jobs/{job}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    r.json()
+}
+
+async fn wait_finished(s: &common::Server, token: &str, job: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let j = get_job(s, token, job).await;
+        if !matches!(j["status"].as_str(), Some("queued" | "running")) {
+            return j;
+        }
+        assert!(Instant::now() < deadline, "job never finished: {j}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_jobs_run_detached_are_scoped_and_cancellable() {
+    let s = server();
+    let (_, t) = s.tenant("jobs", json!({})).await;
+    let (_, other) = s.tenant("other", json!({})).await;
+    let calc = s.deploy(&t, "calc.wat", "name=calc").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let nap = s.deploy(&t, "sleep.wat", "name=nap").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let r = s
+        .as_token(
+            &t,
+            axum::http::Method::POST,
+            &format!("/functions/{calc}/invoke-async"),
+            json!({"export": "add", "args": [20, 22]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED);
+    let job = r.json()["job_id"].as_str().unwrap().to_owned();
+    assert_eq!(r.headers[header::LOCATION], format!("/jobs/{job}"));
+    let done = wait_finished(&s, &t, &job).await;
+    assert_eq!(done["status"], "succeeded");
+    assert_eq!(done["results"], json!([42]));
+    assert!(done["finished_at_ms"].as_u64() >= done["started_at_ms"].as_u64());
+
+    // A failing job reports its error code.
+    let r = s
+        .as_token(
+            &t,
+            axum::http::Method::POST,
+            &format!("/functions/{calc}/invoke-async"),
+            json!({"export": "div", "args": [1, 0]}),
+        )
+        .await;
+    let failed = wait_finished(&s, &t, r.json()["job_id"].as_str().unwrap()).await;
+    assert_eq!(
+        (failed["status"].as_str(), failed["error"]["code"].as_str()),
+        (Some("failed"), Some("guest_trap"))
+    );
+
+    // Another tenant cannot see or cancel it.
+    let r = s
+        .as_token(
+            &other,
+            axum::http::Method::GET,
+            &format!("/jobs/{job}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = s
+        .as_token(
+            &other,
+            axum::http::Method::DELETE,
+            &format!("/jobs/{job}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+
+    // Cancelling a running job discards its outcome.
+    let r = s
+        .as_token(
+            &t,
+            axum::http::Method::POST,
+            &format!("/functions/{nap}/invoke-async"),
+            json!({"export": "nap", "args": [300]}),
+        )
+        .await;
+    let running = r.json()["job_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = s
+        .as_token(
+            &t,
+            axum::http::Method::DELETE,
+            &format!("/jobs/{running}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["cancel_requested"], true);
+    let cancelled = wait_finished(&s, &t, &running).await;
+    assert_eq!(cancelled["status"], "cancelled");
+    assert!(cancelled.get("results").is_none());
+
+    // Bad calls are refused up front.
+    let r = s
+        .as_token(
+            &t,
+            axum::http::Method::POST,
+            &format!("/functions/{calc}/invoke-async"),
+            json!({"export": "nope"}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::BAD_REQUEST, "unknown_export")
+    );
+}

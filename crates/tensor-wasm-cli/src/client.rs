@@ -236,6 +236,45 @@ pub fn invoke_stream(
     })
 }
 
+/// `invoke --async`: starts a job and prints `{job_id, status}`.
+pub fn invoke_async(
+    server: &ServerArg,
+    id: &str,
+    export: &str,
+    args: &[String],
+) -> anyhow::Result<ExitCode> {
+    let body = json!({
+        "export": export,
+        "args": args.iter().map(|a| parse_arg(a)).collect::<Vec<_>>(),
+    });
+    let request = server
+        .request("POST", &format!("/functions/{id}/invoke-async"))
+        .set("content-type", "application/json");
+    print_json(send(request, Some(body.to_string().as_bytes()))?)
+}
+
+/// `job ID`: polls until the job is no longer queued or running, prints it,
+/// and exits non-zero unless it succeeded.
+pub fn job(server: &ServerArg, id: &str, wait: bool) -> anyhow::Result<ExitCode> {
+    let mut delay = std::time::Duration::from_millis(50);
+    loop {
+        let job: Value = send(server.request("GET", &format!("/jobs/{id}")), None)?
+            .into_json()
+            .context("reading the job")?;
+        let status = job["status"].as_str().unwrap_or_default().to_owned();
+        if !wait || !matches!(status.as_str(), "queued" | "running") {
+            println!("{}", serde_json::to_string_pretty(&job)?);
+            return Ok(if status == "succeeded" || !wait {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(std::time::Duration::from_secs(2));
+    }
+}
+
 pub fn functions(server: &ServerArg) -> anyhow::Result<ExitCode> {
     print_json(send(server.request("GET", "/functions"), None)?)
 }

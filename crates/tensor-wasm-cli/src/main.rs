@@ -61,8 +61,21 @@ enum Command {
         args: Vec<String>,
         /// Stream the export's `tw:stream` chunks to stdout as they arrive
         /// (stdin is the function's input); the results follow on stderr.
-        #[arg(long, requires = "export")]
+        #[arg(long, requires = "export", conflicts_with = "async")]
         stream: bool,
+        /// Start the call as an asynchronous job and print its id (see `job`).
+        #[arg(long = "async", requires = "export")]
+        r#async: bool,
+        #[command(flatten)]
+        server: client::ServerArg,
+    },
+    /// Wait for an asynchronous job to finish and print it.
+    Job {
+        /// Job id (from `invoke --async`).
+        id: String,
+        /// Print the job once instead of waiting for it to finish.
+        #[arg(long)]
+        no_wait: bool,
         #[command(flatten)]
         server: client::ServerArg,
     },
@@ -120,14 +133,28 @@ fn main() -> ExitCode {
             args,
             stream: true,
             server,
+            ..
         } => client::invoke_stream(&server, &id, export.as_deref().unwrap_or_default(), &args),
         Command::Invoke {
             id,
             export,
             args,
-            stream: false,
+            r#async: true,
             server,
+            ..
+        } => client::invoke_async(&server, &id, export.as_deref().unwrap_or_default(), &args),
+        Command::Invoke {
+            id,
+            export,
+            args,
+            server,
+            ..
         } => client::invoke(&server, &id, export.as_deref(), &args),
+        Command::Job {
+            id,
+            no_wait,
+            server,
+        } => client::job(&server, &id, !no_wait),
         Command::Functions { server } => client::functions(&server),
         Command::Delete { id, server } => client::delete(&server, &id),
     };
@@ -137,5 +164,15 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }

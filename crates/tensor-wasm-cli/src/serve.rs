@@ -201,6 +201,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_body_bytes: args.max_body_bytes,
         queue_timeout: Duration::from_millis(args.queue_timeout_ms),
         metrics_token: args.metrics_token.clone(),
+        jobs_dir: Some(args.data_dir.clone()),
     };
     let state = AppState::new(runtime.clone(), registry, api, tenants, auth)?;
 

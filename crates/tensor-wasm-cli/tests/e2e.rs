@@ -834,3 +834,55 @@ fn streamed_chunks_arrive_while_the_guest_is_still_running() {
     assert!(String::from_utf8_lossy(&out.stderr).contains(r#"{"results":[3]}"#));
     server.terminate();
 }
+
+#[test]
+fn async_jobs_from_the_cli_and_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let calc = server.deploy(&examples().join("calc.wat"), "name=calc");
+    let nap = server.deploy(&examples().join("sleep.wat"), "name=nap");
+    let out = server.cli(
+        &[
+            "invoke", &calc, "--export", "add", "--arg", "2", "--arg", "40", "--async",
+        ],
+        b"",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job = json_of(&out.stdout)["job_id"].as_str().unwrap().to_owned();
+    let out = server.cli(&["job", &job], b"");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = json_of(&out.stdout);
+    assert_eq!(
+        (done["status"].as_str(), done["results"].clone()),
+        (Some("succeeded"), json!([42]))
+    );
+
+    // A job still running when the server is killed reads "failed: server
+    // restarted" afterwards; the finished one is still there.
+    let out = server.cli(
+        &[
+            "invoke", &nap, "--export", "nap", "--arg", "5000", "--async",
+        ],
+        b"",
+    );
+    let running = json_of(&out.stdout)["job_id"].as_str().unwrap().to_owned();
+    std::thread::sleep(Duration::from_millis(200));
+    server.kill9();
+    let server = Server::start(dir.path(), &[]);
+    let out = server.cli(&["job", &running], b"");
+    assert!(!out.status.success());
+    let failed = json_of(&out.stdout);
+    assert_eq!(failed["status"], "failed");
+    assert_eq!(failed["error"]["message"], "failed: server restarted");
+    let out = server.cli(&["job", &job, "--no-wait"], b"");
+    assert_eq!(json_of(&out.stdout)["status"], "succeeded");
+    server.terminate();
+}

@@ -1,0 +1,492 @@
+//! Asynchronous invocations: `POST /functions/{id}/invoke-async` answers 202
+//! with a job id at once; `GET /jobs/{id}` tells status, result or error and
+//! timings; `DELETE /jobs/{id}` cancels.
+//!
+//! Jobs are tenant-scoped (another tenant's job id answers 404), bounded per
+//! tenant (`MAX_ACTIVE_PER_TENANT` queued or running), kept for a retention
+//! period after they finish, and durable: each state change is written to
+//! `<data_dir>/jobs/<id>.json` (temp file, fsync, rename) before it is
+//! acknowledged, and a job that was queued or running when the server stopped
+//! comes back as `failed: server restarted` instead of vanishing.
+//!
+//! Cancelling a queued job stops it before it runs. A running guest cannot be
+//! interrupted from outside its store: it runs to completion (or its
+//! deadline) and its outcome is discarded; the job reads `cancelled`.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tensor_wasm_runtime::{is_valid_function_id, InvocationStyle, RuntimeError};
+use tensor_wasm_tenant::Resource;
+
+use crate::auth::{quota_error, Caller};
+use crate::{ApiError, AppState};
+
+/// Queued or running jobs one tenant may have.
+pub const MAX_ACTIVE_PER_TENANT: usize = 64;
+/// How long finished jobs are kept.
+pub const RETENTION: Duration = Duration::from_secs(3600);
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobStatus {
+    fn is_active(self) -> bool {
+        matches!(self, JobStatus::Queued | JobStatus::Running)
+    }
+}
+
+/// The durable record of a job (what `GET /jobs/{id}` answers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    pub tenant: String,
+    pub function_id: String,
+    pub export: String,
+    pub args: Vec<Value>,
+    pub status: JobStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub results: Option<Vec<Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+    pub created_at_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<u64>,
+    #[serde(default)]
+    pub cancel_requested: bool,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn new_job_id() -> String {
+    let mut raw = [0u8; 12];
+    getrandom::fill(&mut raw).expect("the OS random source is available");
+    format!(
+        "job-{}",
+        raw.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )
+}
+
+fn is_valid_job_id(id: &str) -> bool {
+    id.len() == 28 && id.starts_with("job-") && id[4..].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Jobs in memory, each change persisted before it is visible.
+#[derive(Debug)]
+pub struct JobBoard {
+    dir: Option<PathBuf>,
+    jobs: Mutex<HashMap<String, Job>>,
+}
+
+impl JobBoard {
+    /// Jobs kept only in memory (tests, embedding).
+    pub fn in_memory() -> Self {
+        JobBoard {
+            dir: None,
+            jobs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Opens `<data_dir>/jobs`: unfinished jobs of an earlier run become
+    /// `failed: server restarted`; finished ones past retention are removed.
+    pub fn open(data_dir: &Path) -> std::io::Result<Self> {
+        let dir = data_dir.join("jobs");
+        fs::create_dir_all(&dir)?;
+        let board = JobBoard {
+            dir: Some(dir.clone()),
+            jobs: Mutex::new(HashMap::new()),
+        };
+        for entry in fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                let _ = fs::remove_file(&path); // leftovers of interrupted writes
+                continue;
+            }
+            let Ok(mut job) = fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice::<Job>(&b).map_err(|e| e.to_string()))
+            else {
+                tracing::error!(path = %path.display(), "skipping unreadable job record");
+                continue;
+            };
+            if job.status.is_active() {
+                job.status = JobStatus::Failed;
+                job.error = Some(
+                    json!({"code": "server_restarted", "message": "failed: server restarted"}),
+                );
+                job.finished_at_ms = Some(now_ms());
+                board.persist(&job)?;
+            }
+            board.lock().insert(job.id.clone(), job);
+        }
+        board.sweep();
+        Ok(board)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Job>> {
+        self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn persist(&self, job: &Job) -> std::io::Result<()> {
+        let Some(dir) = &self.dir else {
+            return Ok(());
+        };
+        let tmp = dir.join(format!("{}.partial", job.id));
+        let bytes = serde_json::to_vec_pretty(job).expect("jobs serialize");
+        {
+            let mut file = fs::File::create(&tmp)?;
+            std::io::Write::write_all(&mut file, &bytes)?;
+            file.sync_all()?;
+        }
+        fs::rename(&tmp, dir.join(format!("{}.json", job.id)))?;
+        fs::File::open(dir)?.sync_all()
+    }
+
+    /// Removes finished jobs past retention.
+    pub fn sweep(&self) {
+        let cutoff = now_ms().saturating_sub(RETENTION.as_millis() as u64);
+        let mut jobs = self.lock();
+        let expired: Vec<String> = jobs
+            .values()
+            .filter(|j| !j.status.is_active() && j.finished_at_ms.is_some_and(|f| f < cutoff))
+            .map(|j| j.id.clone())
+            .collect();
+        for id in expired {
+            jobs.remove(&id);
+            if let Some(dir) = &self.dir {
+                let _ = fs::remove_file(dir.join(format!("{id}.json")));
+            }
+        }
+    }
+
+    /// A job of `tenant`, if it exists.
+    pub fn get(&self, tenant: &str, id: &str) -> Option<Job> {
+        self.lock().get(id).filter(|j| j.tenant == tenant).cloned()
+    }
+
+    fn active_of(&self, tenant: &str) -> usize {
+        self.lock()
+            .values()
+            .filter(|j| j.tenant == tenant && j.status.is_active())
+            .count()
+    }
+
+    fn insert(&self, job: Job) -> std::io::Result<()> {
+        self.persist(&job)?;
+        self.lock().insert(job.id.clone(), job);
+        Ok(())
+    }
+
+    /// Applies `change` to job `id` and persists it; returns the new record.
+    fn update(&self, id: &str, change: impl FnOnce(&mut Job)) -> Option<Job> {
+        let mut jobs = self.lock();
+        let job = jobs.get_mut(id)?;
+        change(job);
+        let snapshot = job.clone();
+        drop(jobs);
+        if let Err(e) = self.persist(&snapshot) {
+            tracing::error!(job = id, error = %e, "could not persist a job update");
+        }
+        Some(snapshot)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AsyncCall {
+    export: String,
+    #[serde(default)]
+    args: Vec<Value>,
+}
+
+pub(crate) async fn invoke_async(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    UrlPath(id): UrlPath<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let tenant = caller.tenant()?.clone();
+    if !is_valid_function_id(&id) {
+        return Err(RuntimeError::FunctionNotFound(id).into());
+    }
+    let (style, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
+    if style != InvocationStyle::Export {
+        return Err(RuntimeError::WrongStyle(format!(
+            "function {id} is a WASI command; invoke-async serves export-call functions"
+        ))
+        .into());
+    }
+    let body = crate::routes::body(bytes)?;
+    let call: AsyncCall = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+    tenant.check_rate().map_err(|e| quota_error(&tenant, e))?;
+    {
+        let (runtime, id, export, args) = (
+            state.inner.runtime.clone(),
+            id.clone(),
+            call.export.clone(),
+            call.args.clone(),
+        );
+        crate::routes::blocking(move || runtime.check_export_call(&id, &export, &args)).await?;
+    }
+    let board = &state.inner.jobs;
+    board.sweep();
+    if board.active_of(tenant.id()) >= MAX_ACTIVE_PER_TENANT {
+        let mut e = ApiError::new(
+            "quota_exhausted",
+            format!(
+                "tenant {}: {MAX_ACTIVE_PER_TENANT} jobs are already queued or running",
+                tenant.id()
+            ),
+        );
+        e.retry_after_s = Some(1);
+        return Err(e);
+    }
+    let job = Job {
+        id: new_job_id(),
+        tenant: tenant.id().to_owned(),
+        function_id: id.clone(),
+        export: call.export,
+        args: call.args,
+        status: JobStatus::Queued,
+        results: None,
+        error: None,
+        created_at_ms: now_ms(),
+        started_at_ms: None,
+        finished_at_ms: None,
+        cancel_requested: false,
+    };
+    board.insert(job.clone()).map_err(ApiError::internal)?;
+
+    let task_state = state.clone();
+    let job_id = job.id.clone();
+    tokio::spawn(async move {
+        run_job(task_state, tenant, job_id, memory).await;
+    });
+    let location = format!("/jobs/{}", job.id);
+    Ok((
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, location)],
+        Json(json!({ "job_id": job.id, "status": job.status })),
+    )
+        .into_response())
+}
+
+async fn run_job(
+    state: AppState,
+    tenant: Arc<tensor_wasm_tenant::Tenant>,
+    job_id: String,
+    memory: u64,
+) {
+    let board = &state.inner.jobs;
+    let fail = |error: ApiError| {
+        board.update(&job_id, |j| {
+            j.status = JobStatus::Failed;
+            j.error = Some(json!({"code": error.code, "message": error.message}));
+            j.finished_at_ms = Some(now_ms());
+        });
+    };
+    // Quotas and a slot are taken when the job starts, like any invocation.
+    let guards = (|| {
+        Ok::<_, ApiError>((
+            tenant
+                .acquire(Resource::ConcurrentInvocations, 1)
+                .map_err(|e| quota_error(&tenant, e))?,
+            tenant
+                .acquire(Resource::LiveInstances, 1)
+                .map_err(|e| quota_error(&tenant, e))?,
+            tenant
+                .acquire(Resource::GuestMemoryBytes, memory)
+                .map_err(|e| quota_error(&tenant, e))?,
+        ))
+    })();
+    let guards = match guards {
+        Ok(g) => g,
+        Err(e) => return fail(e),
+    };
+    let permit = match crate::routes::acquire_slot(&state).await {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let Some(job) = board.update(&job_id, |j| {
+        if !j.cancel_requested {
+            j.status = JobStatus::Running;
+            j.started_at_ms = Some(now_ms());
+        }
+    }) else {
+        return;
+    };
+    if job.cancel_requested {
+        return;
+    }
+    let runtime = state.inner.runtime.clone();
+    let result = crate::routes::blocking(move || {
+        let _held = (permit, guards);
+        runtime.invoke_export(&job.function_id, &job.export, &job.args)
+    })
+    .await;
+    board.update(&job_id, |j| {
+        j.finished_at_ms = Some(now_ms());
+        if j.cancel_requested {
+            j.status = JobStatus::Cancelled;
+            return;
+        }
+        match result {
+            Ok(results) => {
+                j.status = JobStatus::Succeeded;
+                j.results = Some(results);
+            }
+            Err(e) => {
+                j.status = JobStatus::Failed;
+                j.error = Some(json!({"code": e.code, "message": e.message}));
+            }
+        }
+    });
+}
+
+fn job_not_found(id: &str) -> ApiError {
+    ApiError::new("not_found", format!("job {id} not found"))
+}
+
+pub(crate) async fn get_job(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<Job>, ApiError> {
+    let tenant = caller.tenant()?;
+    if !is_valid_job_id(&id) {
+        return Err(job_not_found(&id));
+    }
+    state
+        .inner
+        .jobs
+        .get(tenant.id(), &id)
+        .map(Json)
+        .ok_or_else(|| job_not_found(&id))
+}
+
+pub(crate) async fn cancel_job(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<Job>, ApiError> {
+    let tenant = caller.tenant()?;
+    if !is_valid_job_id(&id) || state.inner.jobs.get(tenant.id(), &id).is_none() {
+        return Err(job_not_found(&id));
+    }
+    let job = state
+        .inner
+        .jobs
+        .update(&id, |j| {
+            if j.status.is_active() {
+                j.cancel_requested = true;
+                if j.status == JobStatus::Queued {
+                    j.status = JobStatus::Cancelled;
+                    j.finished_at_ms = Some(now_ms());
+                }
+            }
+        })
+        .ok_or_else(|| job_not_found(&id))?;
+    Ok(Json(job))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(status: JobStatus) -> Job {
+        Job {
+            id: new_job_id(),
+            tenant: "tn-0123456789abcdef".into(),
+            function_id: "fn-0123456789abcdef01234567".into(),
+            export: "add".into(),
+            args: vec![json!(1)],
+            status,
+            results: None,
+            error: None,
+            created_at_ms: now_ms(),
+            started_at_ms: None,
+            finished_at_ms: None,
+            cancel_requested: false,
+        }
+    }
+
+    #[test]
+    fn unfinished_jobs_survive_a_restart_as_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let board = JobBoard::open(dir.path()).unwrap();
+        let (queued, running, done) = (
+            job(JobStatus::Queued),
+            job(JobStatus::Running),
+            Job {
+                results: Some(vec![json!(3)]),
+                finished_at_ms: Some(now_ms()),
+                ..job(JobStatus::Succeeded)
+            },
+        );
+        for j in [&queued, &running, &done] {
+            board.insert(j.clone()).unwrap();
+        }
+        std::fs::write(dir.path().join("jobs/half.partial"), b"{").unwrap();
+        drop(board);
+
+        let board = JobBoard::open(dir.path()).unwrap();
+        for j in [&queued, &running] {
+            let after = board.get(&j.tenant, &j.id).unwrap();
+            assert_eq!(after.status, JobStatus::Failed);
+            assert_eq!(after.error.unwrap()["message"], "failed: server restarted");
+        }
+        assert_eq!(board.get(&done.tenant, &done.id).unwrap(), done);
+        assert!(
+            board.get("tn-ffffffffffffffff", &done.id).is_none(),
+            "scoped by tenant"
+        );
+        assert!(!dir.path().join("jobs/half.partial").exists());
+    }
+
+    #[test]
+    fn finished_jobs_expire_after_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let board = JobBoard::open(dir.path()).unwrap();
+        let old = Job {
+            finished_at_ms: Some(now_ms() - RETENTION.as_millis() as u64 - 1000),
+            ..job(JobStatus::Succeeded)
+        };
+        board.insert(old.clone()).unwrap();
+        board.sweep();
+        assert!(board.get(&old.tenant, &old.id).is_none());
+        assert!(!dir.path().join(format!("jobs/{}.json", old.id)).exists());
+    }
+
+    #[test]
+    fn job_ids_are_validated() {
+        assert!(is_valid_job_id(&new_job_id()));
+        assert!(!is_valid_job_id("job-../../etc"));
+    }
+}
