@@ -1,0 +1,64 @@
+//! Memory snapshots of TensorWasm function instances: capture a linear memory plus its
+//! metadata once, restore it many times.
+//!
+//! Two encodings share one data model, [`SnapshotMeta`] (bincode 2, small) plus the raw
+//! memory image, which never passes through the serializer:
+//!
+//! - **portable** ([`capture_portable`], [`restore_portable`]): a self-checking byte string
+//!   for storage and transfer. The image is cut into fixed-size chunks, each an independent
+//!   zstd frame with its own CRC-32C, so capture and restore use every core.
+//! - **local** ([`write_local`], [`LocalImage`], [`portable_to_local`]): a per-host file whose
+//!   data region is the image itself at page-aligned offsets, all-zero pages left as holes.
+//!   [`LocalImage::map_into`] maps it copy-on-write over the destination memory in one
+//!   `mmap`, so restore time does not grow with the image; [`LocalImage::read_into`] is the
+//!   eager fallback.
+//!
+//! Every decoder validates header, version, module hash and checksums before using a byte,
+//! checks declared sizes against [`RestoreLimits`] before allocating, and returns a
+//! [`SnapshotError`] instead of panicking. The byte layouts are specified in
+//! `docs/snapshot-format.md`.
+//!
+//! `unsafe` code lives only in the private `mapping` module (file and anonymous `mmap`).
+//!
+//! # Example
+//!
+//! ```
+//! use tensor_wasm_snapshot::{
+//!     capture_portable, realistic_image, restore_portable, CaptureOptions, RestoreLimits,
+//!     SnapshotMeta,
+//! };
+//!
+//! let module_sha256 = [0xab; 32];
+//! let memory = realistic_image(4 * 65_536, 7);
+//! let meta = SnapshotMeta::new(module_sha256, "resize", "acme", memory.len() as u64);
+//!
+//! let snapshot = capture_portable(&meta, &memory, &CaptureOptions::default())?;
+//! let (meta_back, memory_back) =
+//!     restore_portable(&snapshot, &RestoreLimits::default(), &module_sha256)?;
+//! assert_eq!(meta_back, meta);
+//! assert_eq!(memory_back, memory);
+//!
+//! // A snapshot of another module is refused.
+//! assert!(restore_portable(&snapshot, &RestoreLimits::default(), &[0; 32]).is_err());
+//! # Ok::<(), tensor_wasm_snapshot::SnapshotError>(())
+//! ```
+
+mod error;
+mod image;
+mod local;
+mod mapping;
+mod meta;
+mod portable;
+
+pub use error::SnapshotError;
+pub use image::{realistic_image, IMAGE_PAGE};
+pub use local::{portable_to_local, write_local, LocalImage, LOCAL_HEADER_LEN, LOCAL_MAGIC};
+pub use mapping::AnonymousPages;
+pub use meta::{
+    GlobalValue, RestoreLimits, SnapshotMeta, TableSnapshot, ValType, FORMAT_VERSION,
+    META_HARD_LIMIT,
+};
+pub use portable::{
+    capture_portable, read_portable_meta, restore_portable, CaptureOptions, PORTABLE_HEADER_LEN,
+    PORTABLE_MAGIC,
+};
