@@ -30,7 +30,7 @@ pub enum AuthMode {
     Insecure(Arc<Tenant>),
 }
 
-/// Who is calling, put in the request extensions by [`authenticate`].
+/// Who is calling, put in the request extensions by the `observe` middleware.
 #[derive(Clone)]
 pub enum Caller {
     Admin,
