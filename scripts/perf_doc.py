@@ -30,6 +30,11 @@ INVENTORY = [
     ("jit_compile/cache/warm_hit", "tensor-wasm-bench", "benches/jit_compile.rs", "KernelCache::get of a present kernel", "lookups/s"),
     ("tenant_registry/lookup/<N>", "tensor-wasm-tenant", "benches/context_switch.rs", "TenantRegistry::lookup of an existing id among N tenants", "lookups/s"),
     ("tenant_registry/consume_release/256KiB", "tensor-wasm-tenant", "benches/context_switch.rs", "Tenant::acquire of 256 KiB guest memory + guard drop", "round trips/s"),
+    ("cold_start/capture/<bytes>", "tensor-wasm-snapshot", "benches/cold_start.rs", "portable snapshot capture of a realistic image (zstd frames, both cores)", "bytes/s"),
+    ("cold_start/restore/<bytes>", "tensor-wasm-snapshot", "benches/cold_start.rs", "eager portable restore", "bytes/s"),
+    ("cold_start/restore_lazy/<bytes>", "tensor-wasm-snapshot", "benches/cold_start.rs", "local image: open + mmap copy-on-write + first touch", "bytes/s"),
+    ("cold_start/disk_round_trip/<bytes>", "tensor-wasm-snapshot", "benches/cold_start.rs", "capture + write + read + restore", "bytes/s"),
+    ("cold_start/memcpy/<bytes>", "tensor-wasm-snapshot", "benches/cold_start.rs", "memcpy peer of the same image", "bytes/s"),
     ("memory_bandwidth/strided/<bytes>", "tensor-wasm-bench", "benches/memory_bandwidth.rs", "64-byte copies at a 4096-byte stride over a GuardedHostBuffer, with a Vec peer", "bytes/s"),
 ]
 
