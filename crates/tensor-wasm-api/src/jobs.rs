@@ -28,7 +28,6 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tensor_wasm_runtime::{is_valid_function_id, InvocationStyle, RuntimeError};
-use tensor_wasm_tenant::Resource;
 
 use crate::auth::{quota_error, Caller};
 use crate::{ApiError, AppState};
@@ -313,20 +312,8 @@ async fn run_job(
         });
     };
     // Quotas and a slot are taken when the job starts, like any invocation.
-    let guards = (|| {
-        Ok::<_, ApiError>((
-            tenant
-                .acquire(Resource::ConcurrentInvocations, 1)
-                .map_err(|e| quota_error(&tenant, e))?,
-            tenant
-                .acquire(Resource::LiveInstances, 1)
-                .map_err(|e| quota_error(&tenant, e))?,
-            tenant
-                .acquire(Resource::GuestMemoryBytes, memory)
-                .map_err(|e| quota_error(&tenant, e))?,
-        ))
-    })();
-    let guards = match guards {
+    let uvm = state.inner.runtime.is_uvm_backed();
+    let guards = match crate::routes::invocation_guards(&tenant, memory, uvm) {
         Ok(g) => g,
         Err(e) => return fail(e),
     };

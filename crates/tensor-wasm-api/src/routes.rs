@@ -14,7 +14,7 @@ use serde_json::{json, Value as Json_};
 use tensor_wasm_runtime::{
     is_valid_function_id, CommandOutput, DeploySpec, InvocationStyle, Runtime, RuntimeError,
 };
-use tensor_wasm_tenant::{Resource, Tenant};
+use tensor_wasm_tenant::{QuotaGuard, Resource, Tenant};
 
 use crate::auth::{quota_error, Caller};
 use crate::{ApiError, AppState};
@@ -293,25 +293,7 @@ pub(crate) async fn invoke(
     tenant.check_rate().map_err(quota)?;
     // Released on every exit path: the guards move into the blocking task and
     // drop when the guest has finished (trap, timeout or client gone alike).
-    let guards = (
-        tenant
-            .acquire(Resource::ConcurrentInvocations, 1)
-            .map_err(quota)?,
-        tenant.acquire(Resource::LiveInstances, 1).map_err(quota)?,
-        tenant
-            .acquire(Resource::GuestMemoryBytes, memory)
-            .map_err(quota)?,
-        // Guest memory is device memory too when it is CUDA managed memory.
-        if runtime.is_uvm_backed() {
-            Some(
-                tenant
-                    .acquire(Resource::GpuMemoryBytes, memory)
-                    .map_err(quota)?,
-            )
-        } else {
-            None
-        },
-    );
+    let guards = invocation_guards(&tenant, memory, runtime.is_uvm_backed())?;
     let bytes = body(bytes)?;
     let call = match style {
         InvocationStyle::Export => Some(parse_json::<ExportCallRequest>(&bytes)?),
@@ -339,6 +321,38 @@ pub(crate) async fn invoke(
             Ok(command_response(output, wants_json(&headers)))
         }
     }
+}
+
+/// The quota a running invocation holds: one concurrent invocation, one live
+/// instance, its memory limit of guest memory (and of GPU memory when guest
+/// memory is CUDA managed memory). Released when dropped — the holders move
+/// into the blocking task, so traps, timeouts and gone clients release alike.
+pub(crate) struct InvocationGuards {
+    _held: [Option<QuotaGuard>; 4],
+}
+
+pub(crate) fn invocation_guards(
+    tenant: &Tenant,
+    memory: u64,
+    uvm: bool,
+) -> Result<InvocationGuards, ApiError> {
+    let take = |resource, amount| {
+        tenant
+            .acquire(resource, amount)
+            .map_err(|e| quota_error(tenant, e))
+    };
+    Ok(InvocationGuards {
+        _held: [
+            Some(take(Resource::ConcurrentInvocations, 1)?),
+            Some(take(Resource::LiveInstances, 1)?),
+            Some(take(Resource::GuestMemoryBytes, memory)?),
+            if uvm {
+                Some(take(Resource::GpuMemoryBytes, memory)?)
+            } else {
+                None
+            },
+        ],
+    })
 }
 
 pub(crate) async fn acquire_slot(

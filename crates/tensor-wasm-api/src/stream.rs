@@ -25,7 +25,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tensor_wasm_runtime::stream::{StreamIo, StreamLimits};
 use tensor_wasm_runtime::{is_valid_function_id, InvocationStyle, RuntimeError};
-use tensor_wasm_tenant::Resource;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -144,15 +143,8 @@ pub(crate) async fn invoke_stream(
     let input = crate::routes::body(bytes)?.to_vec();
     let quota = |e| quota_error(&tenant, e);
     tenant.check_rate().map_err(quota)?;
-    let guards = (
-        tenant
-            .acquire(Resource::ConcurrentInvocations, 1)
-            .map_err(quota)?,
-        tenant.acquire(Resource::LiveInstances, 1).map_err(quota)?,
-        tenant
-            .acquire(Resource::GuestMemoryBytes, memory)
-            .map_err(quota)?,
-    );
+    let guards =
+        crate::routes::invocation_guards(&tenant, memory, state.inner.runtime.is_uvm_backed())?;
     // Refuse bad calls with a proper status before the response starts.
     let runtime = state.inner.runtime.clone();
     {
