@@ -27,7 +27,6 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tensor_wasm_runtime::{is_valid_function_id, InvocationStyle, RuntimeError};
 
 use crate::auth::{quota_error, Caller};
 use crate::{ApiError, AppState};
@@ -231,16 +230,7 @@ pub(crate) async fn invoke_async(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?.clone();
-    if !is_valid_function_id(&id) {
-        return Err(RuntimeError::FunctionNotFound(id).into());
-    }
-    let (style, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
-    if style != InvocationStyle::Export {
-        return Err(RuntimeError::WrongStyle(format!(
-            "function {id} is a WASI command; invoke-async serves export-call functions"
-        ))
-        .into());
-    }
+    let memory = crate::routes::owned_export_function(&state, &tenant, &id, "invoke-async")?;
     let body = crate::routes::body(bytes)?;
     let call: AsyncCall = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;

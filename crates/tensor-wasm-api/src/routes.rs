@@ -355,6 +355,28 @@ pub(crate) fn invocation_guards(
     })
 }
 
+/// The memory limit of export-call function `id` if `tenant` owns it; 404
+/// for malformed, unknown or other tenants' ids, 400 `wrong_style` for a WASI
+/// command (`route` names the route in the message).
+pub(crate) fn owned_export_function(
+    state: &AppState,
+    tenant: &Tenant,
+    id: &str,
+    route: &str,
+) -> Result<u64, ApiError> {
+    if !is_valid_function_id(id) {
+        return Err(RuntimeError::FunctionNotFound(id.to_owned()).into());
+    }
+    let (style, memory) = state.inner.runtime.invocation_of(id, tenant.id())?;
+    if style != InvocationStyle::Export {
+        return Err(RuntimeError::WrongStyle(format!(
+            "function {id} is a WASI command; {route} serves export-call functions"
+        ))
+        .into());
+    }
+    Ok(memory)
+}
+
 pub(crate) async fn acquire_slot(
     state: &AppState,
 ) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {

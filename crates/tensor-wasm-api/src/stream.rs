@@ -24,7 +24,7 @@ use futures_core::Stream;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tensor_wasm_runtime::stream::{StreamIo, StreamLimits};
-use tensor_wasm_runtime::{is_valid_function_id, InvocationStyle, RuntimeError};
+use tensor_wasm_runtime::RuntimeError;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -112,16 +112,7 @@ pub(crate) async fn invoke_stream(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?.clone();
-    if !is_valid_function_id(&id) {
-        return Err(RuntimeError::FunctionNotFound(id).into());
-    }
-    let (style, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
-    if style != InvocationStyle::Export {
-        return Err(RuntimeError::WrongStyle(format!(
-            "function {id} is a WASI command; invoke-stream serves export-call functions"
-        ))
-        .into());
-    }
+    let memory = crate::routes::owned_export_function(&state, &tenant, &id, "invoke-stream")?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let export = query
         .export
