@@ -11,7 +11,7 @@ use std::path::Path;
 
 use tensor_wasm_api::{default_tenant, router, ApiConfig, AppState, AuthMode};
 use tensor_wasm_dispatch::DispatchConfig;
-use tensor_wasm_gpu::{open_backend, DeviceChoice};
+use tensor_wasm_gpu::{open_backend_with, DeviceChoice, GpuIsolation};
 use tensor_wasm_runtime::{FsFunctionStore, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics};
 use tensor_wasm_tenant::{FsTenantStore, Resource, TenantMetrics, TenantRegistry};
 
@@ -80,6 +80,13 @@ pub struct ServeArgs {
     /// Kernel device: `cpu`, `cuda` (fails without a usable GPU) or `auto`.
     #[arg(long, env = "TENSOR_WASM_DEVICE", default_value = "auto")]
     device: DeviceChoice,
+    /// GPU isolation between tenants: `stream` (a CUDA stream per tenant in one
+    /// shared context: cheap, concurrent kernels, one fault domain) or `context`
+    /// (a CUDA context per tenant: separate device allocations, a faulted context
+    /// is replaced, costs device memory per context, kernels time-sliced). See
+    /// docs/ARCHITECTURE.md. No effect on the CPU backend.
+    #[arg(long, env = "TENSOR_WASM_GPU_ISOLATION", default_value = "stream")]
+    gpu_isolation: GpuIsolation,
     /// Guest linear memory: `pooled` (host memory, fastest instantiation; CPU
     /// only) or `unified` (one buffer per instance, pre-allocated at the
     /// function's memory limit; CUDA managed memory on CUDA). CUDA forces `unified`.
@@ -127,7 +134,7 @@ fn init_logging(format: LogFormat) {
 
 impl ServeArgs {
     fn runtime_config(&self) -> anyhow::Result<RuntimeConfig> {
-        let backend = open_backend(self.device)
+        let backend = open_backend_with(self.device, self.gpu_isolation)
             .with_context(|| format!("opening the `{}` kernel device", self.device))?;
         Ok(RuntimeConfig {
             backend,
@@ -140,6 +147,7 @@ impl ServeArgs {
                 max_queued: self.max_queued_launches,
             },
             allow_raw_ptx: self.allow_raw_ptx,
+            gpu_isolation: self.gpu_isolation,
             default_timeout: Duration::from_millis(self.default_timeout_ms),
             max_timeout: Duration::from_millis(self.max_timeout_ms),
             default_memory_limit_bytes: self.default_memory_limit_bytes,

@@ -14,8 +14,8 @@ use crate::kernel::{KernelKind, ProgramKernel};
 use crate::program::{ProgramCache, PROGRAM_CACHE_CAPACITY};
 use crate::validate::{self, BuiltinCall};
 use crate::{
-    Backend, BuiltinKernel, Completion, Device, GpuError, Kernel, KernelArg, KernelProgram,
-    LaunchConfig,
+    Backend, BuiltinKernel, Completion, Device, GpuError, GpuIsolation, Kernel, KernelArg,
+    KernelProgram, LaunchConfig, TenantKey, TenantLaneStats,
 };
 
 /// Elementwise kernels: fewer elements than this per task are not worth another thread.
@@ -28,10 +28,15 @@ const TILE_ROWS: usize = 4;
 const TILE_COLS: usize = 64;
 
 /// Runs the builtin kernels on the host.
+///
+/// Tenants: the CPU has no streams or contexts, so the tenant key of loads and launches is
+/// ignored (every tenant's work shares the one worker pool, first come first served), and the
+/// isolation level is only reported.
 pub(crate) struct CpuBackend {
     device: Device,
     pool: WorkerPool,
     programs: ProgramCache<Kernel>,
+    isolation: GpuIsolation,
 }
 
 impl CpuBackend {
@@ -46,7 +51,14 @@ impl CpuBackend {
             device: Device::Cpu,
             pool: WorkerPool::start(workers.max(1))?,
             programs: ProgramCache::new(PROGRAM_CACHE_CAPACITY),
+            isolation: GpuIsolation::default(),
         })
+    }
+
+    /// The isolation level to report (the CPU backend has nothing to isolate it with).
+    pub(crate) fn with_isolation(mut self, isolation: GpuIsolation) -> Self {
+        self.isolation = isolation;
+        self
     }
 
     /// How many programs this backend has loaded (cache misses), for tests.
@@ -104,21 +116,30 @@ impl Backend for CpuBackend {
         Ok(Kernel::builtin(kernel))
     }
 
-    fn load_ptx(&self, _ptx: &str, entry: &str) -> Result<Kernel, GpuError> {
+    fn load_ptx(&self, _tenant: &TenantKey, _ptx: &str, entry: &str) -> Result<Kernel, GpuError> {
         Err(GpuError::NotAvailable(format!(
             "raw PTX needs a CUDA device; this host runs the CPU backend, which has only the \
              builtin kernels (cannot load entry `{entry}`)"
         )))
     }
 
-    fn load_cubin(&self, _cubin: &[u8], entry: &str) -> Result<Kernel, GpuError> {
+    fn load_cubin(
+        &self,
+        _tenant: &TenantKey,
+        _cubin: &[u8],
+        entry: &str,
+    ) -> Result<Kernel, GpuError> {
         Err(GpuError::NotAvailable(format!(
             "a cubin needs a CUDA device; this host runs the CPU backend (cannot load entry \
              `{entry}`)"
         )))
     }
 
-    fn load_program(&self, program: Arc<dyn KernelProgram>) -> Result<Kernel, GpuError> {
+    fn load_program(
+        &self,
+        _tenant: &TenantKey,
+        program: Arc<dyn KernelProgram>,
+    ) -> Result<Kernel, GpuError> {
         self.programs.get_or_load(program.fingerprint(), || {
             Ok(Kernel {
                 kind: KernelKind::Program(Arc::new(ProgramKernel {
@@ -131,6 +152,7 @@ impl Backend for CpuBackend {
 
     unsafe fn launch_unscoped<'m>(
         &self,
+        _tenant: &TenantKey,
         kernel: &Kernel,
         config: &LaunchConfig,
         args: &[KernelArg],
@@ -173,6 +195,14 @@ impl Backend for CpuBackend {
     }
 
     fn cuda_context(&self) -> Option<Arc<cudarc::driver::CudaContext>> {
+        None
+    }
+
+    fn isolation(&self) -> GpuIsolation {
+        self.isolation
+    }
+
+    fn tenant_lanes(&self) -> Option<TenantLaneStats> {
         None
     }
 }

@@ -1,6 +1,15 @@
 //! The CUDA backend: device discovery, the builtin PTX modules, tenant PTX and cubin,
-//! host-described programs (loaded once per fingerprint), launches on one stream, and completion
-//! through blocking-sync events waited on by a dedicated thread.
+//! host-described programs (loaded once per fingerprint and context), launches on per-tenant
+//! lanes, and completion through blocking-sync events waited on by each lane's thread.
+//!
+//! Lanes (see [`crate::isolation`]): under [`GpuIsolation::StreamPerTenant`] a tenant's lane is
+//! a stream of its own in the device's primary context, which every lane shares; under
+//! [`GpuIsolation::ContextPerTenant`] it is a stream in a non-primary context of the tenant's
+//! own (`cuCtxCreate`), with its own copies of the builtin modules and its own program cache.
+//! Guest memory is CUDA managed memory allocated in the primary context (`CU_MEM_ATTACH_GLOBAL`),
+//! which the driver documents as valid on every device and stream, so every lane reaches it.
+//! Each lane has a thread that waits for its launches in submission order: a slow kernel of one
+//! tenant does not delay the completion of another tenant's kernel.
 //!
 //! cudarc panics when `libcuda.so` is missing, so every entry point here first probes for the
 //! library (`is_culib_present`) and runs the driver calls under `catch_unwind` as a second line
@@ -8,9 +17,9 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, DriverError, PushKernelArg};
@@ -18,12 +27,13 @@ use cudarc::nvrtc::Ptx;
 
 use crate::completion::Signal;
 use crate::error::driver_error_text;
+use crate::isolation::TenantLanes;
 use crate::kernel::{KernelKind, ProgramKernel};
 use crate::program::{ProgramCache, PROGRAM_CACHE_CAPACITY};
 use crate::validate::{self, BuiltinCall};
 use crate::{
-    Backend, BuiltinKernel, Completion, CudaDeviceInfo, Device, GpuError, Kernel, KernelArg,
-    KernelProgram, LaunchConfig,
+    Backend, BuiltinKernel, Completion, CudaDeviceInfo, Device, GpuError, GpuIsolation, Kernel,
+    KernelArg, KernelProgram, LaunchConfig, TenantKey, TenantLaneStats,
 };
 
 /// Most parameters accepted from a tenant kernel (CUDA allows at most 32 764 bytes of them).
@@ -147,6 +157,11 @@ fn query_device(ctx: &Arc<CudaContext>) -> Result<CudaDeviceInfo, GpuError> {
 /// layout the driver reports.
 pub(crate) struct PtxFunction {
     backend_id: u64,
+    /// The [`ContextState::id`] of the context the module was loaded in.
+    context_id: u64,
+    /// Tenant code: the tenant it was loaded for, and the lane it runs in. `None` for a
+    /// program's function (programs may run for any tenant; they are cached per context).
+    owner: Option<(TenantKey, Arc<Lane>)>,
     entry: String,
     function: CudaFunction,
     param_sizes: Vec<usize>,
@@ -214,10 +229,147 @@ struct PendingLaunch {
     signal: Arc<Signal>,
 }
 
-/// What a launch needs under one lock: the way to the waiter and the spare events.
-struct Launcher {
-    to_waiter: Option<Sender<PendingLaunch>>,
-    spare_events: Arc<Mutex<Vec<BlockingEvent>>>,
+/// One CUDA context and what is loaded in it: the builtins, the programs by fingerprint, and
+/// completion events to reuse.
+struct ContextState {
+    /// Unique among all contexts of all backends of this process.
+    id: u64,
+    ctx: Arc<CudaContext>,
+    builtins: BuiltinFunctions,
+    /// Loaded programs by fingerprint: the program loaded first, and its function.
+    programs: ProgramCache<(Arc<ProgramKernel>, Arc<PtxFunction>)>,
+    spare_events: Mutex<Vec<BlockingEvent>>,
+}
+
+impl ContextState {
+    /// Loads the builtins into `ctx`.
+    fn new(ctx: Arc<CudaContext>) -> Result<Arc<Self>, GpuError> {
+        static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let builtins = BuiltinFunctions::load(&ctx)?;
+        Ok(Arc::new(Self {
+            id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ctx,
+            builtins,
+            programs: ProgramCache::new(PROGRAM_CACHE_CAPACITY),
+            spare_events: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// Makes this context current on the calling thread, unconditionally.
+    ///
+    /// cudarc binds a context only when the thread's current handle differs from it. Tenant
+    /// contexts are destroyed and created as tenants come and go, and a thread may still have a
+    /// destroyed one current; should the driver hand out the same handle again, that check
+    /// would skip the bind. Setting it here first rules that out. (The primary context lives
+    /// as long as the backend, so it needs none of this.)
+    fn make_current(&self) -> Result<(), GpuError> {
+        if self.ctx.is_primary() {
+            return Ok(());
+        }
+        // SAFETY: the context is alive (held by `self`); making it current has no other effect.
+        unsafe { sys::cuCtxSetCurrent(self.ctx.cu_ctx()) }
+            .result()
+            .map_err(|error| GpuError::cuda("making a tenant context current", error))
+    }
+
+    /// A completion event of this context: a spare one, or a new one.
+    fn event(&self) -> Result<BlockingEvent, GpuError> {
+        // The pool is a plain list of whole events: a poisoned lock still holds a valid one.
+        let spare = self
+            .spare_events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        match spare {
+            Some(event) => Ok(event),
+            None => BlockingEvent::new(&self.ctx)
+                .map_err(|error| GpuError::cuda("creating a completion event", error)),
+        }
+    }
+}
+
+/// Where one tenant's launches go: a stream (in the shared context or in the tenant's own, as
+/// the isolation level says) and the thread that waits for the launches on it.
+///
+/// The thread holds the context and the stream until it has reported every launch sent to it,
+/// so a lane that leaves the tenant map (or a backend that is dropped) never cuts a launch short.
+pub(crate) struct Lane {
+    context: Arc<ContextState>,
+    stream: Arc<CudaStream>,
+    /// The way to the waiter thread; `None` once closed. Held while submitting, so launches
+    /// reach the waiter in the order they were queued on the stream.
+    to_waiter: Mutex<Option<Sender<PendingLaunch>>>,
+    waiter: Mutex<Option<JoinHandle<()>>>,
+    /// Set by the waiter when a kernel on this lane failed while running. Such errors (an
+    /// illegal address, a trap) are sticky: the context is unusable from then on.
+    faulted: Arc<AtomicBool>,
+}
+
+impl Lane {
+    /// A new stream in `context` and its waiter thread.
+    fn open(context: Arc<ContextState>, thread_name: String) -> Result<Arc<Self>, GpuError> {
+        let stream = context
+            .ctx
+            .new_stream()
+            .map_err(|error| GpuError::cuda("creating a tenant stream", error))?;
+        let (to_waiter, from_launches) = mpsc::channel();
+        let faulted = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let context = context.clone();
+            let stream = stream.clone();
+            let faulted = faulted.clone();
+            std::thread::Builder::new()
+                .name(thread_name)
+                .spawn(move || {
+                    wait_for_launches(&context, &from_launches, &faulted);
+                    // Every launch on the stream has been reported: it may be destroyed now.
+                    drop(stream);
+                })
+                .map_err(|error| {
+                    GpuError::NotAvailable(format!("cannot start a CUDA event thread: {error}"))
+                })?
+        };
+        Ok(Arc::new(Self {
+            context,
+            stream,
+            to_waiter: Mutex::new(Some(to_waiter)),
+            waiter: Mutex::new(Some(waiter)),
+            faulted,
+        }))
+    }
+
+    /// Whether a kernel on this lane failed while running.
+    fn faulted(&self) -> bool {
+        self.faulted.load(Ordering::Acquire)
+    }
+
+    /// Closes the way to the waiter thread, which reports the launches still queued and ends;
+    /// with `join`, waits for that.
+    fn close(&self, join: bool) {
+        // Both locks hold an `Option` replaced whole: a poisoned lock still holds a valid one.
+        self.to_waiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let waiter = self
+            .waiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let (true, Some(waiter)) = (join, waiter) {
+            if waiter.thread().id() != std::thread::current().id() {
+                let _ = waiter.join();
+            }
+        }
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        // Detach the thread rather than wait for it: the drop may happen on a launching thread
+        // of another tenant (an eviction), which must not wait for this tenant's kernels.
+        self.close(false);
+    }
 }
 
 /// The three builtin functions, loaded when the backend opens.
@@ -279,35 +431,39 @@ enum Param {
 /// Runs kernels on one CUDA device.
 pub(crate) struct CudaBackend {
     id: u64,
+    ordinal: usize,
     device: Device,
     compute_capability: (u32, u32),
     driver_version: i32,
     pageable_memory_access: bool,
     concurrent_managed_access: bool,
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    builtins: BuiltinFunctions,
-    /// Loaded programs by fingerprint: the program loaded first, and its function.
-    programs: ProgramCache<(Arc<ProgramKernel>, Arc<PtxFunction>)>,
-    launcher: Mutex<Launcher>,
-    waiter: Option<JoinHandle<()>>,
+    isolation: GpuIsolation,
+    /// The device's primary context: guest memory is allocated in it, and under
+    /// `StreamPerTenant` every lane is a stream in it.
+    shared: Arc<ContextState>,
+    /// Each tenant's lane, created on first use, at most `isolation.lane_capacity()`.
+    lanes: TenantLanes<Arc<Lane>>,
+    /// Numbers the lanes' thread names.
+    next_lane: AtomicU64,
 }
 
 impl std::fmt::Debug for CudaBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaBackend")
             .field("device", &self.device)
+            .field("isolation", &self.isolation)
             .finish_non_exhaustive()
     }
 }
 
 impl CudaBackend {
-    /// Opens device `ordinal`: context, stream, builtin modules and the waiter thread.
-    pub(crate) fn open(ordinal: usize) -> Result<Self, GpuError> {
-        with_driver(|| Self::open_with_driver(ordinal))
+    /// Opens device `ordinal`: its primary context and the builtin modules in it. Tenant lanes
+    /// (streams, or contexts under `ContextPerTenant`) are created on each tenant's first use.
+    pub(crate) fn open(ordinal: usize, isolation: GpuIsolation) -> Result<Self, GpuError> {
+        with_driver(|| Self::open_with_driver(ordinal, isolation))
     }
 
-    fn open_with_driver(ordinal: usize) -> Result<Self, GpuError> {
+    fn open_with_driver(ordinal: usize, isolation: GpuIsolation) -> Result<Self, GpuError> {
         let count = init_driver()?;
         if ordinal >= count {
             return Err(GpuError::NotAvailable(format!(
@@ -317,46 +473,89 @@ impl CudaBackend {
         let ctx = CudaContext::new(ordinal)
             .map_err(|error| GpuError::cuda("creating the context", error))?;
         let info = query_device(&ctx)?;
-        let stream = ctx
-            .new_stream()
-            .map_err(|error| GpuError::cuda("creating the stream", error))?;
-        let builtins = BuiltinFunctions::load(&ctx)?;
-        let (to_waiter, from_launches) = mpsc::channel();
-        let spare_events = Arc::new(Mutex::new(Vec::new()));
-        let waiter = {
-            let ctx = ctx.clone();
-            let spare_events = spare_events.clone();
-            std::thread::Builder::new()
-                .name(format!("tensor-wasm-cuda{ordinal}-events"))
-                .spawn(move || wait_for_launches(&ctx, &from_launches, &spare_events))
-                .map_err(|error| {
-                    GpuError::NotAvailable(format!("cannot start the CUDA event thread: {error}"))
-                })?
-        };
+        // The builtins are loaded here even when every tenant gets a context of its own: a
+        // builtin whose parameters do not match the launch code refuses to open the backend.
+        let shared = ContextState::new(ctx)?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        tracing::info!(device = %Device::Cuda(info.clone()), "CUDA backend open");
+        tracing::info!(
+            device = %Device::Cuda(info.clone()),
+            %isolation,
+            max_lanes = isolation.lane_capacity(),
+            "CUDA backend open"
+        );
         Ok(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ordinal,
             compute_capability: info.compute_capability,
             driver_version: info.driver_version,
             pageable_memory_access: info.pageable_memory_access,
             concurrent_managed_access: info.concurrent_managed_access,
             device: Device::Cuda(info),
-            ctx,
-            stream,
-            builtins,
-            programs: ProgramCache::new(PROGRAM_CACHE_CAPACITY),
-            launcher: Mutex::new(Launcher {
-                to_waiter: Some(to_waiter),
-                spare_events,
-            }),
-            waiter: Some(waiter),
+            isolation,
+            shared,
+            lanes: TenantLanes::new(isolation.lane_capacity()),
+            next_lane: AtomicU64::new(0),
         })
     }
 
-    fn lock_launcher(&self) -> MutexGuard<'_, Launcher> {
-        // The launcher holds a channel end and a pool of events; neither is left half-updated.
-        self.launcher.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The lane of `tenant`, created on first use: a stream in the shared context, or a new
+    /// context of the tenant's own with a stream in it.
+    ///
+    /// Under `ContextPerTenant`, a lane whose context a kernel fault made unusable is replaced
+    /// by a new one (a new context). Under `StreamPerTenant` there is nothing to replace: the
+    /// fault broke the one shared context (see `docs/ARCHITECTURE.md`).
+    fn lane(&self, tenant: &TenantKey) -> Result<Arc<Lane>, GpuError> {
+        let lane = self
+            .lanes
+            .get_or_create(tenant, || self.open_lane(tenant))?;
+        if self.isolation == GpuIsolation::ContextPerTenant && lane.faulted() {
+            if self
+                .lanes
+                .remove_if(tenant, |known| Arc::ptr_eq(known, &lane))
+            {
+                tracing::info!(
+                    tenant = tenant.as_str(),
+                    "replacing the tenant's CUDA context after a kernel fault"
+                );
+            }
+            return self.lanes.get_or_create(tenant, || self.open_lane(tenant));
+        }
+        Ok(lane)
+    }
+
+    /// A new lane for `tenant`.
+    fn open_lane(&self, tenant: &TenantKey) -> Result<Arc<Lane>, GpuError> {
+        catching_driver_panics(|| {
+            let context = match self.isolation {
+                GpuIsolation::StreamPerTenant => self.shared.clone(),
+                GpuIsolation::ContextPerTenant => {
+                    let ctx = CudaContext::new_non_primary(self.ordinal, 0).map_err(|error| {
+                        GpuError::cuda("creating a context for a tenant", error)
+                    })?;
+                    ContextState::new(ctx)?
+                }
+            };
+            let number = self.next_lane.fetch_add(1, Ordering::Relaxed);
+            let lane = Lane::open(
+                context,
+                format!("tensor-wasm-cuda{}-lane{number}", self.ordinal),
+            )?;
+            tracing::debug!(
+                tenant = tenant.as_str(),
+                isolation = %self.isolation,
+                "GPU lane created"
+            );
+            Ok(lane)
+        })
+    }
+
+    /// The context `tenant`'s programs load into: the shared one under `StreamPerTenant` (no
+    /// lane needed), else the tenant's own.
+    fn program_context(&self, tenant: &TenantKey) -> Result<Arc<ContextState>, GpuError> {
+        match self.isolation {
+            GpuIsolation::StreamPerTenant => Ok(self.shared.clone()),
+            GpuIsolation::ContextPerTenant => Ok(self.lane(tenant)?.context.clone()),
+        }
     }
 
     /// Checks that the device can address `memory`: CUDA managed memory on a device where host
@@ -374,7 +573,9 @@ impl CudaBackend {
         }
         let base = memory.as_ptr() as u64;
         let end = base + memory.len() as u64;
-        self.ctx
+        // Guest memory was allocated in the primary context; ask about it there.
+        self.shared
+            .ctx
             .bind_to_thread()
             .map_err(|error| GpuError::cuda("binding the context", error))?;
         let not_reachable = |why: &str| {
@@ -494,25 +695,22 @@ impl CudaBackend {
             .collect()
     }
 
-    /// Loads `entry` from PTX text (`what` names it in errors) and reads its parameter layout.
-    fn load_ptx_function(
-        &self,
-        ptx: &str,
-        entry: &str,
-        what: &str,
-    ) -> Result<Arc<PtxFunction>, GpuError> {
+    /// Checks PTX text (`what` names it in errors) for NUL bytes and makes it a module image.
+    fn ptx_image(ptx: &str, what: &str) -> Result<Ptx, GpuError> {
         if ptx.contains('\0') {
             return Err(GpuError::InvalidArgument(format!(
                 "{what}: PTX text contains a NUL byte"
             )));
         }
-        self.load_function(Ptx::from_src(ptx), entry, what)
+        Ok(Ptx::from_src(ptx))
     }
 
-    /// Loads `entry` from a module image (PTX text without NUL bytes, or a checked cubin) and
-    /// reads its parameter layout.
+    /// Loads `entry` from a module image (PTX text without NUL bytes, or a checked cubin) into
+    /// `context` and reads its parameter layout; `owner` is the tenant and lane of tenant code.
     fn load_function(
         &self,
+        context: &ContextState,
+        owner: Option<(TenantKey, Arc<Lane>)>,
         image: Ptx,
         entry: &str,
         what: &str,
@@ -522,32 +720,57 @@ impl CudaBackend {
                 "{what}: invalid entry name {entry:?}"
             )));
         }
-        let module = self
+        context.make_current()?;
+        let module = context
             .ctx
             .load_module(image)
             .map_err(|error| GpuError::cuda(&format!("loading {what}"), error))?;
         let function = module.load_function(entry).map_err(|error| {
             GpuError::cuda(&format!("finding entry `{entry}` in {what}"), error)
         })?;
-        let param_sizes = param_sizes(&self.ctx, &function)?;
+        let param_sizes = param_sizes(&context.ctx, &function)?;
         Ok(Arc::new(PtxFunction {
             backend_id: self.id,
+            context_id: context.id,
+            owner,
             entry: entry.to_owned(),
             function,
             param_sizes,
         }))
     }
 
-    /// The loaded program with the fingerprint of `program`, and its function on this device:
-    /// from the cache, or loaded from the PTX of `program`.
+    /// Loads tenant code for `tenant` into its lane.
+    fn load_tenant_function(
+        &self,
+        tenant: &TenantKey,
+        image: impl FnOnce() -> Result<Ptx, GpuError>,
+        entry: &str,
+        what: &str,
+    ) -> Result<Kernel, GpuError> {
+        let image = image()?;
+        catching_driver_panics(|| {
+            let lane = self.lane(tenant)?;
+            let context = lane.context.clone();
+            let owner = Some((tenant.clone(), lane));
+            let function = self.load_function(&context, owner, image, entry, what)?;
+            Ok(Kernel {
+                kind: KernelKind::Ptx(function),
+            })
+        })
+    }
+
+    /// The loaded program with the fingerprint of `program`, and its function in `context`:
+    /// from the context's cache, or loaded from the PTX of `program`.
     fn load_program_function(
         &self,
+        context: &ContextState,
         program: &Arc<dyn KernelProgram>,
     ) -> Result<(Arc<ProgramKernel>, Arc<PtxFunction>), GpuError> {
-        self.programs.get_or_load(program.fingerprint(), || {
+        context.programs.get_or_load(program.fingerprint(), || {
             let (ptx, entry) = program.ptx(self.compute_capability, self.driver_version)?;
             let what = format!("the PTX of program `{}`", program.name());
-            let function = self.load_ptx_function(&ptx, &entry, &what)?;
+            let image = Self::ptx_image(&ptx, &what)?;
+            let function = self.load_function(context, None, image, &entry, &what)?;
             let loaded = Arc::new(ProgramKernel {
                 program: program.clone(),
                 function: Some(function.clone()),
@@ -556,25 +779,23 @@ impl CudaBackend {
         })
     }
 
-    /// Submits `function` with `params` and hands its completion to the waiter thread.
+    /// Submits `function` (loaded in the lane's context) with `params` to `lane`'s stream and
+    /// hands its completion to the lane's waiter thread.
     fn submit<'m>(
-        &self,
+        lane: &Lane,
         function: &CudaFunction,
         params: &[Param],
         config: &LaunchConfig,
     ) -> Result<Completion<'m>, GpuError> {
-        let launcher = self.lock_launcher();
-        let spare = launcher
-            .spare_events
+        // Held until the launch is handed to the waiter, so the waiter sees launches in stream
+        // order. The lock holds an `Option` replaced whole: a poisoned one is still valid.
+        let to_waiter = lane
+            .to_waiter
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        let event = match spare {
-            Some(event) => event,
-            None => BlockingEvent::new(&self.ctx)
-                .map_err(|error| GpuError::cuda("creating a completion event", error))?,
-        };
-        let mut builder = self.stream.launch_builder(function);
+            .unwrap_or_else(PoisonError::into_inner);
+        lane.context.make_current()?;
+        let event = lane.context.event()?;
+        let mut builder = lane.stream.launch_builder(function);
         for param in params {
             match param {
                 Param::I32(v) => builder.arg(v),
@@ -600,10 +821,10 @@ impl CudaBackend {
         // `launch_unscoped`, hands it on under the promise that it is never leaked).
         unsafe { builder.launch(cfg) }
             .map_err(|error| GpuError::cuda("launching the kernel", error))?;
-        if let Err(error) = event.record(&self.stream) {
+        if let Err(error) = event.record(&lane.stream) {
             // The kernel may be running and no event tracks it: wait for the stream before the
             // borrow of guest memory ends with this error.
-            let _ = self.stream.synchronize();
+            let _ = lane.stream.synchronize();
             return Err(GpuError::cuda("recording the completion event", error));
         }
         let signal = Signal::new();
@@ -611,12 +832,14 @@ impl CudaBackend {
             event,
             signal: signal.clone(),
         };
-        let unsent = match &launcher.to_waiter {
+        let unsent = match &*to_waiter {
             Some(to_waiter) => to_waiter.send(pending).err().map(|error| error.0),
             None => Some(pending),
         };
+        drop(to_waiter);
         if let Some(pending) = unsent {
-            // No waiter thread (it cannot be gone while the backend lives): wait here.
+            // No waiter thread (the lane was closed, which only the backend's drop does): wait
+            // here.
             let outcome = pending
                 .event
                 .synchronize()
@@ -627,22 +850,34 @@ impl CudaBackend {
     }
 }
 
-/// The waiter thread: waits for each launch's event in submission order and reports it.
+/// A lane's waiter thread: waits for each launch's event in submission order and reports it,
+/// until the lane is closed. A failed kernel marks the lane `faulted`.
 fn wait_for_launches(
-    ctx: &Arc<CudaContext>,
+    context: &ContextState,
     launches: &Receiver<PendingLaunch>,
-    spare_events: &Mutex<Vec<BlockingEvent>>,
+    faulted: &AtomicBool,
 ) {
-    if let Err(error) = ctx.bind_to_thread() {
+    if let Err(error) = context.ctx.bind_to_thread() {
         tracing::warn!(error = %driver_error_text(error), "CUDA event thread cannot bind the context");
     }
     while let Ok(PendingLaunch { event, signal }) = launches.recv() {
         let outcome = event.synchronize();
-        if outcome.is_ok() {
-            spare_events
+        match outcome {
+            Ok(()) => context
+                .spare_events
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push(event);
+                .push(event),
+            Err(error) => {
+                if !faulted.swap(true, Ordering::AcqRel) {
+                    tracing::error!(
+                        error = %driver_error_text(error),
+                        primary_context = context.ctx.is_primary(),
+                        "a kernel failed while running; CUDA keeps such errors for the whole \
+                         context, so its later work fails too"
+                    );
+                }
+            }
         }
         signal.finish(outcome.map_err(|error| GpuError::cuda("running the kernel", error)));
     }
@@ -650,14 +885,11 @@ fn wait_for_launches(
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        // Closing the channel lets the waiter report every launch still queued, then exit.
-        let launcher = self
-            .launcher
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner);
-        launcher.to_waiter = None;
-        if let Some(waiter) = self.waiter.take() {
-            let _ = waiter.join();
+        // Closing each lane lets its waiter report every launch still queued, then exit. (Lanes
+        // that tenant kernels still hold are closed too; those kernels can no longer launch
+        // without this backend.)
+        for lane in self.lanes.take_all() {
+            lane.close(true);
         }
     }
 }
@@ -671,28 +903,41 @@ impl Backend for CudaBackend {
         Ok(Kernel::builtin(kernel))
     }
 
-    fn load_ptx(&self, ptx: &str, entry: &str) -> Result<Kernel, GpuError> {
-        catching_driver_panics(|| {
-            let function = self.load_ptx_function(ptx, entry, "tenant PTX")?;
-            Ok(Kernel {
-                kind: KernelKind::Ptx(function),
-            })
-        })
+    fn load_ptx(&self, tenant: &TenantKey, ptx: &str, entry: &str) -> Result<Kernel, GpuError> {
+        let what = "tenant PTX";
+        self.load_tenant_function(tenant, || Self::ptx_image(ptx, what), entry, what)
     }
 
-    fn load_cubin(&self, cubin: &[u8], entry: &str) -> Result<Kernel, GpuError> {
+    fn load_cubin(
+        &self,
+        tenant: &TenantKey,
+        cubin: &[u8],
+        entry: &str,
+    ) -> Result<Kernel, GpuError> {
         crate::cubin::check_cubin(cubin)?;
-        catching_driver_panics(|| {
-            let function =
-                self.load_function(Ptx::from_binary(cubin.to_vec()), entry, "tenant cubin")?;
-            Ok(Kernel {
-                kind: KernelKind::Ptx(function),
-            })
-        })
+        let image = || Ok(Ptx::from_binary(cubin.to_vec()));
+        self.load_tenant_function(tenant, image, entry, "tenant cubin")
     }
 
-    fn load_program(&self, program: Arc<dyn KernelProgram>) -> Result<Kernel, GpuError> {
-        let (loaded, _) = catching_driver_panics(|| self.load_program_function(&program))?;
+    fn load_program(
+        &self,
+        tenant: &TenantKey,
+        program: Arc<dyn KernelProgram>,
+    ) -> Result<Kernel, GpuError> {
+        let (loaded, _) = catching_driver_panics(|| {
+            let context = self.program_context(tenant)?;
+            self.load_program_function(&context, &program)
+        })?;
+        let loaded = match self.isolation {
+            // One context: the function is the one every launch uses.
+            GpuIsolation::StreamPerTenant => loaded,
+            // Each launch finds the function in the launching tenant's context; holding this
+            // tenant's function here would keep its context alive as long as the kernel.
+            GpuIsolation::ContextPerTenant => Arc::new(ProgramKernel {
+                program: loaded.program.clone(),
+                function: None,
+            }),
+        };
         Ok(Kernel {
             kind: KernelKind::Program(loaded),
         })
@@ -700,6 +945,7 @@ impl Backend for CudaBackend {
 
     unsafe fn launch_unscoped<'m>(
         &self,
+        tenant: &TenantKey,
         kernel: &Kernel,
         config: &LaunchConfig,
         args: &[KernelArg],
@@ -712,7 +958,8 @@ impl Backend for CudaBackend {
                 let call = validate::plan_builtin(*builtin, args, memory.len())?;
                 self.check_reachable(memory)?;
                 let params = Self::builtin_params(call, base);
-                self.submit(self.builtins.get(*builtin), &params, config)
+                let lane = self.lane(tenant)?;
+                Self::submit(&lane, lane.context.builtins.get(*builtin), &params, config)
             }
             KernelKind::Ptx(function) => {
                 if function.backend_id != self.id {
@@ -721,29 +968,60 @@ impl Backend for CudaBackend {
                         function.entry()
                     )));
                 }
+                // Tenant code runs for the tenant it was loaded for, in the lane (context) it
+                // was loaded in, even if that lane has since left the tenant map.
+                let lane = match &function.owner {
+                    Some((owner, lane)) if owner == tenant => lane,
+                    _ => {
+                        return Err(GpuError::InvalidArgument(format!(
+                            "kernel `{}` was loaded for another tenant",
+                            function.entry()
+                        )))
+                    }
+                };
                 validate::check_buffers(function.entry(), args, memory.len())?;
                 let params = Self::tenant_params(function, args, base)?;
                 self.check_reachable(memory)?;
-                self.submit(&function.function, &params, config)
+                Self::submit(lane, &function.function, &params, config)
             }
             KernelKind::Program(loaded) => {
                 let program = &loaded.program;
                 validate::check_buffers(program.name(), args, memory.len())?;
                 program.validate(config, args, memory.len())?;
-                // A program loaded by another backend (or the CPU) is loaded here on first use.
+                let lane = self.lane(tenant)?;
+                // A program loaded by another backend, in another context or on the CPU is
+                // loaded into this lane's context on first use.
                 let function = match &loaded.function {
-                    Some(function) if function.backend_id == self.id => function.clone(),
-                    _ => catching_driver_panics(|| self.load_program_function(program))?.1,
+                    Some(function)
+                        if function.backend_id == self.id
+                            && function.context_id == lane.context.id =>
+                    {
+                        function.clone()
+                    }
+                    _ => {
+                        catching_driver_panics(|| {
+                            self.load_program_function(&lane.context, program)
+                        })?
+                        .1
+                    }
                 };
                 let params = Self::tenant_params(&function, args, base)?;
                 self.check_reachable(memory)?;
-                self.submit(&function.function, &params, config)
+                Self::submit(&lane, &function.function, &params, config)
             }
         }
     }
 
     fn cuda_context(&self) -> Option<Arc<CudaContext>> {
-        Some(self.ctx.clone())
+        Some(self.shared.ctx.clone())
+    }
+
+    fn isolation(&self) -> GpuIsolation {
+        self.isolation
+    }
+
+    fn tenant_lanes(&self) -> Option<TenantLaneStats> {
+        Some(self.lanes.stats(self.isolation))
     }
 }
 

@@ -4,7 +4,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::{Completion, Device, GpuError, KernelProgram};
+use crate::{
+    Completion, Device, GpuError, GpuIsolation, KernelProgram, TenantKey, TenantLaneStats,
+};
 
 /// One kernel argument, as a guest passes it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -209,6 +211,16 @@ impl fmt::Debug for Kernel {
 }
 
 /// A device that runs kernels over guest memory: the CPU worker pool or one CUDA device.
+///
+/// # Tenants
+/// Every load of tenant code and every launch names the [`TenantKey`] it is for. A CUDA backend
+/// runs each tenant's launches in that tenant's lane, as its [`GpuIsolation`] says: a stream of
+/// its own in the shared context, or a context of its own; lanes are created on a tenant's
+/// first use and at most [`GpuIsolation::lane_capacity`] are kept (the least recently used is
+/// forgotten first). Tenant PTX and cubin kernels belong to the tenant they were loaded for and
+/// are refused for any other. Builtins and programs are the same code for everyone and may be
+/// launched for any tenant; they run in the launching tenant's lane. The CPU backend has no
+/// streams or contexts and ignores the key.
 pub trait Backend: Send + Sync + fmt::Debug {
     /// The device this backend runs on.
     fn device(&self) -> &Device;
@@ -219,20 +231,22 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Only when the backend failed to prepare it (not expected for a backend that opened).
     fn load_builtin(&self, kernel: BuiltinKernel) -> Result<Kernel, GpuError>;
 
-    /// Loads the function `entry` from tenant PTX text.
+    /// Loads the function `entry` from tenant PTX text, for `tenant`: on CUDA, into the tenant's
+    /// lane (its context), creating the lane if needed. The kernel launches for `tenant` only.
     ///
     /// A tenant kernel receives raw addresses and is not bounds-checked by this crate beyond its
     /// arguments; running tenant PTX is a trust decision of the caller.
     ///
     /// # Errors
     /// `NotAvailable` on the CPU backend ("raw PTX needs a CUDA device"); `Cuda` when the driver
-    /// rejects the PTX or finds no such entry; `InvalidArgument` for text with NUL bytes.
-    fn load_ptx(&self, ptx: &str, entry: &str) -> Result<Kernel, GpuError>;
+    /// rejects the PTX or finds no such entry, or the tenant's lane cannot be created;
+    /// `InvalidArgument` for text with NUL bytes.
+    fn load_ptx(&self, tenant: &TenantKey, ptx: &str, entry: &str) -> Result<Kernel, GpuError>;
 
-    /// Loads the function `entry` from a tenant cubin: an ELF image for this device's exact
-    /// `sm_XX`, such as [`crate::compile_cuda`] returns. Tenant CUDA C++ is tenant code like
-    /// tenant PTX: only the argument count and sizes are checked, and running it is a trust
-    /// decision of the caller.
+    /// Loads the function `entry` from a tenant cubin, for `tenant` (as [`Backend::load_ptx`]):
+    /// an ELF image for this device's exact `sm_XX`, such as [`crate::compile_cuda`] returns.
+    /// Tenant CUDA C++ is tenant code like tenant PTX: only the argument count and sizes are
+    /// checked, and running it is a trust decision of the caller.
     ///
     /// The image is checked to be a CUDA ELF file whose headers and sections lie inside
     /// `cubin` before the driver sees it.
@@ -241,23 +255,34 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// `NotAvailable` on the CPU backend; `InvalidArgument` for bytes that are not a
     /// well-formed CUDA ELF image or an invalid entry name; `Cuda` when the driver rejects the
     /// image (for example a cubin built for another architecture) or finds no such entry.
-    fn load_cubin(&self, cubin: &[u8], entry: &str) -> Result<Kernel, GpuError>;
+    fn load_cubin(&self, tenant: &TenantKey, cubin: &[u8], entry: &str)
+        -> Result<Kernel, GpuError>;
 
-    /// Makes a host-described [`KernelProgram`] ready to launch.
+    /// Makes a host-described [`KernelProgram`] ready to launch, loading it for `tenant`.
     ///
-    /// Loaded programs are cached by [`KernelProgram::fingerprint`]: loading a program whose
-    /// fingerprint this backend already loaded returns the kernel loaded first (on CUDA without
-    /// asking for PTX or loading a module again). The CPU backend runs
-    /// [`KernelProgram::run_cpu`] on its worker pool; a CUDA backend loads
-    /// [`KernelProgram::ptx`] for its device.
+    /// Loaded programs are cached by [`KernelProgram::fingerprint`], per CUDA context: loading a
+    /// program whose fingerprint this backend already loaded (in the context `tenant` uses)
+    /// returns the program loaded first (on CUDA without asking for PTX or loading a module
+    /// again). A program kernel may be launched for any tenant: under
+    /// [`GpuIsolation::ContextPerTenant`] it is loaded into each tenant's context on that
+    /// tenant's first launch. The CPU backend runs [`KernelProgram::run_cpu`] on its worker
+    /// pool; a CUDA backend loads [`KernelProgram::ptx`] for its device.
     ///
     /// # Errors
     /// On CUDA: what [`KernelProgram::ptx`] returns; `InvalidArgument` for PTX text with NUL
-    /// bytes; `Cuda` when the driver rejects the PTX or finds no such entry.
-    fn load_program(&self, program: Arc<dyn KernelProgram>) -> Result<Kernel, GpuError>;
+    /// bytes; `Cuda` when the driver rejects the PTX or finds no such entry, or the tenant's
+    /// context cannot be created.
+    fn load_program(
+        &self,
+        tenant: &TenantKey,
+        program: Arc<dyn KernelProgram>,
+    ) -> Result<Kernel, GpuError>;
 
-    /// Validates and launches `kernel` over the guest memory `memory`; the returned
-    /// Completion borrows `memory` until the kernel is done.
+    /// Validates and launches `kernel` for `tenant` over the guest memory `memory`; the
+    /// returned Completion borrows `memory` until the kernel is done.
+    ///
+    /// On CUDA the launch goes to `tenant`'s lane (created on first use; see [`Backend`]). A
+    /// tenant PTX or cubin kernel loaded for another tenant is refused (`InvalidArgument`).
     ///
     /// This is the unchecked building block: use the safe [`crate::launch`], which lends the
     /// completion to a closure and never lets it be leaked.
@@ -290,14 +315,24 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// drops or waits on the completion it received in the same way.
     unsafe fn launch_unscoped<'m>(
         &self,
+        tenant: &TenantKey,
         kernel: &Kernel,
         config: &LaunchConfig,
         args: &[KernelArg],
         memory: &'m mut [u8],
     ) -> Result<Completion<'m>, GpuError>;
 
-    /// The CUDA context of this backend, `None` on the CPU.
+    /// The CUDA context of this backend, `None` on the CPU: the device's primary context, in
+    /// which guest memory is allocated (CUDA managed memory, valid in every context of the
+    /// device), whatever the isolation level.
     fn cuda_context(&self) -> Option<Arc<cudarc::driver::CudaContext>>;
+
+    /// The isolation level this backend was opened with. The CPU backend reports it but has
+    /// nothing to isolate: it has no streams or contexts.
+    fn isolation(&self) -> GpuIsolation;
+
+    /// The per-tenant lanes of a CUDA backend (how many, created, evicted); `None` on the CPU.
+    fn tenant_lanes(&self) -> Option<TenantLaneStats>;
 }
 
 #[cfg(test)]

@@ -24,6 +24,10 @@
 //!   [`launch`] returns only once the kernel has finished, whatever the closure did.
 //! - [`Backend::launch_unscoped`] is the unsafe building block underneath: it returns the
 //!   completion itself, and its caller must not leak it (see its `# Safety` section).
+//! - Every load of tenant code and every launch carries a [`TenantKey`]. A CUDA backend gives
+//!   each tenant a lane of its own, as the [`GpuIsolation`] it was opened with says
+//!   ([`open_backend_with`]): a stream per tenant in one shared context (the default), or a
+//!   context per tenant. The CPU backend ignores the key.
 //!
 //! Every launch is validated before anything runs: the launch configuration against CUDA's
 //! limits, every buffer argument against guest memory, and then the kernel's own rules (the
@@ -41,7 +45,9 @@
 //! # Example
 //!
 //! ```
-//! use tensor_wasm_gpu::{launch, open_backend, BuiltinKernel, DeviceChoice, KernelArg, LaunchConfig};
+//! use tensor_wasm_gpu::{
+//!     launch, open_backend, BuiltinKernel, DeviceChoice, KernelArg, LaunchConfig, TenantKey,
+//! };
 //!
 //! # fn main() -> Result<(), tensor_wasm_gpu::GpuError> {
 //! let backend = open_backend(DeviceChoice::Cpu)?;
@@ -60,7 +66,8 @@
 //!     KernelArg::U32(4),
 //! ];
 //! let config = LaunchConfig::linear(4, 256);
-//! launch(&*backend, &kernel, &config, &args, &mut memory, |completion| {
+//! let tenant = TenantKey::new("tn-example");
+//! launch(&*backend, &tenant, &kernel, &config, &args, &mut memory, |completion| {
 //!     completion.wait_mut()
 //! })??;
 //!
@@ -81,6 +88,7 @@ mod cubin;
 mod cuda;
 mod device;
 mod error;
+mod isolation;
 mod kernel;
 mod nvrtc;
 mod program;
@@ -93,30 +101,48 @@ use std::sync::Arc;
 pub use completion::Completion;
 pub use device::{discover, CudaDeviceInfo, Device, DeviceChoice, Discovery};
 pub use error::GpuError;
+pub use isolation::{
+    GpuIsolation, TenantKey, TenantLaneStats, MAX_TENANT_CONTEXTS, MAX_TENANT_STREAMS,
+};
 pub use kernel::{Backend, BuiltinKernel, Kernel, KernelArg, LaunchConfig};
 pub use nvrtc::{compile_cuda, nvrtc_available, nvrtc_version, CudaBinary};
 pub use program::KernelProgram;
 pub use scoped::launch;
 pub use validate::{MAX_BLOCK_Z, MAX_GRID_X, MAX_GRID_YZ, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
 
-/// Opens the backend `choice` names.
+/// Opens the backend `choice` names, with the default isolation between tenants
+/// ([`GpuIsolation::StreamPerTenant`]); see [`open_backend_with`].
 ///
-/// - `Cpu`: the CPU backend.
+/// # Errors
+/// As [`open_backend_with`].
+pub fn open_backend(choice: DeviceChoice) -> Result<Arc<dyn Backend>, GpuError> {
+    open_backend_with(choice, GpuIsolation::default())
+}
+
+/// Opens the backend `choice` names, separating tenants on a CUDA device as `isolation` says.
+///
+/// - `Cpu`: the CPU backend (which has no streams or contexts: `isolation` has no effect).
 /// - `Cuda`: CUDA device 0; `NotAvailable` (saying why) when the host has no usable device.
 /// - `Auto`: CUDA device 0 if it opens, else the CPU backend (the reason is logged).
 ///
 /// # Errors
 /// `NotAvailable` or `Cuda` for `Cuda` when CUDA cannot be used; `NotAvailable` when the CPU
 /// worker threads cannot be started.
-pub fn open_backend(choice: DeviceChoice) -> Result<Arc<dyn Backend>, GpuError> {
+pub fn open_backend_with(
+    choice: DeviceChoice,
+    isolation: GpuIsolation,
+) -> Result<Arc<dyn Backend>, GpuError> {
+    let cpu = || -> Result<Arc<dyn Backend>, GpuError> {
+        Ok(Arc::new(cpu::CpuBackend::new()?.with_isolation(isolation)))
+    };
     match choice {
-        DeviceChoice::Cpu => Ok(Arc::new(cpu::CpuBackend::new()?)),
-        DeviceChoice::Cuda => Ok(Arc::new(cuda::CudaBackend::open(0)?)),
-        DeviceChoice::Auto => match cuda::CudaBackend::open(0) {
+        DeviceChoice::Cpu => cpu(),
+        DeviceChoice::Cuda => Ok(Arc::new(cuda::CudaBackend::open(0, isolation)?)),
+        DeviceChoice::Auto => match cuda::CudaBackend::open(0, isolation) {
             Ok(backend) => Ok(Arc::new(backend)),
             Err(reason) => {
                 tracing::info!(%reason, "CUDA is not usable; using the CPU backend");
-                Ok(Arc::new(cpu::CpuBackend::new()?))
+                cpu()
             }
         },
     }

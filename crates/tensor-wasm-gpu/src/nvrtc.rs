@@ -96,7 +96,7 @@ pub fn nvrtc_version() -> Result<(u32, u32), GpuError> {
 /// # Example
 ///
 /// ```no_run
-/// use tensor_wasm_gpu::{compile_cuda, open_backend, DeviceChoice};
+/// use tensor_wasm_gpu::{compile_cuda, open_backend, DeviceChoice, TenantKey};
 ///
 /// # fn main() -> Result<(), tensor_wasm_gpu::GpuError> {
 /// let source = r#"
@@ -108,7 +108,7 @@ pub fn nvrtc_version() -> Result<(u32, u32), GpuError> {
 /// let binary = compile_cuda(source, "negate", (9, 0))?;
 /// assert!(binary.ptx.contains(".entry negate("));
 /// let backend = open_backend(DeviceChoice::Cuda)?;
-/// let kernel = backend.load_cubin(&binary.cubin, "negate")?;
+/// let kernel = backend.load_cubin(&TenantKey::new("tn-1"), &binary.cubin, "negate")?;
 /// # let _ = kernel;
 /// # Ok(())
 /// # }

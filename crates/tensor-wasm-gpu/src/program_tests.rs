@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use crate::cpu::CpuBackend;
 use crate::ptx::tests::{assert_ptx_text_assembles, workspace_root};
-use crate::tests::{buffer, cpu, get_f32s, put_f32s, values, ManagedBuffer, SENTINEL};
+use crate::tests::{buffer, cpu, get_f32s, key, put_f32s, values, ManagedBuffer, SENTINEL};
 use crate::validate::check_buffer;
 use crate::{
-    compile_cuda, launch, nvrtc_available, open_backend, Backend, DeviceChoice, GpuError,
-    KernelArg, KernelProgram, LaunchConfig,
+    compile_cuda, launch, nvrtc_available, open_backend, open_backend_with, Backend, DeviceChoice,
+    GpuError, GpuIsolation, KernelArg, KernelProgram, LaunchConfig, TenantKey,
 };
 
 /// `negate(buffer x, buffer out, u32 n)`: `out[i] = -x[i]` for `i < n` (f32).
@@ -204,10 +204,16 @@ fn run_program(
     args: &[KernelArg],
     memory: &mut [u8],
 ) -> Result<(), GpuError> {
-    let kernel = backend.load_program(program)?;
-    launch(backend, &kernel, &config, args, memory, |completion| {
-        completion.wait_mut()
-    })?
+    let kernel = backend.load_program(&key(), program)?;
+    launch(
+        backend,
+        &key(),
+        &kernel,
+        &config,
+        args,
+        memory,
+        |completion| completion.wait_mut(),
+    )?
 }
 
 #[test]
@@ -227,7 +233,7 @@ fn program_runs_on_the_cpu_through_the_scoped_launch() {
             "{config:?}"
         );
     }
-    let kernel = cpu().load_program(program.clone()).unwrap();
+    let kernel = cpu().load_program(&key(), program.clone()).unwrap();
     assert_eq!(kernel.name(), "negate[f32]");
     assert!(kernel.as_builtin().is_none());
     assert!(format!("{kernel:?}").contains("negate[f32]"));
@@ -254,7 +260,7 @@ fn program_errors_from_the_cpu_run_end_the_completion() {
 #[test]
 fn program_validation_refuses_bad_launches_before_running() {
     let program: Arc<dyn KernelProgram> = Arc::new(NegateProgram::new([3; 16]));
-    let kernel = cpu().load_program(program).unwrap();
+    let kernel = cpu().load_program(&key(), program).unwrap();
     let n = 16;
     let (memory, good) = negate_memory(n);
     let config = LaunchConfig::linear(n as u32, 32);
@@ -302,8 +308,10 @@ fn program_validation_refuses_bad_launches_before_running() {
     for (args, config, expected) in cases {
         let mut copy = memory.clone();
         let mut called = false;
-        let error =
-            launch(cpu(), &kernel, &config, &args, &mut copy, |_| called = true).unwrap_err();
+        let error = launch(cpu(), &key(), &kernel, &config, &args, &mut copy, |_| {
+            called = true
+        })
+        .unwrap_err();
         assert!(
             matches!(&error, GpuError::InvalidArgument(m) if m.contains(expected)),
             "{args:?}: expected {expected:?}, got {error:?}"
@@ -317,11 +325,11 @@ fn program_validation_refuses_bad_launches_before_running() {
 fn loading_a_program_twice_reuses_the_cache() {
     let backend = CpuBackend::with_workers(2).unwrap();
     let first = Arc::new(NegateProgram::new([4; 16]));
-    let kernel = backend.load_program(first.clone()).unwrap();
-    let again = backend.load_program(first.clone()).unwrap();
+    let kernel = backend.load_program(&key(), first.clone()).unwrap();
+    let again = backend.load_program(&key(), first.clone()).unwrap();
     // Another instance with the same fingerprint is the same kernel.
     let twin = backend
-        .load_program(Arc::new(NegateProgram::new([4; 16])))
+        .load_program(&key(), Arc::new(NegateProgram::new([4; 16])))
         .unwrap();
     assert_eq!(backend.program_loads(), 1);
     let first: Arc<dyn KernelProgram> = first;
@@ -329,14 +337,14 @@ fn loading_a_program_twice_reuses_the_cache() {
         assert!(Arc::ptr_eq(loaded.as_program().unwrap(), &first));
     }
     backend
-        .load_program(Arc::new(NegateProgram::new([5; 16])))
+        .load_program(&key(), Arc::new(NegateProgram::new([5; 16])))
         .unwrap();
     assert_eq!(backend.program_loads(), 2);
 }
 
 #[test]
 fn cpu_backend_refuses_cubin() {
-    let error = cpu().load_cubin(b"\x7fELF", "negate").unwrap_err();
+    let error = cpu().load_cubin(&key(), b"\x7fELF", "negate").unwrap_err();
     assert!(
         matches!(&error, GpuError::NotAvailable(m) if m.contains("needs a CUDA device")),
         "{error:?}"
@@ -492,9 +500,9 @@ fn cuda_programs_and_cubins_match_the_cpu() {
 
     // A program, loaded twice (two instances, one fingerprint): its PTX is loaded once.
     let program = Arc::new(NegateProgram::new([9; 16]));
-    let kernel = gpu.load_program(program.clone()).unwrap();
+    let kernel = gpu.load_program(&key(), program.clone()).unwrap();
     let twin = gpu
-        .load_program(Arc::new(NegateProgram::new([9; 16])))
+        .load_program(&key(), Arc::new(NegateProgram::new([9; 16])))
         .unwrap();
     assert_eq!(program.ptx_requests(), 1);
     let program_dyn: Arc<dyn KernelProgram> = program.clone();
@@ -510,16 +518,22 @@ fn cuda_programs_and_cubins_match_the_cpu() {
         let mut guest = ManagedBuffer::new(ctx.clone(), host.len());
         let memory = guest.bytes();
         memory.copy_from_slice(&host);
-        launch(&*gpu, &kernel, &config, &args, memory, |completion| {
-            completion.wait_mut()
-        })
+        launch(
+            &*gpu,
+            &key(),
+            &kernel,
+            &config,
+            &args,
+            memory,
+            |completion| completion.wait_mut(),
+        )
         .unwrap()
         .unwrap();
         let covered = (config.threads_x() as usize).min(n);
         assert_eq!(get_f32s(memory, 4 * n, n), negated(n, covered));
         // Out of bounds is refused here too.
         let bad = [args[0], buffer(4 * n, 4 * n + 4), args[2]];
-        let error = launch(&*gpu, &kernel, &config, &bad, memory, |_| ()).unwrap_err();
+        let error = launch(&*gpu, &key(), &kernel, &config, &bad, memory, |_| ()).unwrap_err();
         assert!(matches!(error, GpuError::InvalidArgument(_)), "{error:?}");
     }
 
@@ -528,26 +542,77 @@ fn cuda_programs_and_cubins_match_the_cpu() {
         return;
     }
     let binary = compile_cuda(NEGATE_CUDA, "negate", info.compute_capability).unwrap();
-    let tenant = gpu.load_cubin(&binary.cubin, "negate").unwrap();
+    let tenant = gpu.load_cubin(&key(), &binary.cubin, "negate").unwrap();
     let (host, args) = negate_memory(n);
     let mut guest = ManagedBuffer::new(ctx.clone(), host.len());
     let memory = guest.bytes();
     memory.copy_from_slice(&host);
     let config = LaunchConfig::linear(n as u32, 256);
-    launch(&*gpu, &tenant, &config, &args, memory, |completion| {
-        completion.wait_mut()
-    })
+    launch(
+        &*gpu,
+        &key(),
+        &tenant,
+        &config,
+        &args,
+        memory,
+        |completion| completion.wait_mut(),
+    )
     .unwrap()
     .unwrap();
     assert_eq!(get_f32s(memory, 4 * n, n), negated(n, n));
     // Its PTX loads as tenant PTX as well.
-    gpu.load_ptx(&binary.ptx, "negate").unwrap();
+    gpu.load_ptx(&key(), &binary.ptx, "negate").unwrap();
     assert!(matches!(
-        gpu.load_cubin(b"not a cubin", "negate"),
+        gpu.load_cubin(&key(), b"not a cubin", "negate"),
         Err(GpuError::InvalidArgument(_))
     ));
     assert!(matches!(
-        gpu.load_cubin(&binary.cubin, "missing"),
+        gpu.load_cubin(&key(), &binary.cubin, "missing"),
         Err(GpuError::Cuda(_))
     ));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_programs_run_for_every_tenant_in_its_own_lane() {
+    let n = 50_001;
+    for isolation in [
+        GpuIsolation::StreamPerTenant,
+        GpuIsolation::ContextPerTenant,
+    ] {
+        let gpu = open_backend_with(DeviceChoice::Cuda, isolation)
+            .expect("this test needs a CUDA device");
+        let ctx = gpu.cuda_context().unwrap();
+        let program = Arc::new(NegateProgram::new([11; 16]));
+        let (a, b) = (TenantKey::new("tn-a"), TenantKey::new("tn-b"));
+        // Loaded once, for `a`; launched for both (in `b`'s own context under
+        // ContextPerTenant, where it is loaded on `b`'s first launch).
+        let kernel = gpu.load_program(&a, program.clone()).unwrap();
+        for tenant in [&a, &b, &b, &a] {
+            let (host, args) = negate_memory(n);
+            let mut guest = ManagedBuffer::new(ctx.clone(), host.len());
+            let memory = guest.bytes();
+            memory.copy_from_slice(&host);
+            let config = LaunchConfig::linear(n as u32, 256);
+            launch(&*gpu, tenant, &kernel, &config, &args, memory, |c| {
+                c.wait_mut()
+            })
+            .unwrap()
+            .unwrap();
+            assert_eq!(
+                get_f32s(memory, 4 * n, n),
+                negated(n, n),
+                "{isolation} {tenant:?}"
+            );
+        }
+        // One PTX request per context the program was loaded in.
+        let contexts = match isolation {
+            GpuIsolation::StreamPerTenant => 1,
+            GpuIsolation::ContextPerTenant => 2,
+        };
+        assert_eq!(program.ptx_requests(), contexts, "{isolation}");
+        // Loading it again for `b` finds it in `b`'s context.
+        gpu.load_program(&b, program.clone()).unwrap();
+        assert_eq!(program.ptx_requests(), contexts, "{isolation}");
+    }
 }

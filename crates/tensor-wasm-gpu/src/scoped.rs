@@ -1,10 +1,13 @@
 //! `launch`: the safe way to launch a kernel, with its completion scoped to a closure.
 
-use crate::{Backend, Completion, GpuError, Kernel, KernelArg, LaunchConfig};
+use crate::{Backend, Completion, GpuError, Kernel, KernelArg, LaunchConfig, TenantKey};
 
-/// Validates and launches `kernel` on `backend` over the guest memory `memory`, lends the
-/// launch's [`Completion`] to `wait`, and returns what `wait` returned once the kernel has
-/// finished.
+/// Validates and launches `kernel` on `backend` for `tenant` over the guest memory `memory`,
+/// lends the launch's [`Completion`] to `wait`, and returns what `wait` returned once the kernel
+/// has finished.
+///
+/// `tenant` picks the lane the kernel runs in on a CUDA backend (its stream, or its context,
+/// as the backend's [`GpuIsolation`](crate::GpuIsolation) says); the CPU backend ignores it.
 ///
 /// `wait` gets `&mut Completion`: wait on it blocking with [`Completion::wait_mut`], or use it
 /// as a future (`&mut Completion` is `Future + Unpin`), for example through a runtime's
@@ -43,12 +46,12 @@ use crate::{Backend, Completion, GpuError, Kernel, KernelArg, LaunchConfig};
 /// For example, the completion cannot be smuggled out of the closure:
 ///
 /// ```compile_fail
-/// use tensor_wasm_gpu::{launch, Backend, Completion, Kernel, LaunchConfig};
+/// use tensor_wasm_gpu::{launch, Backend, Completion, Kernel, LaunchConfig, TenantKey};
 ///
-/// fn smuggle(backend: &dyn Backend, kernel: &Kernel, memory: &mut [u8]) {
+/// fn smuggle(backend: &dyn Backend, tenant: &TenantKey, kernel: &Kernel, memory: &mut [u8]) {
 ///     let mut stash: Option<&mut Completion<'_>> = None;
 ///     let config = LaunchConfig::linear(1, 1);
-///     let _ = launch(backend, kernel, &config, &[], memory, |completion| {
+///     let _ = launch(backend, tenant, kernel, &config, &[], memory, |completion| {
 ///         stash = Some(completion);
 ///     });
 /// }
@@ -57,11 +60,12 @@ use crate::{Backend, Completion, GpuError, Kernel, KernelArg, LaunchConfig};
 /// nor returned from it:
 ///
 /// ```compile_fail
-/// use tensor_wasm_gpu::{launch, Backend, Kernel, LaunchConfig};
+/// use tensor_wasm_gpu::{launch, Backend, Kernel, LaunchConfig, TenantKey};
 ///
-/// fn smuggle(backend: &dyn Backend, kernel: &Kernel, memory: &mut [u8]) {
+/// fn smuggle(backend: &dyn Backend, tenant: &TenantKey, kernel: &Kernel, memory: &mut [u8]) {
 ///     let config = LaunchConfig::linear(1, 1);
-///     let completion = launch(backend, kernel, &config, &[], memory, |completion| completion);
+///     let completion =
+///         launch(backend, tenant, kernel, &config, &[], memory, |completion| completion);
 ///     drop(completion);
 /// }
 /// ```
@@ -69,12 +73,18 @@ use crate::{Backend, Completion, GpuError, Kernel, KernelArg, LaunchConfig};
 /// nor exchanged with the one a nested launch lends:
 ///
 /// ```compile_fail
-/// use tensor_wasm_gpu::{launch, Backend, Kernel, LaunchConfig};
+/// use tensor_wasm_gpu::{launch, Backend, Kernel, LaunchConfig, TenantKey};
 ///
-/// fn swap(backend: &dyn Backend, kernel: &Kernel, outer: &mut [u8], inner: &mut [u8]) {
+/// fn swap(
+///     backend: &dyn Backend,
+///     tenant: &TenantKey,
+///     kernel: &Kernel,
+///     outer: &mut [u8],
+///     inner: &mut [u8],
+/// ) {
 ///     let config = LaunchConfig::linear(1, 1);
-///     let _ = launch(backend, kernel, &config, &[], outer, |first| {
-///         launch(backend, kernel, &config, &[], inner, |second| {
+///     let _ = launch(backend, tenant, kernel, &config, &[], outer, |first| {
+///         launch(backend, tenant, kernel, &config, &[], inner, |second| {
 ///             std::mem::swap(first, second);
 ///         })
 ///     });
@@ -84,7 +94,9 @@ use crate::{Backend, Completion, GpuError, Kernel, KernelArg, LaunchConfig};
 /// # Example
 ///
 /// ```
-/// use tensor_wasm_gpu::{launch, open_backend, BuiltinKernel, DeviceChoice, KernelArg, LaunchConfig};
+/// use tensor_wasm_gpu::{
+///     launch, open_backend, BuiltinKernel, DeviceChoice, KernelArg, LaunchConfig, TenantKey,
+/// };
 ///
 /// # fn main() -> Result<(), tensor_wasm_gpu::GpuError> {
 /// let backend = open_backend(DeviceChoice::Cpu)?;
@@ -100,8 +112,8 @@ use crate::{Backend, Completion, GpuError, Kernel, KernelArg, LaunchConfig};
 ///     KernelArg::U32(2),
 /// ];
 /// let config = LaunchConfig::linear(2, 32);
-/// launch(&*backend, &kernel, &config, &args, &mut memory, |completion| {
-///     completion.wait_mut()
+/// launch(&*backend, &TenantKey::new("tn-1"), &kernel, &config, &args, &mut memory, |c| {
+///     c.wait_mut()
 /// })??;
 /// assert_eq!(memory[8..12], 3.0f32.to_le_bytes());
 /// assert_eq!(memory[12..16], 6.0f32.to_le_bytes());
@@ -110,6 +122,7 @@ use crate::{Backend, Completion, GpuError, Kernel, KernelArg, LaunchConfig};
 /// ```
 pub fn launch<R>(
     backend: &dyn Backend,
+    tenant: &TenantKey,
     kernel: &Kernel,
     config: &LaunchConfig,
     args: &[KernelArg],
@@ -121,7 +134,7 @@ pub fn launch<R>(
     // `Completion` exists for it to leave in its place; see "Why this is safe"), and it is
     // dropped below, or by unwinding if `wait` panics. Its drop blocks until the kernel has
     // finished, so it is never leaked and `memory` is not used again before then.
-    let mut completion = unsafe { backend.launch_unscoped(kernel, config, args, memory) }?;
+    let mut completion = unsafe { backend.launch_unscoped(tenant, kernel, config, args, memory) }?;
     let output = wait(&mut completion);
     // Blocks until the kernel is done with `memory` (a no-op when `wait` already waited).
     drop(completion);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tensor_wasm_dispatch::DispatchConfig;
-use tensor_wasm_gpu::{open_backend, Backend, DeviceChoice};
+use tensor_wasm_gpu::{open_backend, Backend, DeviceChoice, GpuIsolation};
 use tensor_wasm_jit::KernelCacheConfig;
 
 /// Where guest linear memory lives.
@@ -57,6 +57,13 @@ pub struct RuntimeConfig {
     pub allow_raw_ptx: bool,
     /// Bounds of the compiled-kernel cache (its directory is `<data_dir>/kernels`).
     pub kernel_cache: KernelCacheConfig,
+    /// How tenants are separated on a CUDA device: a stream per tenant in one
+    /// shared context (default) or a context per tenant (see "GPU isolation
+    /// between tenants" in docs/ARCHITECTURE.md). The backend enforces it, so
+    /// `backend` must have been opened with this level
+    /// (`tensor_wasm_gpu::open_backend_with`, as `tensor-wasm serve` does);
+    /// the CPU backend has nothing to isolate and ignores it.
+    pub gpu_isolation: GpuIsolation,
 }
 
 impl RuntimeConfig {
@@ -79,6 +86,7 @@ impl RuntimeConfig {
             dispatch: DispatchConfig::default(),
             allow_raw_ptx: false,
             kernel_cache: KernelCacheConfig::default(),
+            gpu_isolation: GpuIsolation::default(),
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use sha2::{Digest, Sha256};
 use tensor_wasm_dispatch::{DispatchError, KernelDispatcher};
-use tensor_wasm_gpu::{Backend, BuiltinKernel, Device, GpuError, Kernel, LaunchConfig};
+use tensor_wasm_gpu::{Backend, BuiltinKernel, Device, GpuError, Kernel, LaunchConfig, TenantKey};
 use tensor_wasm_jit::{Blueprint, CacheKey, CompiledBlueprint, CompiledKernel, KernelCache};
 use wasmtime::{Caller, Extern, Linker};
 
@@ -16,11 +16,15 @@ use crate::runtime::InvocationState;
 /// What every instance shares: the backend, the dispatcher and compiled kernels.
 ///
 /// Sharing rule: kernels are shared across all instances of all functions
-/// only when they are identical and read-only — blueprint kernels (generated
-/// code keyed by the blueprint's fingerprint) and compiled CUDA C++ (keyed by
-/// the fingerprint of source, entry, options and architecture). A kernel
-/// holds no data: buffers are per launch, inside the launching instance's
-/// memory. Kernel *handles* are per instance.
+/// only when they are identical, read-only and not a tenant's own code —
+/// blueprint kernels (generated code keyed by the blueprint's fingerprint;
+/// each launch runs in the launching tenant's GPU lane). A tenant's compiled
+/// CUDA C++ is cached per tenant (the tenant id is part of its cache key), so
+/// one tenant never gets another's compiled code or learns from a cache hit
+/// that another tenant compiled the same source. A kernel holds no data:
+/// buffers are per launch, inside the launching instance's memory. Kernel
+/// *handles* are per instance, and tenant PTX/CUDA kernels launch only for
+/// the tenant that loaded them.
 #[derive(Debug)]
 pub(crate) struct GpuShared {
     pub backend: Arc<dyn Backend>,
@@ -45,8 +49,9 @@ impl GpuShared {
     }
 
     /// A kernel for `descriptor`: a built-in, or a JIT blueprint (parsed,
-    /// emitted through the kernel cache on CUDA, loaded once per process).
-    fn blueprint_kernel(&self, descriptor: &str) -> Result<Kernel, Failure> {
+    /// emitted through the kernel cache on CUDA, loaded once per process, or
+    /// once per tenant context under context-per-tenant GPU isolation).
+    fn blueprint_kernel(&self, tenant: &TenantKey, descriptor: &str) -> Result<Kernel, Failure> {
         if let Some(builtin) = BuiltinKernel::from_descriptor(descriptor) {
             return Ok(self.backend.load_builtin(builtin)?);
         }
@@ -67,7 +72,7 @@ impl GpuShared {
             return Ok(kernel);
         }
         let program = CompiledBlueprint::with_cache(blueprint, self.cache.clone());
-        let kernel = self.backend.load_program(Arc::new(program))?;
+        let kernel = self.backend.load_program(tenant, Arc::new(program))?;
         self.blueprints
             .write()
             .unwrap_or_else(PoisonError::into_inner)
@@ -76,9 +81,14 @@ impl GpuShared {
     }
 
     /// A kernel from tenant CUDA C++: compiled by NVRTC for the device's exact
-    /// architecture (once per source, entry and architecture, through the
-    /// kernel cache, on disk too) and loaded as cubin.
-    fn cuda_kernel(&self, source: &str, entry: &str) -> Result<Kernel, Failure> {
+    /// architecture (once per tenant, source, entry and architecture, through
+    /// the kernel cache, on disk too) and loaded as cubin for `tenant`.
+    fn cuda_kernel(
+        &self,
+        tenant: &TenantKey,
+        source: &str,
+        entry: &str,
+    ) -> Result<Kernel, Failure> {
         let Device::Cuda(info) = self.backend.device() else {
             return Err(AbiError::new(
                 code::NOT_AVAILABLE,
@@ -87,18 +97,8 @@ impl GpuShared {
             .into());
         };
         let arch = info.compute_capability;
-        let mut hasher = Sha256::new();
-        for part in [
-            b"tensor-wasm cuda c++ v1\0".as_slice(),
-            source.as_bytes(),
-            b"\0",
-            entry.as_bytes(),
-        ] {
-            hasher.update(part);
-        }
-        let digest = hasher.finalize();
         let key = CacheKey {
-            fingerprint: digest[..16].try_into().expect("16 bytes"),
+            fingerprint: cuda_fingerprint(tenant, source, entry),
             arch,
             driver_version: info.driver_version,
         };
@@ -117,8 +117,25 @@ impl GpuShared {
             .cubin
             .as_ref()
             .ok_or_else(|| AbiError::new(code::DEVICE_ERROR, "cached kernel has no cubin"))?;
-        Ok(self.backend.load_cubin(cubin, entry)?)
+        Ok(self.backend.load_cubin(tenant, cubin, entry)?)
     }
+}
+
+/// The kernel-cache fingerprint of tenant CUDA C++. The tenant is part of it:
+/// compiled tenant code is never shared across tenants (see the sharing rule
+/// on [`GpuShared`]).
+fn cuda_fingerprint(tenant: &TenantKey, source: &str, entry: &str) -> [u8; 16] {
+    let mut hasher = Sha256::new();
+    hasher.update(b"tensor-wasm cuda c++ v2\0");
+    // Length-prefixed, so no tenant id and source can run into each other.
+    hasher.update((tenant.as_str().len() as u64).to_le_bytes());
+    hasher.update(tenant.as_str().as_bytes());
+    // `entry` is a C identifier (NVRTC refuses anything else): no NUL in it.
+    hasher.update(source.as_bytes());
+    hasher.update(b"\0");
+    hasher.update(entry.as_bytes());
+    let digest = hasher.finalize();
+    digest[..16].try_into().expect("16 bytes")
 }
 
 /// Per-instance state of a guest that imports `wasi:cuda`.
@@ -127,16 +144,30 @@ pub(crate) struct GuestGpu {
     kernels: Vec<Kernel>,
     last_error: String,
     raw_ptx: bool,
+    /// The tenant whose function this instance runs: its kernels load and
+    /// launch in that tenant's GPU lane (stream or context).
+    tenant: TenantKey,
 }
 
 impl GuestGpu {
+    /// GPU state of an instance of a function without a tenant (the empty
+    /// tenant id: one lane shared by every such function).
     pub(crate) fn new(shared: Arc<GpuShared>, raw_ptx: bool) -> Self {
         GuestGpu {
             shared,
             kernels: Vec::new(),
             last_error: String::new(),
             raw_ptx,
+            tenant: TenantKey::default(),
         }
+    }
+
+    /// The same, for an instance of a function of `tenant` (its id, as in
+    /// `FunctionRecord::tenant`).
+    #[allow(dead_code)] // until `Runtime::instantiate` passes the function's tenant
+    pub(crate) fn with_tenant(mut self, tenant: &str) -> Self {
+        self.tenant = TenantKey::new(tenant);
+        self
     }
 
     fn add_kernel(&mut self, kernel: Kernel) -> Result<i32, Failure> {
@@ -214,7 +245,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
         |mut caller: Caller<'_, InvocationState>, ptr: i32, len: i32| {
             with_gpu(&mut caller, |mem, gpu| {
                 let desc = abi::guest_str(mem, ptr, len, "descriptor")?;
-                let kernel = gpu.shared.blueprint_kernel(desc.trim())?;
+                let kernel = gpu.shared.blueprint_kernel(&gpu.tenant, desc.trim())?;
                 gpu.add_kernel(kernel)
             })
         },
@@ -234,7 +265,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
                 }
                 let ptx = abi::guest_str(mem, ptr, len, "PTX")?;
                 let entry = abi::guest_str(mem, eptr, elen, "entry name")?;
-                let kernel = gpu.shared.backend.load_ptx(&ptx, &entry)?;
+                let kernel = gpu.shared.backend.load_ptx(&gpu.tenant, &ptx, &entry)?;
                 gpu.add_kernel(kernel)
             })
         },
@@ -254,7 +285,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
                 }
                 let source = abi::guest_str(mem, ptr, len, "CUDA C++ source")?;
                 let entry = abi::guest_str(mem, eptr, elen, "entry name")?;
-                let kernel = gpu.shared.cuda_kernel(&source, &entry)?;
+                let kernel = gpu.shared.cuda_kernel(&gpu.tenant, &source, &entry)?;
                 gpu.add_kernel(kernel)
             })
         },
@@ -294,6 +325,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
                     .map_err(Failure::Saturated)?;
                 tensor_wasm_gpu::launch(
                     &*shared.backend,
+                    &gpu.tenant,
                     &kernel,
                     &config,
                     &args,
@@ -329,4 +361,50 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
         },
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOURCE: &str = r#"extern "C" __global__ void k(float* x) { x[0] = 1.0f; }"#;
+
+    #[test]
+    fn tenant_cuda_code_is_cached_per_tenant() {
+        let (a, b) = (TenantKey::new("tn-a"), TenantKey::new("tn-b"));
+        let fingerprint = cuda_fingerprint(&a, SOURCE, "k");
+        assert_eq!(fingerprint, cuda_fingerprint(&a, SOURCE, "k"));
+        assert_ne!(fingerprint, cuda_fingerprint(&b, SOURCE, "k"));
+        assert_ne!(
+            fingerprint,
+            cuda_fingerprint(&TenantKey::default(), SOURCE, "k")
+        );
+        assert_ne!(fingerprint, cuda_fingerprint(&a, SOURCE, "k2"));
+        assert_ne!(fingerprint, cuda_fingerprint(&a, "// other", "k"));
+        // The tenant id cannot run into the source.
+        assert_ne!(
+            cuda_fingerprint(&TenantKey::new("tn-a"), "bc", "k"),
+            cuda_fingerprint(&TenantKey::new("tn-ab"), "c", "k")
+        );
+    }
+
+    #[test]
+    fn guest_gpu_state_carries_the_tenant() {
+        let shared = Arc::new(GpuShared::new(
+            tensor_wasm_gpu::open_backend(tensor_wasm_gpu::DeviceChoice::Cpu).unwrap(),
+            KernelDispatcher::new(Default::default()),
+            Arc::new(
+                KernelCache::new(
+                    Default::default(),
+                    tensor_wasm_jit::KernelCacheMetrics::unregistered().unwrap(),
+                )
+                .unwrap(),
+            ),
+        ));
+        let untenanted = GuestGpu::new(shared.clone(), false);
+        assert_eq!(untenanted.tenant, TenantKey::default());
+        let owned = GuestGpu::new(shared, true).with_tenant("tn-0123456789abcdef");
+        assert_eq!(owned.tenant.as_str(), "tn-0123456789abcdef");
+        assert!(owned.raw_ptx);
+    }
 }
