@@ -12,7 +12,7 @@ run:
 	$(CARGO) run --release -p tensor-wasm-cli -- serve --listen $(LISTEN) --data-dir $(DATA_DIR)
 
 ## Everything CI checks: formatting, clippy, the whole test suite, docs.
-test: deps examples fmt-check clippy unit doc deploy-check
+test: deps examples fmt-check clippy unit doc deploy-check icount
 
 ci: test
 
@@ -97,3 +97,24 @@ image:
 ## (replicaCount>1 must fail), docs/deploy.md reference up to date.
 deploy-check: deps
 	@scripts/deploy-check.sh
+
+.PHONY: icount icount-baseline
+GUNGRAUN_RUNNER ?= $(CURDIR)/.tools/bin/gungraun-runner
+ICOUNT_RUN := target/icount/run.jsonl
+ICOUNT_BENCH := $(CARGO) bench -q -p tensor-wasm-icount --bench icount -- --output-format=json
+
+## Instruction counts of the hot paths (gungraun + valgrind callgrind, one call
+## each, deterministic), then the gate: fails when a tracked path executes more
+## than +10 % instructions over bench-results/icount/baseline.json, or is missing.
+icount: deps
+	@mkdir -p $(dir $(ICOUNT_RUN))
+	GUNGRAUN_RUNNER=$(GUNGRAUN_RUNNER) $(ICOUNT_BENCH) > $(ICOUNT_RUN)
+	$(CARGO) run -q -p tensor-wasm-bench --bin icount-gate -- check --run $(ICOUNT_RUN)
+
+## Re-records bench-results/icount/baseline.json from a fresh run (commit it on
+## its own, saying why the counts moved; see bench-results/baseline-notes.md).
+icount-baseline: deps
+	@mkdir -p $(dir $(ICOUNT_RUN))
+	GUNGRAUN_RUNNER=$(GUNGRAUN_RUNNER) $(ICOUNT_BENCH) > $(ICOUNT_RUN)
+	GUNGRAUN_RUNNER=$(GUNGRAUN_RUNNER) $(CARGO) run -q -p tensor-wasm-bench --bin icount-gate -- record --run $(ICOUNT_RUN) \
+	  --out bench-results/icount/baseline.json --command "make icount-baseline ($(ICOUNT_BENCH))"

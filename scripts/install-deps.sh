@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the tools `make test` needs when they are missing: clang, lld,
 # wasi-libc and the wasm32 compiler-rt builtins (to build the C example guest),
-# NVIDIA's ptxas (to check the hand-written PTX of tensor-wasm-gpu) and NVIDIA's
-# NVRTC library (tensor-wasm-gpu compiles CUDA C++ with it).
+# NVIDIA's ptxas (to check the hand-written PTX of tensor-wasm-gpu), NVIDIA's
+# NVRTC library (tensor-wasm-gpu compiles CUDA C++ with it), valgrind and the
+# pinned gungraun-runner (the instruction-count gate, `make icount`).
 set -euo pipefail
 
 # --- ptxas -------------------------------------------------------------------
@@ -83,6 +84,32 @@ if ! deploy_tools_ok; then
   PIP_ROOT_USER_ACTION=ignore "$DEPLOY_TOOLS/bin/pip" install --quiet --disable-pip-version-check $DEPLOY_PINS
   echo "$DEPLOY_PINS" > "$DEPLOY_TOOLS/.pins"
   deploy_tools_ok || { echo "the deploy-check tools did not install in $DEPLOY_TOOLS" >&2; exit 1; }
+fi
+
+# --- valgrind + gungraun-runner (make icount) -------------------------------------
+# The instruction-count gate runs the hot-path benches of crates/tensor-wasm-icount
+# under valgrind's callgrind through gungraun. The runner binary must match the
+# gungraun library version pinned in that crate (0.20.0); it is built from
+# crates.io into .tools/bin (git-ignored). valgrind comes from Debian/Ubuntu.
+GUNGRAUN_VERSION=0.20.0
+GUNGRAUN_RUNNER_BIN="$ROOT/.tools/bin/gungraun-runner"
+
+if ! command -v valgrind >/dev/null 2>&1; then
+  echo "installing valgrind (make icount) ..."
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q valgrind >/dev/null; then
+    $SUDO apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q valgrind >/dev/null
+  fi
+  command -v valgrind >/dev/null 2>&1 || { echo "valgrind did not install" >&2; exit 1; }
+fi
+
+if [[ "$("$GUNGRAUN_RUNNER_BIN" --version 2>/dev/null)" != "gungraun-runner $GUNGRAUN_VERSION" ]]; then
+  echo "installing gungraun-runner $GUNGRAUN_VERSION into $ROOT/.tools (a few minutes, once) ..."
+  cargo install --quiet --locked --root "$ROOT/.tools" gungraun-runner --version "=$GUNGRAUN_VERSION"
+  [[ "$("$GUNGRAUN_RUNNER_BIN" --version 2>/dev/null)" == "gungraun-runner $GUNGRAUN_VERSION" ]] ||
+    { echo "gungraun-runner $GUNGRAUN_VERSION did not install at $GUNGRAUN_RUNNER_BIN" >&2; exit 1; }
 fi
 
 # --- clang / wasi-libc ---------------------------------------------------------

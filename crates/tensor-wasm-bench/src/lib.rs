@@ -7,6 +7,7 @@
 //! same module with the same request.
 
 pub mod gate;
+pub mod icount;
 
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 

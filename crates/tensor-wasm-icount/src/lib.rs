@@ -1,0 +1,305 @@
+//! Fixtures of the instruction-count benches (`benches/icount.rs`).
+//!
+//! Each hot path the performance gate tracks by instruction count has a
+//! fixture here: the state it runs against, built outside the measured
+//! region, and warmed by one call so that lazy first-use work (thread-local
+//! initialisation, first hash-map growth) is not what gets counted. The
+//! benches run one call of each path under callgrind (gungraun); the counts
+//! are compared with `bench-results/icount/baseline.json` by the `icount-gate`
+//! tool of `tensor-wasm-bench`.
+//!
+//! The fixtures are deterministic where the code under test lets them be: fixed
+//! inputs, a fixed creation time in snapshot metadata, single-threaded capture.
+//! Tenant ids and token secrets are random (the registry draws them), which
+//! moves a hash-map probe by a few instructions at most.
+//!
+//! The fixtures are unit-tested below, so a bench never measures an error path
+//! by accident.
+
+use std::sync::Arc;
+
+use tensor_wasm_dispatch::{DispatchConfig, KernelDispatcher};
+use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+use tensor_wasm_jit::{
+    Blueprint, CacheKey, CompiledKernel, Fingerprint, KernelCache, KernelCacheConfig,
+    KernelCacheMetrics, PtxTarget, Shape,
+};
+use tensor_wasm_snapshot::{
+    capture_portable, realistic_image, CaptureOptions, GlobalValue, RestoreLimits, SnapshotMeta,
+    ValType,
+};
+use tensor_wasm_tenant::{GpuIsolation, MemoryTenantStore, Quotas, TenantMetrics, TenantRegistry};
+
+/// One dispatch through `dispatcher`: permit acquire, tracking future, poll to
+/// completion (the completion is already resolved, so this is pure dispatch
+/// overhead), permit release.
+pub fn dispatch_once(dispatcher: &KernelDispatcher) {
+    let permit = dispatcher
+        .acquire_blocking()
+        .expect("an idle dispatcher has a free permit");
+    dispatcher.track(permit, std::future::ready(())).wait();
+}
+
+/// The server's default dispatcher, warmed by one dispatch.
+pub fn dispatcher() -> KernelDispatcher {
+    let dispatcher = KernelDispatcher::new(DispatchConfig::default());
+    dispatch_once(&dispatcher);
+    dispatcher
+}
+
+/// The PTX target of the reference GPU machines: sm_90 under a CUDA 13.0 driver.
+pub fn sm90_target() -> PtxTarget {
+    PtxTarget::for_device((9, 0), 13000).expect("sm_90 under CUDA 13.0 is supported")
+}
+
+/// A kernel launch as the host sees it before validation.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub blueprint: Blueprint,
+    pub config: LaunchConfig,
+    pub args: Vec<KernelArg>,
+    pub memory_len: usize,
+}
+
+impl Launch {
+    /// [`Blueprint::validate_launch`] of this launch.
+    pub fn validate(&self) -> Result<(), tensor_wasm_jit::JitError> {
+        self.blueprint
+            .validate_launch(&self.config, &self.args, self.memory_len)
+    }
+}
+
+/// A valid `matmul[16x16x16]` launch: 64 × 64 times 64 × 64 f32 in a 1 MiB memory.
+pub fn matmul_launch() -> Launch {
+    let blueprint = Blueprint::parse("matmul[16x16x16]").expect("valid descriptor");
+    let (m, n, k) = (64u32, 64u32, 64u32);
+    let config = blueprint
+        .launch_config(&Shape::Matmul { m, n, k })
+        .expect("shape within limits");
+    let bytes = |rows: u32, cols: u32| u64::from(rows) * u64::from(cols) * 4;
+    let a = bytes(m, k);
+    let b = bytes(k, n);
+    let c = bytes(m, n);
+    let args = vec![
+        KernelArg::Buffer { offset: 0, len: a },
+        KernelArg::Buffer { offset: a, len: b },
+        KernelArg::Buffer {
+            offset: a + b,
+            len: c,
+        },
+        KernelArg::U32(m),
+        KernelArg::U32(n),
+        KernelArg::U32(k),
+    ];
+    Launch {
+        blueprint,
+        config,
+        args,
+        memory_len: 1 << 20,
+    }
+}
+
+/// A valid `vector_add[4]` launch over 65 536 f32 elements, written in place.
+pub fn vector_add_launch() -> Launch {
+    let blueprint = Blueprint::parse("vector_add[4]").expect("valid descriptor");
+    let n = 65_536u32;
+    let config = blueprint
+        .launch_config(&Shape::Elements { n })
+        .expect("shape within limits");
+    let len = u64::from(n) * 4;
+    let args = vec![
+        KernelArg::Buffer { offset: 0, len },
+        KernelArg::Buffer { offset: len, len },
+        KernelArg::Buffer { offset: 0, len },
+        KernelArg::U32(n),
+    ];
+    Launch {
+        blueprint,
+        config,
+        args,
+        memory_len: 1 << 20,
+    }
+}
+
+/// The blueprint and target of the fingerprint bench (`matmul[16x16x16]`, sm_90).
+pub fn fingerprint_input() -> (Blueprint, PtxTarget) {
+    let blueprint = Blueprint::parse("matmul[16x16x16]").expect("valid descriptor");
+    let target = sm90_target();
+    // Warm: the first hash pays for the CPU-feature probe of the SHA-256 code.
+    std::hint::black_box(blueprint.fingerprint(&target));
+    (blueprint, target)
+}
+
+/// An in-memory kernel cache holding `matmul[16x16x16]` for sm_90, its key,
+/// and one hit already served.
+pub fn warm_cache() -> (KernelCache, CacheKey) {
+    let blueprint = Blueprint::parse("matmul[16x16x16]").expect("valid descriptor");
+    let target = sm90_target();
+    let key = CacheKey {
+        fingerprint: Fingerprint::of(&blueprint, &target).0,
+        arch: target.sm,
+        driver_version: 13000,
+    };
+    let cache = KernelCache::new(
+        KernelCacheConfig::default(),
+        KernelCacheMetrics::unregistered().expect("metrics"),
+    )
+    .expect("an in-memory cache");
+    cache
+        .get_or_compile(&key, || {
+            Ok(CompiledKernel {
+                ptx: blueprint.emit_ptx(&target).into(),
+                entry: blueprint.entry_name().into(),
+                cubin: None,
+            })
+        })
+        .expect("emits");
+    assert!(cache.get(&key).is_some(), "the kernel is cached");
+    (cache, key)
+}
+
+/// A registry of tenants with one tenant's id and bearer secret.
+pub struct Tenants {
+    pub registry: TenantRegistry,
+    /// Id of the tenant in the middle of the creation order.
+    pub id: String,
+    /// A bearer secret of that tenant.
+    pub secret: String,
+}
+
+impl std::fmt::Debug for Tenants {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenants")
+            .field("tenants", &self.registry.len())
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A registry (in-memory store) of `count` tenants, warmed by one lookup and
+/// one authentication.
+pub fn tenants(count: usize) -> Tenants {
+    assert!(count > 0);
+    let registry = TenantRegistry::open(
+        Arc::new(MemoryTenantStore::new()),
+        TenantMetrics::unregistered().expect("metrics"),
+    )
+    .expect("registry");
+    let mut chosen = None;
+    for i in 0..count {
+        let (info, token) = registry
+            .create_tenant(&format!("t{i}"), Quotas::default(), GpuIsolation::default())
+            .expect("create tenant");
+        if i == count / 2 {
+            chosen = Some((info.id, token.secret));
+        }
+    }
+    let (id, secret) = chosen.expect("count > 0");
+    assert!(registry.lookup(&id).is_some());
+    assert!(registry.authenticate(&secret).is_some());
+    Tenants {
+        registry,
+        id,
+        secret,
+    }
+}
+
+/// A portable snapshot of a realistic 1 MiB image and what reading it needs.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub bytes: Vec<u8>,
+    pub limits: RestoreLimits,
+    pub module_sha256: [u8; 32],
+}
+
+/// Captures a portable snapshot (1 MiB realistic image, 64 KiB frames, one
+/// thread, fixed creation time, two globals).
+pub fn portable_snapshot() -> Snapshot {
+    let module_sha256 = [0x5a; 32];
+    let memory = realistic_image(1 << 20, 7);
+    let mut meta = SnapshotMeta::new(
+        module_sha256,
+        "fn-0123456789abcdef01234567",
+        "tn-0123456789abcdef",
+        memory.len() as u64,
+    );
+    meta.created_at_ms = 1_763_700_000_000;
+    meta.globals = vec![
+        GlobalValue {
+            index: 0,
+            ty: ValType::I32,
+            bits: 1_048_576,
+        },
+        GlobalValue {
+            index: 1,
+            ty: ValType::I64,
+            bits: 42,
+        },
+    ];
+    let options = CaptureOptions {
+        chunk_size: 64 << 10,
+        zstd_level: 1,
+        threads: 1,
+    };
+    let bytes = capture_portable(&meta, &memory, &options).expect("capture");
+    let limits = RestoreLimits::default();
+    tensor_wasm_snapshot::read_portable_meta(&bytes, &limits, &module_sha256)
+        .expect("the snapshot reads back");
+    Snapshot {
+        bytes,
+        limits,
+        module_sha256,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dispatch_fixture_releases_its_permit() {
+        let d = dispatcher();
+        dispatch_once(&d);
+        assert_eq!(d.in_flight(), 0);
+    }
+
+    #[test]
+    fn launch_fixtures_are_valid() {
+        matmul_launch().validate().expect("matmul launch is valid");
+        vector_add_launch()
+            .validate()
+            .expect("vector_add launch is valid");
+    }
+
+    #[test]
+    fn cache_fixture_hits() {
+        let (cache, key) = warm_cache();
+        assert!(cache.get(&key).is_some());
+    }
+
+    #[test]
+    fn fingerprint_is_stable() {
+        let (blueprint, target) = fingerprint_input();
+        assert_eq!(
+            blueprint.fingerprint(&target),
+            Fingerprint::of(&blueprint, &target)
+        );
+    }
+
+    #[test]
+    fn tenant_fixture_finds_and_authenticates() {
+        let t = tenants(4);
+        assert_eq!(t.registry.len(), 4);
+        assert!(t.registry.lookup(&t.id).is_some());
+        assert!(t.registry.authenticate(&t.secret).is_some());
+    }
+
+    #[test]
+    fn snapshot_fixture_decodes() {
+        let s = portable_snapshot();
+        let meta = tensor_wasm_snapshot::read_portable_meta(&s.bytes, &s.limits, &s.module_sha256)
+            .unwrap();
+        assert_eq!(meta.globals.len(), 2);
+        assert_eq!(meta.created_at_ms, 1_763_700_000_000);
+    }
+}
