@@ -36,6 +36,7 @@ pub const ERROR_CODES: &[(&str, u16)] = &[
     ("conflict", 409),
     ("quota_count_exceeded", 409),
     ("payload_too_large", 413),
+    ("snapshot_unsupported", 422),
     ("unsupported_media_type", 415),
     ("busy", 429),
     ("rate_limited", 429),
@@ -45,8 +46,10 @@ pub const ERROR_CODES: &[(&str, u16)] = &[
     ("memory_limit_exceeded", 500),
     ("fuel_exhausted", 500),
     ("output_too_large", 500),
+    ("snapshot_corrupt", 500),
     ("internal", 500),
     ("not_ready", 503),
+    ("shutting_down", 503),
     ("invocation_timeout", 504),
 ];
 
@@ -107,6 +110,13 @@ impl From<RuntimeError> for ApiError {
             RuntimeError::OutputTooLarge(_) => ApiError::new("output_too_large", message),
             RuntimeError::Busy(_) => ApiError::busy(message),
             RuntimeError::ClientGone => ApiError::new("client_gone", message),
+            RuntimeError::SnapshotNotFound(_) => ApiError::new("not_found", message),
+            RuntimeError::SnapshotUnsupported(_) => ApiError::new("snapshot_unsupported", message),
+            RuntimeError::SnapshotCorrupt { .. } => {
+                tracing::error!(error = %message, "snapshot failed validation");
+                ApiError::new("snapshot_corrupt", message)
+            }
+            RuntimeError::Conflict(_) => ApiError::new("conflict", message),
             RuntimeError::Storage { .. }
             | RuntimeError::CorruptRecord { .. }
             | RuntimeError::Engine(_) => ApiError::internal(err),

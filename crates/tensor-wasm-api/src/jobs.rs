@@ -7,7 +7,9 @@
 //! period after they finish, and durable: each state change is written to
 //! `<data_dir>/jobs/<id>.json` (temp file, fsync, rename) before it is
 //! acknowledged, and a job that was queued or running when the server stopped
-//! comes back as `failed: server restarted` instead of vanishing.
+//! comes back as `failed: server restarted` instead of vanishing. A graceful
+//! shutdown waits for unfinished jobs up to its deadline and records those
+//! still unfinished then as failed with code `shutting_down`.
 //!
 //! Cancelling a queued job stops it before it runs. A running guest cannot be
 //! interrupted from outside its store: it runs to completion (or its
@@ -195,6 +197,38 @@ impl JobBoard {
             .count()
     }
 
+    /// Jobs queued or running, of every tenant.
+    pub fn unfinished(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|j| j.status.is_active())
+            .count()
+    }
+
+    /// Records every queued or running job as failed with `code` and
+    /// `message` (persisted before it returns); returns how many. A job
+    /// task still running afterwards cannot change them back.
+    pub fn fail_unfinished(&self, code: &str, message: &str) -> usize {
+        let ids: Vec<String> = self
+            .lock()
+            .values()
+            .filter(|j| j.status.is_active())
+            .map(|j| j.id.clone())
+            .collect();
+        let mut failed = 0;
+        for id in ids {
+            self.update(&id, |j| {
+                if j.status.is_active() {
+                    j.status = JobStatus::Failed;
+                    j.error = Some(json!({"code": code, "message": message}));
+                    j.finished_at_ms = Some(now_ms());
+                    failed += 1;
+                }
+            });
+        }
+        failed
+    }
+
     fn insert(&self, job: Job) -> std::io::Result<()> {
         self.persist(&job)?;
         self.lock().insert(job.id.clone(), job);
@@ -294,8 +328,13 @@ async fn run_job(
     memory: u64,
 ) {
     let board = &state.inner.jobs;
+    // Every transition starts from an unfinished state: a job cancelled or
+    // failed meanwhile (e.g. by a shutdown) keeps what it was given.
     let fail = |error: ApiError| {
         board.update(&job_id, |j| {
+            if !j.status.is_active() {
+                return;
+            }
             j.status = JobStatus::Failed;
             j.error = Some(json!({"code": error.code, "message": error.message}));
             j.finished_at_ms = Some(now_ms());
@@ -312,14 +351,14 @@ async fn run_job(
         Err(e) => return fail(e),
     };
     let Some(job) = board.update(&job_id, |j| {
-        if !j.cancel_requested {
+        if j.status == JobStatus::Queued && !j.cancel_requested {
             j.status = JobStatus::Running;
             j.started_at_ms = Some(now_ms());
         }
     }) else {
         return;
     };
-    if job.cancel_requested {
+    if job.status != JobStatus::Running {
         return;
     }
     let runtime = state.inner.runtime.clone();
@@ -329,6 +368,9 @@ async fn run_job(
     })
     .await;
     board.update(&job_id, |j| {
+        if !j.status.is_active() {
+            return;
+        }
         j.finished_at_ms = Some(now_ms());
         if j.cancel_requested {
             j.status = JobStatus::Cancelled;

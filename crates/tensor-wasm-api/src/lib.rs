@@ -32,6 +32,8 @@ mod metrics;
 mod openapi;
 mod request_id;
 mod routes;
+mod shutdown;
+mod snapshots;
 mod stream;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -107,6 +109,7 @@ struct StateInner {
     slots: Arc<Semaphore>,
     request_ids: request_id::RequestIds,
     ready: AtomicBool,
+    streams_end: shutdown::StreamsEnd,
     config: ApiConfig,
 }
 
@@ -141,6 +144,7 @@ impl AppState {
                 slots,
                 request_ids: request_id::RequestIds::default(),
                 ready: AtomicBool::new(false),
+                streams_end: shutdown::StreamsEnd::new(),
                 config,
             }),
         })
@@ -207,7 +211,17 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             "/functions/{id}",
-            get(routes::get_function).delete(routes::delete_function),
+            get(routes::get_function)
+                .patch(snapshots::update_function)
+                .delete(routes::delete_function),
+        )
+        .route(
+            "/functions/{id}/snapshots",
+            post(snapshots::create_snapshot).get(snapshots::list_snapshots),
+        )
+        .route(
+            "/functions/{id}/snapshots/{snapshot_id}",
+            delete(snapshots::delete_snapshot),
         )
         .route("/functions/{id}/invoke", post(routes::invoke))
         .route("/functions/{id}/invoke-stream", post(stream::invoke_stream))

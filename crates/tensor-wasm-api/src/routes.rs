@@ -79,7 +79,7 @@ pub(crate) fn body(bytes: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiErr
     })
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))
 }
 
@@ -233,7 +233,11 @@ pub(crate) async fn list_functions(
 
 /// The style of function `id` if `tenant` owns it; 404 otherwise (for
 /// malformed ids, unknown ids and other tenants' ids alike).
-fn owned(state: &AppState, tenant: &Tenant, id: &str) -> Result<InvocationStyle, ApiError> {
+pub(crate) fn owned(
+    state: &AppState,
+    tenant: &Tenant,
+    id: &str,
+) -> Result<InvocationStyle, ApiError> {
     if !is_valid_function_id(id) {
         return Err(RuntimeError::FunctionNotFound(id.to_owned()).into());
     }

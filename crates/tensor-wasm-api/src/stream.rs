@@ -1,11 +1,18 @@
 //! `POST /functions/{id}/invoke-stream`: chunks emitted by the guest reach
 //! the client as they are produced — as SSE events when the client accepts
 //! `text/event-stream`, as a chunked `application/octet-stream` body
-//! otherwise. A bounded buffer between guest and client means a slow client
+//! otherwise. Export-call functions emit chunks through `tw:stream`; WASI
+//! commands get the request body as stdin and each write to stdout is a
+//! chunk. A bounded buffer between guest and client means a slow client
 //! slows the guest; a client that disconnects makes the guest's next
-//! `emit_chunk` return `CLIENT_GONE`, and the one after that end the
-//! invocation. Quota guards and the instance slot are held until the guest
-//! has finished.
+//! `emit_chunk` return `CLIENT_GONE` (and the one after that end the
+//! invocation), or stops a WASI command at its next stdout write. Quota
+//! guards and the instance slot are held until the guest has finished.
+//!
+//! On graceful shutdown, streams still open when the server tells them to
+//! end (see [`AppState::end_streams`]) get a final `event: error` with code
+//! `shutting_down` (SSE) or an aborted body (chunked), and the guest is
+//! stopped as if the client had left.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,8 +30,8 @@ use base64::Engine as _;
 use futures_core::Stream;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tensor_wasm_runtime::stream::{StreamIo, StreamLimits};
-use tensor_wasm_runtime::RuntimeError;
+use tensor_wasm_runtime::stream::{CommandExit, StreamIo, StreamLimits};
+use tensor_wasm_runtime::{is_valid_function_id, InvocationStyle, RuntimeError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -38,7 +45,7 @@ const BUFFERED_CHUNKS: usize = 8;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StreamQuery {
-    /// The export to call.
+    /// The export to call (export-call functions only).
     export: Option<String>,
     /// Its arguments as a JSON array (URL-encoded), default `[]`.
     args: Option<String>,
@@ -48,13 +55,41 @@ pub(crate) struct StreamQuery {
 
 enum Frame {
     Chunk(Vec<u8>),
-    End(Result<Vec<Value>, ApiError>),
+    /// The invocation's outcome: the `end` event's JSON, or the error.
+    End(Result<Value, ApiError>),
+    /// The server is shutting down and ends the stream before the guest.
+    ShuttingDown,
 }
+
+/// What a streamed invocation returns besides its chunks.
+enum Outcome {
+    Results(Vec<Value>),
+    Exit(CommandExit),
+}
+
+impl Outcome {
+    /// The data of the final `end` event.
+    fn end_event(self) -> Value {
+        match self {
+            Outcome::Results(results) => json!({ "results": results }),
+            Outcome::Exit(exit) => json!({
+                "exit_code": exit.exit_code,
+                "stdout_bytes": exit.stdout_bytes,
+                "stderr_tail": String::from_utf8_lossy(&exit.stderr_tail),
+                "stderr_truncated": exit.stderr_truncated,
+            }),
+        }
+    }
+}
+
+type ShutdownFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The guest's chunks, then its outcome, as a stream of `T`.
 struct InvocationStream<F> {
     rx: mpsc::Receiver<Vec<u8>>,
-    done: Option<JoinHandle<Result<Vec<Value>, RuntimeError>>>,
+    done: Option<JoinHandle<Result<Outcome, RuntimeError>>>,
+    /// Resolves when the server ends open streams (graceful shutdown).
+    shutdown: ShutdownFuture,
     map: F,
 }
 
@@ -70,6 +105,16 @@ where
             let Some(handle) = this.done.as_mut() else {
                 return Poll::Ready(None);
             };
+            if this.shutdown.as_mut().poll(cx).is_ready() {
+                // Dropping the handle detaches the guest; closing the buffer
+                // makes its next write fail as if the client had gone.
+                this.done = None;
+                this.rx.close();
+                if let Some(item) = (this.map)(Frame::ShuttingDown) {
+                    return Poll::Ready(Some(item));
+                }
+                continue;
+            }
             match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(chunk)) => {
                     if let Some(item) = (this.map)(Frame::Chunk(chunk)) {
@@ -82,7 +127,7 @@ where
                     Poll::Ready(joined) => {
                         this.done = None;
                         let end = match joined {
-                            Ok(result) => result.map_err(ApiError::from),
+                            Ok(result) => result.map(Outcome::end_event).map_err(ApiError::from),
                             Err(e) => Err(ApiError::internal(e)),
                         };
                         if let Some(item) = (this.map)(Frame::End(end)) {
@@ -96,11 +141,24 @@ where
     }
 }
 
+fn shutting_down() -> ApiError {
+    ApiError::new(
+        "shutting_down",
+        "the server is shutting down; the invocation was stopped",
+    )
+}
+
 fn wants_sse(headers: &HeaderMap) -> bool {
     headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"))
+}
+
+/// What to run: an export with its arguments, or a WASI command.
+enum Call {
+    Export { export: String, args: Vec<Value> },
+    Command,
 }
 
 pub(crate) async fn invoke_stream(
@@ -112,15 +170,33 @@ pub(crate) async fn invoke_stream(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?.clone();
-    let memory = crate::routes::owned_export_function(&state, &tenant, &id, "invoke-stream")?;
+    if !is_valid_function_id(&id) {
+        return Err(RuntimeError::FunctionNotFound(id).into());
+    }
+    let (style, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let export = query
-        .export
-        .ok_or_else(|| ApiError::bad_request("the `export` query parameter is required"))?;
-    let args: Vec<Value> = match &query.args {
-        Some(text) => serde_json::from_str(text)
-            .map_err(|e| ApiError::bad_request(format!("`args` must be a JSON array: {e}")))?,
-        None => Vec::new(),
+    let call = match style {
+        InvocationStyle::Export => Call::Export {
+            export: query
+                .export
+                .ok_or_else(|| ApiError::bad_request("the `export` query parameter is required"))?,
+            args: match &query.args {
+                Some(text) => serde_json::from_str(text).map_err(|e| {
+                    ApiError::bad_request(format!("`args` must be a JSON array: {e}"))
+                })?,
+                None => Vec::new(),
+            },
+        },
+        InvocationStyle::Wasi => {
+            if query.export.is_some() || query.args.is_some() {
+                return Err(RuntimeError::WrongStyle(format!(
+                    "function {id} is a WASI command: it takes the request body as stdin, no \
+                     `export` or `args`"
+                ))
+                .into());
+            }
+            Call::Command
+        }
     };
     let text = match query.encoding.as_deref() {
         None | Some("base64") => false,
@@ -139,22 +215,37 @@ pub(crate) async fn invoke_stream(
     // Refuse bad calls with a proper status before the response starts.
     let runtime = state.inner.runtime.clone();
     {
-        let (runtime, id, export, args) =
-            (runtime.clone(), id.clone(), export.clone(), args.clone());
-        crate::routes::blocking(move || runtime.check_export_call(&id, &export, &args)).await?;
+        let runtime = runtime.clone();
+        let id = id.clone();
+        let check = match &call {
+            Call::Export { export, args } => {
+                let (export, args) = (export.clone(), args.clone());
+                crate::routes::blocking(move || runtime.check_export_call(&id, &export, &args))
+                    .await
+            }
+            Call::Command => crate::routes::blocking(move || runtime.check_command_call(&id)).await,
+        };
+        check?;
     }
     let permit = crate::routes::acquire_slot(&state).await?;
     let (tx, rx) = mpsc::channel(BUFFERED_CHUNKS);
     let io = StreamIo::new(input, tx, StreamLimits::default());
     let done = tokio::task::spawn_blocking(move || {
         let _held = (permit, guards);
-        runtime.invoke_export_streaming(&id, &export, &args, io)
+        match call {
+            Call::Export { export, args } => runtime
+                .invoke_export_streaming(&id, &export, &args, io)
+                .map(Outcome::Results),
+            Call::Command => runtime.invoke_command_streaming(&id, io).map(Outcome::Exit),
+        }
     });
+    let shutdown = Box::pin(state.streams_end());
 
     if wants_sse(&headers) {
         let events = InvocationStream {
             rx,
             done: Some(done),
+            shutdown,
             map: move |frame| {
                 let event = match frame {
                     Frame::Chunk(bytes) => {
@@ -165,12 +256,9 @@ pub(crate) async fn invoke_stream(
                         };
                         Event::default().event("chunk").data(data)
                     }
-                    Frame::End(Ok(results)) => Event::default()
-                        .event("end")
-                        .data(json!({ "results": results }).to_string()),
-                    Frame::End(Err(e)) => Event::default().event("error").data(
-                        json!({ "error": { "code": e.code, "message": e.message } }).to_string(),
-                    ),
+                    Frame::End(Ok(end)) => Event::default().event("end").data(end.to_string()),
+                    Frame::End(Err(e)) => error_event(&e),
+                    Frame::ShuttingDown => error_event(&shutting_down()),
                 };
                 Some(Ok::<_, Infallible>(event))
             },
@@ -182,15 +270,20 @@ pub(crate) async fn invoke_stream(
     let chunks = InvocationStream {
         rx,
         done: Some(done),
-        map: |frame| match frame {
-            Frame::Chunk(bytes) => Some(Ok(Bytes::from(bytes))),
-            Frame::End(Ok(_)) => None,
+        shutdown,
+        map: |frame| {
+            let e = match frame {
+                Frame::Chunk(bytes) => return Some(Ok(Bytes::from(bytes))),
+                Frame::End(Ok(_)) => return None,
+                Frame::End(Err(e)) => e,
+                Frame::ShuttingDown => shutting_down(),
+            };
             // Mid-stream failure: abort the body so the client sees an
             // incomplete chunked response instead of a silent truncation.
-            Frame::End(Err(e)) => Some(Err(std::io::Error::other(format!(
+            Some(Err(std::io::Error::other(format!(
                 "{}: {}",
                 e.code, e.message
-            )))),
+            ))))
         },
     };
     Ok((
@@ -198,4 +291,10 @@ pub(crate) async fn invoke_stream(
         Body::from_stream(chunks),
     )
         .into_response())
+}
+
+fn error_event(e: &ApiError) -> Event {
+    Event::default()
+        .event("error")
+        .data(json!({ "error": { "code": e.code, "message": e.message } }).to_string())
 }

@@ -485,7 +485,8 @@ async fn openapi_document_matches_the_router() {
         };
         let uri = path
             .replace("{id}", id)
-            .replace("{token_id}", "tk-000000000000");
+            .replace("{token_id}", "tk-000000000000")
+            .replace("{snapshot_id}", "snap-000000000000000000000000");
         for method in all {
             let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
             let body = if method == "post" && path == "/functions" {
@@ -520,7 +521,7 @@ async fn openapi_document_matches_the_router() {
             }
         }
     }
-    assert_eq!(seen_routes, 20);
+    assert_eq!(seen_routes, 24);
 
     let mut spec_codes: Vec<String> = spec["components"]["schemas"]["Error"]["properties"]["error"]
         ["properties"]["code"]["enum"]

@@ -308,3 +308,213 @@ async fn async_jobs_run_detached_are_scoped_and_cancellable() {
         (StatusCode::BAD_REQUEST, "unknown_export")
     );
 }
+
+/// A WASI command: copies stdin to stdout (one write per read), writes
+/// "bye\n", "oops\n" to stderr, and exits with code 3.
+const ECHO_COMMAND: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_read"
+    (func $fd_read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write"
+    (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func $proc_exit (param i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 64) "bye\n")
+  (data (i32.const 80) "oops\n")
+  (func $write (param $fd i32) (param $ptr i32) (param $len i32)
+    (i32.store (i32.const 0) (local.get $ptr))
+    (i32.store (i32.const 4) (local.get $len))
+    (drop (call $fd_write (local.get $fd) (i32.const 0) (i32.const 1) (i32.const 16))))
+  (func (export "_start")
+    (local $n i32)
+    (loop $more
+      (i32.store (i32.const 0) (i32.const 1024))
+      (i32.store (i32.const 4) (i32.const 4096))
+      (drop (call $fd_read (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 16)))
+      (local.set $n (i32.load (i32.const 16)))
+      (if (i32.gt_u (local.get $n) (i32.const 0))
+        (then (call $write (i32.const 1) (i32.const 1024) (local.get $n)) (br $more))))
+    (call $write (i32.const 1) (i32.const 64) (i32.const 4))
+    (call $write (i32.const 2) (i32.const 80) (i32.const 5))
+    (call $proc_exit (i32.const 3))))"#;
+
+/// A WASI command writing 4 KiB of `x` to stdout until a write fails, then
+/// exiting with code 2.
+const FLOOD_COMMAND: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write"
+    (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func $proc_exit (param i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (memory.fill (i32.const 1024) (i32.const 120) (i32.const 4096))
+    (i32.store (i32.const 0) (i32.const 1024))
+    (i32.store (i32.const 4) (i32.const 4096))
+    (loop $more
+      (br_if $more (i32.eqz
+        (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))))
+    (call $proc_exit (i32.const 2))))"#;
+
+async fn deploy_command(s: &common::Server, token: &str, wat: &str) -> String {
+    let r = s
+        .send(
+            axum::http::Method::POST,
+            "/functions?name=command&style=wasi",
+            Some(&format!("Bearer {token}")),
+            "application/wasm",
+            wat.as_bytes().to_vec(),
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    r.json()["id"].as_str().unwrap().to_owned()
+}
+
+fn sse_events(text: &str) -> Vec<(String, String)> {
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let field = |name: &str| {
+                e.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                    .map(|v| v.trim_start().to_owned())
+                    .unwrap_or_default()
+            };
+            (field("event"), field("data"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasi_stdout_streams_as_chunks_and_ends_with_the_exit_code() {
+    let s = server();
+    let (_, t) = s.tenant("commands", json!({})).await;
+    let id = deploy_command(&s, &t, ECHO_COMMAND).await;
+
+    // Chunked: stdout as written, nothing else.
+    let response = s
+        .app
+        .clone()
+        .oneshot(stream_request(&t, &id, "", "*/*", "hello stdin"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"hello stdinbye\n");
+
+    // SSE: one chunk per write, then the exit code and stderr tail.
+    let response = s
+        .app
+        .clone()
+        .oneshot(stream_request(
+            &t,
+            &id,
+            "encoding=text",
+            "text/event-stream",
+            "hi",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = String::from_utf8(
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let events = sse_events(&text);
+    let chunks: Vec<&str> = events
+        .iter()
+        .filter(|(e, _)| e == "chunk")
+        .map(|(_, d)| d.as_str())
+        .collect();
+    // SSE data lines carry no newline: "bye\n" is "bye" plus an empty line.
+    assert_eq!(chunks.len(), 2, "{text}");
+    assert_eq!(chunks[0], "hi");
+    assert!(chunks[1].starts_with("bye"), "{text}");
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "end");
+    assert_eq!(
+        serde_json::from_str::<Value>(data).unwrap(),
+        json!({"exit_code": 3, "stdout_bytes": 6, "stderr_tail": "oops\n", "stderr_truncated": false})
+    );
+
+    // A WASI command takes no export or arguments.
+    for query in ["export=_start", "args=%5B%5D"] {
+        let response = s
+            .app
+            .clone()
+            .oneshot(stream_request(&t, &id, query, "*/*", ""))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{query}");
+        let body: Value =
+            serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes())
+                .unwrap();
+        assert_eq!(body["error"]["code"], "wrong_style", "{query}");
+    }
+}
+
+/// The same bounded buffer holds a WASI command whose client does not read;
+/// a client that leaves stops it at its next write (it does not get to see
+/// an error and exit 2 by itself) and every quota is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasi_stdout_back_pressure_and_disconnect_stop_the_command() {
+    let s = server();
+    let (tid, t) = s.tenant("flooder", json!({})).await;
+    let id = deploy_command(&s, &t, FLOOD_COMMAND).await;
+    let tenant = s.tenants.lookup(&tid).unwrap();
+
+    let response = s
+        .app
+        .clone()
+        .oneshot(stream_request(&t, &id, "", "*/*", ""))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        tenant.usage(Resource::ConcurrentInvocations),
+        1,
+        "the command is held by the full buffer, not finished"
+    );
+    for _ in 0..3 {
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap().len(), 4096);
+    }
+    drop(body);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for resource in [
+        Resource::ConcurrentInvocations,
+        Resource::LiveInstances,
+        Resource::GuestMemoryBytes,
+    ] {
+        while tenant.usage(resource) != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{resource:?} still held after the client left"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let metrics = s
+        .as_token(&s.admin, axum::http::Method::GET, "/metrics", Value::Null)
+        .await;
+    let text = String::from_utf8(metrics.body).unwrap();
+    assert!(
+        text.contains(r#"tensor_wasm_invocations_total{outcome="ok"} 0"#),
+        "the command must not have ended by itself: {text}"
+    );
+    assert!(
+        text.contains(r#"tensor_wasm_invocations_total{outcome="error"} 1"#),
+        "{text}"
+    );
+}

@@ -22,6 +22,19 @@ async fn cross_tenant_matrix_denies_everything_and_changes_nothing() {
     let r = s.deploy(&a, "calc.wat", "name=calc").await;
     assert_eq!(r.status, StatusCode::CREATED);
     let f = r.json()["id"].as_str().unwrap().to_owned();
+    let r = s.deploy(&a, "warm.wat", "name=warm").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let w = r.json()["id"].as_str().unwrap().to_owned();
+    let r = s
+        .as_token(
+            &a,
+            Method::POST,
+            &format!("/functions/{w}/snapshots"),
+            json!({"init_export": "init"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.json());
+    let snap = r.json()["id"].as_str().unwrap().to_owned();
 
     // A revoked token of A.
     let r = s
@@ -59,6 +72,26 @@ async fn cross_tenant_matrix_denies_everything_and_changes_nothing() {
             json!({"export": "add", "args": [1, 2]}),
         ),
         (Method::DELETE, format!("/functions/{f}"), Value::Null),
+        (
+            Method::GET,
+            format!("/functions/{w}/snapshots"),
+            Value::Null,
+        ),
+        (
+            Method::POST,
+            format!("/functions/{w}/snapshots"),
+            json!({"init_export": "init"}),
+        ),
+        (
+            Method::DELETE,
+            format!("/functions/{w}/snapshots/{snap}"),
+            Value::Null,
+        ),
+        (
+            Method::PATCH,
+            format!("/functions/{w}"),
+            json!({"start_from_snapshot": null}),
+        ),
     ] {
         let r = s.as_token(&b, method.clone(), &uri, body.clone()).await;
         assert_eq!(
@@ -118,7 +151,22 @@ async fn cross_tenant_matrix_denies_everything_and_changes_nothing() {
         json!({"results": [5]})
     );
     let list = s.as_token(&a, Method::GET, "/functions", Value::Null).await;
-    assert_eq!(list.json()["functions"].as_array().unwrap().len(), 1);
+    assert_eq!(list.json()["functions"].as_array().unwrap().len(), 2);
+    let snaps = s
+        .as_token(
+            &a,
+            Method::GET,
+            &format!("/functions/{w}/snapshots"),
+            Value::Null,
+        )
+        .await
+        .json();
+    assert_eq!(snaps["snapshots"].as_array().unwrap().len(), 1);
+    assert_eq!(snaps["start_from_snapshot"], json!(snap));
+    assert_eq!(
+        s.invoke(&a, &w, "init_runs", json!([])).await.json(),
+        json!({"results": [1]})
+    );
     // Health needs no token.
     assert_eq!(
         s.send(Method::GET, "/healthz", None, "text/plain", vec![])

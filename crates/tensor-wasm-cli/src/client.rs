@@ -284,3 +284,44 @@ pub fn delete(server: &ServerArg, id: &str) -> anyhow::Result<ExitCode> {
     println!("deleted {id}");
     Ok(ExitCode::SUCCESS)
 }
+
+pub fn snapshot_create(
+    server: &ServerArg,
+    id: &str,
+    init_export: &str,
+    activate: bool,
+) -> anyhow::Result<ExitCode> {
+    let body = serde_json::json!({ "init_export": init_export, "activate": activate });
+    let request = server
+        .request("POST", &format!("/functions/{id}/snapshots"))
+        .set("content-type", "application/json");
+    print_json(send(request, Some(body.to_string().as_bytes()))?)
+}
+
+pub fn snapshot_list(server: &ServerArg, id: &str) -> anyhow::Result<ExitCode> {
+    print_json(send(
+        server.request("GET", &format!("/functions/{id}/snapshots")),
+        None,
+    )?)
+}
+
+pub fn snapshot_delete(server: &ServerArg, id: &str, snapshot: &str) -> anyhow::Result<ExitCode> {
+    send(
+        server.request("DELETE", &format!("/functions/{id}/snapshots/{snapshot}")),
+        None,
+    )?;
+    println!("deleted {snapshot}");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn snapshot_use(server: &ServerArg, id: &str, snapshot: &str) -> anyhow::Result<ExitCode> {
+    let target = match snapshot {
+        "none" => Value::Null,
+        other => Value::String(other.to_owned()),
+    };
+    let body = serde_json::json!({ "start_from_snapshot": target });
+    let request = server
+        .request("PATCH", &format!("/functions/{id}"))
+        .set("content-type", "application/json");
+    print_json(send(request, Some(body.to_string().as_bytes()))?)
+}

@@ -91,6 +91,52 @@ enum Command {
         #[command(flatten)]
         server: client::ServerArg,
     },
+    /// Capture, list and delete snapshots of a function's initialised state.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum SnapshotCommand {
+    /// Run the init export in a fresh instance and capture it; by default every later
+    /// instance starts from the new snapshot.
+    Create {
+        /// Function id.
+        id: String,
+        /// Export to run before the capture (no parameters).
+        #[arg(long, default_value = "init")]
+        init: String,
+        /// Keep instances starting as they do now instead of from this snapshot.
+        #[arg(long)]
+        no_activate: bool,
+        #[command(flatten)]
+        server: client::ServerArg,
+    },
+    /// List a function's snapshots and the one its instances start from.
+    List {
+        /// Function id.
+        id: String,
+        #[command(flatten)]
+        server: client::ServerArg,
+    },
+    /// Delete a snapshot (not the one the function starts from: `use` another first).
+    Delete {
+        /// Function id.
+        id: String,
+        /// Snapshot id.
+        snapshot: String,
+        #[command(flatten)]
+        server: client::ServerArg,
+    },
+    /// Choose what instances start from: a snapshot id, `latest`, or `none`.
+    Use {
+        /// Function id.
+        id: String,
+        /// Snapshot id, `latest`, or `none` for fresh instances.
+        snapshot: String,
+        #[command(flatten)]
+        server: client::ServerArg,
+    },
 }
 
 fn doctor() -> anyhow::Result<ExitCode> {
@@ -157,6 +203,25 @@ fn main() -> ExitCode {
         } => client::job(&server, &id, !no_wait),
         Command::Functions { server } => client::functions(&server),
         Command::Delete { id, server } => client::delete(&server, &id),
+        Command::Snapshot(SnapshotCommand::Create {
+            id,
+            init,
+            no_activate,
+            server,
+        }) => client::snapshot_create(&server, &id, &init, !no_activate),
+        Command::Snapshot(SnapshotCommand::List { id, server }) => {
+            client::snapshot_list(&server, &id)
+        }
+        Command::Snapshot(SnapshotCommand::Delete {
+            id,
+            snapshot,
+            server,
+        }) => client::snapshot_delete(&server, &id, &snapshot),
+        Command::Snapshot(SnapshotCommand::Use {
+            id,
+            snapshot,
+            server,
+        }) => client::snapshot_use(&server, &id, &snapshot),
     };
     match result {
         Ok(code) => code,

@@ -168,7 +168,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    tokio.block_on(serve(args))
+    let result = tokio.block_on(serve(args));
+    // Guests still running past the shutdown deadline (their jobs already
+    // recorded as failed) sit on blocking threads, some inside WASI calls
+    // on the runtime's timers. Dropping the runtime would wait for them, and
+    // shutting it down would fail those calls mid-way; the process is about
+    // to exit, which ends them.
+    std::mem::forget(tokio);
+    result
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -242,21 +249,86 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let grace = Duration::from_secs(args.shutdown_grace_s);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, router(state))
+    let app = router(state.clone());
+    let mut server = tokio::spawn(async move {
+        axum::serve(listener, app)
             .with_graceful_shutdown(async {
                 let _ = stop_rx.await;
             })
             .await
     });
-    shutdown_signal().await;
-    tracing::info!(grace_s = grace.as_secs(), "shutting down");
-    let _ = stop_tx.send(());
-    match tokio::time::timeout(grace, server).await {
-        Ok(joined) => joined.context("server task")?.context("serving")?,
-        Err(_) => tracing::warn!("in-flight requests did not finish within the grace period"),
+    tokio::select! {
+        () = shutdown_signal() => {}
+        joined = &mut server => {
+            // The server stopped by itself: nothing to drain.
+            return joined.context("server task")?.context("serving");
+        }
     }
+    let deadline = tokio::time::Instant::now() + grace;
+    tracing::info!(grace_s = grace.as_secs(), "shutting down");
+    state.set_ready(false);
+    let _ = stop_tx.send(());
+    let served = drain(&state, &mut server, deadline).await;
+    let failed = state.fail_unfinished_jobs();
+    if failed > 0 {
+        tracing::warn!(
+            failed,
+            "jobs still unfinished at the deadline were recorded as failed"
+        );
+    }
+    match served {
+        Some(joined) => joined.context("server task")?.context("serving")?,
+        None => tracing::warn!("in-flight requests did not finish within the grace period"),
+    }
+    tracing::info!("stopped");
     Ok(())
+}
+
+/// Time kept at the end of the grace period for open streams to send their
+/// final event and close.
+const STREAM_END_MARGIN: Duration = Duration::from_millis(500);
+
+/// Lets in-flight requests, streams and jobs finish until shortly before
+/// `deadline`, then ends the streams still open and waits for the server
+/// (and jobs) until `deadline`. Returns the server's result if it stopped.
+async fn drain<T>(
+    state: &AppState,
+    server: &mut tokio::task::JoinHandle<T>,
+    deadline: tokio::time::Instant,
+) -> Option<Result<T, tokio::task::JoinError>> {
+    let now = tokio::time::Instant::now();
+    let margin = STREAM_END_MARGIN.min((deadline - now) / 2);
+    let mut served = None;
+    let settled = async {
+        let joined = (&mut *server).await;
+        served = Some(joined);
+        jobs_finished(state).await;
+    };
+    if tokio::time::timeout_at(deadline - margin, settled)
+        .await
+        .is_ok()
+    {
+        return served;
+    }
+    if served.is_none() {
+        tracing::info!("ending the streams still open");
+    }
+    state.end_streams();
+    let settled = async {
+        if served.is_none() {
+            served = Some((&mut *server).await);
+        }
+        jobs_finished(state).await;
+    };
+    let _ = tokio::time::timeout_at(deadline, settled).await;
+    served
+}
+
+/// Resolves when no asynchronous job is queued or running.
+async fn jobs_finished(state: &AppState) {
+    while state.unfinished_jobs() > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// On first start (no admin, no tenant), creates the admin token and the

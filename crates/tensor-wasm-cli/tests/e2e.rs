@@ -908,3 +908,287 @@ fn async_jobs_from_the_cli_and_across_a_restart() {
     assert_eq!(json_of(&out.stdout)["status"], "succeeded");
     server.terminate();
 }
+
+#[test]
+fn snapshots_from_the_cli_survive_a_restart_and_skip_init() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let warm = server.deploy(&examples().join("warm.wat"), "name=warm");
+    assert_eq!(
+        server.call(&warm, "lookup", json!([7])).1["results"],
+        json!([-1])
+    );
+    let ok = |out: &std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json_of(&out.stdout)
+    };
+    let created = ok(&server.cli(&["snapshot", "create", &warm, "--init", "init"], b""));
+    let snap = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(created["memory_bytes"], 17 * 65_536);
+    let initialised = server.call(&warm, "lookup", json!([7])).1["results"].clone();
+    assert_ne!(initialised, json!([-1]));
+
+    // After a restart the function still starts from the snapshot: init did not run again.
+    server.terminate();
+    let server = Server::start(dir.path(), &[]);
+    assert_eq!(
+        server.call(&warm, "init_runs", json!([])).1["results"],
+        json!([1])
+    );
+    assert_eq!(
+        server.call(&warm, "lookup", json!([7])).1["results"],
+        initialised
+    );
+    assert!(
+        server
+            .metric("tensor_wasm_snapshot_restores_total{mode=\"eager\"}")
+            .unwrap()
+            >= 2.0
+    );
+    let listed = ok(&server.cli(&["snapshot", "list", &warm], b""));
+    assert_eq!(listed["start_from_snapshot"], json!(snap));
+    assert_eq!(listed["snapshots"].as_array().unwrap().len(), 1);
+
+    // The snapshot in use cannot be deleted; after `use none` it can.
+    let refused = server.cli(&["snapshot", "delete", &warm, &snap], b"");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("conflict"));
+    ok(&server.cli(&["snapshot", "use", &warm, "none"], b""));
+    let deleted = server.cli(&["snapshot", "delete", &warm, &snap], b"");
+    assert!(deleted.status.success());
+    assert_eq!(
+        server.call(&warm, "lookup", json!([7])).1["results"],
+        json!([-1])
+    );
+    server.terminate();
+}
+
+/// Reads the next SSE event (name, data) from `reader`; `None` at the end.
+/// Comment lines (keep-alives) are skipped.
+fn next_sse_event(reader: &mut impl BufRead) -> Option<(String, String)> {
+    let (mut event, mut data) = (String::new(), Vec::<String>::new());
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        let line = line.trim_end_matches(['\r', '\n']);
+        if line.is_empty() {
+            if event.is_empty() && data.is_empty() {
+                continue;
+            }
+            return Some((event, data.join("\n")));
+        }
+        if let Some(v) = line.strip_prefix("event:") {
+            event = v.trim_start().to_owned();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+        }
+    }
+}
+
+fn unix_ns_now() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// The `unix_ns=` stamp the ticker guest puts at the end of each line.
+fn stamp(line: &str) -> u128 {
+    line.trim_end()
+        .rsplit_once("unix_ns=")
+        .and_then(|(_, ns)| ns.parse().ok())
+        .unwrap_or_else(|| panic!("no stamp in {line:?}"))
+}
+
+/// Acceptance 1 for WASI commands: each stdout line of the C ticker reaches
+/// the client while the guest still runs. Timing marks, not sleeps: the
+/// client's clock when the first line arrives is compared with the stamp the
+/// guest writes just before it exits.
+#[test]
+fn wasi_stdout_lines_arrive_while_the_command_is_still_running() {
+    let ticker = c_guest("ticker");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let id = server.deploy(&ticker, "name=ticker&style=wasi");
+    let stream = |accept: &str, query: &str, stdin: &str| {
+        Server::agent()
+            .post(&server.url(&format!("/functions/{id}/invoke-stream{query}")))
+            .set("authorization", &server.auth())
+            .set("accept", accept)
+            .send_bytes(stdin.as_bytes())
+            .unwrap()
+    };
+
+    // Chunked: the raw lines.
+    let response = stream("application/octet-stream", "", "3 300 0");
+    assert_eq!(response.content_type(), "application/octet-stream");
+    let mut reader = BufReader::new(response.into_reader());
+    let mut first = String::new();
+    reader.read_line(&mut first).unwrap();
+    let first_at = unix_ns_now();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut rest).unwrap();
+    let lines: Vec<&str> = rest.lines().collect();
+    assert!(first.starts_with("tick 1/3 "), "{first:?}");
+    assert_eq!(lines.len(), 3, "{rest:?}");
+    assert!(lines[1].starts_with("tick 3/3 ") && lines[2].starts_with("done "));
+    let done = stamp(lines[2]);
+    assert!(
+        first_at < done,
+        "the first line arrived {} ms after the guest's last stamp",
+        (first_at - done) / 1_000_000
+    );
+
+    // SSE: a chunk event per stdout write (wasi-libc decides how a line is
+    // written), then the exit code.
+    let response = stream("text/event-stream", "?encoding=text", "3 300 7");
+    assert_eq!(response.content_type(), "text/event-stream");
+    let mut reader = BufReader::new(response.into_reader());
+    let (event, first) = next_sse_event(&mut reader).unwrap();
+    let first_at = unix_ns_now();
+    assert_eq!(event, "chunk");
+    assert!(first.starts_with("tick 1/3 "), "{first:?}");
+    let mut stdout = first;
+    let end = loop {
+        let (event, data) = next_sse_event(&mut reader).expect("a final event");
+        match event.as_str() {
+            "chunk" => stdout.push_str(&data),
+            "end" => break json_of(data.as_bytes()),
+            _ => panic!("unexpected {event}: {data}"),
+        }
+    };
+    assert!(next_sse_event(&mut reader).is_none());
+    assert_eq!(end["exit_code"], 7);
+    assert_eq!(end["stdout_bytes"], stdout.len());
+    assert_eq!(end["stderr_tail"], "ticker: 3 lines\n");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{stdout:?}");
+    assert!(lines[2].starts_with("tick 3/3 ") && lines[3].starts_with("done "));
+    let done = stamp(lines[3]);
+    assert!(
+        first_at < done,
+        "the first event arrived {} ms after the guest's last stamp",
+        (first_at - done) / 1_000_000
+    );
+    server.terminate();
+}
+
+/// Acceptance 4: SIGTERM with an open stream and running jobs. In-flight work
+/// goes on during the grace period (the stream keeps delivering, a short job
+/// finishes), then the stream gets a final `shutting_down` event, the process
+/// exits within the deadline, and after a restart both jobs read as recorded.
+#[test]
+fn sigterm_ends_open_streams_with_a_final_event_and_records_jobs() {
+    const GRACE_S: u64 = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, log_path) = (dir.path().join("data"), dir.path().join("server.log"));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut server = Server::start_logging(
+        &data,
+        &["--shutdown-grace-s", &GRACE_S.to_string()],
+        "info",
+        Stdio::from(log),
+    );
+    let ticks = server.deploy(&examples().join("stream.wat"), "name=stream");
+    let nap = server.deploy(&examples().join("sleep.wat"), "name=nap");
+
+    // A stream that would run for 100 s: a tick every 100 ms.
+    let response = Server::agent()
+        .post(&server.url(&format!(
+            "/functions/{ticks}/invoke-stream?export=ticks&args=%5B1000%2C100%5D&encoding=text"
+        )))
+        .set("authorization", &server.auth())
+        .set("accept", "text/event-stream")
+        .send_bytes(b"")
+        .unwrap();
+    let mut reader = BufReader::new(response.into_reader());
+    assert_eq!(next_sse_event(&mut reader).unwrap().0, "chunk");
+
+    // A job that finishes within the grace period and one that cannot.
+    let start_job = |ms: u32| {
+        let body = json!({"export": "nap", "args": [ms]}).to_string();
+        let (status, reply, _) = server.post(
+            &format!("/functions/{nap}/invoke-async"),
+            "application/json",
+            body.as_bytes(),
+        );
+        assert_eq!(status, 202, "{}", String::from_utf8_lossy(&reply));
+        json_of(&reply)["job_id"].as_str().unwrap().to_owned()
+    };
+    let short = start_job(1000);
+    let long = start_job(60_000);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for job in [&short, &long] {
+        while json_of(&server.get(&format!("/jobs/{job}")).1)["status"] != "running" {
+            assert!(Instant::now() < deadline, "job {job} never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(server.child.id().to_string())
+        .status()
+        .unwrap();
+    let signalled = Instant::now();
+    let mut chunks_after_signal = 0;
+    let last = loop {
+        let event = next_sse_event(&mut reader).expect("the stream ended without a final event");
+        if event.0 != "chunk" {
+            break event;
+        }
+        chunks_after_signal += 1;
+    };
+    let ended_after = signalled.elapsed();
+    assert_eq!(last.0, "error", "{last:?}");
+    assert_eq!(json_of(last.1.as_bytes())["error"]["code"], "shutting_down");
+    assert!(
+        chunks_after_signal >= 5,
+        "the stream should go on during the grace period: {chunks_after_signal} chunks in \
+         {ended_after:?}"
+    );
+    assert!(
+        next_sse_event(&mut reader).is_none(),
+        "nothing after the final event"
+    );
+
+    let limit = Duration::from_secs(GRACE_S) + Duration::from_millis(1500);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            signalled.elapsed() < limit,
+            "still running {limit:?} after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(
+        ended_after < Duration::from_secs(GRACE_S),
+        "the final event came after the deadline: {ended_after:?}"
+    );
+
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(
+        log.contains("jobs still unfinished at the deadline were recorded as failed"),
+        "{log}"
+    );
+
+    drop(server);
+    let server = Server::start(&data, &[]);
+    let done = json_of(&server.get(&format!("/jobs/{short}")).1);
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["results"], json!([0]));
+    let failed = json_of(&server.get(&format!("/jobs/{long}")).1);
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], "shutting_down", "{failed}");
+    server.terminate();
+}

@@ -178,7 +178,12 @@ pub struct ArtifactCache {
 impl ArtifactCache {
     /// Opens the cache for `engine` under `data_dir`.
     pub fn open(data_dir: &Path, engine: &Engine) -> Result<Self> {
-        let dir = data_dir.join("artifacts").join(engine_fingerprint(engine));
+        // Artifacts are of instrumented modules: a new instrumentation is a new directory.
+        let dir = data_dir.join("artifacts").join(format!(
+            "{}-i{}",
+            engine_fingerprint(engine),
+            crate::instrument::INSTRUMENTATION_VERSION
+        ));
         fs::create_dir_all(&dir).map_err(|e| RuntimeError::storage(&dir, e))?;
         Ok(ArtifactCache { dir })
     }

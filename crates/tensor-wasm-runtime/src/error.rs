@@ -46,6 +46,18 @@ pub enum RuntimeError {
     /// streaming: the invocation was cancelled.
     #[error("the client disconnected; the invocation was cancelled")]
     ClientGone,
+    /// No snapshot with this id exists for the function.
+    #[error("snapshot {0} not found")]
+    SnapshotNotFound(String),
+    /// The function cannot be snapshotted (style, table mutation, reference globals ...).
+    #[error("snapshot not possible: {0}")]
+    SnapshotUnsupported(String),
+    /// A stored snapshot failed validation (header, version, module hash, checksums).
+    #[error("snapshot {id} is unusable: {message}")]
+    SnapshotCorrupt { id: String, message: String },
+    /// The request conflicts with the current state (a snapshot in use, a cap reached).
+    #[error("{0}")]
+    Conflict(String),
     /// Every instance slot, or the kernel dispatcher and its queue, is full.
     #[error("{0}")]
     Busy(String),

@@ -164,7 +164,6 @@ impl GuestGpu {
 
     /// The same, for an instance of a function of `tenant` (its id, as in
     /// `FunctionRecord::tenant`).
-    #[allow(dead_code)] // until `Runtime::instantiate` passes the function's tenant
     pub(crate) fn with_tenant(mut self, tenant: &str) -> Self {
         self.tenant = TenantKey::new(tenant);
         self

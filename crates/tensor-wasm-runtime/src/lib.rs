@@ -27,8 +27,10 @@ mod config;
 mod engine;
 mod error;
 mod guest_gpu;
+mod instrument;
 mod metrics;
 mod runtime;
+mod snapshot;
 mod store;
 pub mod stream;
 mod values;
@@ -38,8 +40,9 @@ pub use engine::{build_engine, engine_fingerprint, EngineParts, ModuleSource};
 pub use error::{Result, RuntimeError};
 pub use metrics::{Outcome, RuntimeMetrics};
 pub use runtime::{CommandOutput, DeploySpec, FunctionInfo, Runtime};
+pub use snapshot::{RestoreMode, MAX_SNAPSHOTS_PER_FUNCTION};
 pub use store::{
-    is_valid_function_id, sha256_hex, FsFunctionStore, FunctionLimits, FunctionRecord,
-    FunctionStore, InvocationStyle, RECORD_FORMAT,
+    is_valid_function_id, is_valid_snapshot_id, sha256_hex, FsFunctionStore, FunctionLimits,
+    FunctionRecord, FunctionStore, InvocationStyle, SnapshotRecord, RECORD_FORMAT,
 };
 pub use values::{ExportSignature, WasmType};

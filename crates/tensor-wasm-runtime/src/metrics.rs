@@ -1,8 +1,8 @@
 //! Prometheus metrics of the runtime: invocations, instantiation, compilation.
 
 use prometheus::{
-    exponential_buckets, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry,
+    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, Opts, Registry,
 };
 use tensor_wasm_dispatch::DispatchMetrics;
 use tensor_wasm_jit::KernelCacheMetrics;
@@ -59,6 +59,11 @@ pub struct RuntimeMetrics {
     pub(crate) compile_seconds: Histogram,
     pub(crate) module_loads: IntCounterVec,
     pub(crate) cached_modules: IntGauge,
+    pub(crate) snapshot_captures: IntCounter,
+    pub(crate) snapshot_capture_seconds: Histogram,
+    pub(crate) snapshot_restores: IntCounterVec,
+    pub(crate) snapshot_restore_seconds: HistogramVec,
+    pub(crate) snapshot_bytes: IntCounterVec,
     /// Metrics of the kernel dispatcher.
     pub dispatch: DispatchMetrics,
     /// Metrics of the compiled-kernel cache.
@@ -99,7 +104,41 @@ impl RuntimeMetrics {
                     "tensor_wasm_module_compile_duration_seconds",
                     "Time to compile a module, or to load its precompiled artifact.",
                 )
+                .buckets(fast.clone()),
+            )?,
+            snapshot_captures: IntCounter::new(
+                "tensor_wasm_snapshot_captures_total",
+                "Snapshots captured (init export run and memory encoded).",
+            )?,
+            snapshot_capture_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "tensor_wasm_snapshot_capture_duration_seconds",
+                    "Time to encode and store a snapshot, init export excluded.",
+                )
+                .buckets(fast.clone()),
+            )?,
+            snapshot_restores: IntCounterVec::new(
+                Opts::new(
+                    "tensor_wasm_snapshot_restores_total",
+                    "Instances started from a snapshot, by mode (lazy: mapped copy-on-write; \
+                     eager: copied).",
+                ),
+                &["mode"],
+            )?,
+            snapshot_restore_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "tensor_wasm_snapshot_restore_duration_seconds",
+                    "Time to restore memory and globals into a new instance, by mode.",
+                )
                 .buckets(fast),
+                &["mode"],
+            )?,
+            snapshot_bytes: IntCounterVec::new(
+                Opts::new(
+                    "tensor_wasm_snapshot_bytes_total",
+                    "Linear-memory bytes captured into snapshots and restored from them.",
+                ),
+                &["direction"],
             )?,
             module_loads: IntCounterVec::new(
                 Opts::new(
@@ -121,6 +160,17 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.compile_seconds.clone()))?;
         registry.register(Box::new(metrics.module_loads.clone()))?;
         registry.register(Box::new(metrics.cached_modules.clone()))?;
+        registry.register(Box::new(metrics.snapshot_captures.clone()))?;
+        registry.register(Box::new(metrics.snapshot_capture_seconds.clone()))?;
+        registry.register(Box::new(metrics.snapshot_restores.clone()))?;
+        registry.register(Box::new(metrics.snapshot_restore_seconds.clone()))?;
+        registry.register(Box::new(metrics.snapshot_bytes.clone()))?;
+        for mode in ["lazy", "eager"] {
+            metrics.snapshot_restores.with_label_values(&[mode]);
+        }
+        for direction in ["captured", "restored"] {
+            metrics.snapshot_bytes.with_label_values(&[direction]);
+        }
         for source in ["compiled", "artifact"] {
             metrics.module_loads.with_label_values(&[source]);
         }
@@ -132,6 +182,16 @@ impl RuntimeMetrics {
         self.module_loads
             .with_label_values(&[source.as_str()])
             .get()
+    }
+
+    /// Instances started from a snapshot in `mode` (`lazy` or `eager`) so far.
+    pub fn snapshot_restores(&self, mode: &str) -> u64 {
+        self.snapshot_restores.with_label_values(&[mode]).get()
+    }
+
+    /// Snapshots captured so far.
+    pub fn snapshot_captures(&self) -> u64 {
+        self.snapshot_captures.get()
     }
 
     pub(crate) fn record_outcome(&self, outcome: Outcome) {

@@ -148,34 +148,40 @@ impl ResourceLimiter for InvocationLimiter {
 }
 
 /// A function compiled and linked, ready to instantiate.
-struct Prepared {
-    pre: InstancePre<InvocationState>,
-    needs_wasi: bool,
+pub(crate) struct Prepared {
+    pub(crate) pre: InstancePre<InvocationState>,
+    pub(crate) needs_wasi: bool,
     needs_gpu: bool,
     /// Function exports and their types, resolved once.
-    funcs: HashMap<String, FuncType>,
+    pub(crate) funcs: HashMap<String, FuncType>,
     /// Whether the module is a reactor with an `_initialize` to run first.
-    has_initialize: bool,
+    pub(crate) has_initialize: bool,
+    /// Indices of the mutable globals the instrumentation exported, ascending.
+    pub(crate) state_globals: Vec<u32>,
 }
 
-struct FunctionEntry {
-    record: FunctionRecord,
-    prepared: OnceLock<Arc<Prepared>>,
+pub(crate) struct FunctionEntry {
+    pub(crate) record: FunctionRecord,
+    pub(crate) prepared: OnceLock<Arc<Prepared>>,
     load_lock: Mutex<()>,
+    /// The opened local image of `record.start_from_snapshot`, once first used.
+    pub(crate) restore: Mutex<Option<Arc<crate::snapshot::Restorable>>>,
 }
 
-struct Inner {
-    config: RuntimeConfig,
+pub(crate) struct Inner {
+    pub(crate) config: RuntimeConfig,
     engine: Engine,
     linker: Linker<InvocationState>,
-    store: Arc<dyn FunctionStore>,
+    pub(crate) store: Arc<dyn FunctionStore>,
     artifacts: ArtifactCache,
-    functions: RwLock<HashMap<String, Arc<FunctionEntry>>>,
+    pub(crate) functions: RwLock<HashMap<String, Arc<FunctionEntry>>>,
     modules: Mutex<HashMap<String, Module>>,
     in_flight: AtomicU32,
-    metrics: RuntimeMetrics,
+    /// Serialises changes of function records after deploy (snapshot settings, deletes).
+    pub(crate) record_lock: Mutex<()>,
+    pub(crate) metrics: RuntimeMetrics,
     gpu: Arc<GpuShared>,
-    memory_creator: Option<Arc<TensorWasmMemoryCreator>>,
+    pub(crate) memory_creator: Option<Arc<TensorWasmMemoryCreator>>,
     _ticker: EpochTicker,
 }
 
@@ -184,15 +190,16 @@ struct Inner {
 /// meant for a blocking thread (invocations run guest code to completion).
 #[derive(Clone)]
 pub struct Runtime {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl FunctionEntry {
-    fn new(record: FunctionRecord) -> Self {
+    pub(crate) fn new(record: FunctionRecord) -> Self {
         FunctionEntry {
             record,
             prepared: OnceLock::new(),
             load_lock: Mutex::new(()),
+            restore: Mutex::new(None),
         }
     }
 }
@@ -206,7 +213,7 @@ impl std::fmt::Debug for Runtime {
 }
 
 /// Releases an instance slot when dropped.
-struct SlotGuard<'a>(&'a AtomicU32);
+pub(crate) struct SlotGuard<'a>(&'a AtomicU32);
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
@@ -214,7 +221,7 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -293,6 +300,7 @@ impl Runtime {
                 functions: RwLock::new(functions),
                 modules: Mutex::new(HashMap::new()),
                 in_flight: AtomicU32::new(0),
+                record_lock: Mutex::new(()),
                 metrics,
                 gpu,
                 memory_creator: parts.memory_creator,
@@ -412,7 +420,7 @@ impl Runtime {
         records
     }
 
-    fn entry(&self, id: &str) -> Result<Arc<FunctionEntry>> {
+    pub(crate) fn entry(&self, id: &str) -> Result<Arc<FunctionEntry>> {
         self.inner
             .functions
             .read()
@@ -458,6 +466,7 @@ impl Runtime {
             module_size: binary.len() as u64,
             created_at_ms: now_ms(),
             limits,
+            start_from_snapshot: None,
         };
         self.inner.store.put_function(&record)?;
         let info = FunctionInfo {
@@ -519,9 +528,11 @@ impl Runtime {
 
     /// Deletes a function; `false` if it did not exist.
     pub fn delete(&self, id: &str) -> Result<bool> {
+        let _lock = self.inner.record_lock.lock().expect("lock");
         if !self.inner.store.delete_function(id)? {
             return Ok(false);
         }
+        self.forget_snapshots(id)?;
         let removed = self.inner.functions.write().expect("lock").remove(id);
         if let Some(entry) = removed {
             let sha = &entry.record.module_sha256;
@@ -561,7 +572,9 @@ impl Runtime {
                 &stored
             }
         };
-        let module = Module::from_binary(&self.inner.engine, binary)
+        let instrumented = crate::instrument::export_state(binary)
+            .map_err(|e| RuntimeError::InvalidModule(truncate_message(e)))?;
+        let module = Module::from_binary(&self.inner.engine, &instrumented)
             .map_err(|e| RuntimeError::InvalidModule(truncate_message(format!("{e:#}"))))?;
         self.inner.artifacts.store(sha, &module);
         self.note_module_loaded(sha, &module, ModuleSource::Compiled, start.elapsed());
@@ -601,17 +614,24 @@ impl Runtime {
             })
             .collect();
         let has_initialize = funcs.contains_key("_initialize");
+        let mut state_globals: Vec<u32> = module
+            .exports()
+            .filter_map(|e| e.name().strip_prefix(crate::instrument::GLOBAL_PREFIX))
+            .filter_map(|index| index.parse().ok())
+            .collect();
+        state_globals.sort_unstable();
         Ok(Prepared {
             pre,
             needs_wasi,
             needs_gpu,
             funcs,
             has_initialize,
+            state_globals,
         })
     }
 
     /// The prepared form of a stored function, loading it on first use.
-    fn prepared(&self, entry: &FunctionEntry) -> Result<Arc<Prepared>> {
+    pub(crate) fn prepared(&self, entry: &FunctionEntry) -> Result<Arc<Prepared>> {
         if let Some(p) = entry.prepared.get() {
             return Ok(p.clone());
         }
@@ -625,13 +645,15 @@ impl Runtime {
         Ok(prepared)
     }
 
-    /// Creates a store with the function's limits, and instantiates.
-    fn instantiate(
+    /// Creates a store with the function's limits (and, for GPU guests, its tenant's GPU
+    /// lane), and instantiates.
+    pub(crate) fn instantiate(
         &self,
         prepared: &Prepared,
-        limits: &FunctionLimits,
+        record: &FunctionRecord,
         wasi: Option<WasiP1Ctx>,
     ) -> (Store<InvocationState>, wasmtime::Result<wasmtime::Instance>) {
+        let limits = &record.limits;
         let start = Instant::now();
         let state = InvocationState {
             limiter: InvocationLimiter {
@@ -639,9 +661,9 @@ impl Runtime {
                 hit: None,
             },
             wasi,
-            gpu: prepared
-                .needs_gpu
-                .then(|| GuestGpu::new(self.inner.gpu.clone(), limits.raw_ptx)),
+            gpu: prepared.needs_gpu.then(|| {
+                GuestGpu::new(self.inner.gpu.clone(), limits.raw_ptx).with_tenant(&record.tenant)
+            }),
             stream: None,
         };
         let mut store = Store::new(&self.inner.engine, state);
@@ -668,7 +690,7 @@ impl Runtime {
         (store, instance)
     }
 
-    fn take_slot(&self) -> Result<SlotGuard<'_>> {
+    pub(crate) fn take_slot(&self) -> Result<SlotGuard<'_>> {
         let max = self.inner.config.max_instances;
         let slots = &self.inner.in_flight;
         if slots.fetch_add(1, Ordering::AcqRel) >= max {
@@ -745,10 +767,13 @@ impl Runtime {
         let wasi = prepared
             .needs_wasi
             .then(|| quiet_wasi(&record.name, self.inner.config.stderr_tail_bytes));
-        let (mut store, instance) = self.instantiate(&prepared, &record.limits, wasi);
+        let (mut store, instance) = self.instantiate(&prepared, record, wasi);
         store.data_mut().stream = stream;
         let instance = instance.map_err(|e| classify(e, &mut store, &record.limits))?;
-        if prepared.has_initialize {
+        if let Some(snapshot) = &record.start_from_snapshot {
+            // The snapshot holds the state after `_initialize` and the init export.
+            self.restore_snapshot(&entry, &prepared, snapshot, &mut store, &instance)?;
+        } else if prepared.has_initialize {
             if let Some(init) = instance.get_func(&mut store, "_initialize") {
                 init.call(&mut store, &[], &mut [])
                     .map_err(|e| classify(e, &mut store, &record.limits))?;
@@ -790,7 +815,7 @@ impl Runtime {
             .stderr(stderr.clone())
             .arg(&record.name)
             .build_p1();
-        let (mut store, instance) = self.instantiate(&prepared, &record.limits, Some(wasi));
+        let (mut store, instance) = self.instantiate(&prepared, record, Some(wasi));
         let run = instance.and_then(|instance| {
             instance
                 .get_typed_func::<(), ()>(&mut store, "_start")?
@@ -825,6 +850,94 @@ impl Runtime {
         })
     }
 
+    /// Checks that function `id` is a WASI command, loading it, without
+    /// running anything (so a streaming response can still answer a 4xx).
+    pub fn check_command_call(&self, id: &str) -> Result<()> {
+        let entry = self.entry(id)?;
+        if entry.record.style != InvocationStyle::Wasi {
+            return Err(RuntimeError::WrongStyle(format!(
+                "function {id} is an export-call function: name the export to call"
+            )));
+        }
+        self.prepared(&entry).map(|_| ())
+    }
+
+    /// Runs WASI command `id` with `io`'s input as stdin; each write to
+    /// stdout goes to `io`'s channel as a chunk as soon as it is written
+    /// (blocking while the buffer is full), under `io`'s caps. A write after
+    /// the client has gone stops the guest with [`RuntimeError::ClientGone`];
+    /// stdout past the per-invocation cap stops it with
+    /// [`RuntimeError::OutputTooLarge`].
+    pub fn invoke_command_streaming(
+        &self,
+        id: &str,
+        io: crate::stream::StreamIo,
+    ) -> Result<crate::stream::CommandExit> {
+        let start = Instant::now();
+        let result = self.invoke_command_streaming_inner(id, io);
+        self.finish(start, &result);
+        result
+    }
+
+    fn invoke_command_streaming_inner(
+        &self,
+        id: &str,
+        io: crate::stream::StreamIo,
+    ) -> Result<crate::stream::CommandExit> {
+        let entry = self.entry(id)?;
+        let record = &entry.record;
+        if record.style != InvocationStyle::Wasi {
+            return Err(RuntimeError::WrongStyle(format!(
+                "function {id} is an export-call function: name the export to call"
+            )));
+        }
+        let prepared = self.prepared(&entry)?;
+        let _slot = self.take_slot()?;
+        let (stdin, stdout) = io.into_stdout();
+        let stderr = MemoryOutputPipe::new(STDERR_CAP);
+        let wasi = WasiCtxBuilder::new()
+            .stdin(MemoryInputPipe::new(stdin))
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .arg(&record.name)
+            .build_p1();
+        let (mut store, instance) = self.instantiate(&prepared, record, Some(wasi));
+        let run = instance.and_then(|instance| {
+            instance
+                .get_typed_func::<(), ()>(&mut store, "_start")?
+                .call(&mut store, ())
+        });
+        let exit_code = match run {
+            Ok(()) => 0,
+            Err(e) => match e.downcast_ref::<I32Exit>() {
+                Some(exit) => exit.0,
+                None => {
+                    log_stderr(record, &stderr.contents());
+                    if let Some(cap) = e.downcast_ref::<crate::stream::OutputCapExceeded>() {
+                        return Err(RuntimeError::OutputTooLarge(
+                            usize::try_from(cap.0).unwrap_or(usize::MAX),
+                        ));
+                    }
+                    return Err(classify(e, &mut store, &record.limits));
+                }
+            },
+        };
+        // The stream ends when the last sender (the store's, then ours) is gone.
+        drop(store);
+        let stdout_bytes = stdout.written();
+        drop(stdout);
+        let stderr = stderr.contents();
+        log_stderr(record, &stderr);
+        let tail = self.inner.config.stderr_tail_bytes;
+        let skip = stderr.len().saturating_sub(tail);
+        Ok(crate::stream::CommandExit {
+            exit_code,
+            stdout_bytes,
+            stderr_tail: stderr[skip..].to_vec(),
+            stderr_truncated: skip > 0,
+        })
+    }
+
     fn finish<T>(&self, start: Instant, result: &Result<T>) {
         let outcome = match result {
             Ok(_) => Outcome::Ok,
@@ -851,7 +964,7 @@ impl Runtime {
 }
 
 /// A WASI context for export-style functions: no stdin, output only logged.
-fn quiet_wasi(name: &str, stderr_cap: usize) -> WasiP1Ctx {
+pub(crate) fn quiet_wasi(name: &str, stderr_cap: usize) -> WasiP1Ctx {
     WasiCtxBuilder::new()
         .stdout(MemoryOutputPipe::new(stderr_cap))
         .stderr(MemoryOutputPipe::new(stderr_cap))
@@ -877,6 +990,7 @@ fn exports_of(module: &Module) -> Vec<ExportSignature> {
             ExternType::Func(ty) => Some(ExportSignature::new(e.name(), &ty)),
             _ => None,
         })
+        .filter(|sig| !crate::instrument::is_reserved(&sig.name))
         .collect()
 }
 
@@ -919,7 +1033,7 @@ fn check_shape(module: &Module, style: InvocationStyle, limits: &FunctionLimits)
 }
 
 /// Maps a wasmtime error from guest execution to a [`RuntimeError`].
-fn classify(
+pub(crate) fn classify(
     err: wasmtime::Error,
     store: &mut Store<InvocationState>,
     limits: &FunctionLimits,

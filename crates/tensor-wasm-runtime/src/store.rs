@@ -5,6 +5,8 @@
 //! ```text
 //! modules/<sha256>.wasm     module bytes, content-addressed, immutable
 //! functions/<id>.json       one metadata record per function
+//! snapshots/<function id>/<snapshot id>.twsnap   portable snapshot bytes
+//! snapshots/<function id>/<snapshot id>.json     its record (written last)
 //! tmp/                      staging area for atomic writes, emptied on open
 //! ```
 //!
@@ -85,6 +87,36 @@ pub struct FunctionRecord {
     pub created_at_ms: u64,
     /// Resolved limits.
     pub limits: FunctionLimits,
+    /// Snapshot every instance starts from (`None`: a fresh instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_from_snapshot: Option<String>,
+}
+
+/// The durable description of a snapshot; the bytes are stored beside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// Opaque id, `snap-` followed by 24 lowercase hex digits.
+    pub id: String,
+    /// The function it belongs to.
+    pub function_id: String,
+    /// Owning tenant's id.
+    pub tenant: String,
+    /// sha256 of the module the memory belongs to.
+    pub module_sha256: String,
+    /// The export that ran before the capture.
+    pub init_export: String,
+    /// Capture time, milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Linear-memory size captured.
+    pub memory_bytes: u64,
+    /// Size of the portable encoding at rest.
+    pub stored_bytes: u64,
+    /// Mutable globals captured.
+    pub globals: u32,
+    /// Capture duration (init excluded).
+    pub capture_ms: f64,
+    /// Duration of the init export.
+    pub init_ms: f64,
 }
 
 /// Durable storage of functions and their modules.
@@ -103,6 +135,16 @@ pub trait FunctionStore: Send + Sync + 'static {
     fn delete_function(&self, id: &str) -> Result<bool>;
     /// Every stored function record.
     fn functions(&self) -> Result<Vec<FunctionRecord>>;
+    /// Stores a snapshot's bytes, then its record; durable when it returns.
+    fn put_snapshot(&self, record: &SnapshotRecord, bytes: &[u8]) -> Result<()>;
+    /// The bytes of a stored snapshot (`None` if it does not exist).
+    fn snapshot_bytes(&self, function_id: &str, snapshot_id: &str) -> Result<Option<Vec<u8>>>;
+    /// The snapshot records of a function, oldest first.
+    fn snapshots(&self, function_id: &str) -> Result<Vec<SnapshotRecord>>;
+    /// Deletes a snapshot; `false` if it did not exist.
+    fn delete_snapshot(&self, function_id: &str, snapshot_id: &str) -> Result<bool>;
+    /// Deletes every snapshot of a function (when the function is deleted).
+    fn delete_snapshots(&self, function_id: &str) -> Result<()>;
 }
 
 /// sha256 of `bytes` as lowercase hex.
@@ -121,9 +163,27 @@ pub fn is_valid_function_id(id: &str) -> bool {
 
 /// A fresh random function id.
 pub fn new_function_id() -> String {
+    format!("fn-{}", random_hex())
+}
+
+/// Whether `id` has the shape of a snapshot id (and so is safe as a file name).
+pub fn is_valid_snapshot_id(id: &str) -> bool {
+    id.len() == 29
+        && id.starts_with("snap-")
+        && id[5..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// A fresh random snapshot id.
+pub fn new_snapshot_id() -> String {
+    format!("snap-{}", random_hex())
+}
+
+fn random_hex() -> String {
     let mut raw = [0u8; 12];
     getrandom::fill(&mut raw).expect("the OS random source is available");
-    format!("fn-{}", hex::encode(raw))
+    hex::encode(raw)
 }
 
 fn is_sha256_hex(s: &str) -> bool {
@@ -144,7 +204,7 @@ impl FsFunctionStore {
     /// area and removes modules no function references.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
         let root = root.into();
-        for dir in ["modules", "functions", "tmp"] {
+        for dir in ["modules", "functions", "snapshots", "tmp"] {
             let path = root.join(dir);
             fs::create_dir_all(&path).map_err(|e| RuntimeError::storage(&path, e))?;
         }
@@ -154,6 +214,7 @@ impl FsFunctionStore {
         };
         store.clear_staging()?;
         store.collect_unreferenced_modules()?;
+        store.collect_orphan_snapshots()?;
         Ok(store)
     }
 
@@ -189,6 +250,38 @@ impl FsFunctionStore {
             }
         }
         sync_dir(&dir)
+    }
+
+    /// Removes snapshot directories of deleted functions and snapshot bytes whose record
+    /// was never written (a crash between the two writes).
+    fn collect_orphan_snapshots(&self) -> Result<()> {
+        let live: HashSet<String> = self.functions()?.into_iter().map(|r| r.id).collect();
+        let dir = self.root.join("snapshots");
+        for entry in fs::read_dir(&dir).map_err(|e| RuntimeError::storage(&dir, e))? {
+            let path = entry.map_err(|e| RuntimeError::storage(&dir, e))?.path();
+            let name = path
+                .file_name()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default();
+            if !live.contains(name) {
+                tracing::info!(function = name, "removing snapshots of a deleted function");
+                fs::remove_dir_all(&path).map_err(|e| RuntimeError::storage(&path, e))?;
+                continue;
+            }
+            for file in fs::read_dir(&path).map_err(|e| RuntimeError::storage(&path, e))? {
+                let file = file.map_err(|e| RuntimeError::storage(&path, e))?.path();
+                if file.extension().and_then(|e| e.to_str()) == Some("twsnap")
+                    && !file.with_extension("json").exists()
+                {
+                    fs::remove_file(&file).map_err(|e| RuntimeError::storage(&file, e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn snapshot_dir(&self, function_id: &str) -> PathBuf {
+        self.root.join("snapshots").join(function_id)
     }
 
     fn module_path(&self, sha256: &str) -> PathBuf {
@@ -306,6 +399,99 @@ impl FunctionStore for FsFunctionStore {
         records.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
         Ok(records)
     }
+
+    fn put_snapshot(&self, record: &SnapshotRecord, bytes: &[u8]) -> Result<()> {
+        if !is_valid_function_id(&record.function_id) || !is_valid_snapshot_id(&record.id) {
+            return Err(RuntimeError::InvalidConfig(format!(
+                "`{}/{}` is not a snapshot id",
+                record.function_id, record.id
+            )));
+        }
+        let dir = self.snapshot_dir(&record.function_id);
+        fs::create_dir_all(&dir).map_err(|e| RuntimeError::storage(&dir, e))?;
+        self.write_atomic(&dir.join(format!("{}.twsnap", record.id)), bytes)?;
+        let json = serde_json::to_vec_pretty(record).expect("records serialize");
+        self.write_atomic(&dir.join(format!("{}.json", record.id)), &json)
+    }
+
+    fn snapshot_bytes(&self, function_id: &str, snapshot_id: &str) -> Result<Option<Vec<u8>>> {
+        if !is_valid_function_id(function_id) || !is_valid_snapshot_id(snapshot_id) {
+            return Ok(None);
+        }
+        let dir = self.snapshot_dir(function_id);
+        if !dir.join(format!("{snapshot_id}.json")).exists() {
+            return Ok(None);
+        }
+        let path = dir.join(format!("{snapshot_id}.twsnap"));
+        match fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(RuntimeError::storage(&path, e)),
+        }
+    }
+
+    fn snapshots(&self, function_id: &str) -> Result<Vec<SnapshotRecord>> {
+        if !is_valid_function_id(function_id) {
+            return Ok(Vec::new());
+        }
+        let dir = self.snapshot_dir(function_id);
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(RuntimeError::storage(&dir, e)),
+        };
+        let mut records = Vec::new();
+        for entry in entries {
+            let path = entry.map_err(|e| RuntimeError::storage(&dir, e))?.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            let bytes = fs::read(&path).map_err(|e| RuntimeError::storage(&path, e))?;
+            match serde_json::from_slice::<SnapshotRecord>(&bytes) {
+                Ok(record) => records.push(record),
+                Err(e) => tracing::error!(
+                    path = %path.display(),
+                    error = %e,
+                    "skipping unreadable snapshot record"
+                ),
+            }
+        }
+        records.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        Ok(records)
+    }
+
+    fn delete_snapshot(&self, function_id: &str, snapshot_id: &str) -> Result<bool> {
+        if !is_valid_function_id(function_id) || !is_valid_snapshot_id(snapshot_id) {
+            return Ok(false);
+        }
+        let dir = self.snapshot_dir(function_id);
+        let record = dir.join(format!("{snapshot_id}.json"));
+        match fs::remove_file(&record) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(RuntimeError::storage(&record, e)),
+        }
+        let bytes = dir.join(format!("{snapshot_id}.twsnap"));
+        match fs::remove_file(&bytes) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(RuntimeError::storage(&bytes, e)),
+        }
+        sync_dir(&dir)?;
+        Ok(true)
+    }
+
+    fn delete_snapshots(&self, function_id: &str) -> Result<()> {
+        if !is_valid_function_id(function_id) {
+            return Ok(());
+        }
+        let dir = self.snapshot_dir(function_id);
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => sync_dir(&self.root.join("snapshots")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(RuntimeError::storage(&dir, e)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -328,6 +514,7 @@ mod tests {
                 fuel: None,
                 raw_ptx: false,
             },
+            start_from_snapshot: None,
         }
     }
 

@@ -1,8 +1,11 @@
-//! Cold-start benchmarks: portable capture, eager portable restore, lazy local restore (open +
-//! `map_into` + first-page touch) and a disk round trip, each beside a `memcpy` peer of the
-//! same realistic image (`realistic_image`, seed 1: zero pages, ASCII text, random f32s).
+//! Cold-start benchmarks of the formats: portable capture, eager portable restore, lazy local
+//! mapping (open + `map_into` + first-page touch) and a disk round trip, each beside a
+//! `memcpy` peer of the same realistic image (`realistic_image`, seed 1: zero pages, ASCII
+//! text, random f32s). Restores into a running instance, to its first call
+//! (`cold_start/restore_lazy`, `cold_start/restore_eager`, `cold_start/instantiate_plain`),
+//! are measured through the runtime in `tensor-wasm-bench`'s `snapshot_restore` bench.
 //!
-//! Ids: `cold_start/{capture,restore,restore_lazy,memcpy}/{bytes}` for 1 MiB, 16 MiB,
+//! Ids: `cold_start/{capture,restore,map_lazy,memcpy}/{bytes}` for 1 MiB, 16 MiB,
 //! 128 MiB and 512 MiB, and `cold_start/disk_round_trip/{bytes}` for 1 MiB and 16 MiB. The
 //! benchmarks of one size run back to back so that peers share machine conditions.
 
@@ -46,7 +49,7 @@ fn cold_start(c: &mut Criterion) {
             });
         });
         group.bench_with_input(
-            BenchmarkId::new("restore_lazy", size),
+            BenchmarkId::new("map_lazy", size),
             &local_path,
             |b, path| {
                 // Drop (munmap) is excluded: the figure is the time until the guest could run.

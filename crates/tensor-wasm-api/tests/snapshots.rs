@@ -1,0 +1,154 @@
+//! Snapshot routes over the router with authentication enforced: create, list, start-from,
+//! delete, and the documented errors (the cross-tenant checks are in `tenants.rs`).
+
+mod common;
+
+use axum::http::{Method, StatusCode};
+use common::server;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn snapshot_routes_capture_switch_and_delete() {
+    let s = server();
+    let (_, t) = s.tenant("alpha", json!({})).await;
+    let w = s.deploy(&t, "warm.wat", "name=warm").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let uri = format!("/functions/{w}/snapshots");
+    assert_eq!(
+        s.invoke(&t, &w, "lookup", json!([3])).await.json(),
+        json!({"results": [-1]})
+    );
+
+    // An empty body means init_export "init", activate true.
+    let r = s.as_token(&t, Method::POST, &uri, Value::Null).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.json());
+    let first = r.json();
+    assert_eq!(first["init_export"], "init");
+    assert_eq!(first["memory_bytes"], 17 * 65_536);
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        s.invoke(&t, &w, "init_runs", json!([])).await.json(),
+        json!({"results": [1]})
+    );
+
+    // A second snapshot, not activated.
+    let r = s
+        .as_token(&t, Method::POST, &uri, json!({"activate": false}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let second_id = r.json()["id"].as_str().unwrap().to_owned();
+    let list = s.as_token(&t, Method::GET, &uri, Value::Null).await.json();
+    assert_eq!(list["snapshots"].as_array().unwrap().len(), 2);
+    assert_eq!(list["start_from_snapshot"], json!(first_id));
+    assert_eq!(list["restore_mode"], "eager");
+
+    // The one in use cannot be deleted; switching first makes it deletable.
+    let r = s
+        .as_token(
+            &t,
+            Method::DELETE,
+            &format!("{uri}/{first_id}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::CONFLICT, "conflict")
+    );
+    let r = s
+        .as_token(
+            &t,
+            Method::PATCH,
+            &format!("/functions/{w}"),
+            json!({"start_from_snapshot": "latest"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["start_from_snapshot"], json!(second_id));
+    let r = s
+        .as_token(
+            &t,
+            Method::DELETE,
+            &format!("{uri}/{first_id}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let r = s
+        .as_token(
+            &t,
+            Method::DELETE,
+            &format!("{uri}/{first_id}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
+
+    // Bad requests: a missing field, a wrong type, an unknown snapshot, an unknown export.
+    let patch = format!("/functions/{w}");
+    for (body, status, code) in [
+        (json!({}), StatusCode::BAD_REQUEST, "bad_request"),
+        (
+            json!({"start_from_snapshot": 3}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            json!({"start_from_snapshot": "snap-000000000000000000000000"}),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+    ] {
+        let r = s.as_token(&t, Method::PATCH, &patch, body.clone()).await;
+        assert_eq!((r.status, r.code().as_str()), (status, code), "{body}");
+    }
+    let r = s
+        .as_token(&t, Method::POST, &uri, json!({"init_export": "nope"}))
+        .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::BAD_REQUEST, "unknown_export")
+    );
+
+    // Back to fresh instances.
+    let r = s
+        .as_token(
+            &t,
+            Method::PATCH,
+            &patch,
+            json!({"start_from_snapshot": null}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.json().get("start_from_snapshot").is_none());
+    assert_eq!(
+        s.invoke(&t, &w, "lookup", json!([3])).await.json(),
+        json!({"results": [-1]})
+    );
+}
+
+#[tokio::test]
+async fn wasi_commands_cannot_be_snapshotted() {
+    let s = server();
+    let (_, t) = s.tenant("alpha", json!({})).await;
+    let r = s.deploy(&t, "upper.wat", "name=upper&style=wasi").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let r = s
+        .as_token(
+            &t,
+            Method::POST,
+            &format!("/functions/{id}/snapshots"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "snapshot_unsupported")
+    );
+}

@@ -1,0 +1,139 @@
+//! Snapshot restore through the runtime, to the instance's first call.
+//!
+//! A guest whose `init` grows linear memory to `size` bytes and fills it with a realistic
+//! image (one page in four left zero, one ASCII text, two random `f32` bits, in 4 KiB
+//! pages) is snapshotted once; each iteration is then one whole invocation of a tiny
+//! export (`probe`, which reads a text page and a global set by `init`):
+//!
+//! - `cold_start/restore_lazy/{size}`: unified host memory, image mapped copy-on-write;
+//! - `cold_start/restore_eager/{size}`: pooled memory, stored pages read in;
+//! - `cold_start/instantiate_plain/{size}`: the same module and memory limit with no
+//!   snapshot (plain wasmtime instantiation + the call; the guest is then uninitialised),
+//!   the floor a restore is compared against.
+//!
+//! Sizes: 1 MiB, 16 MiB, 128 MiB, 512 MiB. Peers of one size run back to back.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use tensor_wasm_runtime::{
+    DeploySpec, FsFunctionStore, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics,
+};
+
+const SIZES: [u64; 4] = [1 << 20, 16 << 20, 128 << 20, 512 << 20];
+
+fn guest(pages: u64) -> String {
+    format!(
+        r#"(module
+  (memory (export "memory") 1 65536)
+  (global $ready (mut i32) (i32.const 0))
+  (func (export "init")
+    (local $addr i32) (local $end i32) (local $x i32) (local $kind i32)
+    (drop (memory.grow (i32.const {grow})))
+    (local.set $end (i32.const {bytes}))
+    (local.set $x (i32.const 2463534242))
+    (loop $word
+      (local.set $kind (i32.and (i32.shr_u (local.get $addr) (i32.const 12)) (i32.const 3)))
+      (if (i32.ne (local.get $kind) (i32.const 0))
+        (then
+          (local.set $x (i32.xor (local.get $x) (i32.shl (local.get $x) (i32.const 13))))
+          (local.set $x (i32.xor (local.get $x) (i32.shr_u (local.get $x) (i32.const 17))))
+          (local.set $x (i32.xor (local.get $x) (i32.shl (local.get $x) (i32.const 5))))
+          (i32.store (local.get $addr)
+            (if (result i32) (i32.eq (local.get $kind) (i32.const 1))
+              (then (i32.add (i32.and (local.get $x) (i32.const 0x0f0f0f0f))
+                             (i32.const 0x61616161)))
+              (else (i32.or (i32.shr_u (local.get $x) (i32.const 9))
+                            (i32.const 0x3f800000)))))))
+      (local.set $addr (i32.add (local.get $addr) (i32.const 4)))
+      (br_if $word (i32.lt_u (local.get $addr) (local.get $end))))
+    (global.set $ready (i32.const 1)))
+  (func (export "probe") (result i32)
+    (i32.add (global.get $ready) (i32.load8_u (i32.const 4096)))))"#,
+        grow = pages - 1,
+        bytes = pages * 65_536,
+    )
+}
+
+fn runtime(dir: &std::path::Path, memory: GuestMemory) -> Runtime {
+    let config = RuntimeConfig {
+        guest_memory: memory,
+        max_instances: 4,
+        default_timeout: Duration::from_secs(60),
+        ..RuntimeConfig::new(dir)
+    };
+    let store = Arc::new(FsFunctionStore::open(dir).expect("store"));
+    let metrics = RuntimeMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    Runtime::open(config, store, metrics).expect("runtime")
+}
+
+/// Deploys the guest for `size` bytes; with `snapshot`, runs init once and starts every
+/// instance from the capture.
+fn deploy(rt: &Runtime, size: u64, snapshot: bool) -> String {
+    let spec = DeploySpec {
+        memory_limit_bytes: Some(size),
+        ..DeploySpec::export("restore-bench")
+    };
+    let id = rt
+        .deploy(guest(size / 65_536).as_bytes(), spec)
+        .expect("deploy")
+        .record
+        .id;
+    if snapshot {
+        rt.create_snapshot(&id, "init", true).expect("snapshot");
+        // The first restore opens and verifies the local image once; not part of the figure.
+        probe(rt, &id);
+    }
+    id
+}
+
+fn probe(rt: &Runtime, id: &str) -> i64 {
+    rt.invoke_export(id, "probe", &[]).expect("probe")[0]
+        .as_i64()
+        .expect("i32 result")
+}
+
+fn restore(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cold_start");
+    let lazy_dir = tempfile::tempdir().expect("dir");
+    let eager_dir = tempfile::tempdir().expect("dir");
+    let lazy_rt = runtime(lazy_dir.path(), GuestMemory::Unified);
+    let eager_rt = runtime(eager_dir.path(), GuestMemory::Pooled);
+    for size in SIZES {
+        if size >= 128 << 20 {
+            group.sample_size(10);
+            group.measurement_time(Duration::from_secs(4));
+        } else {
+            group.sample_size(30);
+            group.measurement_time(Duration::from_secs(3));
+        }
+        group.throughput(Throughput::Bytes(size));
+        let lazy = deploy(&lazy_rt, size, true);
+        let eager = deploy(&eager_rt, size, true);
+        let plain = deploy(&lazy_rt, size, false);
+        // Started from the snapshot: init's global is set and text is where init put it.
+        let restored = probe(&lazy_rt, &lazy);
+        assert!(restored > 1, "lazy restore did not carry init's state");
+        assert_eq!(probe(&eager_rt, &eager), restored);
+        assert_eq!(probe(&lazy_rt, &plain), 0);
+
+        group.bench_function(BenchmarkId::new("restore_lazy", size), |b| {
+            b.iter(|| black_box(probe(&lazy_rt, &lazy)));
+        });
+        group.bench_function(BenchmarkId::new("restore_eager", size), |b| {
+            b.iter(|| black_box(probe(&eager_rt, &eager)));
+        });
+        group.bench_function(BenchmarkId::new("instantiate_plain", size), |b| {
+            b.iter(|| black_box(probe(&lazy_rt, &plain)));
+        });
+        for (rt, id) in [(&lazy_rt, &lazy), (&eager_rt, &eager), (&lazy_rt, &plain)] {
+            rt.delete(id).expect("delete");
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, restore);
+criterion_main!(benches);

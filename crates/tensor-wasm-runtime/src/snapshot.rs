@@ -1,0 +1,497 @@
+//! Snapshots of function instances: run an init export once, capture linear memory and the
+//! mutable globals, and start later instances from that state instead of from scratch.
+//!
+//! Capture encodes the state twice: the **portable** encoding (zstd frames, checksummed) is
+//! the durable copy in the function store; the **local** encoding (page-aligned, sparse) is a
+//! per-host cache under `<data_dir>/snapshot-cache/`, rebuilt from the portable copy whenever
+//! it is missing or fails validation. Restore uses the local image:
+//!
+//! - **lazy** when guest memory is unified host memory: the image is mapped copy-on-write over
+//!   the instance's memory, pages load on first touch, so the cost does not grow with the size;
+//! - **eager** otherwise (pooled slots are reused by other instances, CUDA managed memory
+//!   cannot be remapped): the stored pages are read into memory, each run checksummed.
+//!
+//! The first restore after a process start opens the local image and verifies every stored
+//! page's checksum once; later restores reuse the opened image.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tensor_wasm_snapshot::{
+    capture_portable, portable_to_local, write_local, CaptureOptions, GlobalValue, LocalImage,
+    RestoreLimits, SnapshotError, SnapshotMeta, ValType,
+};
+use wasmtime::{Instance, Store, Val, V128};
+
+use crate::error::{Result, RuntimeError};
+use crate::instrument::{self, GLOBAL_PREFIX, MEMORY_EXPORT};
+use crate::runtime::{classify, quiet_wasi, FunctionEntry, InvocationState, Prepared};
+use crate::store::{new_snapshot_id, FunctionRecord, InvocationStyle, SnapshotRecord};
+use crate::{FunctionInfo, Runtime};
+
+/// Snapshots one function may keep; creating more is a conflict until some are deleted.
+pub const MAX_SNAPSHOTS_PER_FUNCTION: usize = 8;
+
+/// How an instance's memory is restored from a snapshot on this server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreMode {
+    /// Mapped copy-on-write; pages load on first touch.
+    Lazy,
+    /// Copied into the instance's memory before the first call.
+    Eager,
+}
+
+impl RestoreMode {
+    /// The name used in metrics and in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestoreMode::Lazy => "lazy",
+            RestoreMode::Eager => "eager",
+        }
+    }
+}
+
+/// An opened and verified local image of one snapshot.
+pub(crate) struct Restorable {
+    id: String,
+    image: LocalImage,
+}
+
+impl Runtime {
+    /// How this server restores snapshots (depends on where guest memory lives).
+    pub fn restore_mode(&self) -> RestoreMode {
+        let host_unified = self
+            .inner
+            .memory_creator
+            .as_ref()
+            .is_some_and(|c| !c.is_uvm_backed());
+        if host_unified {
+            RestoreMode::Lazy
+        } else {
+            RestoreMode::Eager
+        }
+    }
+
+    /// Runs `init_export` of function `id` in a fresh instance and captures the result as a
+    /// new snapshot, durable when this returns. With `activate`, every later instance of the
+    /// function starts from it.
+    ///
+    /// # Errors
+    /// [`RuntimeError::SnapshotUnsupported`] for WASI commands, modules that change tables at
+    /// run time and reference-typed globals; [`RuntimeError::UnknownExport`] /
+    /// [`RuntimeError::InvalidArguments`] for a missing or parameterised init export;
+    /// [`RuntimeError::Conflict`] beyond [`MAX_SNAPSHOTS_PER_FUNCTION`]; guest failures of
+    /// the init export as for an invocation.
+    pub fn create_snapshot(
+        &self,
+        id: &str,
+        init_export: &str,
+        activate: bool,
+    ) -> Result<SnapshotRecord> {
+        let entry = self.entry(id)?;
+        let record = &entry.record;
+        if record.style != InvocationStyle::Export {
+            return Err(RuntimeError::SnapshotUnsupported(
+                "a WASI command runs `_start` from scratch on every invocation; snapshots are \
+                 for export-call functions"
+                    .into(),
+            ));
+        }
+        let prepared = self.prepared(&entry)?;
+        let ty = prepared
+            .funcs
+            .get(init_export)
+            .ok_or_else(|| RuntimeError::UnknownExport(init_export.to_owned()))?;
+        if ty.params().len() != 0 {
+            return Err(RuntimeError::InvalidArguments(format!(
+                "the init export `{init_export}` must take no parameters"
+            )));
+        }
+        if self.inner.store.snapshots(id)?.len() >= MAX_SNAPSHOTS_PER_FUNCTION {
+            return Err(RuntimeError::Conflict(format!(
+                "function {id} already has {MAX_SNAPSHOTS_PER_FUNCTION} snapshots, the most it \
+                 may keep; delete one first"
+            )));
+        }
+        let binary = self.inner.store.module(&record.module_sha256)?;
+        if let Some(what) =
+            instrument::table_mutation(&binary).map_err(RuntimeError::InvalidModule)?
+        {
+            return Err(RuntimeError::SnapshotUnsupported(format!(
+                "the module can change its tables at run time ({what}); snapshots record \
+                 memory and globals only"
+            )));
+        }
+
+        let _slot = self.take_slot()?;
+        let wasi = prepared
+            .needs_wasi
+            .then(|| quiet_wasi(&record.name, self.inner.config.stderr_tail_bytes));
+        let (mut store, instance) = self.instantiate(&prepared, record, wasi);
+        let instance = instance.map_err(|e| classify(e, &mut store, &record.limits))?;
+        let init_start = Instant::now();
+        if prepared.has_initialize {
+            if let Some(init) = instance.get_func(&mut store, "_initialize") {
+                init.call(&mut store, &[], &mut [])
+                    .map_err(|e| classify(e, &mut store, &record.limits))?;
+            }
+        }
+        let func = instance
+            .get_func(&mut store, init_export)
+            .ok_or_else(|| RuntimeError::UnknownExport(init_export.to_owned()))?;
+        let mut results = vec![Val::I32(0); ty.results().len()];
+        func.call(&mut store, &[], &mut results)
+            .map_err(|e| classify(e, &mut store, &record.limits))?;
+        let init_ms = init_start.elapsed().as_secs_f64() * 1e3;
+
+        let capture_start = Instant::now();
+        let snapshot = capture(&mut store, &instance, &prepared, record)?;
+        let snapshot_id = new_snapshot_id();
+        let portable =
+            capture_portable(&snapshot.meta, &snapshot.memory, &CaptureOptions::default())
+                .map_err(|e| RuntimeError::Engine(format!("encoding the snapshot: {e}")))?;
+        let local_path = self.local_path(&snapshot_id);
+        let written = local_path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .map_err(SnapshotError::from)
+            .and_then(|()| write_local(&snapshot.meta, &snapshot.memory, &local_path));
+        if let Err(e) = written {
+            // A cache: the first restore rebuilds it from the portable copy.
+            tracing::warn!(snapshot = %snapshot_id, error = %e, "local image not written");
+        }
+        let capture_ms = capture_start.elapsed().as_secs_f64() * 1e3;
+        let snapshot_record = SnapshotRecord {
+            id: snapshot_id,
+            function_id: record.id.clone(),
+            tenant: record.tenant.clone(),
+            module_sha256: record.module_sha256.clone(),
+            init_export: init_export.to_owned(),
+            created_at_ms: snapshot.meta.created_at_ms,
+            memory_bytes: snapshot.memory.len() as u64,
+            stored_bytes: portable.len() as u64,
+            globals: snapshot.meta.globals.len() as u32,
+            capture_ms,
+            init_ms,
+        };
+        drop(store);
+        {
+            let _lock = self.inner.record_lock.lock().expect("lock");
+            // The function may have been deleted while init ran.
+            self.entry(id)?;
+            self.inner
+                .store
+                .put_snapshot(&snapshot_record, &portable)
+                .inspect_err(|_| {
+                    let _ = std::fs::remove_file(&local_path);
+                })?;
+        }
+        let m = &self.inner.metrics;
+        m.snapshot_captures.inc();
+        m.snapshot_capture_seconds
+            .observe(capture_start.elapsed().as_secs_f64());
+        m.snapshot_bytes
+            .with_label_values(&["captured"])
+            .inc_by(snapshot_record.memory_bytes);
+        tracing::info!(
+            function = %id,
+            snapshot = %snapshot_record.id,
+            memory_bytes = snapshot_record.memory_bytes,
+            stored_bytes = snapshot_record.stored_bytes,
+            init_ms,
+            capture_ms,
+            "snapshot captured"
+        );
+        if activate {
+            self.set_start_from_snapshot(id, Some(&snapshot_record.id))?;
+        }
+        Ok(snapshot_record)
+    }
+
+    /// The snapshots of function `id`, oldest first.
+    ///
+    /// # Errors
+    /// [`RuntimeError::FunctionNotFound`], storage errors.
+    pub fn snapshots(&self, id: &str) -> Result<Vec<SnapshotRecord>> {
+        self.entry(id)?;
+        self.inner.store.snapshots(id)
+    }
+
+    /// Deletes snapshot `snapshot_id` of function `id`; `false` if it did not exist.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Conflict`] when the function starts from this snapshot.
+    pub fn delete_snapshot(&self, id: &str, snapshot_id: &str) -> Result<bool> {
+        let _lock = self.inner.record_lock.lock().expect("lock");
+        let entry = self.entry(id)?;
+        if entry.record.start_from_snapshot.as_deref() == Some(snapshot_id) {
+            return Err(RuntimeError::Conflict(format!(
+                "function {id} starts every instance from snapshot {snapshot_id}; switch it to \
+                 another snapshot (or to none) first"
+            )));
+        }
+        let deleted = self.inner.store.delete_snapshot(id, snapshot_id)?;
+        if deleted {
+            let _ = std::fs::remove_file(self.local_path(snapshot_id));
+            tracing::info!(function = %id, snapshot = %snapshot_id, "snapshot deleted");
+        }
+        Ok(deleted)
+    }
+
+    /// Sets the snapshot every instance of function `id` starts from: a snapshot id,
+    /// `"latest"`, or `None` for fresh instances. Durable when it returns.
+    ///
+    /// # Errors
+    /// [`RuntimeError::SnapshotNotFound`] when the snapshot (or any, for `"latest"`) is absent.
+    pub fn set_start_from_snapshot(
+        &self,
+        id: &str,
+        snapshot: Option<&str>,
+    ) -> Result<FunctionInfo> {
+        {
+            let _lock = self.inner.record_lock.lock().expect("lock");
+            let entry = self.entry(id)?;
+            let target = match snapshot {
+                None => None,
+                Some(wanted) => {
+                    let all = self.inner.store.snapshots(id)?;
+                    let found = if wanted == "latest" {
+                        all.last()
+                    } else {
+                        all.iter().find(|s| s.id == wanted)
+                    };
+                    let found = found.ok_or_else(|| {
+                        RuntimeError::SnapshotNotFound(if wanted == "latest" {
+                            format!("(latest: function {id} has no snapshots)")
+                        } else {
+                            wanted.to_owned()
+                        })
+                    })?;
+                    Some(found.id.clone())
+                }
+            };
+            if target != entry.record.start_from_snapshot {
+                let record = FunctionRecord {
+                    start_from_snapshot: target,
+                    ..entry.record.clone()
+                };
+                self.inner.store.put_function(&record)?;
+                let replacement = FunctionEntry::new(record);
+                if let Some(prepared) = entry.prepared.get() {
+                    let _ = replacement.prepared.set(prepared.clone());
+                }
+                self.inner
+                    .functions
+                    .write()
+                    .expect("lock")
+                    .insert(id.to_owned(), Arc::new(replacement));
+            }
+        }
+        self.function(id)
+    }
+
+    /// Removes every snapshot of a deleted function, and their local images.
+    pub(crate) fn forget_snapshots(&self, id: &str) -> Result<()> {
+        for snapshot in self.inner.store.snapshots(id)? {
+            let _ = std::fs::remove_file(self.local_path(&snapshot.id));
+        }
+        self.inner.store.delete_snapshots(id)
+    }
+
+    /// Restores snapshot `snapshot_id` into a freshly instantiated `instance`.
+    pub(crate) fn restore_snapshot(
+        &self,
+        entry: &FunctionEntry,
+        prepared: &Prepared,
+        snapshot_id: &str,
+        store: &mut Store<InvocationState>,
+        instance: &Instance,
+    ) -> Result<()> {
+        let start = Instant::now();
+        let restorable = self.restorable(entry, snapshot_id)?;
+        let image = &restorable.image;
+        let corrupt = |message: String| RuntimeError::SnapshotCorrupt {
+            id: snapshot_id.to_owned(),
+            message,
+        };
+        let mut mode = RestoreMode::Eager;
+        match instance.get_memory(&mut *store, MEMORY_EXPORT) {
+            Some(memory) => {
+                let current = memory.data_size(&*store);
+                let target = image.memory_size();
+                if target < current {
+                    return Err(corrupt(format!(
+                        "its memory ({target} bytes) is smaller than the module's initial \
+                         memory ({current} bytes)"
+                    )));
+                }
+                if target > current {
+                    let page = memory.page_size(&*store) as usize;
+                    memory
+                        .grow(&mut *store, ((target - current) / page) as u64)
+                        .map_err(|e| classify(e, store, &entry.record.limits))?;
+                }
+                let dest = memory.data_mut(&mut *store);
+                if self.restore_mode() == RestoreMode::Lazy && image.map_into(dest).is_ok() {
+                    mode = RestoreMode::Lazy;
+                } else {
+                    image.read_into(dest).map_err(|e| corrupt(e.to_string()))?;
+                }
+            }
+            None if image.memory_size() == 0 => {}
+            None => return Err(corrupt("the module has no memory to restore into".into())),
+        }
+        let meta = image.meta();
+        let indices: Vec<u32> = meta.globals.iter().map(|g| g.index).collect();
+        if indices != prepared.state_globals {
+            return Err(corrupt(
+                "its globals do not match the module's mutable globals".into(),
+            ));
+        }
+        for global in &meta.globals {
+            let handle = instance
+                .get_global(&mut *store, &format!("{GLOBAL_PREFIX}{}", global.index))
+                .ok_or_else(|| corrupt(format!("global {} is not exported", global.index)))?;
+            handle
+                .set(&mut *store, value_of(global))
+                .map_err(|e| corrupt(format!("global {}: {e}", global.index)))?;
+        }
+        let m = &self.inner.metrics;
+        m.snapshot_restores
+            .with_label_values(&[mode.as_str()])
+            .inc();
+        m.snapshot_restore_seconds
+            .with_label_values(&[mode.as_str()])
+            .observe(start.elapsed().as_secs_f64());
+        m.snapshot_bytes
+            .with_label_values(&["restored"])
+            .inc_by(image.memory_size() as u64);
+        Ok(())
+    }
+
+    /// The opened local image of `snapshot_id`, opening (and if needed rebuilding) it once.
+    fn restorable(&self, entry: &FunctionEntry, snapshot_id: &str) -> Result<Arc<Restorable>> {
+        let mut slot = entry.restore.lock().expect("lock");
+        if let Some(open) = slot.as_ref().filter(|r| r.id == snapshot_id) {
+            return Ok(open.clone());
+        }
+        let record = &entry.record;
+        let corrupt = |e: SnapshotError| RuntimeError::SnapshotCorrupt {
+            id: snapshot_id.to_owned(),
+            message: e.to_string(),
+        };
+        let sha = module_sha(&record.module_sha256)?;
+        let limits = RestoreLimits {
+            max_memory_bytes: record.limits.memory_limit_bytes,
+            ..RestoreLimits::default()
+        };
+        let path = self.local_path(snapshot_id);
+        let cached =
+            LocalImage::open(&path, &limits, &sha).and_then(|image| image.verify().map(|()| image));
+        let image = match cached {
+            Ok(image) => image,
+            Err(e) => {
+                if path.exists() {
+                    tracing::warn!(
+                        snapshot = %snapshot_id,
+                        error = %e,
+                        "local image unusable; rebuilding it from the stored snapshot"
+                    );
+                }
+                let bytes = self
+                    .inner
+                    .store
+                    .snapshot_bytes(&record.id, snapshot_id)?
+                    .ok_or_else(|| RuntimeError::SnapshotNotFound(snapshot_id.to_owned()))?;
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir).map_err(|e| RuntimeError::storage(dir, e))?;
+                }
+                portable_to_local(&bytes, &limits, &sha, &path).map_err(corrupt)?;
+                LocalImage::open(&path, &limits, &sha).map_err(corrupt)?
+            }
+        };
+        let restorable = Arc::new(Restorable {
+            id: snapshot_id.to_owned(),
+            image,
+        });
+        *slot = Some(restorable.clone());
+        Ok(restorable)
+    }
+
+    fn local_path(&self, snapshot_id: &str) -> PathBuf {
+        self.inner
+            .config
+            .data_dir
+            .join("snapshot-cache")
+            .join(format!("{snapshot_id}.twlocal"))
+    }
+}
+
+/// Memory image and metadata of one instance.
+struct Captured {
+    meta: SnapshotMeta,
+    memory: Vec<u8>,
+}
+
+fn capture(
+    store: &mut Store<InvocationState>,
+    instance: &Instance,
+    prepared: &Prepared,
+    record: &FunctionRecord,
+) -> Result<Captured> {
+    let (memory, page_size) = match instance.get_memory(&mut *store, MEMORY_EXPORT) {
+        Some(memory) => (
+            memory.data(&*store).to_vec(),
+            memory.page_size(&*store) as u32,
+        ),
+        None => (Vec::new(), 65_536),
+    };
+    let mut meta = SnapshotMeta::new(
+        module_sha(&record.module_sha256)?,
+        record.id.clone(),
+        record.tenant.clone(),
+        memory.len() as u64,
+    );
+    meta.page_size = page_size;
+    for &index in &prepared.state_globals {
+        let global = instance
+            .get_global(&mut *store, &format!("{GLOBAL_PREFIX}{index}"))
+            .ok_or_else(|| RuntimeError::Engine(format!("global {index} was not exported")))?;
+        let (ty, bits) = match global.get(&mut *store) {
+            Val::I32(v) => (ValType::I32, u128::from(v as u32)),
+            Val::I64(v) => (ValType::I64, u128::from(v as u64)),
+            Val::F32(bits) => (ValType::F32, u128::from(bits)),
+            Val::F64(bits) => (ValType::F64, u128::from(bits)),
+            Val::V128(v) => (ValType::V128, v.as_u128()),
+            _ => {
+                return Err(RuntimeError::SnapshotUnsupported(format!(
+                    "mutable global {index} holds a reference; snapshots record numeric globals \
+                     only"
+                )))
+            }
+        };
+        meta.globals.push(GlobalValue { index, ty, bits });
+    }
+    Ok(Captured { meta, memory })
+}
+
+fn value_of(global: &GlobalValue) -> Val {
+    match global.ty {
+        ValType::I32 => Val::I32(global.bits as u32 as i32),
+        ValType::I64 => Val::I64(global.bits as u64 as i64),
+        ValType::F32 => Val::F32(global.bits as u32),
+        ValType::F64 => Val::F64(global.bits as u64),
+        ValType::V128 => Val::V128(V128::from(global.bits)),
+    }
+}
+
+fn module_sha(hex_digest: &str) -> Result<[u8; 32]> {
+    let mut sha = [0u8; 32];
+    hex::decode_to_slice(hex_digest, &mut sha).map_err(|_| {
+        RuntimeError::Engine(format!(
+            "function record has a malformed module digest {hex_digest}"
+        ))
+    })?;
+    Ok(sha)
+}
