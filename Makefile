@@ -118,3 +118,12 @@ icount-baseline: deps
 	GUNGRAUN_RUNNER=$(GUNGRAUN_RUNNER) $(ICOUNT_BENCH) > $(ICOUNT_RUN)
 	GUNGRAUN_RUNNER=$(GUNGRAUN_RUNNER) $(CARGO) run -q -p tensor-wasm-bench --bin icount-gate -- record --run $(ICOUNT_RUN) \
 	  --out bench-results/icount/baseline.json --command "make icount-baseline ($(ICOUNT_BENCH))"
+
+.PHONY: tail-latency
+## Tail latency (10 000 samples: p50/p95/p99/p99.9/max) of dispatch/serial/100,
+## dispatch/concurrent_cap64/100, e2e/healthz/get and e2e/invoke_not_found/post,
+## written to bench-results/tail-latency.json (then run `make perf-doc`).
+tail-latency:
+	TAIL_LATENCY_OUT=$(CURDIR)/bench-results/tail-latency.json \
+	TAIL_LATENCY_COMMAND="make tail-latency ($(CARGO) bench -p tensor-wasm-bench --bench tail_latency)" \
+	  $(CARGO) bench -p tensor-wasm-bench --bench tail_latency

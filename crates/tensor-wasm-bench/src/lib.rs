@@ -8,6 +8,7 @@
 
 pub mod gate;
 pub mod icount;
+pub mod runinfo;
 
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 

@@ -14,8 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -23,6 +22,7 @@ use serde::Serialize;
 use tensor_wasm_bench::icount::{
     counts_from_file, evaluate, IcountBaseline, IcountPolicy, IcountTracked,
 };
+use tensor_wasm_bench::runinfo::{commit, machine, tool_version, utc_now, Machine};
 
 /// The instruction-count gate.
 #[derive(Debug, Parser)]
@@ -67,14 +67,6 @@ struct BaselineFile {
     tools: BTreeMap<&'static str, String>,
     policy: IcountPolicy,
     metrics: BTreeMap<String, IcountTracked>,
-}
-
-#[derive(Debug, Serialize)]
-struct Machine {
-    cpu: String,
-    cores: usize,
-    kernel: String,
-    arch: &'static str,
 }
 
 fn main() -> ExitCode {
@@ -155,100 +147,4 @@ fn record(run: &Path, out: &Path, command: String) -> anyhow::Result<()> {
         out.display()
     );
     Ok(())
-}
-
-fn tool_version(program: &str, args: &[&str]) -> String {
-    Command::new(program)
-        .args(args)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.lines().next().map(|l| l.trim().to_owned()))
-        .unwrap_or_else(|| "unknown".to_owned())
-}
-
-/// `HEAD`, with `-dirty` when `crates/` differs from it (as scripts/criterion_summary.py).
-fn commit() -> String {
-    let Some(head) = Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-    else {
-        return "unknown".to_owned();
-    };
-    let dirty = Command::new("git")
-        .args(["diff", "--quiet", "HEAD", "--", "crates"])
-        .status()
-        .is_ok_and(|s| !s.success());
-    format!("{}{}", head.trim(), if dirty { "-dirty" } else { "" })
-}
-
-fn machine() -> Machine {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown".to_owned());
-    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_owned());
-    let kernel = match (
-        read("/proc/sys/kernel/ostype"),
-        read("/proc/sys/kernel/osrelease"),
-    ) {
-        (Ok(os), Ok(release)) => format!("{os} {release}"),
-        _ => "unknown".to_owned(),
-    };
-    Machine {
-        cpu,
-        cores: std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
-        kernel,
-        arch: std::env::consts::ARCH,
-    }
-}
-
-/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
-fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Proleptic Gregorian date of a day count since 1970-01-01.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::civil_from_days;
-
-    #[test]
-    fn dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
-        assert_eq!(civil_from_days(20_413), (2025, 11, 21));
-    }
 }
