@@ -490,6 +490,37 @@ mod tests {
     }
 
     #[test]
+    fn shutdown_records_unfinished_jobs_as_failed_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let board = JobBoard::open(dir.path()).unwrap();
+        let (queued, running, done) = (
+            job(JobStatus::Queued),
+            job(JobStatus::Running),
+            job(JobStatus::Succeeded),
+        );
+        for j in [&queued, &running, &done] {
+            board.insert(j.clone()).unwrap();
+        }
+        assert_eq!(board.unfinished(), 2);
+        assert_eq!(
+            board.fail_unfinished("shutting_down", "failed: shutting down"),
+            2
+        );
+        assert_eq!(board.unfinished(), 0);
+        drop(board);
+
+        // After the restart they keep the shutdown's record, not "server restarted".
+        let board = JobBoard::open(dir.path()).unwrap();
+        for j in [&queued, &running] {
+            let after = board.get(&j.tenant, &j.id).unwrap();
+            assert_eq!(after.status, JobStatus::Failed);
+            assert_eq!(after.error.unwrap()["code"], "shutting_down");
+            assert!(after.finished_at_ms.is_some());
+        }
+        assert_eq!(board.get(&done.tenant, &done.id).unwrap(), done);
+    }
+
+    #[test]
     fn finished_jobs_expire_after_retention() {
         let dir = tempfile::tempdir().unwrap();
         let board = JobBoard::open(dir.path()).unwrap();
