@@ -12,7 +12,7 @@ run:
 	$(CARGO) run --release -p tensor-wasm-cli -- serve --listen $(LISTEN) --data-dir $(DATA_DIR)
 
 ## Everything CI checks: formatting, clippy, the whole test suite, docs.
-test: deps examples fmt-check clippy unit doc deploy-check icount
+test: deps examples fmt-check clippy unit doc deploy-check icount perf-doc-check
 
 ci: test
 
@@ -53,8 +53,14 @@ http-throughput:
 	bash scripts/http-throughput.sh
 
 ## Regenerates PERFORMANCE.md from the run files under bench-results/.
+## (The script also renders the SVG charts of docs/charts/.)
 perf-doc:
 	python3 scripts/perf_doc.py > PERFORMANCE.md
+
+## Fails when PERFORMANCE.md or a chart differs from what `make perf-doc`
+## renders from the committed run files (regenerated into a temporary dir).
+perf-doc-check:
+	python3 scripts/perf_doc.py --check
 
 clean-data:
 	rm -rf $(DATA_DIR)
@@ -98,7 +104,7 @@ image:
 deploy-check: deps
 	@scripts/deploy-check.sh
 
-.PHONY: icount icount-baseline
+.PHONY: icount icount-baseline perf-doc-check
 GUNGRAUN_RUNNER ?= $(CURDIR)/.tools/bin/gungraun-runner
 ICOUNT_RUN := target/icount/run.jsonl
 ICOUNT_BENCH := $(CARGO) bench -q -p tensor-wasm-icount --bench icount -- --output-format=json
