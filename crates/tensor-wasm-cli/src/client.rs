@@ -179,10 +179,13 @@ pub fn invoke(
 
 /// `invoke --stream`: SSE from `/invoke-stream`; chunk data (text) goes to
 /// stdout as each event arrives, the final results or error to stderr.
+/// `invoke --stream`: chunks to stdout as they arrive; the final event to stderr. With an
+/// export, an export call; without, a WASI command whose stdout streams (exit status =
+/// the guest's).
 pub fn invoke_stream(
     server: &ServerArg,
     id: &str,
-    export: &str,
+    export: Option<&str>,
     args: &[String],
 ) -> anyhow::Result<ExitCode> {
     use std::io::BufRead;
@@ -193,10 +196,13 @@ pub fn invoke_stream(
             .read_to_end(&mut input)
             .context("reading stdin")?;
     }
-    let request = server
-        .request("POST", &format!("/functions/{id}/invoke-stream"))
-        .query("export", export)
-        .query("args", &args.to_string())
+    let mut request = server.request("POST", &format!("/functions/{id}/invoke-stream"));
+    if let Some(export) = export {
+        request = request
+            .query("export", export)
+            .query("args", &args.to_string());
+    }
+    let request = request
         .query("encoding", "text")
         .set("accept", "text/event-stream")
         .set("content-type", "application/octet-stream");
@@ -205,6 +211,7 @@ pub fn invoke_stream(
     let mut data: Vec<String> = Vec::new();
     let mut stdout = std::io::stdout();
     let mut failed = false;
+    let mut exit_code = 0u8;
     for line in std::io::BufReader::new(response.into_reader()).lines() {
         let line = line.context("reading the stream")?;
         if line.is_empty() {
@@ -214,7 +221,13 @@ pub fn invoke_stream(
                     stdout.write_all(payload.as_bytes())?;
                     stdout.flush()?;
                 }
-                "end" => eprintln!("{payload}"),
+                "end" => {
+                    eprintln!("{payload}");
+                    let end: Value = serde_json::from_str(&payload).unwrap_or(Value::Null);
+                    if let Some(code) = end.get("exit_code").and_then(Value::as_i64) {
+                        exit_code = u8::try_from(code).unwrap_or(1);
+                    }
+                }
                 "error" => {
                     eprintln!("error: {payload}");
                     failed = true;
@@ -232,7 +245,7 @@ pub fn invoke_stream(
     Ok(if failed {
         ExitCode::FAILURE
     } else {
-        ExitCode::SUCCESS
+        ExitCode::from(exit_code)
     })
 }
 

@@ -59,9 +59,11 @@ enum Command {
         /// Argument, repeatable: a JSON number, or a string such as "NaN" or a 64-bit decimal.
         #[arg(long = "arg", allow_hyphen_values = true)]
         args: Vec<String>,
-        /// Stream the export's `tw:stream` chunks to stdout as they arrive
-        /// (stdin is the function's input); the results follow on stderr.
-        #[arg(long, requires = "export", conflicts_with = "async")]
+        /// Stream output to stdout as it is produced (stdin is the function's input):
+        /// with --export the export's `tw:stream` chunks, without it a WASI command's
+        /// stdout; the final event (results, or exit code and stderr tail) follows on
+        /// stderr.
+        #[arg(long, conflicts_with = "async")]
         stream: bool,
         /// Start the call as an asynchronous job and print its id (see `job`).
         #[arg(long = "async", requires = "export")]
@@ -180,7 +182,7 @@ fn main() -> ExitCode {
             stream: true,
             server,
             ..
-        } => client::invoke_stream(&server, &id, export.as_deref().unwrap_or_default(), &args),
+        } => client::invoke_stream(&server, &id, export.as_deref(), &args),
         Command::Invoke {
             id,
             export,

@@ -967,6 +967,26 @@ fn snapshots_from_the_cli_survive_a_restart_and_skip_init() {
     server.terminate();
 }
 
+#[test]
+fn cli_streams_a_wasi_command_and_exits_with_its_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let upper = server.deploy(&examples().join("upper.wat"), "name=upper&style=wasi");
+    let out = server.cli(&["invoke", &upper, "--stream"], b"hello stream\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "HELLO STREAM\n");
+    let end: Value = serde_json::from_str(
+        String::from_utf8_lossy(&out.stderr).lines().last().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(end["exit_code"], 0);
+    server.terminate();
+}
+
 /// Reads the next SSE event (name, data) from `reader`; `None` at the end.
 /// Comment lines (keep-alives) are skipped.
 fn next_sse_event(reader: &mut impl BufRead) -> Option<(String, String)> {
