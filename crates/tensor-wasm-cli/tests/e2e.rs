@@ -979,10 +979,8 @@ fn cli_streams_a_wasi_command_and_exits_with_its_status() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "HELLO STREAM\n");
-    let end: Value = serde_json::from_str(
-        String::from_utf8_lossy(&out.stderr).lines().last().unwrap(),
-    )
-    .unwrap();
+    let end: Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stderr).lines().last().unwrap()).unwrap();
     assert_eq!(end["exit_code"], 0);
     server.terminate();
 }
