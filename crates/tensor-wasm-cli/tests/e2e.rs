@@ -985,6 +985,102 @@ fn cli_streams_a_wasi_command_and_exits_with_its_status() {
     server.terminate();
 }
 
+/// Resident set size of process `pid` in bytes (Linux).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+#[test]
+fn a_slow_client_holds_the_buffer_bound_and_a_vanished_one_is_released_within_100ms() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let id = server.deploy(&examples().join("stream.wat"), "name=flood");
+    let tenant = {
+        let credentials: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("credentials.json")).unwrap(),
+        )
+        .unwrap();
+        credentials["tenant_id"].as_str().unwrap().to_owned()
+    };
+    let in_flight = || {
+        server
+            .metric(&format!(
+                "tensor_wasm_tenant_concurrent_invocations{{tenant=\"{tenant}\"}}"
+            ))
+            .unwrap_or(0.0)
+    };
+    // Warm: the module is loaded and an instance has run before the baseline is taken.
+    let (status, _) = server.call(&id, "ticks", json!([1, 0]));
+    assert_eq!(status, 200);
+    let pid = server.child.id();
+    let before = rss_bytes(pid);
+
+    // `flood` emits 64 KiB chunks as fast as it may; the client reads 1 KiB/s.
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let mut socket = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        socket,
+        "POST /functions/{id}/invoke-stream?export=flood HTTP/1.1\r\nhost: {addr}\r\n\
+         authorization: {}\r\naccept: application/octet-stream\r\ncontent-length: 0\r\n\r\n",
+        server.auth()
+    )
+    .unwrap();
+    let mut received = 0usize;
+    let mut buf = [0u8; 256];
+    let mut peak = before;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        let n = socket.read(&mut buf).unwrap();
+        assert!(n > 0, "the server ended the stream");
+        received += n;
+        peak = peak.max(rss_bytes(pid));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(received <= 4096, "read {received} bytes at 1 KiB/s");
+    assert_eq!(
+        in_flight(),
+        1.0,
+        "the guest is held by back-pressure, not finished"
+    );
+    let growth = peak.saturating_sub(before);
+    // Documented bound: 8 buffered chunks of at most 1 MiB per stream, plus socket buffers.
+    assert!(
+        growth < 16 << 20,
+        "server RSS grew by {} KiB under a slow client",
+        growth >> 10
+    );
+    eprintln!("slow client: RSS growth {} KiB over 3 s", growth >> 10);
+
+    // The client vanishes: the guest is stopped and every quota released within 100 ms.
+    drop(socket);
+    let gone = Instant::now();
+    while in_flight() != 0.0 {
+        assert!(
+            gone.elapsed() < Duration::from_millis(100),
+            "the invocation was still running {:?} after the client left",
+            gone.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    eprintln!("released {:?} after the disconnect", gone.elapsed());
+    assert_eq!(
+        server
+            .metric(&format!(
+                "tensor_wasm_tenant_live_instances{{tenant=\"{tenant}\"}}"
+            ))
+            .unwrap_or(0.0),
+        0.0
+    );
+    server.terminate();
+}
+
 /// Reads the next SSE event (name, data) from `reader`; `None` at the end.
 /// Comment lines (keep-alives) are skipped.
 fn next_sse_event(reader: &mut impl BufRead) -> Option<(String, String)> {
