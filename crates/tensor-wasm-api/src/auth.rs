@@ -21,6 +21,35 @@ use tensor_wasm_tenant::{
 
 use crate::{ApiError, AppState};
 
+/// What a tenant's recorded GPU isolation level asks of the runtime.
+///
+/// The tenant crate's names predate per-tenant lanes and do not match the
+/// GPU crate's: `shared_context_own_stream` (every tenant's default) asks for
+/// nothing of its own, so the tenant gets the server-wide level (`serve
+/// --gpu-isolation`: a stream in the shared context unless the server was
+/// started with `context`); `own_context` asks for a CUDA context of the
+/// tenant's own whatever the server-wide level. A server-wide `context`
+/// therefore gives every tenant a context; a tenant can raise its isolation
+/// above the server's level, never lower it.
+pub(crate) fn runtime_gpu_isolation(
+    level: GpuIsolation,
+) -> Option<tensor_wasm_runtime::GpuIsolation> {
+    match level {
+        GpuIsolation::SharedContextOwnStream => None,
+        GpuIsolation::OwnContext => Some(tensor_wasm_runtime::GpuIsolation::ContextPerTenant),
+    }
+}
+
+/// Tells the runtime the GPU isolation level tenant `id` recorded (see
+/// [`runtime_gpu_isolation`]).
+pub(crate) fn sync_gpu_isolation(
+    runtime: &tensor_wasm_runtime::Runtime,
+    id: &str,
+    level: GpuIsolation,
+) {
+    runtime.set_tenant_gpu_isolation(id, runtime_gpu_isolation(level));
+}
+
 /// How requests are authenticated.
 #[derive(Clone)]
 pub enum AuthMode {
@@ -199,6 +228,9 @@ pub(crate) async fn create_tenant(
         .tenants
         .create_tenant(&req.name, quotas, req.gpu_isolation.unwrap_or_default())
         .map_err(tenant_error)?;
+    // Before the token is returned, so no function of the tenant can have
+    // been instantiated at another level.
+    sync_gpu_isolation(&state.inner.runtime, &info.id, info.gpu_isolation);
     let location = format!("/tenants/{}", info.id);
     let body = json!({ "tenant": info, "token": token.secret, "token_id": token.info.id });
     Ok((
@@ -281,6 +313,7 @@ pub(crate) async fn delete_tenant(
     .map_err(ApiError::internal)?
     .map_err(ApiError::from)?;
     if state.inner.tenants.delete(&id).map_err(tenant_error)? {
+        state.inner.runtime.set_tenant_gpu_isolation(&id, None);
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(tenant_not_found(&id))
@@ -322,5 +355,24 @@ pub(crate) async fn revoke_token(
             "not_found",
             format!("token {token_id} not found"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_gpu_isolation_maps_to_the_runtime_level() {
+        // The default asks for nothing: the tenant follows the server-wide level.
+        assert_eq!(
+            runtime_gpu_isolation(GpuIsolation::SharedContextOwnStream),
+            None
+        );
+        assert_eq!(runtime_gpu_isolation(GpuIsolation::default()), None);
+        assert_eq!(
+            runtime_gpu_isolation(GpuIsolation::OwnContext),
+            Some(tensor_wasm_runtime::GpuIsolation::ContextPerTenant)
+        );
     }
 }

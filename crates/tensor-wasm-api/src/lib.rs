@@ -51,7 +51,7 @@ use tokio::sync::Semaphore;
 pub use auth::{AuthMode, Caller};
 pub use error::{ApiError, ERROR_CODES};
 pub use jobs::{Job, JobStatus};
-pub use metrics::HttpMetrics;
+pub use metrics::{HttpMetrics, HttpRequestLabels, ROUTE_TEMPLATES};
 pub use openapi::OPENAPI_JSON;
 
 /// Settings of the HTTP layer.
@@ -117,6 +117,11 @@ impl AppState {
     /// State over `runtime` and `tenants`; HTTP metrics are registered in
     /// `registry`, which `/metrics` serves. Starts not ready (see
     /// [`AppState::set_ready`]).
+    ///
+    /// Passes every tenant's GPU isolation level to the runtime
+    /// ([`Runtime::set_tenant_gpu_isolation`]); the tenant admin routes keep
+    /// it in sync afterwards. Tenants created or deleted on `tenants` other
+    /// than through those routes reach the runtime at the next start.
     pub fn new(
         runtime: Runtime,
         registry: Registry,
@@ -125,6 +130,11 @@ impl AppState {
         auth: AuthMode,
     ) -> prometheus::Result<Self> {
         let http = HttpMetrics::register(&registry)?;
+        // The runtime learns each tenant's GPU isolation level from here and
+        // from the tenant admin routes (which keep it in sync).
+        for tenant in tenants.list() {
+            auth::sync_gpu_isolation(&runtime, &tenant.id, tenant.gpu_isolation);
+        }
         let slots = Arc::new(Semaphore::new(runtime.config().max_instances as usize));
         let metrics_token = config.metrics_token.clone();
         Ok(AppState {

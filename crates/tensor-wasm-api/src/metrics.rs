@@ -40,6 +40,77 @@ impl HttpMetrics {
     }
 }
 
+/// Every route template the router serves, in router order: with `unmatched`, the only
+/// values the `route` label takes.
+pub const ROUTE_TEMPLATES: &[&str] = &[
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/openapi.json",
+    "/functions",
+    "/functions/{id}",
+    "/functions/{id}/snapshots",
+    "/functions/{id}/snapshots/{snapshot_id}",
+    "/functions/{id}/invoke",
+    "/functions/{id}/invoke-stream",
+    "/functions/{id}/invoke-async",
+    "/jobs/{id}",
+    "/tenants",
+    "/tenants/{id}",
+    "/tenants/{id}/tokens",
+    "/tenants/{id}/tokens/{token_id}",
+];
+
+static ROUTES: std::sync::LazyLock<std::collections::HashSet<&'static str>> =
+    std::sync::LazyLock::new(|| ROUTE_TEMPLATES.iter().copied().collect());
+
+/// Label values of one HTTP request, each from a fixed allow-list, so that no client can
+/// create label values (and so series) at will: a route outside [`ROUTE_TEMPLATES`] or an
+/// unknown method (HTTP allows any token) would otherwise become a new series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpRequestLabels {
+    /// A route template, or `unmatched`.
+    pub route: &'static str,
+    /// A standard method name, or `other`.
+    pub method: &'static str,
+}
+
+impl HttpRequestLabels {
+    /// Labels for a matched route template; `None` when `route` is not one the router
+    /// serves.
+    pub fn try_new(route: &str, method: &axum::http::Method) -> Option<Self> {
+        let route = ROUTES.get(route).copied()?;
+        Some(HttpRequestLabels {
+            route,
+            method: method_label(method),
+        })
+    }
+
+    /// Labels of a request: [`HttpRequestLabels::try_new`], or `unmatched`.
+    pub fn of(route: Option<&str>, method: &axum::http::Method) -> Self {
+        route
+            .and_then(|r| Self::try_new(r, method))
+            .unwrap_or(HttpRequestLabels {
+                route: "unmatched",
+                method: method_label(method),
+            })
+    }
+}
+
+fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
 /// The one middleware around every route: request id (kept or generated,
 /// echoed), authentication (every route but `/healthz` and `/readyz`),
 /// metrics and the request log line. The route label is the matched
@@ -60,8 +131,13 @@ pub(crate) async fn observe(
             v
         }
     };
-    let route = req.extensions().get::<MatchedPath>().cloned();
-    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    let labels = HttpRequestLabels::of(
+        req.extensions()
+            .get::<MatchedPath>()
+            .map(MatchedPath::as_str),
+        req.method(),
+    );
+    let route = labels.route;
     let method = req.method().clone();
     // Every matched route but the health probes needs a caller.
     let public = matches!(route, "/healthz" | "/readyz" | "unmatched");
@@ -81,11 +157,11 @@ pub(crate) async fn observe(
     let metrics = &state.inner.http;
     metrics
         .requests
-        .with_label_values(&[route, method.as_str(), status.as_str()])
+        .with_label_values(&[route, labels.method, status.as_str()])
         .inc();
     metrics
         .duration
-        .with_label_values(&[route, method.as_str()])
+        .with_label_values(&[route, labels.method])
         .observe(elapsed.as_secs_f64());
     let id_text = id.to_str().unwrap_or("-");
     if status.is_server_error() {

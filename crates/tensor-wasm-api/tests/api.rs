@@ -9,7 +9,9 @@ use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tensor_wasm_api::{router, ApiConfig, AppState, ERROR_CODES, OPENAPI_JSON};
+use tensor_wasm_api::{
+    router, ApiConfig, AppState, HttpRequestLabels, ERROR_CODES, OPENAPI_JSON, ROUTE_TEMPLATES,
+};
 use tensor_wasm_runtime::{FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
 use tower::ServiceExt;
 
@@ -522,6 +524,12 @@ async fn openapi_document_matches_the_router() {
         }
     }
     assert_eq!(seen_routes, 24);
+    // The metrics route-label allow-list is exactly the documented routes.
+    let mut documented: Vec<&str> = paths.keys().map(String::as_str).collect();
+    let mut allowed = ROUTE_TEMPLATES.to_vec();
+    documented.sort_unstable();
+    allowed.sort_unstable();
+    assert_eq!(documented, allowed);
 
     let mut spec_codes: Vec<String> = spec["components"]["schemas"]["Error"]["properties"]["error"]
         ["properties"]["code"]["enum"]
@@ -554,6 +562,26 @@ async fn metrics_count_invocations_by_outcome_and_route_template() {
     assert!(text.contains(r#"tensor_wasm_module_loads_total{source="compiled"} 1"#));
     assert!(text.contains("tensor_wasm_cached_modules 1"));
     assert!(!text.contains(&id), "raw ids must not become label values");
+
+    // Neither can a client mint methods: any non-standard method is labelled `other`.
+    for method in ["FOO", "BAR"] {
+        let m = Method::from_bytes(method.as_bytes()).unwrap();
+        h.send(m, "/healthz", None, vec![]).await;
+    }
+    let text = String::from_utf8(h.get("/metrics").await.body).unwrap();
+    assert!(!text.contains("FOO") && !text.contains("BAR"), "{text}");
+    assert!(
+        text.contains(r#"method="other",route="/healthz",status="405"} 2"#),
+        "{text}"
+    );
+    assert_eq!(
+        HttpRequestLabels::try_new("/functions/{id}", &Method::PATCH).map(|l| l.route),
+        Some("/functions/{id}")
+    );
+    assert_eq!(
+        HttpRequestLabels::try_new("/functions/fn-1", &Method::GET),
+        None
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

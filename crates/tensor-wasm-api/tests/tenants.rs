@@ -411,3 +411,164 @@ async fn admin_routes_create_update_and_delete_tenants() {
         .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_tenants_gpu_isolation_reaches_the_runtime() {
+    use tensor_wasm_runtime::GpuIsolation;
+    let s = server();
+    // The test server runs the CPU backend at the default (stream) level.
+    assert_eq!(
+        s.runtime.tenant_gpu_isolation("tn-0000000000000000"),
+        GpuIsolation::StreamPerTenant
+    );
+    let create = |name: &str, body: Value| {
+        let mut body = body;
+        body["name"] = json!(name);
+        s.as_token(&s.admin, Method::POST, "/tenants", body)
+    };
+
+    // `own_context`: a CUDA context of the tenant's own.
+    let r = create("isolated", json!({"gpu_isolation": "own_context"})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.json());
+    assert_eq!(r.json()["tenant"]["gpu_isolation"], "own_context");
+    let isolated = r.json()["tenant"]["id"].as_str().unwrap().to_owned();
+    let isolated_token = r.json()["token"].as_str().unwrap().to_owned();
+    assert_eq!(
+        s.runtime.tenant_gpu_isolation(&isolated),
+        GpuIsolation::ContextPerTenant
+    );
+
+    // Not asking, or asking for `shared_context_own_stream`: the server-wide level.
+    let r = create("plain", json!({})).await;
+    assert_eq!(
+        r.json()["tenant"]["gpu_isolation"],
+        "shared_context_own_stream"
+    );
+    let plain = r.json()["tenant"]["id"].as_str().unwrap().to_owned();
+    let r = create(
+        "shared",
+        json!({"gpu_isolation": "shared_context_own_stream"}),
+    )
+    .await;
+    let shared = r.json()["tenant"]["id"].as_str().unwrap().to_owned();
+    for id in [&plain, &shared] {
+        assert_eq!(
+            s.runtime.tenant_gpu_isolation(id),
+            GpuIsolation::StreamPerTenant
+        );
+    }
+
+    // An unknown level is refused, and creates nothing.
+    let r = create("bad", json!({"gpu_isolation": "context"})).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(s.tenants.list().iter().all(|t| t.name != "bad"));
+
+    // On the CPU backend the level changes nothing the guest sees.
+    let r = s.deploy(&isolated_token, "calc.wat", "name=calc").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let f = r.json()["id"].as_str().unwrap().to_owned();
+    let r = s.invoke(&isolated_token, &f, "add", json!([2, 3])).await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+
+    // Renaming keeps the level (PATCH cannot change it).
+    let r = s
+        .as_token(
+            &s.admin,
+            Method::PATCH,
+            &format!("/tenants/{isolated}"),
+            json!({"name": "isolated-2"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["gpu_isolation"], "own_context");
+    assert_eq!(
+        s.runtime.tenant_gpu_isolation(&isolated),
+        GpuIsolation::ContextPerTenant
+    );
+
+    // Deleting the tenant forgets its level.
+    let r = s
+        .as_token(
+            &s.admin,
+            Method::DELETE,
+            &format!("/tenants/{isolated}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        s.runtime.tenant_gpu_isolation(&isolated),
+        GpuIsolation::StreamPerTenant
+    );
+}
+
+#[tokio::test]
+async fn existing_tenants_gpu_isolation_reaches_the_runtime_at_start() {
+    use std::sync::Arc;
+    use tensor_wasm_api::{ApiConfig, AppState, AuthMode};
+    use tensor_wasm_runtime::{
+        FsFunctionStore, GpuIsolation, Runtime, RuntimeConfig, RuntimeMetrics,
+    };
+    use tensor_wasm_tenant::{FsTenantStore, Quotas, TenantMetrics, TenantRegistry};
+
+    let dir = tempfile::tempdir().unwrap();
+    let open_registry = |metrics: &prometheus::Registry| {
+        Arc::new(
+            TenantRegistry::open(
+                Arc::new(FsTenantStore::open(dir.path()).unwrap()),
+                TenantMetrics::register(metrics).unwrap(),
+            )
+            .unwrap(),
+        )
+    };
+    // A previous run of the server created the tenants.
+    let (own, plain) = {
+        let tenants = open_registry(&prometheus::Registry::new());
+        tenants.bootstrap().unwrap();
+        let (own, _) = tenants
+            .create_tenant(
+                "isolated",
+                Quotas::default(),
+                tensor_wasm_tenant::GpuIsolation::OwnContext,
+            )
+            .unwrap();
+        let (plain, _) = tenants
+            .create_tenant(
+                "plain",
+                Quotas::default(),
+                tensor_wasm_tenant::GpuIsolation::SharedContextOwnStream,
+            )
+            .unwrap();
+        (own.id, plain.id)
+    };
+
+    let metrics = prometheus::Registry::new();
+    let tenants = open_registry(&metrics);
+    let runtime = Runtime::open(
+        RuntimeConfig::for_tests(dir.path()),
+        Arc::new(FsFunctionStore::open(dir.path()).unwrap()),
+        RuntimeMetrics::register(&metrics).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        runtime.tenant_gpu_isolation(&own),
+        GpuIsolation::StreamPerTenant,
+        "nothing set before the API starts"
+    );
+    let _state = AppState::new(
+        runtime.clone(),
+        metrics,
+        ApiConfig::default(),
+        tenants,
+        AuthMode::Enforced,
+    )
+    .unwrap();
+    assert_eq!(
+        runtime.tenant_gpu_isolation(&own),
+        GpuIsolation::ContextPerTenant
+    );
+    assert_eq!(
+        runtime.tenant_gpu_isolation(&plain),
+        GpuIsolation::StreamPerTenant
+    );
+}

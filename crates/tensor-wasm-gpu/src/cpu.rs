@@ -30,8 +30,8 @@ const TILE_COLS: usize = 64;
 /// Runs the builtin kernels on the host.
 ///
 /// Tenants: the CPU has no streams or contexts, so the tenant key of loads and launches is
-/// ignored (every tenant's work shares the one worker pool, first come first served), and the
-/// isolation level is only reported.
+/// ignored, the level it may name included (every tenant's work shares the one worker pool,
+/// first come first served), and the isolation level is only reported.
 pub(crate) struct CpuBackend {
     device: Device,
     pool: WorkerPool,
@@ -202,7 +202,7 @@ impl Backend for CpuBackend {
         self.isolation
     }
 
-    fn tenant_lanes(&self) -> Option<TenantLaneStats> {
+    fn tenant_lanes(&self, _isolation: GpuIsolation) -> Option<TenantLaneStats> {
         None
     }
 }

@@ -2,10 +2,12 @@
 //! host-described programs (loaded once per fingerprint and context), launches on per-tenant
 //! lanes, and completion through blocking-sync events waited on by each lane's thread.
 //!
-//! Lanes (see [`crate::isolation`]): under [`GpuIsolation::StreamPerTenant`] a tenant's lane is
-//! a stream of its own in the device's primary context, which every lane shares; under
+//! Lanes (see [`crate::isolation`]): at [`GpuIsolation::StreamPerTenant`] a tenant's lane is a
+//! stream of its own in the device's primary context, which every such lane shares; at
 //! [`GpuIsolation::ContextPerTenant`] it is a stream in a non-primary context of the tenant's
 //! own (`cuCtxCreate`), with its own copies of the builtin modules and its own program cache.
+//! The level is the tenant's ([`TenantKey::isolation`]) or, for a key naming none, the one the
+//! backend was opened with; lanes of both kinds live side by side.
 //! Guest memory is CUDA managed memory allocated in the primary context (`CU_MEM_ATTACH_GLOBAL`),
 //! which the driver documents as valid on every device and stream, so every lane reaches it.
 //! Each lane has a thread that waits for its launches in submission order: a slow kernel of one
@@ -27,7 +29,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::completion::Signal;
 use crate::error::driver_error_text;
-use crate::isolation::TenantLanes;
+use crate::isolation::TenantLaneMap;
 use crate::kernel::{KernelKind, ProgramKernel};
 use crate::program::{ProgramCache, PROGRAM_CACHE_CAPACITY};
 use crate::validate::{self, BuiltinCall};
@@ -437,12 +439,14 @@ pub(crate) struct CudaBackend {
     driver_version: i32,
     pageable_memory_access: bool,
     concurrent_managed_access: bool,
+    /// The level of tenants whose key names none.
     isolation: GpuIsolation,
-    /// The device's primary context: guest memory is allocated in it, and under
-    /// `StreamPerTenant` every lane is a stream in it.
+    /// The device's primary context: guest memory is allocated in it, and every stream lane
+    /// (`StreamPerTenant`) is a stream in it.
     shared: Arc<ContextState>,
-    /// Each tenant's lane, created on first use, at most `isolation.lane_capacity()`.
-    lanes: TenantLanes<Arc<Lane>>,
+    /// Each tenant's lane, created on first use, in the map of its level (at most
+    /// `level.lane_capacity()` lanes of each kind).
+    lanes: TenantLaneMap<Arc<Lane>>,
     /// Numbers the lanes' thread names.
     next_lane: AtomicU64,
 }
@@ -458,7 +462,8 @@ impl std::fmt::Debug for CudaBackend {
 
 impl CudaBackend {
     /// Opens device `ordinal`: its primary context and the builtin modules in it. Tenant lanes
-    /// (streams, or contexts under `ContextPerTenant`) are created on each tenant's first use.
+    /// (streams, or contexts at `ContextPerTenant`) are created on each tenant's first use;
+    /// `isolation` is the level of tenants whose key names none.
     pub(crate) fn open(ordinal: usize, isolation: GpuIsolation) -> Result<Self, GpuError> {
         with_driver(|| Self::open_with_driver(ordinal, isolation))
     }
@@ -473,14 +478,16 @@ impl CudaBackend {
         let ctx = CudaContext::new(ordinal)
             .map_err(|error| GpuError::cuda("creating the context", error))?;
         let info = query_device(&ctx)?;
-        // The builtins are loaded here even when every tenant gets a context of its own: a
-        // builtin whose parameters do not match the launch code refuses to open the backend.
+        // The builtins are loaded here even when tenants get contexts of their own: a builtin
+        // whose parameters do not match the launch code refuses to open the backend, and any
+        // tenant may ask for a stream lane in this context.
         let shared = ContextState::new(ctx)?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         tracing::info!(
             device = %Device::Cuda(info.clone()),
-            %isolation,
-            max_lanes = isolation.lane_capacity(),
+            default_isolation = %isolation,
+            max_stream_lanes = GpuIsolation::StreamPerTenant.lane_capacity(),
+            max_context_lanes = GpuIsolation::ContextPerTenant.lane_capacity(),
             "CUDA backend open"
         );
         Ok(Self {
@@ -493,22 +500,21 @@ impl CudaBackend {
             device: Device::Cuda(info),
             isolation,
             shared,
-            lanes: TenantLanes::new(isolation.lane_capacity()),
+            lanes: TenantLaneMap::new(isolation),
             next_lane: AtomicU64::new(0),
         })
     }
 
-    /// The lane of `tenant`, created on first use: a stream in the shared context, or a new
-    /// context of the tenant's own with a stream in it.
+    /// The lane of `tenant`, created on first use at the tenant's level: a stream in the shared
+    /// context, or a new context of the tenant's own with a stream in it.
     ///
-    /// Under `ContextPerTenant`, a lane whose context a kernel fault made unusable is replaced
-    /// by a new one (a new context). Under `StreamPerTenant` there is nothing to replace: the
-    /// fault broke the one shared context (see `docs/ARCHITECTURE.md`).
+    /// A context lane whose context a kernel fault made unusable is replaced by a new one (a new
+    /// context). A stream lane has nothing to replace: the fault broke the one shared context
+    /// (see `docs/ARCHITECTURE.md`).
     fn lane(&self, tenant: &TenantKey) -> Result<Arc<Lane>, GpuError> {
-        let lane = self
-            .lanes
-            .get_or_create(tenant, || self.open_lane(tenant))?;
-        if self.isolation == GpuIsolation::ContextPerTenant && lane.faulted() {
+        let open = |level| self.open_lane(tenant, level);
+        let (lane, level) = self.lanes.get_or_create(tenant, open)?;
+        if level == GpuIsolation::ContextPerTenant && lane.faulted() {
             if self
                 .lanes
                 .remove_if(tenant, |known| Arc::ptr_eq(known, &lane))
@@ -518,15 +524,15 @@ impl CudaBackend {
                     "replacing the tenant's CUDA context after a kernel fault"
                 );
             }
-            return self.lanes.get_or_create(tenant, || self.open_lane(tenant));
+            return Ok(self.lanes.get_or_create(tenant, open)?.0);
         }
         Ok(lane)
     }
 
-    /// A new lane for `tenant`.
-    fn open_lane(&self, tenant: &TenantKey) -> Result<Arc<Lane>, GpuError> {
+    /// A new lane for `tenant` at `level`.
+    fn open_lane(&self, tenant: &TenantKey, level: GpuIsolation) -> Result<Arc<Lane>, GpuError> {
         catching_driver_panics(|| {
-            let context = match self.isolation {
+            let context = match level {
                 GpuIsolation::StreamPerTenant => self.shared.clone(),
                 GpuIsolation::ContextPerTenant => {
                     let ctx = CudaContext::new_non_primary(self.ordinal, 0).map_err(|error| {
@@ -542,17 +548,17 @@ impl CudaBackend {
             )?;
             tracing::debug!(
                 tenant = tenant.as_str(),
-                isolation = %self.isolation,
+                isolation = %level,
                 "GPU lane created"
             );
             Ok(lane)
         })
     }
 
-    /// The context `tenant`'s programs load into: the shared one under `StreamPerTenant` (no
-    /// lane needed), else the tenant's own.
+    /// The context `tenant`'s programs load into: the shared one for a tenant at
+    /// `StreamPerTenant` (no lane needed), else the tenant's own.
     fn program_context(&self, tenant: &TenantKey) -> Result<Arc<ContextState>, GpuError> {
-        match self.isolation {
+        match self.lanes.level_of(tenant) {
             GpuIsolation::StreamPerTenant => Ok(self.shared.clone()),
             GpuIsolation::ContextPerTenant => Ok(self.lane(tenant)?.context.clone()),
         }
@@ -928,8 +934,9 @@ impl Backend for CudaBackend {
             let context = self.program_context(tenant)?;
             self.load_program_function(&context, &program)
         })?;
-        let loaded = match self.isolation {
-            // One context: the function is the one every launch uses.
+        let loaded = match self.lanes.level_of(tenant) {
+            // The shared context: the function is the one every stream lane uses (a tenant in a
+            // context of its own finds the program in its context on its first launch).
             GpuIsolation::StreamPerTenant => loaded,
             // Each launch finds the function in the launching tenant's context; holding this
             // tenant's function here would keep its context alive as long as the kernel.
@@ -969,9 +976,10 @@ impl Backend for CudaBackend {
                     )));
                 }
                 // Tenant code runs for the tenant it was loaded for, in the lane (context) it
-                // was loaded in, even if that lane has since left the tenant map.
+                // was loaded in, even if that lane has since left the tenant map or the
+                // tenant's level has changed since.
                 let lane = match &function.owner {
-                    Some((owner, lane)) if owner == tenant => lane,
+                    Some((owner, lane)) if owner.same_tenant(tenant) => lane,
                     _ => {
                         return Err(GpuError::InvalidArgument(format!(
                             "kernel `{}` was loaded for another tenant",
@@ -1020,8 +1028,8 @@ impl Backend for CudaBackend {
         self.isolation
     }
 
-    fn tenant_lanes(&self) -> Option<TenantLaneStats> {
-        Some(self.lanes.stats(self.isolation))
+    fn tenant_lanes(&self, isolation: GpuIsolation) -> Option<TenantLaneStats> {
+        Some(self.lanes.stats(isolation))
     }
 }
 

@@ -1,14 +1,16 @@
 //! Per-tenant GPU isolation: the [`GpuIsolation`] setting, the [`TenantKey`] every load and
-//! launch carries, and the bounded map of per-tenant lanes a CUDA backend keeps.
+//! launch carries, and the bounded maps of per-tenant lanes a CUDA backend keeps.
 //!
 //! A *lane* is where one tenant's launches go: a CUDA stream in the device's shared (primary)
 //! context under [`GpuIsolation::StreamPerTenant`], or a stream in a context of the tenant's own
-//! under [`GpuIsolation::ContextPerTenant`]. Lanes are created on a tenant's first load or
-//! launch and kept in a map bounded by [`GpuIsolation::lane_capacity`]; past it, the lane used
-//! least recently is forgotten (work already submitted to it finishes normally, and kernels
-//! loaded in it keep it alive until they are dropped).
+//! under [`GpuIsolation::ContextPerTenant`]. The level is chosen per tenant: a [`TenantKey`] may
+//! carry one ([`TenantKey::with_isolation`]); a key without one gets the level the backend was
+//! opened with. One backend therefore holds lanes of both kinds at once, in two maps (one per
+//! kind), each bounded by [`GpuIsolation::lane_capacity`]; past it, the lane used least recently
+//! is forgotten (work already submitted to it finishes normally, and kernels loaded in it keep
+//! it alive until they are dropped).
 //!
-//! The CPU backend has no streams or contexts: it accepts the key and ignores it.
+//! The CPU backend has no streams or contexts: it accepts the key and ignores it, level included.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -33,9 +35,14 @@ pub const MAX_TENANT_CONTEXTS: usize = 8;
 
 /// How the kernels of different tenants are separated on one GPU.
 ///
+/// A backend is opened with one level ([`crate::open_backend_with`]), the default for every
+/// tenant whose [`TenantKey`] names none; a key that names one gets that level instead, so one
+/// backend may run some tenants in streams of the shared context and others in contexts of
+/// their own.
+///
 /// Neither level is MIG or MPS: both run every tenant in this one process, on one device.
 /// `docs/ARCHITECTURE.md` ("GPU isolation between tenants") weighs them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum GpuIsolation {
     /// One shared CUDA context (the device's primary context) and a stream per tenant. Cheap;
     /// kernels of different tenants can run concurrently; one address space and one fault
@@ -85,28 +92,62 @@ impl fmt::Display for GpuIsolation {
     }
 }
 
-/// Which tenant a kernel load or launch is for: an opaque key, in practice the tenant id.
+/// Which tenant a kernel load or launch is for: an opaque id (in practice the tenant id) and,
+/// optionally, the [`GpuIsolation`] level the tenant's lane must have.
 ///
-/// The backend only compares keys; it never parses them. The default (empty) key stands for
-/// "no tenants": a server without tenants runs everything under it. Cheap to clone.
+/// The backend only compares ids; it never parses them. A key without a level
+/// ([`TenantKey::new`]) gets the level the backend was opened with; [`TenantKey::with_isolation`]
+/// names one for this tenant (the runtime does so for tenants whose records ask for a level).
+/// The default (empty) key stands for "no tenants": a server without tenants runs everything
+/// under it. Keys are equal when both id and level are; tenant code loaded for a key may be
+/// launched for any key with the same id (it runs in the lane it was loaded in). Cheap to clone.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TenantKey(Arc<str>);
+pub struct TenantKey {
+    id: Arc<str>,
+    isolation: Option<GpuIsolation>,
+}
 
 impl TenantKey {
-    /// The key of tenant `id`.
+    /// The key of tenant `id`, at the backend's level.
     pub fn new(id: &str) -> Self {
-        TenantKey(Arc::from(id))
+        TenantKey::from(Arc::<str>::from(id))
     }
 
-    /// The key as text.
+    /// The same tenant, whose lane must have the level `isolation` whatever the backend's
+    /// default.
+    #[must_use]
+    pub fn with_isolation(mut self, isolation: GpuIsolation) -> Self {
+        self.isolation = Some(isolation);
+        self
+    }
+
+    /// The key as text (the id, without the level).
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.id
+    }
+
+    /// The level this key asks for; `None`: the backend's.
+    pub fn isolation(&self) -> Option<GpuIsolation> {
+        self.isolation
+    }
+
+    /// Whether both keys name the same tenant, whatever levels they ask for.
+    pub fn same_tenant(&self, other: &TenantKey) -> bool {
+        self.id == other.id
+    }
+
+    /// The same id without a level (an `Arc` clone, no allocation): how lane maps key tenants.
+    fn id_only(&self) -> TenantKey {
+        TenantKey {
+            id: self.id.clone(),
+            isolation: None,
+        }
     }
 }
 
 impl Default for TenantKey {
     fn default() -> Self {
-        TenantKey(Arc::from(""))
+        TenantKey::new("")
     }
 }
 
@@ -118,32 +159,42 @@ impl From<&str> for TenantKey {
 
 impl From<String> for TenantKey {
     fn from(id: String) -> Self {
-        TenantKey(Arc::from(id))
+        TenantKey::from(Arc::<str>::from(id))
     }
 }
 
 impl From<Arc<str>> for TenantKey {
     fn from(id: Arc<str>) -> Self {
-        TenantKey(id)
+        TenantKey {
+            id,
+            isolation: None,
+        }
     }
 }
 
 impl fmt::Debug for TenantKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("TenantKey").field(&&*self.0).finish()
+        let mut tuple = f.debug_tuple("TenantKey");
+        tuple.field(&&*self.id);
+        if let Some(isolation) = self.isolation {
+            tuple.field(&format_args!("{isolation}"));
+        }
+        tuple.finish()
     }
 }
 
 impl fmt::Display for TenantKey {
+    /// The id only.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.id)
     }
 }
 
-/// What a CUDA backend's map of per-tenant lanes holds and has done (for metrics and tests).
+/// What a CUDA backend's map of per-tenant lanes of one kind holds and has done (for metrics
+/// and tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TenantLaneStats {
-    /// The isolation level the lanes implement.
+    /// The isolation level the lanes implement (which of the two maps this is).
     pub isolation: GpuIsolation,
     /// Most lanes the map keeps ([`GpuIsolation::lane_capacity`]).
     pub capacity: usize,
@@ -327,6 +378,80 @@ impl<V: Clone> TenantLanes<V> {
             created: self.created.load(Ordering::Relaxed),
             evicted: self.evicted.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// The lanes of a backend, of both kinds: stream lanes and context lanes in maps of their own
+/// (bounded by [`MAX_TENANT_STREAMS`] and [`MAX_TENANT_CONTEXTS`]), a tenant's level taken from
+/// its [`TenantKey`] or, when the key names none, the backend's default.
+///
+/// Within a map a tenant is known by its id alone, so a key with a level equal to the default
+/// and a key without one reach the same lane. A tenant whose level changes gets a lane of the
+/// other kind on its next use; the lane of the old kind is not closed then, only forgotten like
+/// any other once its map is full (work on it finishes, and kernels loaded in it keep it).
+pub(crate) struct TenantLaneMap<V> {
+    default: GpuIsolation,
+    streams: TenantLanes<V>,
+    contexts: TenantLanes<V>,
+}
+
+impl<V: Clone> TenantLaneMap<V> {
+    /// Empty maps; `default` is the level of keys that name none.
+    pub(crate) fn new(default: GpuIsolation) -> Self {
+        Self::with_capacities(default, MAX_TENANT_STREAMS, MAX_TENANT_CONTEXTS)
+    }
+
+    pub(crate) fn with_capacities(default: GpuIsolation, streams: usize, contexts: usize) -> Self {
+        Self {
+            default,
+            streams: TenantLanes::new(streams),
+            contexts: TenantLanes::new(contexts),
+        }
+    }
+
+    /// The level of `tenant`'s lane: the one its key names, else the default.
+    pub(crate) fn level_of(&self, tenant: &TenantKey) -> GpuIsolation {
+        tenant.isolation().unwrap_or(self.default)
+    }
+
+    fn map(&self, level: GpuIsolation) -> &TenantLanes<V> {
+        match level {
+            GpuIsolation::StreamPerTenant => &self.streams,
+            GpuIsolation::ContextPerTenant => &self.contexts,
+        }
+    }
+
+    /// The lane of `tenant` at its level (returned with it), created with `create(level)` if the
+    /// map of that level has none (see [`TenantLanes::get_or_create`]).
+    pub(crate) fn get_or_create(
+        &self,
+        tenant: &TenantKey,
+        create: impl FnOnce(GpuIsolation) -> Result<V, GpuError>,
+    ) -> Result<(V, GpuIsolation), GpuError> {
+        let level = self.level_of(tenant);
+        let lane = self
+            .map(level)
+            .get_or_create(&tenant.id_only(), || create(level))?;
+        Ok((lane, level))
+    }
+
+    /// Forgets `tenant`'s lane at its level if `unwanted` says so (see
+    /// [`TenantLanes::remove_if`]).
+    pub(crate) fn remove_if(&self, tenant: &TenantKey, unwanted: impl FnOnce(&V) -> bool) -> bool {
+        self.map(self.level_of(tenant))
+            .remove_if(&tenant.id_only(), unwanted)
+    }
+
+    /// Removes every lane of both kinds and returns those that were created.
+    pub(crate) fn take_all(&self) -> Vec<V> {
+        let mut all = self.streams.take_all();
+        all.extend(self.contexts.take_all());
+        all
+    }
+
+    /// What the map of lanes at `level` holds and has done.
+    pub(crate) fn stats(&self, level: GpuIsolation) -> TenantLaneStats {
+        self.map(level).stats(level)
     }
 }
 
@@ -586,6 +711,170 @@ mod tests {
             GpuIsolation::ContextPerTenant.lane_capacity(),
             MAX_TENANT_CONTEXTS
         );
+    }
+
+    /// A lane stand-in of the mixed map: which creation made it, and for which level.
+    type LevelLane = Arc<(usize, GpuIsolation)>;
+
+    fn level_counter() -> (
+        Arc<AtomicUsize>,
+        impl Fn(GpuIsolation) -> Result<LevelLane, GpuError> + Clone,
+    ) {
+        let made = Arc::new(AtomicUsize::new(0));
+        let make = {
+            let made = made.clone();
+            move |level| Ok(Arc::new((made.fetch_add(1, Ordering::SeqCst), level)))
+        };
+        (made, make)
+    }
+
+    #[test]
+    fn the_lane_map_holds_both_kinds_at_once() {
+        for default in [
+            GpuIsolation::StreamPerTenant,
+            GpuIsolation::ContextPerTenant,
+        ] {
+            let other = match default {
+                GpuIsolation::StreamPerTenant => GpuIsolation::ContextPerTenant,
+                GpuIsolation::ContextPerTenant => GpuIsolation::StreamPerTenant,
+            };
+            let lanes = TenantLaneMap::new(default);
+            let (made, make) = level_counter();
+            let plain = key("tn-plain");
+            let own = key("tn-own").with_isolation(other);
+            let pinned = key("tn-pinned").with_isolation(default);
+            assert_eq!(lanes.level_of(&plain), default);
+            assert_eq!(lanes.level_of(&own), other);
+            assert_eq!(lanes.level_of(&pinned), default);
+
+            let (p, p_level) = lanes.get_or_create(&plain, make.clone()).unwrap();
+            let (o, o_level) = lanes.get_or_create(&own, make.clone()).unwrap();
+            let (q, _) = lanes.get_or_create(&pinned, make.clone()).unwrap();
+            // Each lane was created for the level of its tenant, and is reported with it.
+            assert_eq!((p.1, p_level), (default, default));
+            assert_eq!((o.1, o_level), (other, other));
+            assert_eq!(q.1, default);
+            assert_eq!(made.load(Ordering::SeqCst), 3);
+            // Tenants keep their lanes.
+            assert!(Arc::ptr_eq(
+                &p,
+                &lanes.get_or_create(&plain, make.clone()).unwrap().0
+            ));
+            assert!(Arc::ptr_eq(
+                &o,
+                &lanes.get_or_create(&own, make.clone()).unwrap().0
+            ));
+            // Naming the default level explicitly reaches the lane of the key without one.
+            assert!(Arc::ptr_eq(
+                &p,
+                &lanes
+                    .get_or_create(&plain.clone().with_isolation(default), make.clone())
+                    .unwrap()
+                    .0
+            ));
+            assert_eq!(made.load(Ordering::SeqCst), 3);
+            // Each kind is counted in its own map, with its own capacity.
+            let (defaults, others) = (lanes.stats(default), lanes.stats(other));
+            assert_eq!((defaults.isolation, defaults.live), (default, 2));
+            assert_eq!((others.isolation, others.live), (other, 1));
+            assert_eq!(defaults.capacity, default.lane_capacity());
+            assert_eq!(others.capacity, other.lane_capacity());
+        }
+    }
+
+    #[test]
+    fn a_tenant_whose_level_changes_gets_a_lane_of_the_other_kind() {
+        let lanes = TenantLaneMap::new(GpuIsolation::StreamPerTenant);
+        let (made, make) = level_counter();
+        let stream = key("tn-a");
+        let context = key("tn-a").with_isolation(GpuIsolation::ContextPerTenant);
+        let (s, _) = lanes.get_or_create(&stream, make.clone()).unwrap();
+        let (c, level) = lanes.get_or_create(&context, make.clone()).unwrap();
+        assert_eq!(level, GpuIsolation::ContextPerTenant);
+        assert!(!Arc::ptr_eq(&s, &c));
+        assert_eq!(
+            (s.1, c.1),
+            (
+                GpuIsolation::StreamPerTenant,
+                GpuIsolation::ContextPerTenant
+            )
+        );
+        // Both stay known, each in its own map; asking at either level finds its lane again.
+        assert!(Arc::ptr_eq(
+            &s,
+            &lanes.get_or_create(&stream, make.clone()).unwrap().0
+        ));
+        assert!(Arc::ptr_eq(
+            &c,
+            &lanes.get_or_create(&context, make.clone()).unwrap().0
+        ));
+        assert_eq!(made.load(Ordering::SeqCst), 2);
+        // Removing at one level leaves the other.
+        assert!(lanes.remove_if(&context, |_| true));
+        assert_eq!(lanes.stats(GpuIsolation::ContextPerTenant).live, 0);
+        assert_eq!(lanes.stats(GpuIsolation::StreamPerTenant).live, 1);
+        assert!(!lanes.remove_if(&context, |_| true));
+        assert!(Arc::ptr_eq(
+            &s,
+            &lanes.get_or_create(&stream, make).unwrap().0
+        ));
+    }
+
+    #[test]
+    fn each_kind_of_lane_is_bounded_on_its_own() {
+        let lanes = TenantLaneMap::with_capacities(GpuIsolation::StreamPerTenant, 3, 1);
+        let (_, make) = level_counter();
+        let ctx = |id: &str| key(id).with_isolation(GpuIsolation::ContextPerTenant);
+        for id in ["s1", "s2", "s3"] {
+            lanes.get_or_create(&key(id), make.clone()).unwrap();
+        }
+        let (first_context, _) = lanes.get_or_create(&ctx("c1"), make.clone()).unwrap();
+        // A second context tenant evicts the first context lane, not a stream lane.
+        lanes.get_or_create(&ctx("c2"), make.clone()).unwrap();
+        let contexts = lanes.stats(GpuIsolation::ContextPerTenant);
+        let streams = lanes.stats(GpuIsolation::StreamPerTenant);
+        assert_eq!((contexts.live, contexts.evicted), (1, 1));
+        assert_eq!((streams.live, streams.evicted), (3, 0));
+        let (again, _) = lanes.get_or_create(&ctx("c1"), make.clone()).unwrap();
+        assert!(!Arc::ptr_eq(&first_context, &again));
+        // A fourth stream tenant evicts a stream lane only.
+        lanes.get_or_create(&key("s4"), make).unwrap();
+        let streams = lanes.stats(GpuIsolation::StreamPerTenant);
+        assert_eq!((streams.live, streams.evicted), (3, 1));
+        assert_eq!(lanes.stats(GpuIsolation::ContextPerTenant).live, 1);
+        // Every live lane of both kinds comes back from take_all.
+        let mut taken: Vec<GpuIsolation> = lanes.take_all().iter().map(|lane| lane.1).collect();
+        taken.sort_unstable();
+        assert_eq!(
+            taken,
+            [
+                GpuIsolation::StreamPerTenant,
+                GpuIsolation::StreamPerTenant,
+                GpuIsolation::StreamPerTenant,
+                GpuIsolation::ContextPerTenant
+            ]
+        );
+        assert_eq!(lanes.stats(GpuIsolation::StreamPerTenant).live, 0);
+        assert_eq!(lanes.stats(GpuIsolation::ContextPerTenant).live, 0);
+    }
+
+    #[test]
+    fn tenant_keys_carry_a_level() {
+        let plain = TenantKey::new("tn-1");
+        assert_eq!(plain.isolation(), None);
+        let own = plain.clone().with_isolation(GpuIsolation::ContextPerTenant);
+        assert_eq!(own.isolation(), Some(GpuIsolation::ContextPerTenant));
+        assert_eq!(own.as_str(), "tn-1");
+        assert_eq!(own.to_string(), "tn-1", "Display shows the id only");
+        assert_ne!(plain, own, "keys are equal when id and level are");
+        assert!(plain.same_tenant(&own) && own.same_tenant(&plain));
+        assert!(!plain.same_tenant(&TenantKey::new("tn-2")));
+        assert_eq!(
+            format!("{own:?}"),
+            "TenantKey(\"tn-1\", context)",
+            "Debug shows a level that was named"
+        );
+        assert_eq!(own.id_only(), plain);
     }
 
     #[test]

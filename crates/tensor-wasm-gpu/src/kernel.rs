@@ -214,10 +214,12 @@ impl fmt::Debug for Kernel {
 ///
 /// # Tenants
 /// Every load of tenant code and every launch names the [`TenantKey`] it is for. A CUDA backend
-/// runs each tenant's launches in that tenant's lane, as its [`GpuIsolation`] says: a stream of
-/// its own in the shared context, or a context of its own; lanes are created on a tenant's
-/// first use and at most [`GpuIsolation::lane_capacity`] are kept (the least recently used is
-/// forgotten first). Tenant PTX and cubin kernels belong to the tenant they were loaded for and
+/// runs each tenant's launches in that tenant's lane, at the [`GpuIsolation`] level the key
+/// names ([`TenantKey::isolation`]) or, for a key naming none, the level the backend was opened
+/// with: a stream of its own in the shared context, or a context of its own. Lanes of both
+/// kinds coexist; they are created on a tenant's first use and at most
+/// [`GpuIsolation::lane_capacity`] of each kind are kept (the least recently used is forgotten
+/// first). Tenant PTX and cubin kernels belong to the tenant they were loaded for and
 /// are refused for any other. Builtins and programs are the same code for everyone and may be
 /// launched for any tenant; they run in the launching tenant's lane. The CPU backend has no
 /// streams or contexts and ignores the key.
@@ -327,12 +329,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// device), whatever the isolation level.
     fn cuda_context(&self) -> Option<Arc<cudarc::driver::CudaContext>>;
 
-    /// The isolation level this backend was opened with. The CPU backend reports it but has
-    /// nothing to isolate: it has no streams or contexts.
+    /// The isolation level this backend was opened with: the level of tenants whose
+    /// [`TenantKey`] names none. The CPU backend reports it but has nothing to isolate: it has
+    /// no streams or contexts.
     fn isolation(&self) -> GpuIsolation;
 
-    /// The per-tenant lanes of a CUDA backend (how many, created, evicted); `None` on the CPU.
-    fn tenant_lanes(&self) -> Option<TenantLaneStats>;
+    /// The per-tenant lanes of a CUDA backend at `isolation` (how many, created, evicted: stream
+    /// lanes and context lanes are kept and counted apart); `None` on the CPU.
+    fn tenant_lanes(&self, isolation: GpuIsolation) -> Option<TenantLaneStats>;
 }
 
 #[cfg(test)]

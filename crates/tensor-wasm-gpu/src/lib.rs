@@ -25,9 +25,11 @@
 //! - [`Backend::launch_unscoped`] is the unsafe building block underneath: it returns the
 //!   completion itself, and its caller must not leak it (see its `# Safety` section).
 //! - Every load of tenant code and every launch carries a [`TenantKey`]. A CUDA backend gives
-//!   each tenant a lane of its own, as the [`GpuIsolation`] it was opened with says
-//!   ([`open_backend_with`]): a stream per tenant in one shared context (the default), or a
-//!   context per tenant. The CPU backend ignores the key.
+//!   each tenant a lane of its own at the tenant's [`GpuIsolation`] level: the one the key
+//!   names ([`TenantKey::with_isolation`]), else the one the backend was opened with
+//!   ([`open_backend_with`]): a stream in one shared context (the default), or a context of
+//!   the tenant's own. Lanes of both kinds coexist in one backend. The CPU backend ignores the
+//!   key.
 //!
 //! Every launch is validated before anything runs: the launch configuration against CUDA's
 //! limits, every buffer argument against guest memory, and then the kernel's own rules (the
@@ -119,7 +121,8 @@ pub fn open_backend(choice: DeviceChoice) -> Result<Arc<dyn Backend>, GpuError> 
     open_backend_with(choice, GpuIsolation::default())
 }
 
-/// Opens the backend `choice` names, separating tenants on a CUDA device as `isolation` says.
+/// Opens the backend `choice` names, separating tenants on a CUDA device as `isolation` says
+/// (for every tenant whose [`TenantKey`] names no level of its own).
 ///
 /// - `Cpu`: the CPU backend (which has no streams or contexts: `isolation` has no effect).
 /// - `Cuda`: CUDA device 0; `NotAvailable` (saying why) when the host has no usable device.

@@ -616,3 +616,41 @@ fn cuda_programs_run_for_every_tenant_in_its_own_lane() {
         assert_eq!(program.ptx_requests(), contexts, "{isolation}");
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_programs_run_for_stream_and_context_tenants_of_one_backend() {
+    let n = 50_001;
+    let gpu = open_backend_with(DeviceChoice::Cuda, GpuIsolation::StreamPerTenant)
+        .expect("this test needs a CUDA device");
+    let ctx = gpu.cuda_context().unwrap();
+    let program = Arc::new(NegateProgram::new([12; 16]));
+    let stream = TenantKey::new("tn-stream");
+    let context = TenantKey::new("tn-context").with_isolation(GpuIsolation::ContextPerTenant);
+    // Loaded for the context tenant (into its context), launched for both: the stream tenant's
+    // launches load it into the shared context on first use.
+    let kernel = gpu.load_program(&context, program.clone()).unwrap();
+    for tenant in [&context, &stream, &stream, &context] {
+        let (host, args) = negate_memory(n);
+        let mut guest = ManagedBuffer::new(ctx.clone(), host.len());
+        let memory = guest.bytes();
+        memory.copy_from_slice(&host);
+        let config = LaunchConfig::linear(n as u32, 256);
+        launch(&*gpu, tenant, &kernel, &config, &args, memory, |c| {
+            c.wait_mut()
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(get_f32s(memory, 4 * n, n), negated(n, n), "{tenant:?}");
+    }
+    // Once in the tenant's context, once in the shared one.
+    assert_eq!(program.ptx_requests(), 2);
+    let lanes = |level| gpu.tenant_lanes(level).unwrap().live;
+    assert_eq!(
+        (
+            lanes(GpuIsolation::StreamPerTenant),
+            lanes(GpuIsolation::ContextPerTenant)
+        ),
+        (1, 1)
+    );
+}

@@ -6,8 +6,9 @@ use crate::{Backend, Completion, GpuError, Kernel, KernelArg, LaunchConfig, Tena
 /// lends the launch's [`Completion`] to `wait`, and returns what `wait` returned once the kernel
 /// has finished.
 ///
-/// `tenant` picks the lane the kernel runs in on a CUDA backend (its stream, or its context,
-/// as the backend's [`GpuIsolation`](crate::GpuIsolation) says); the CPU backend ignores it.
+/// `tenant` picks the lane the kernel runs in on a CUDA backend (its stream, or its context, at
+/// the [`GpuIsolation`](crate::GpuIsolation) level the key names or else the backend's); the CPU
+/// backend ignores it.
 ///
 /// `wait` gets `&mut Completion`: wait on it blocking with [`Completion::wait_mut`], or use it
 /// as a future (`&mut Completion` is `Future + Unpin`), for example through a runtime's

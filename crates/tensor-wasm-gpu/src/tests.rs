@@ -1226,13 +1226,28 @@ fn the_cpu_backend_ignores_the_tenant_key() {
     ] {
         let backend = open_backend_with(DeviceChoice::Cpu, isolation).unwrap();
         assert_eq!(backend.isolation(), isolation);
-        assert_eq!(backend.tenant_lanes(), None, "the CPU has no lanes");
+        for level in [
+            GpuIsolation::StreamPerTenant,
+            GpuIsolation::ContextPerTenant,
+        ] {
+            assert_eq!(backend.tenant_lanes(level), None, "the CPU has no lanes");
+        }
         let kernel = backend.load_builtin(BuiltinKernel::VectorAdd).unwrap();
         let n = 5000;
-        for tenant in ["tn-a", "tn-b", "", "tn-a"] {
+        // Keys naming a level of their own are accepted and ignored like the others.
+        let own_context = TenantKey::new("tn-c").with_isolation(GpuIsolation::ContextPerTenant);
+        let own_stream = TenantKey::new("tn-d").with_isolation(GpuIsolation::StreamPerTenant);
+        let keys = [
+            TenantKey::new("tn-a"),
+            TenantKey::new("tn-b"),
+            TenantKey::default(),
+            own_context,
+            own_stream,
+            TenantKey::new("tn-a"),
+        ];
+        for tenant in keys {
             let (mut memory, args) = vector_add_job(n);
             let config = LaunchConfig::linear(n as u32, 256);
-            let tenant = TenantKey::new(tenant);
             launch(
                 &*backend,
                 &tenant,
@@ -1345,7 +1360,10 @@ fn cuda_tenants_get_lanes_of_their_own() {
         let gpu = open_backend_with(DeviceChoice::Cuda, isolation)
             .expect("this test needs a CUDA device");
         assert_eq!(gpu.isolation(), isolation);
-        let lanes = || gpu.tenant_lanes().expect("a CUDA backend has lanes");
+        let lanes = || {
+            gpu.tenant_lanes(isolation)
+                .expect("a CUDA backend has lanes")
+        };
         let stats = lanes();
         assert_eq!(
             (stats.isolation, stats.capacity, stats.live, stats.created),
@@ -1405,6 +1423,82 @@ fn cuda_tenants_get_lanes_of_their_own() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_one_backend_runs_stream_and_context_tenants_side_by_side() {
+    for default in [
+        GpuIsolation::StreamPerTenant,
+        GpuIsolation::ContextPerTenant,
+    ] {
+        let gpu =
+            open_backend_with(DeviceChoice::Cuda, default).expect("this test needs a CUDA device");
+        assert_eq!(gpu.isolation(), default);
+        let stats = |level| gpu.tenant_lanes(level).expect("a CUDA backend has lanes");
+        let plain = TenantKey::new("tn-plain");
+        let own_context = TenantKey::new("tn-own").with_isolation(GpuIsolation::ContextPerTenant);
+        let own_stream = TenantKey::new("tn-shared").with_isolation(GpuIsolation::StreamPerTenant);
+        let keys = [&plain, &own_context, &own_stream];
+
+        // Builtins for all three, concurrently, each in a lane of its level.
+        std::thread::scope(|scope| {
+            for tenant in keys {
+                let gpu = &*gpu;
+                scope.spawn(move || {
+                    for round in 0..10 {
+                        cuda_vector_add_for(gpu, tenant, 10_000 + 1_001 * round);
+                    }
+                });
+            }
+        });
+        let (streams, contexts) = (
+            stats(GpuIsolation::StreamPerTenant),
+            stats(GpuIsolation::ContextPerTenant),
+        );
+        // `plain` goes where the default says; the other two where their keys say.
+        let (expected_streams, expected_contexts) = match default {
+            GpuIsolation::StreamPerTenant => (2, 1),
+            GpuIsolation::ContextPerTenant => (1, 2),
+        };
+        assert_eq!(
+            (streams.live, contexts.live),
+            (expected_streams, expected_contexts),
+            "{default}: {streams:?} {contexts:?}"
+        );
+
+        // Tenant code loads into its tenant's lane, runs for it (managed memory of the primary
+        // context is reachable from a tenant context too) and is refused for the others.
+        for tenant in keys {
+            let store = gpu.load_ptx(tenant, STORE_PTX, "store_one").unwrap();
+            cuda_store_one(&*gpu, tenant, &store).unwrap();
+            for other in keys.into_iter().filter(|other| !other.same_tenant(tenant)) {
+                let error = cuda_store_one(&*gpu, other, &store).unwrap_err();
+                assert!(
+                    matches!(&error, GpuError::InvalidArgument(m) if m.contains("another tenant")),
+                    "{error:?}"
+                );
+            }
+        }
+
+        // A tenant whose level changes gets a lane of the new kind; kernels it loaded before
+        // keep running in the lane they were loaded in.
+        let before = gpu.load_ptx(&plain, STORE_PTX, "store_one").unwrap();
+        let other_level = match default {
+            GpuIsolation::StreamPerTenant => GpuIsolation::ContextPerTenant,
+            GpuIsolation::ContextPerTenant => GpuIsolation::StreamPerTenant,
+        };
+        let moved = plain.clone().with_isolation(other_level);
+        let created_before = stats(other_level).created;
+        cuda_vector_add_for(&*gpu, &moved, 100_003);
+        assert_eq!(stats(other_level).created, created_before + 1);
+        cuda_store_one(&*gpu, &moved, &before).unwrap();
+        println!(
+            "{default}: {:?} {:?}",
+            stats(GpuIsolation::StreamPerTenant),
+            stats(GpuIsolation::ContextPerTenant)
+        );
+    }
+}
+
+#[test]
 #[ignore = "needs a CUDA device, and TENSOR_WASM_FAULT_TEST=1 (it faults a context on purpose)"]
 fn cuda_a_faulting_tenant_context_leaves_other_tenants_running() {
     // What this checks is what ContextPerTenant is for, and what only a GPU can tell: that a
@@ -1444,7 +1538,7 @@ fn cuda_a_faulting_tenant_context_leaves_other_tenants_running() {
     // launch of a builtin gets the tenant a fresh context.
     assert!(cuda_store_one(&*gpu, &a, &store).is_err());
     cuda_vector_add_for(&*gpu, &a, 100_003);
-    println!("{:?}", gpu.tenant_lanes());
+    println!("{:?}", gpu.tenant_lanes(GpuIsolation::ContextPerTenant));
 }
 
 #[test]

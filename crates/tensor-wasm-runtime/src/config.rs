@@ -59,8 +59,10 @@ pub struct RuntimeConfig {
     pub kernel_cache: KernelCacheConfig,
     /// How tenants are separated on a CUDA device: a stream per tenant in one
     /// shared context (default) or a context per tenant (see "GPU isolation
-    /// between tenants" in docs/ARCHITECTURE.md). The backend enforces it, so
-    /// `backend` must have been opened with this level
+    /// between tenants" in docs/ARCHITECTURE.md). This is the server-wide
+    /// level, for every tenant without a level of its own
+    /// ([`crate::Runtime::set_tenant_gpu_isolation`]). The backend enforces
+    /// it, so `backend` must have been opened with this level
     /// (`tensor_wasm_gpu::open_backend_with`, as `tensor-wasm serve` does);
     /// the CPU backend has nothing to isolate and ignores it.
     pub gpu_isolation: GpuIsolation,

@@ -6,7 +6,9 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use sha2::{Digest, Sha256};
 use tensor_wasm_dispatch::{DispatchError, KernelDispatcher};
-use tensor_wasm_gpu::{Backend, BuiltinKernel, Device, GpuError, Kernel, LaunchConfig, TenantKey};
+use tensor_wasm_gpu::{
+    Backend, BuiltinKernel, Device, GpuError, GpuIsolation, Kernel, LaunchConfig, TenantKey,
+};
 use tensor_wasm_jit::{Blueprint, CacheKey, CompiledBlueprint, CompiledKernel, KernelCache};
 use wasmtime::{Caller, Extern, Linker};
 
@@ -32,6 +34,11 @@ pub(crate) struct GpuShared {
     cache: Arc<KernelCache>,
     /// Loaded blueprint kernels by canonical descriptor.
     blueprints: RwLock<HashMap<String, Kernel>>,
+    /// GPU isolation levels set for single tenants (by tenant id); a tenant
+    /// not in here gets the backend's level. Read once per instantiation of a
+    /// module importing `wasi:cuda`; written when tenants are created,
+    /// changed or deleted.
+    tenant_isolation: RwLock<HashMap<String, GpuIsolation>>,
 }
 
 impl GpuShared {
@@ -45,6 +52,50 @@ impl GpuShared {
             dispatcher,
             cache,
             blueprints: RwLock::new(HashMap::new()),
+            tenant_isolation: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Sets the GPU isolation level of `tenant`'s lanes: `Some` pins it,
+    /// `None` forgets it (the tenant gets the backend's level again).
+    pub(crate) fn set_tenant_isolation(&self, tenant: &str, level: Option<GpuIsolation>) {
+        let mut levels = self
+            .tenant_isolation
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        match level {
+            Some(level) => {
+                levels.insert(tenant.to_owned(), level);
+            }
+            None => {
+                levels.remove(tenant);
+            }
+        }
+    }
+
+    /// The level set for `tenant`, if any.
+    fn pinned_isolation(&self, tenant: &str) -> Option<GpuIsolation> {
+        self.tenant_isolation
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(tenant)
+            .copied()
+    }
+
+    /// The GPU isolation level `tenant`'s instances get: the one set for it,
+    /// else the backend's.
+    pub(crate) fn tenant_isolation(&self, tenant: &str) -> GpuIsolation {
+        self.pinned_isolation(tenant)
+            .unwrap_or_else(|| self.backend.isolation())
+    }
+
+    /// The key `tenant`'s kernels load and launch under: its id, with the
+    /// level set for it (a key without one gets the backend's level).
+    pub(crate) fn tenant_key(&self, tenant: &str) -> TenantKey {
+        let key = TenantKey::new(tenant);
+        match self.pinned_isolation(tenant) {
+            Some(level) => key.with_isolation(level),
+            None => key,
         }
     }
 
@@ -144,7 +195,8 @@ pub(crate) struct GuestGpu {
     kernels: Vec<Kernel>,
     last_error: String,
     raw_ptx: bool,
-    /// The tenant whose function this instance runs: its kernels load and
+    /// The tenant whose function this instance runs, with the GPU isolation
+    /// level set for it when the instance was created: its kernels load and
     /// launch in that tenant's GPU lane (stream or context).
     tenant: TenantKey,
 }
@@ -163,9 +215,12 @@ impl GuestGpu {
     }
 
     /// The same, for an instance of a function of `tenant` (its id, as in
-    /// `FunctionRecord::tenant`).
+    /// `FunctionRecord::tenant`), at the GPU isolation level set for that
+    /// tenant ([`GpuShared::set_tenant_isolation`]) or else the backend's. The
+    /// level is read once, here: a change applies to instances created after
+    /// it.
     pub(crate) fn with_tenant(mut self, tenant: &str) -> Self {
-        self.tenant = TenantKey::new(tenant);
+        self.tenant = self.shared.tenant_key(tenant);
         self
     }
 
@@ -387,10 +442,10 @@ mod tests {
         );
     }
 
-    #[test]
-    fn guest_gpu_state_carries_the_tenant() {
-        let shared = Arc::new(GpuShared::new(
-            tensor_wasm_gpu::open_backend(tensor_wasm_gpu::DeviceChoice::Cpu).unwrap(),
+    fn cpu_shared(isolation: GpuIsolation) -> Arc<GpuShared> {
+        Arc::new(GpuShared::new(
+            tensor_wasm_gpu::open_backend_with(tensor_wasm_gpu::DeviceChoice::Cpu, isolation)
+                .unwrap(),
             KernelDispatcher::new(Default::default()),
             Arc::new(
                 KernelCache::new(
@@ -399,7 +454,56 @@ mod tests {
                 )
                 .unwrap(),
             ),
-        ));
+        ))
+    }
+
+    #[test]
+    fn guest_gpu_state_carries_the_tenant_level() {
+        for default in [
+            GpuIsolation::StreamPerTenant,
+            GpuIsolation::ContextPerTenant,
+        ] {
+            let shared = cpu_shared(default);
+            let plain = GuestGpu::new(shared.clone(), false).with_tenant("tn-plain");
+            assert_eq!(plain.tenant.isolation(), None, "the backend's level");
+            assert_eq!(shared.tenant_isolation("tn-plain"), default);
+
+            shared.set_tenant_isolation("tn-own", Some(GpuIsolation::ContextPerTenant));
+            shared.set_tenant_isolation("tn-stream", Some(GpuIsolation::StreamPerTenant));
+            let own = GuestGpu::new(shared.clone(), false).with_tenant("tn-own");
+            assert_eq!(own.tenant.as_str(), "tn-own");
+            assert_eq!(own.tenant.isolation(), Some(GpuIsolation::ContextPerTenant));
+            let stream = GuestGpu::new(shared.clone(), false).with_tenant("tn-stream");
+            assert_eq!(
+                stream.tenant.isolation(),
+                Some(GpuIsolation::StreamPerTenant)
+            );
+            assert_eq!(
+                shared.tenant_isolation("tn-own"),
+                GpuIsolation::ContextPerTenant
+            );
+            // Other tenants are untouched.
+            assert_eq!(
+                GuestGpu::new(shared.clone(), false)
+                    .with_tenant("tn-plain")
+                    .tenant
+                    .isolation(),
+                None
+            );
+
+            // Forgetting the level gives later instances the backend's again; an
+            // instance created before keeps the key it was created with.
+            shared.set_tenant_isolation("tn-own", None);
+            assert_eq!(shared.tenant_isolation("tn-own"), default);
+            let later = GuestGpu::new(shared.clone(), false).with_tenant("tn-own");
+            assert_eq!(later.tenant.isolation(), None);
+            assert_eq!(own.tenant.isolation(), Some(GpuIsolation::ContextPerTenant));
+        }
+    }
+
+    #[test]
+    fn guest_gpu_state_carries_the_tenant() {
+        let shared = cpu_shared(GpuIsolation::default());
         let untenanted = GuestGpu::new(shared.clone(), false);
         assert_eq!(untenanted.tenant, TenantKey::default());
         let owned = GuestGpu::new(shared, true).with_tenant("tn-0123456789abcdef");

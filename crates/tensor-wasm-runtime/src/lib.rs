@@ -45,4 +45,7 @@ pub use store::{
     is_valid_function_id, is_valid_snapshot_id, sha256_hex, FsFunctionStore, FunctionLimits,
     FunctionRecord, FunctionStore, InvocationStyle, SnapshotRecord, RECORD_FORMAT,
 };
+/// How tenants are separated on a CUDA device (see
+/// [`Runtime::set_tenant_gpu_isolation`] and [`RuntimeConfig::gpu_isolation`]).
+pub use tensor_wasm_gpu::GpuIsolation;
 pub use values::{ExportSignature, WasmType};

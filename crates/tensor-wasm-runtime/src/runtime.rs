@@ -338,6 +338,24 @@ impl Runtime {
         &self.inner.gpu.dispatcher
     }
 
+    /// Sets the GPU isolation level of `tenant`'s functions: `Some` gives
+    /// their instances lanes of that level on a CUDA backend (a context of
+    /// the tenant's own, or a stream in the shared context) whatever the
+    /// server-wide level (`RuntimeConfig::gpu_isolation`); `None` returns the
+    /// tenant to the server-wide level. It applies to instances created after
+    /// the call (an instance keeps the lane it started with). The CPU backend
+    /// records it and has nothing to apply it to. The API keeps it in sync
+    /// with the tenant registry; [`Runtime::tenant_gpu_isolation`] reads it.
+    pub fn set_tenant_gpu_isolation(&self, tenant: &str, level: Option<crate::GpuIsolation>) {
+        self.inner.gpu.set_tenant_isolation(tenant, level);
+    }
+
+    /// The GPU isolation level new instances of `tenant`'s functions get: the
+    /// one set by [`Runtime::set_tenant_gpu_isolation`], else the backend's.
+    pub fn tenant_gpu_isolation(&self, tenant: &str) -> crate::GpuIsolation {
+        self.inner.gpu.tenant_isolation(tenant)
+    }
+
     /// The engine (for benches comparing against raw wasmtime).
     pub fn engine(&self) -> &Engine {
         &self.inner.engine

@@ -123,14 +123,31 @@ fn set<T: Copy>(field: &mut T, value: Option<T>) {
     }
 }
 
-/// How a tenant's GPU work is separated from other tenants'.
+/// How a tenant's GPU work is separated from other tenants', as recorded for
+/// the tenant. This crate only stores it; the API passes it to the runtime
+/// (`Runtime::set_tenant_gpu_isolation`), whose GPU backend enforces it.
+///
+/// The names are older than the GPU crate's `GpuIsolation` and do not pair
+/// with its variants one to one: the default, [`SharedContextOwnStream`],
+/// asks for nothing of the tenant's own, and the tenant gets the server-wide
+/// level (`serve --gpu-isolation`, `stream` unless set to `context`);
+/// [`OwnContext`] gives the tenant a CUDA context of its own whatever the
+/// server-wide level. A tenant can thus raise its isolation above the
+/// server's, never lower it. The serialised names stay as they are (they are
+/// in stored records and in the API).
+///
+/// [`SharedContextOwnStream`]: GpuIsolation::SharedContextOwnStream
+/// [`OwnContext`]: GpuIsolation::OwnContext
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GpuIsolation {
-    /// One CUDA context shared by all tenants, a stream of its own per tenant.
+    /// The server-wide level: a stream of its own in the CUDA context all such
+    /// tenants share, unless the server gives every tenant a context
+    /// (`--gpu-isolation context`).
     #[default]
     SharedContextOwnStream,
-    /// A CUDA context of its own.
+    /// A CUDA context of its own (with a stream in it), whatever the
+    /// server-wide level.
     OwnContext,
 }
 

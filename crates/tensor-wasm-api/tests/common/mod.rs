@@ -19,6 +19,7 @@ pub struct Server {
     pub dir: tempfile::TempDir,
     pub app: Router,
     pub tenants: Arc<TenantRegistry>,
+    pub runtime: Runtime,
     pub admin: String,
 }
 
@@ -64,7 +65,7 @@ pub fn server() -> Server {
     );
     let boot = tenants.bootstrap().unwrap().expect("fresh store");
     let state = AppState::new(
-        runtime,
+        runtime.clone(),
         registry,
         ApiConfig::default(),
         tenants.clone(),
@@ -76,6 +77,7 @@ pub fn server() -> Server {
         dir,
         app: router(state),
         tenants,
+        runtime,
         admin: boot.admin_token,
     }
 }
