@@ -31,6 +31,7 @@ INVENTORY = [
     ("e2e/invoke/export_call", "tensor-wasm-bench", "benches/e2e_inference.rs", "POST invoke of a deployed `add` export through the router", "requests/s"),
     ("instantiate/instance_pre", "tensor-wasm-bench", "benches/instantiate.rs", "Runtime::invoke_export of a no-arg export: store, instantiate, call", "calls/s"),
     ("instantiate/raw_wasmtime", "tensor-wasm-bench", "benches/instantiate.rs", "raw wasmtime peer: pooling engine, Store::new + InstancePre::instantiate + call", "calls/s"),
+    ("metrics_label_validation/try_new/{first,last,miss}", "tensor-wasm-bench", "benches/metrics_label_validation.rs", "HttpRequestLabels::try_new: route template + method to allow-listed metric labels (first route, last route, not a route)", "lookups/s"),
     ("call_export/noargs/call_export_with_args_empty", "tensor-wasm-bench", "benches/call_export_args.rs", "Runtime::invoke_export of `f() -> i32` with no arguments (same module as two_i32)", "calls/s"),
     ("call_export/args/two_i32", "tensor-wasm-bench", "benches/call_export_args.rs", "Runtime::invoke_export of `add(i32, i32)` with JSON arguments [1, 2]", "calls/s"),
     ("dispatch/serial/<N>", "tensor-wasm-bench", "benches/kernel_dispatch.rs", "N dispatches one after another: permit acquire + release + future poll", "dispatches/s"),
@@ -45,7 +46,10 @@ INVENTORY = [
     ("tenant_registry/consume_release/256KiB", "tensor-wasm-tenant", "benches/context_switch.rs", "Tenant::acquire of 256 KiB guest memory + guard drop", "round trips/s"),
     ("cold_start/capture/<bytes>", "tensor-wasm-snapshot", "benches/cold_start.rs", "portable snapshot capture of a realistic image (zstd frames, both cores)", "bytes/s"),
     ("cold_start/restore/<bytes>", "tensor-wasm-snapshot", "benches/cold_start.rs", "eager portable restore", "bytes/s"),
-    ("cold_start/restore_lazy/<bytes>", "tensor-wasm-snapshot", "benches/cold_start.rs", "local image: open + mmap copy-on-write + first touch", "bytes/s"),
+    ("cold_start/map_lazy/<bytes>", "tensor-wasm-snapshot", "benches/cold_start.rs", "local image: open + mmap copy-on-write + first touch (named restore_lazy in run files before the runtime bench existed)", "bytes/s"),
+    ("cold_start/restore_lazy/<bytes>", "tensor-wasm-bench", "benches/snapshot_restore.rs", "whole invocation of an instance started from a snapshot, image mapped copy-on-write (unified host memory), to the end of its first call", "bytes/s"),
+    ("cold_start/restore_eager/<bytes>", "tensor-wasm-bench", "benches/snapshot_restore.rs", "the same with pooled memory: stored pages read into the instance", "bytes/s"),
+    ("cold_start/instantiate_plain/<bytes>", "tensor-wasm-bench", "benches/snapshot_restore.rs", "the same module and memory limit without a snapshot: plain instantiation + first call", "bytes/s"),
     ("cold_start/disk_round_trip/<bytes>", "tensor-wasm-snapshot", "benches/cold_start.rs", "capture + write + read + restore", "bytes/s"),
     ("cold_start/memcpy/<bytes>", "tensor-wasm-snapshot", "benches/cold_start.rs", "memcpy peer of the same image", "bytes/s"),
     ("tail latency: dispatch/serial/100, dispatch/concurrent_cap64/100, e2e/healthz/get, e2e/invoke_not_found/post", "tensor-wasm-bench", "benches/tail_latency.rs", "timed samples per path, interleaved; p50/p95/p99/p99.9/max (not Criterion; diagnostic, not gated); `make tail-latency`", "latency percentiles"),
@@ -261,6 +265,7 @@ def chart_restore(charts):
     for pattern, prefix, labels in (
         ("*cold-start*.json", "snapshot: ", {
             "restore": "restore (portable)", "restore_lazy": "restore_lazy (mmap)",
+            "map_lazy": "map_lazy (mmap)",
             "disk_round_trip": "disk round trip", "capture": "capture", "memcpy": "memcpy peer"}),
         ("*snapshot-restore*.json", "instance: ", {}),
     ):
