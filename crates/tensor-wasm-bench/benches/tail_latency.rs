@@ -229,11 +229,9 @@ fn main() {
         );
         fields.insert(
             "command".into(),
-            json!(
-                std::env::var("TAIL_LATENCY_COMMAND").unwrap_or_else(|_| {
-                    "cargo bench -p tensor-wasm-bench --bench tail_latency".into()
-                })
-            ),
+            json!(std::env::var("TAIL_LATENCY_COMMAND").unwrap_or_else(|_| {
+                "cargo bench -p tensor-wasm-bench --bench tail_latency".into()
+            })),
         );
         let mut text = serde_json::to_string_pretty(&doc).expect("JSON");
         text.push('\n');
