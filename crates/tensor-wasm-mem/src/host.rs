@@ -4,6 +4,7 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::OnceLock;
 
+use crate::file_map::{forget_owned, record_owned};
 use crate::MemError;
 
 /// The host's page size in bytes (4 KiB on x86-64 Linux).
@@ -37,6 +38,8 @@ pub fn round_up_to_page(bytes: usize) -> Option<usize> {
 ///
 /// The base address is fixed for the buffer's lifetime, so raw pointers into it
 /// (handed to wasmtime or to kernels) stay valid until the buffer is dropped.
+/// Its accessible pages may be replaced by a copy-on-write file mapping with
+/// [`crate::map_file_private_fixed`] (a lazily restored snapshot).
 #[derive(Debug)]
 pub struct GuardedHostBuffer {
     base: NonNull<u8>,
@@ -106,6 +109,9 @@ impl GuardedHostBuffer {
         }
         let base = NonNull::new(raw.cast::<u8>())
             .ok_or_else(|| MemError::Map(io::Error::other("mmap returned a null mapping")))?;
+        // Private and anonymous, never reset with `madvise`, forgotten before `munmap` in
+        // `drop`: file images may be mapped over its accessible part.
+        record_owned(base.as_ptr(), capacity);
 
         // From here on, `Drop` unmaps the reservation if making it accessible fails.
         let mut buffer = GuardedHostBuffer {
@@ -191,6 +197,7 @@ impl GuardedHostBuffer {
 
     /// The base as `*mut u8` from a shared reference, for wasmtime's
     /// `LinearMemory::as_ptr`, which hands out a mutable pointer from `&self`.
+    #[cfg(feature = "wasmtime")]
     pub(crate) fn base_ptr(&self) -> *mut u8 {
         self.base.as_ptr()
     }
@@ -213,6 +220,8 @@ impl GuardedHostBuffer {
 
 impl Drop for GuardedHostBuffer {
     fn drop(&mut self) {
+        // Forget first: once unmapped, the address range may be handed to someone else.
+        forget_owned(self.base.as_ptr());
         // SAFETY: `base`/`reservation` describe exactly the mapping created in
         // `with_accessible`, which nothing else unmaps; after drop no pointer
         // derived from this buffer may be used (documented on the type).

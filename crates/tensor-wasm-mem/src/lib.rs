@@ -12,7 +12,17 @@
 //! * [`TensorWasmMemoryCreator`] and [`TensorWasmLinearMemory`]: the
 //!   [`wasmtime::MemoryCreator`] / [`wasmtime::LinearMemory`] pair that puts
 //!   each instance's linear memory in such a buffer; [`configure_engine`] sets
-//!   up a [`wasmtime::Config`] to use them.
+//!   up a [`wasmtime::Config`] to use them. Behind the default `wasmtime`
+//!   feature; crates that need only the buffers and file mappings (the
+//!   snapshot formats) turn it off and do not compile wasmtime.
+//! * [`map_file_private_fixed`]: maps a file range copy-on-write over memory of
+//!   this crate (the lazy restore of snapshot images), and [`AnonymousPages`],
+//!   a plain zeroed page-aligned buffer to map into. Safe to call: alignment,
+//!   file length and the memory's owner are checked; the one thing left to the
+//!   caller is that the file is not truncated or rewritten while mapped (see
+//!   its docs for why, and what happens otherwise).
+//! * [`LargestRequestAllocator`]: a forwarding global allocator that lets tests
+//!   bound the largest single allocation.
 //!
 //! # Why memories are allocated at their capacity up front
 //!
@@ -90,18 +100,24 @@
 //! ```
 #![allow(unsafe_code)]
 
+#[cfg(feature = "wasmtime")]
 mod creator;
 mod error;
+mod file_map;
 mod host;
+mod largest_request;
 mod managed;
 mod unified;
 
+#[cfg(feature = "wasmtime")]
 pub use creator::{
     configure_engine, current_capacity_hint, with_capacity_hint, MemoryBacking,
     TensorWasmLinearMemory, TensorWasmMemoryCreator,
 };
 pub use error::MemError;
+pub use file_map::{map_file_private_fixed, AnonymousPages};
 pub use host::{host_page_size, round_up_to_page, GuardedHostBuffer};
+pub use largest_request::LargestRequestAllocator;
 pub use managed::{
     check_device_headroom, device_headroom, ManagedBuffer, DEVICE_HEADROOM_PERCENT,
     MIN_DEVICE_HEADROOM_BYTES,

@@ -50,6 +50,7 @@ impl UnifiedBuffer {
         }
     }
 
+    #[cfg(feature = "wasmtime")]
     pub(crate) fn base_ptr(&self) -> *mut u8 {
         match self {
             UnifiedBuffer::Host(b) => b.base_ptr(),

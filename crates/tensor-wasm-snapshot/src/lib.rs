@@ -18,7 +18,12 @@
 //! [`SnapshotError`] instead of panicking. The byte layouts are specified in
 //! `docs/snapshot-format.md`.
 //!
-//! `unsafe` code lives only in the private `mapping` module (file and anonymous `mmap`).
+//! This crate contains no `unsafe` code: the copy-on-write file mapping behind
+//! [`LocalImage::map_into`] and the [`AnonymousPages`] buffer it maps into come from
+//! `tensor-wasm-mem` ([`tensor_wasm_mem::map_file_private_fixed`]), which checks alignment,
+//! file length and that the destination is memory it owns. What it leaves to its callers,
+//! that a mapped file is never truncated or rewritten in place, holds here by construction:
+//! [`write_local`] writes under a temporary name and renames into place.
 //!
 //! # Example
 //!
@@ -46,14 +51,12 @@
 mod error;
 mod image;
 mod local;
-mod mapping;
 mod meta;
 mod portable;
 
 pub use error::SnapshotError;
 pub use image::{realistic_image, IMAGE_PAGE};
 pub use local::{portable_to_local, write_local, LocalImage, LOCAL_HEADER_LEN, LOCAL_MAGIC};
-pub use mapping::AnonymousPages;
 pub use meta::{
     GlobalValue, RestoreLimits, SnapshotMeta, TableSnapshot, ValType, FORMAT_VERSION,
     META_HARD_LIMIT,
@@ -62,3 +65,4 @@ pub use portable::{
     capture_portable, read_portable_meta, restore_portable, CaptureOptions, PORTABLE_HEADER_LEN,
     PORTABLE_MAGIC,
 };
+pub use tensor_wasm_mem::AnonymousPages;

@@ -9,8 +9,9 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use tensor_wasm_mem::{host_page_size, map_file_private_fixed};
+
 use crate::image::{is_zero, IMAGE_PAGE};
-use crate::mapping::{host_page_size, map_file_private_fixed};
 use crate::meta::{check_meta_consistency, decode_meta, encode_meta};
 use crate::portable::{check_capture_args, get_u32, get_u64, put_u32, put_u64};
 use crate::{restore_portable, RestoreLimits, SnapshotError, SnapshotMeta, FORMAT_VERSION};
@@ -314,18 +315,25 @@ impl LocalImage {
     /// file mapping: no data is read until a page is touched; writes to `dest` never reach the
     /// file. Bytes of `dest` past `memory_size` are left alone.
     ///
-    /// Requirements: `dest` starts on a 4 KiB boundary, holds at least `memory_size` bytes, the
-    /// host page size is 4 KiB, and `dest` is ordinary private memory of this process (for
-    /// example [`crate::AnonymousPages`], or a region obtained from `mmap` or an allocation
-    /// with 4096 alignment) — not device or shared memory, whose pages this replaces. It need
-    /// not be zeroed: zero pages are mapped from holes of the file. The image file must not be
-    /// truncated or rewritten while the mapping lives (the writer only ever replaces images by
-    /// rename, which is safe). Data-page checksums are not verified here; call
-    /// [`LocalImage::verify`] once after conversion when the file system is not trusted.
+    /// Requirements, all checked: `dest` starts on a 4 KiB boundary, holds at least
+    /// `memory_size` bytes, the host page size is 4 KiB, and `dest` is memory owned by
+    /// `tensor-wasm-mem` whose pages may be replaced: an [`crate::AnonymousPages`], or a
+    /// [`tensor_wasm_mem::GuardedHostBuffer`] such as a wasmtime linear memory made by its
+    /// host-backed memory creator. Other memory (heap allocations, wasmtime's pooled memory,
+    /// device or shared memory) is refused; use [`LocalImage::read_into`] there. `dest` need
+    /// not be zeroed: zero pages are mapped from holes of the file. The mapping is made by
+    /// [`tensor_wasm_mem::map_file_private_fixed`], whose docs explain the one condition it
+    /// cannot check: the image file must not be truncated (that would turn a later touch of a
+    /// page into `SIGBUS`) or rewritten in place while the mapping lives. Images satisfy it by
+    /// construction: [`write_local`] only ever replaces an image by rename, and a replaced or
+    /// deleted image stays intact for the mappings that still use it. Data-page checksums are
+    /// not verified here; call [`LocalImage::verify`] once after conversion when the file
+    /// system is not trusted.
     ///
     /// # Errors
-    /// [`SnapshotError::InvalidInput`] when a requirement above is not met;
-    /// [`SnapshotError::Io`] if `mmap` fails (then `dest[..memory_size]` is zeroed).
+    /// [`SnapshotError::InvalidInput`] when a requirement above is not met (then `dest` is
+    /// untouched); [`SnapshotError::Io`] if the file is shorter than its header says (then
+    /// `dest` is untouched) or if `mmap` fails (then `dest[..memory_size]` is zeroed).
     pub fn map_into(&self, dest: &mut [u8]) -> Result<(), SnapshotError> {
         self.check_dest(dest)?;
         if host_page_size() != IMAGE_PAGE {
@@ -339,8 +347,12 @@ impl LocalImage {
                 "destination is not 4 KiB aligned".into(),
             ));
         }
-        map_file_private_fixed(&self.file, self.data_offset, &mut dest[..self.memory_size])?;
-        Ok(())
+        map_file_private_fixed(&self.file, self.data_offset, &mut dest[..self.memory_size]).map_err(
+            |e| match e.kind() {
+                std::io::ErrorKind::InvalidInput => SnapshotError::InvalidInput(e.to_string()),
+                _ => SnapshotError::Io(e),
+            },
+        )
     }
 
     /// Eagerly restores the image into `dest[..memory_size]`: zero pages are written as zeros,
@@ -447,5 +459,25 @@ mod tests {
         meta.page_size = 1;
         let err = write_local(&meta, &[1u8; 100], &dir.path().join("x")).unwrap_err();
         assert!(matches!(err, SnapshotError::InvalidInput(_)));
+    }
+
+    #[test]
+    fn map_into_refuses_memory_that_tensor_wasm_mem_does_not_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = crate::realistic_image(2 * 65_536, 3);
+        let meta = SnapshotMeta::new([0; 32], "f", "t", memory.len() as u64);
+        let path = dir.path().join("img.twl");
+        write_local(&meta, &memory, &path).unwrap();
+        let image = LocalImage::open(&path, &RestoreLimits::default(), &[0; 32]).unwrap();
+
+        // 4 KiB aligned heap memory: aligned, but its allocator owns the pages.
+        let mut heap = vec![0xeeu8; memory.len() + IMAGE_PAGE];
+        let at = heap.as_ptr().align_offset(IMAGE_PAGE);
+        let dest = &mut heap[at..at + memory.len()];
+        let err = image.map_into(dest).unwrap_err();
+        assert!(matches!(err, SnapshotError::InvalidInput(_)), "{err}");
+        assert!(dest.iter().all(|&b| b == 0xee), "left untouched");
+        image.read_into(dest).unwrap();
+        assert!(dest == &memory[..]);
     }
 }

@@ -2,52 +2,18 @@
 //! larger than `RestoreLimits::max_memory_bytes`. This binary holds a single test because the
 //! counting allocator below is process-global.
 //!
-//! The test needs `unsafe` only to implement `GlobalAlloc` by forwarding to `System`.
-#![allow(unsafe_code)]
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+//! The counting allocator is `tensor_wasm_mem::LargestRequestAllocator`, so this crate stays
+//! free of `unsafe` code.
 
 use proptest::prelude::*;
+use tensor_wasm_mem::LargestRequestAllocator;
 use tensor_wasm_snapshot::{
     capture_portable, realistic_image, restore_portable, CaptureOptions, RestoreLimits,
     SnapshotMeta,
 };
 
-/// Forwards to `System` and records the largest single request.
-struct LargestRequest;
-
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so the
-// `GlobalAlloc` contract is `System`'s; the bookkeeping is a lock-free atomic.
-unsafe impl GlobalAlloc for LargestRequest {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; the caller upholds `GlobalAlloc::alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-        // SAFETY: forwarded unchanged.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged; `ptr` came from `System` through this allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LARGEST.fetch_max(new_size, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: LargestRequest = LargestRequest;
+static ALLOCATOR: LargestRequestAllocator = LargestRequestAllocator::new();
 
 const MODULE: [u8; 32] = [3; 32];
 
@@ -94,9 +60,9 @@ proptest! {
         // Snapshot bytes are already allocated; the bound concerns what restore adds.
         let limit = 256 * 1024;
         let limits = RestoreLimits { max_memory_bytes: limit, max_meta_bytes: 4096 };
-        LARGEST.store(0, Ordering::Relaxed);
+        ALLOCATOR.reset();
         let result = restore_portable(&snap, &limits, &MODULE);
-        let largest = LARGEST.load(Ordering::Relaxed);
+        let largest = ALLOCATOR.largest();
         prop_assert!(largest as u64 <= limit, "allocated {largest} bytes at once");
         if let Ok((_, back)) = result {
             prop_assert!(back == memory);
