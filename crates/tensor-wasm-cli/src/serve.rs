@@ -83,8 +83,10 @@ pub struct ServeArgs {
     /// GPU isolation between tenants: `stream` (a CUDA stream per tenant in one
     /// shared context: cheap, concurrent kernels, one fault domain) or `context`
     /// (a CUDA context per tenant: separate device allocations, a faulted context
-    /// is replaced, costs device memory per context, kernels time-sliced). See
-    /// docs/ARCHITECTURE.md. No effect on the CPU backend.
+    /// is replaced, costs device memory per context, kernels time-sliced). This is
+    /// the server-wide level; a tenant created with `"gpu_isolation": "own_context"`
+    /// gets a context of its own either way. See docs/ARCHITECTURE.md. No effect on
+    /// the CPU backend.
     #[arg(long, env = "TENSOR_WASM_GPU_ISOLATION", default_value = "stream")]
     gpu_isolation: GpuIsolation,
     /// Guest linear memory: `pooled` (host memory, fastest instantiation; CPU

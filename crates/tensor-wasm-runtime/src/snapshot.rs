@@ -143,7 +143,7 @@ impl Runtime {
         let mut results = vec![Val::I32(0); ty.results().len()];
         func.call(&mut store, &[], &mut results)
             .map_err(|e| classify(e, &mut store, &record.limits))?;
-        let init_ms = init_start.elapsed().as_secs_f64() * 1e3;
+        let init_us = micros(init_start.elapsed());
 
         let capture_start = Instant::now();
         let snapshot = capture(&mut store, &instance, &prepared, record)?;
@@ -161,7 +161,7 @@ impl Runtime {
             // A cache: the first restore rebuilds it from the portable copy.
             tracing::warn!(snapshot = %snapshot_id, error = %e, "local image not written");
         }
-        let capture_ms = capture_start.elapsed().as_secs_f64() * 1e3;
+        let capture_us = micros(capture_start.elapsed());
         let snapshot_record = SnapshotRecord {
             id: snapshot_id,
             function_id: record.id.clone(),
@@ -172,8 +172,8 @@ impl Runtime {
             memory_bytes: snapshot.memory.len() as u64,
             stored_bytes: portable.len() as u64,
             globals: snapshot.meta.globals.len() as u32,
-            capture_ms,
-            init_ms,
+            capture_us,
+            init_us,
         };
         drop(store);
         {
@@ -199,8 +199,8 @@ impl Runtime {
             snapshot = %snapshot_record.id,
             memory_bytes = snapshot_record.memory_bytes,
             stored_bytes = snapshot_record.stored_bytes,
-            init_ms,
-            capture_ms,
+            init_us,
+            capture_us,
             "snapshot captured"
         );
         if activate {
@@ -484,6 +484,10 @@ fn value_of(global: &GlobalValue) -> Val {
         ValType::F64 => Val::F64(global.bits as u64),
         ValType::V128 => Val::V128(V128::from(global.bits)),
     }
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 fn module_sha(hex_digest: &str) -> Result<[u8; 32]> {

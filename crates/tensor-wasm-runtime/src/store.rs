@@ -93,7 +93,7 @@ pub struct FunctionRecord {
 }
 
 /// The durable description of a snapshot; the bytes are stored beside it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotRecord {
     /// Opaque id, `snap-` followed by 24 lowercase hex digits.
     pub id: String,
@@ -113,10 +113,10 @@ pub struct SnapshotRecord {
     pub stored_bytes: u64,
     /// Mutable globals captured.
     pub globals: u32,
-    /// Capture duration (init excluded).
-    pub capture_ms: f64,
-    /// Duration of the init export.
-    pub init_ms: f64,
+    /// Capture duration in microseconds (init excluded).
+    pub capture_us: u64,
+    /// Duration of the init export in microseconds.
+    pub init_us: u64,
 }
 
 /// Durable storage of functions and their modules.
