@@ -120,8 +120,7 @@ impl RuntimeMetrics {
             snapshot_restores: IntCounterVec::new(
                 Opts::new(
                     "tensor_wasm_snapshot_restores_total",
-                    "Instances started from a snapshot, by mode (lazy: mapped copy-on-write; \
-                     eager: copied).",
+                    "Instances started from a snapshot, by mode (lazy: mapped; eager: copied).",
                 ),
                 &["mode"],
             )?,
