@@ -833,27 +833,19 @@ impl Runtime {
             .stderr(stderr.clone())
             .arg(&record.name)
             .build_p1();
-        let (mut store, instance) = self.instantiate(&prepared, record, Some(wasi));
-        let run = instance.and_then(|instance| {
-            instance
-                .get_typed_func::<(), ()>(&mut store, "_start")?
-                .call(&mut store, ())
-        });
+        let (mut store, run) = self.run_start(&prepared, record, wasi);
         let exit_code = match run {
-            Ok(()) => 0,
-            Err(e) => match e.downcast_ref::<I32Exit>() {
-                Some(exit) => exit.0,
-                None => {
-                    let stdout_full = stdout.contents().len() >= cap
-                        || format!("{e:#}").contains("beyond capacity of MemoryOutputPipe")
-                            && stdout.contents().len() + 4096 > cap;
-                    if stdout_full {
-                        return Err(RuntimeError::OutputTooLarge(cap));
-                    }
-                    log_stderr(record, &stderr.contents());
-                    return Err(classify(e, &mut store, &record.limits));
+            Ok(code) => code,
+            Err(e) => {
+                let stdout_full = stdout.contents().len() >= cap
+                    || format!("{e:#}").contains("beyond capacity of MemoryOutputPipe")
+                        && stdout.contents().len() + 4096 > cap;
+                if stdout_full {
+                    return Err(RuntimeError::OutputTooLarge(cap));
                 }
-            },
+                log_stderr(record, &stderr.contents());
+                return Err(classify(e, &mut store, &record.limits));
+            }
         };
         drop(store);
         let stderr = stderr.contents();
@@ -919,26 +911,18 @@ impl Runtime {
             .stderr(stderr.clone())
             .arg(&record.name)
             .build_p1();
-        let (mut store, instance) = self.instantiate(&prepared, record, Some(wasi));
-        let run = instance.and_then(|instance| {
-            instance
-                .get_typed_func::<(), ()>(&mut store, "_start")?
-                .call(&mut store, ())
-        });
+        let (mut store, run) = self.run_start(&prepared, record, wasi);
         let exit_code = match run {
-            Ok(()) => 0,
-            Err(e) => match e.downcast_ref::<I32Exit>() {
-                Some(exit) => exit.0,
-                None => {
-                    log_stderr(record, &stderr.contents());
-                    if let Some(cap) = e.downcast_ref::<crate::stream::OutputCapExceeded>() {
-                        return Err(RuntimeError::OutputTooLarge(
-                            usize::try_from(cap.0).unwrap_or(usize::MAX),
-                        ));
-                    }
-                    return Err(classify(e, &mut store, &record.limits));
+            Ok(code) => code,
+            Err(e) => {
+                log_stderr(record, &stderr.contents());
+                if let Some(cap) = e.downcast_ref::<crate::stream::OutputCapExceeded>() {
+                    return Err(RuntimeError::OutputTooLarge(
+                        usize::try_from(cap.0).unwrap_or(usize::MAX),
+                    ));
                 }
-            },
+                return Err(classify(e, &mut store, &record.limits));
+            }
         };
         // The stream ends when the last sender (the store's, then ours) is gone.
         drop(store);
@@ -954,6 +938,30 @@ impl Runtime {
             stderr_tail: stderr[skip..].to_vec(),
             stderr_truncated: skip > 0,
         })
+    }
+
+    /// Instantiates a WASI command with `wasi` and runs `_start`: `Ok(exit code)` when it
+    /// returned or called `proc_exit`, the guest's error otherwise.
+    fn run_start(
+        &self,
+        prepared: &Prepared,
+        record: &FunctionRecord,
+        wasi: WasiP1Ctx,
+    ) -> (Store<InvocationState>, wasmtime::Result<i32>) {
+        let (mut store, instance) = self.instantiate(prepared, record, Some(wasi));
+        let run = instance.and_then(|instance| {
+            instance
+                .get_typed_func::<(), ()>(&mut store, "_start")?
+                .call(&mut store, ())
+        });
+        let code = match run {
+            Ok(()) => Ok(0),
+            Err(e) => match e.downcast_ref::<I32Exit>() {
+                Some(exit) => Ok(exit.0),
+                None => Err(e),
+            },
+        };
+        (store, code)
     }
 
     fn finish<T>(&self, start: Instant, result: &Result<T>) {
