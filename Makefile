@@ -133,3 +133,18 @@ tail-latency:
 	TAIL_LATENCY_OUT=$(CURDIR)/bench-results/tail-latency.json \
 	TAIL_LATENCY_COMMAND="make tail-latency ($(CARGO) bench -p tensor-wasm-bench --bench tail_latency)" \
 	  $(CARGO) bench -p tensor-wasm-bench --bench tail_latency
+
+.PHONY: gpu-suite gpu-suite-dry-run
+GPU_SUITE_DIR ?= .gpu-suite
+
+## GPU validation suite (issue 10): stripped release `tensor-wasm` + `gpu-suite`, the example
+## guests, the runner and the CPU backend's record, in $(GPU_SUITE_DIR) (git-ignored; carried
+## to the GPU machine). See BUILD.md, "GPU validation suite".
+gpu-suite: examples
+	$(CARGO) build --release -p tensor-wasm-cli --bin tensor-wasm -p tensor-wasm-bench --bin gpu-suite
+	bash scripts/gpu-suite/build.sh $(GPU_SUITE_DIR)
+
+## The suite's CPU-side test: the runner with --device cpu --quick into a temporary
+## directory, then scripts/gpu-suite/check_results.py (not part of `make test`).
+gpu-suite-dry-run: gpu-suite
+	bash scripts/gpu-suite/dry-run.sh $(GPU_SUITE_DIR)

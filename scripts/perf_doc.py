@@ -568,6 +568,45 @@ def throughput_section(out):
                    f"(target ≥ 0.80×).\n")
 
 
+def gpu_section(out):
+    """The GPU suite's runs (bench-results/gpu/<date>-<gpu>/summary.json, written by
+    scripts/gpu-suite/summarize.py on the GPU machine): only runs whose backend is CUDA."""
+    out.append("## GPU\n")
+    runs, ignored = [], []
+    for path in sorted(glob.glob(os.path.join(RESULTS, "gpu", "*", "summary.json"))):
+        doc = load(path)
+        (runs if doc.get("backend") == "cuda" and doc.get("gpu_measurement") else ignored).append((path, doc))
+    if not runs:
+        out.append("No GPU run has been recorded yet: no figure for CUDA launches, unified memory, JIT")
+        out.append("loads, cold starts or kernel throughput is published until the GPU suite has run on an")
+        out.append("H100/H200. `make gpu-suite` builds the suite and BUILD.md (\"GPU validation suite\") says how")
+        out.append("to run it there; its results land in `bench-results/gpu/<date>-<gpu>/` and appear here.\n")
+    for path, doc in runs:
+        d = os.path.dirname(path)
+        gpu = doc.get("gpu") or {}
+        m = doc.get("machine") or {}
+        out.append(f"### {doc.get('run')}\n")
+        out.append(f"From `{rel(d)}/` — GPU: {gpu.get('name')} ({gpu.get('memory_total')}); driver "
+                   f"{doc.get('driver')}; CUDA {doc.get('cuda_version')}; machine: {m.get('cpu')}, "
+                   f"{m.get('cores')} cores, {m.get('kernel')}; date: {doc.get('date')}; commit: "
+                   f"`{doc.get('commit')}`; command: `{doc.get('command')}`.\n")
+        failed = doc.get("checks_failed") or []
+        out.append(f"Correctness: {doc.get('checks_total', 0) - len(failed)} of {doc.get('checks_total', 0)} checks "
+                   f"passed{' (failed: ' + '; '.join(failed) + ')' if failed else ''}; compute-sanitizer memcheck "
+                   f"clean: {doc.get('correctness', {}).get('sanitizer')}; zero copy: "
+                   f"{(doc.get('correctness', {}).get('zero_copy') or {}).get('passed')}.\n")
+        out.append("| measurement | ours | peer | ratio | target | met |")
+        out.append("|---|---|---|---|---|---|")
+        for c in doc.get("comparisons", []):
+            ratio = f"{c['ratio']:.3f}" if c.get("ratio") is not None else "n/a"
+            target = "" if c.get("target") is None else ("≤ " if c.get("comparison") == "at_most" else "≥ ") + str(c["target"])
+            met = {True: "yes", False: "**no**"}.get(c.get("met"), "")
+            out.append(f"| {c['name']} | {c['ours_text']} | {c['peer_text']} | {ratio} | {target} | {met} |")
+        out.append("")
+    if ignored:
+        out.append("Not shown (not GPU measurements): " + ", ".join(f"`{rel(os.path.dirname(p))}`" for p, _ in ignored) + ".\n")
+
+
 def render():
     """The document text and the charts {file name: svg text}."""
     charts = {}
@@ -620,15 +659,7 @@ def render():
     tail_latency_section(out)
     criterion_section(out)
     throughput_section(out)
-    out.append("## GPU\n")
-    gpu = sorted(glob.glob(os.path.join(RESULTS, "gpu", "*")))
-    if gpu:
-        for d in gpu:
-            out.append(f"- `{rel(d)}`")
-        out.append("")
-    else:
-        out.append("No GPU run file is committed yet: no figure for CUDA launches, unified memory or")
-        out.append("kernel throughput is published until one is measured on an H100/H200.\n")
+    gpu_section(out)
     return "\n".join(out).rstrip() + "\n", charts
 
 

@@ -1,0 +1,295 @@
+//! `gpu-suite`: the measurement and correctness binary of the GPU validation suite
+//! (`make gpu-suite`, `scripts/gpu-suite/run.sh`).
+//!
+//! Each subcommand is one section of the suite. It runs on the backend `--device` names
+//! (`cuda` on the GPU machine; `cpu` anywhere, which is the suite's CPU-side test) and writes
+//! `<out>/<section>.json`: the provenance the runner recorded (machine, GPU, driver, CUDA
+//! version, commit, date) plus the command of this process, the device the numbers were taken
+//! on (CPU numbers say so in `label`: they are never GPU numbers), the results and the checks.
+//!
+//! | section | what |
+//! |---|---|
+//! | `correctness` | every blueprint and builtin through the runtime API (guest → `wasi:cuda` → dispatcher → backend), equal to the CPU backend; hostile out-of-bounds launches refused before launch |
+//! | `http-check` | the real server binary over HTTP: every example and every blueprint, recorded or compared with a CPU record |
+//! | `latency` | launch to completion: raw cudarc launch + sync, the backend's `launch`, and the guest ABI, interleaved |
+//! | `throughput` | vector add, matmul, conv2d kernels over prefetched managed memory (the torch peer is `torch_peer.py`) |
+//! | `unified-memory` | first-touch vs prefetched bandwidth of guest memory; zero-copy check of pointer arguments |
+//! | `jit` | NVRTC compile, PTX load vs cubin load, blueprint cold compile vs warm caches |
+//! | `cold-start` | snapshot restore to first kernel vs a fresh instance |
+//! | `concurrency` | dispatch throughput and latency with 1, 8 and 64 concurrent guests |
+#![allow(unsafe_code)]
+
+mod coldstart;
+mod common;
+mod concurrency;
+mod correctness;
+mod http;
+mod jit;
+mod latency;
+mod plan;
+mod raw;
+mod throughput;
+mod unified;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use common::{Section, Suite};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpu-suite",
+    about = "GPU validation suite of TensorWasm (one section per run)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    section: SectionCommand,
+}
+
+/// Flags every section takes.
+#[derive(Debug, Args, Clone)]
+pub struct Common {
+    /// Backend: `cuda` (the GPU machine) or `cpu` (the CPU-side test; numbers labelled CPU).
+    #[arg(long, default_value = "cuda")]
+    device: String,
+    /// Directory the section's JSON file is written to.
+    #[arg(long, default_value = ".")]
+    out: PathBuf,
+    /// Provenance JSON the runner wrote (machine, GPU, driver, CUDA, commit, date, command).
+    #[arg(long)]
+    provenance: Option<PathBuf>,
+    /// Small problem sizes and few repetitions (the CPU dry run).
+    #[arg(long)]
+    quick: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum SectionCommand {
+    /// Every blueprint and builtin through the runtime API, against the CPU backend.
+    Correctness {
+        #[command(flatten)]
+        common: Common,
+        /// Fewer, smaller cases (the run under compute-sanitizer).
+        #[arg(long)]
+        subset: bool,
+        /// Name of the output file (without `.json`).
+        #[arg(long, default_value = "correctness")]
+        name: String,
+    },
+    /// The real server over HTTP: every example and blueprint.
+    HttpCheck {
+        #[command(flatten)]
+        common: Common,
+        /// The `tensor-wasm` binary to start.
+        #[arg(long)]
+        server: PathBuf,
+        /// Directory with the example modules (`*.wat` and `c/*.wasm`).
+        #[arg(long)]
+        examples: PathBuf,
+        /// Records that the responses must equal (normally CPU-backend records).
+        #[arg(long)]
+        expected: Vec<PathBuf>,
+        /// Name of the output file (without `.json`).
+        #[arg(long, default_value = "http-check")]
+        name: String,
+    },
+    /// Launch-to-completion latency: raw cudarc vs backend launch vs guest ABI.
+    Latency(Common),
+    /// Kernel throughput: vector add, matmul, conv2d.
+    Throughput(Common),
+    /// Unified memory: first touch vs prefetched; zero-copy check.
+    UnifiedMemory(Common),
+    /// JIT: NVRTC, PTX vs cubin load, blueprint cold vs warm.
+    Jit(Common),
+    /// Snapshot restore to first kernel vs fresh instance.
+    ColdStart(Common),
+    /// Dispatch with 1, 8 and 64 concurrent guests.
+    Concurrency(Common),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (name, common): (String, Common) = match &cli.section {
+        SectionCommand::Correctness { common, name, .. }
+        | SectionCommand::HttpCheck { common, name, .. } => (name.clone(), common.clone()),
+        SectionCommand::Latency(c) => ("latency".into(), c.clone()),
+        SectionCommand::Throughput(c) => ("throughput".into(), c.clone()),
+        SectionCommand::UnifiedMemory(c) => ("unified-memory".into(), c.clone()),
+        SectionCommand::Jit(c) => ("jit".into(), c.clone()),
+        SectionCommand::ColdStart(c) => ("cold-start".into(), c.clone()),
+        SectionCommand::Concurrency(c) => ("concurrency".into(), c.clone()),
+    };
+    let suite = match Suite::new(&name, &common) {
+        Ok(suite) => suite,
+        Err(error) => {
+            eprintln!("gpu-suite {name}: {error:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let outcome: anyhow::Result<Section> = match cli.section {
+        SectionCommand::Correctness { subset, .. } => correctness::run(&suite, subset),
+        SectionCommand::HttpCheck {
+            server,
+            examples,
+            expected,
+            ..
+        } => http::run(&suite, &server, &examples, &expected),
+        SectionCommand::Latency(_) => latency::run(&suite),
+        SectionCommand::Throughput(_) => throughput::run(&suite),
+        SectionCommand::UnifiedMemory(_) => unified::run(&suite),
+        SectionCommand::Jit(_) => jit::run(&suite),
+        SectionCommand::ColdStart(_) => coldstart::run(&suite),
+        SectionCommand::Concurrency(_) => concurrency::run(&suite),
+    };
+    suite.finish(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    use tensor_wasm_gpu::{open_backend, DeviceChoice};
+
+    use crate::{coldstart, correctness, plan, unified};
+
+    fn compiles(wat: &str) {
+        wasmtime::Module::new(&wasmtime::Engine::default(), wat).expect("the guest compiles");
+    }
+
+    #[test]
+    fn the_guests_compile() {
+        compiles(plan::LAUNCHER_WAT);
+        compiles(&unified::probe_wat());
+        compiles(&coldstart::guest(1 << 20));
+        compiles(correctness::VECTOR_ADD_WAT);
+    }
+
+    #[test]
+    fn plans_encode_within_the_launcher_layout() {
+        let plans = plan::catalogue(2).unwrap();
+        // 26 blueprint kinds in f32 and i32 (div: f32 only), two shapes each, 3 builtins.
+        assert_eq!(plans.len(), (26 * 2 - 1) * 2 + 3 * 2);
+        for p in plans.iter().chain(&plan::hostile_plans()) {
+            let bytes = p.encode().unwrap();
+            assert_eq!(bytes.len(), plan::PLAN_BYTES);
+            assert_eq!(&bytes[64..64 + p.descriptor.len()], p.descriptor.as_bytes());
+            assert!(
+                p.fills.iter().all(|(o, _, _)| *o >= plan::DATA_BASE),
+                "{}",
+                p.name
+            );
+        }
+        let names: std::collections::HashSet<_> = plans.iter().map(|p| &p.name).collect();
+        assert_eq!(names.len(), plans.len(), "plan names are unique");
+    }
+
+    #[test]
+    fn a_case_has_the_same_inputs_whatever_else_runs() {
+        let one = plan::catalogue(1).unwrap();
+        let two = plan::catalogue(2).unwrap();
+        for p in &one {
+            let q = two.iter().find(|q| q.name == p.name).unwrap();
+            assert_eq!(p.memory_image(), q.memory_image(), "{}", p.name);
+        }
+    }
+
+    #[test]
+    fn the_launcher_runs_every_plan_like_the_cpu_backend() {
+        // The whole guest path on the CPU backend: what `correctness` checks on a GPU.
+        let cpu = open_backend(DeviceChoice::Cpu).unwrap();
+        let plans = plan::catalogue(1).unwrap();
+        let limit = correctness::memory_limit(&plans);
+        let dir = tempfile::tempdir().unwrap();
+        let rt = crate::common::runtime(cpu.clone(), dir.path(), limit, 4, false).unwrap();
+        let id = correctness::deploy_launcher(&rt, limit).unwrap();
+        for p in &plans {
+            let run = correctness::invoke_plan(&rt, &id, &p.with_launches(1, 2)).unwrap();
+            assert_eq!(run.status, 0, "{}: {}", p.name, run.message);
+            assert_eq!(run.timings_ns.len(), 2);
+            let expected = p.reference(&*cpu).unwrap();
+            assert_eq!(
+                plan::compare(p.out_type, &run.out, &expected),
+                (0, None),
+                "{}",
+                p.name
+            );
+            assert_ne!(
+                expected,
+                vec![0xA5; expected.len()],
+                "{} computed nothing",
+                p.name
+            );
+        }
+        for p in plan::hostile_plans() {
+            let run = correctness::invoke_plan(&rt, &id, &p).unwrap();
+            assert_eq!(run.status, -1, "{}", p.name);
+        }
+    }
+
+    #[test]
+    fn the_digest_ignores_nan_payloads_only() {
+        let a = [
+            f32::from_bits(0x7fc0_0001).to_le_bytes(),
+            1.0f32.to_le_bytes(),
+        ]
+        .concat();
+        let b = [
+            f32::from_bits(0xffc0_0000).to_le_bytes(),
+            1.0f32.to_le_bytes(),
+        ]
+        .concat();
+        let c = [f32::NAN.to_le_bytes(), 2.0f32.to_le_bytes()].concat();
+        assert_eq!(
+            plan::digest(plan::OutType::F32, &a),
+            plan::digest(plan::OutType::F32, &b)
+        );
+        assert_ne!(
+            plan::digest(plan::OutType::F32, &a),
+            plan::digest(plan::OutType::F32, &c)
+        );
+        assert_ne!(
+            plan::digest(plan::OutType::I32, &a),
+            plan::digest(plan::OutType::I32, &b)
+        );
+        assert_eq!(plan::compare(plan::OutType::F32, &a, &b), (0, None));
+        assert_eq!(plan::compare(plan::OutType::F32, &a, &c), (1, Some(1)));
+    }
+
+    /// `$TENSOR_WASM_PTXAS`, or the copy `scripts/install-deps.sh` puts under `.tools/`.
+    fn ptxas() -> PathBuf {
+        if let Some(path) = std::env::var_os("TENSOR_WASM_PTXAS") {
+            return PathBuf::from(path);
+        }
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.tools/cuda/bin/ptxas");
+        assert!(
+            path.exists(),
+            "ptxas not found at {} (run scripts/install-deps.sh or set TENSOR_WASM_PTXAS)",
+            path.display()
+        );
+        path
+    }
+
+    #[test]
+    fn the_zero_copy_probe_assembles_with_ptxas() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("probe.ptx");
+        std::fs::write(&source, unified::PROBE_PTX).unwrap();
+        for arch in ["sm_80", "sm_90"] {
+            let out = Command::new(ptxas())
+                .arg(format!("-arch={arch}"))
+                .arg(&source)
+                .arg("-o")
+                .arg(dir.path().join(format!("probe-{arch}.cubin")))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
