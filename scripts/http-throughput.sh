@@ -8,8 +8,10 @@
 # Writes bench-results/http-throughput/<YYYY-MM-DD>.json (<date>-N.json for
 # later runs the same day) and a copy as latest.json.
 # Knobs (environment): ROUNDS (5), ROUND_S (5), CONNECTIONS (16),
-# WARMUP_S (2), LOADGEN_THREADS (1). Loopback only; both servers are killed
-# on exit.
+# WARMUP_S (2), LOADGEN_THREADS (1), AUTH (on: bearer tokens checked on every
+# request, as deployed; off: `serve --insecure-no-auth`, the same server with
+# quotas, limits and metrics but no token check). Loopback only; both servers
+# are killed on exit.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-5}
@@ -17,11 +19,13 @@ ROUND_S=${ROUND_S:-5}
 CONNECTIONS=${CONNECTIONS:-16}
 WARMUP_S=${WARMUP_S:-2}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
+AUTH=${AUTH:-on}
+case $AUTH in on | off) ;; *) echo "AUTH must be on or off" >&2; exit 2 ;; esac
 TARGET_RATIO=0.8
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-command_line="ROUNDS=$ROUNDS ROUND_S=$ROUND_S CONNECTIONS=$CONNECTIONS WARMUP_S=$WARMUP_S LOADGEN_THREADS=$LOADGEN_THREADS bash scripts/http-throughput.sh"
+command_line="ROUNDS=$ROUNDS ROUND_S=$ROUND_S CONNECTIONS=$CONNECTIONS WARMUP_S=$WARMUP_S LOADGEN_THREADS=$LOADGEN_THREADS AUTH=$AUTH bash scripts/http-throughput.sh"
 
 for tool in cargo curl jq; do
     command -v "$tool" >/dev/null || { echo "missing tool: $tool" >&2; exit 1; }
@@ -82,6 +86,9 @@ body='{"export":"add","args":[1,2]}'
 
 echo "== starting tensor-wasm serve" >&2
 tw_cmd=(env -u RUST_LOG "$bin/tensor-wasm" serve --listen 127.0.0.1:0 --data-dir "$tmp/data")
+if [ "$AUTH" = off ]; then
+    tw_cmd+=(--insecure-no-auth)
+fi
 start_server tensor-wasm "${tw_cmd[@]}"
 tw_addr=$addr
 for _ in $(seq 1 200); do
@@ -92,12 +99,18 @@ curl -sf "http://$tw_addr/readyz" >/dev/null || { echo "tensor-wasm never became
 # The server wrote the default tenant's token on first start; the load
 # generator sends it to both servers (the minimal one ignores it), so both
 # parse the same request bytes.
-token=$(jq -r .tenant_token "$tmp/data/credentials.json")
+if [ "$AUTH" = on ]; then
+    token=$(jq -r .tenant_token "$tmp/data/credentials.json")
+    admin=$(jq -r .admin_token "$tmp/data/credentials.json")
+    tenant=$(jq -r .tenant_id "$tmp/data/credentials.json")
+else
+    # No token is checked; the default tenant (and its quotas) serves every request.
+    token=unused admin=unused
+    tenant=$(curl -sf "http://$tw_addr/tenants" | jq -r '.tenants[] | select(.name == "default") | .id')
+fi
 export LOADGEN_BEARER=$token
 # The default tenant's rate quota (1000 req/s) would cap the run: raise it
 # far above what the machine can do, keeping the token bucket on the path.
-admin=$(jq -r .admin_token "$tmp/data/credentials.json")
-tenant=$(jq -r .tenant_id "$tmp/data/credentials.json")
 curl -sf -X PATCH -H "Authorization: Bearer $admin" -H 'content-type: application/json' \
     -d '{"quotas":{"requests_per_second":10000000,"burst":10000000}}' \
     "http://$tw_addr/tenants/$tenant" >/dev/null
@@ -161,7 +174,7 @@ jq -s \
     --arg uname "$(uname -srm)" \
     --arg cpu "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')" \
     --arg command "$command_line" \
-    --arg tw_cmd "tensor-wasm serve --listen 127.0.0.1:0 --data-dir <tmp> (defaults otherwise, RUST_LOG unset)" \
+    --arg tw_cmd "tensor-wasm serve --listen 127.0.0.1:0 --data-dir <tmp>$([ "$AUTH" = off ] && echo ' --insecure-no-auth') (defaults otherwise, RUST_LOG unset; auth $AUTH)" \
     --arg min_cmd "minimal-server --listen 127.0.0.1:0 --module add.wat" \
     --arg loadgen_cmd "loadgen --url <server>/functions/<id>/invoke --connections $CONNECTIONS --duration-s $ROUND_S --threads $LOADGEN_THREADS --body '$body'" \
     --arg module_wat "$(cat "$tmp/add.wat")" \

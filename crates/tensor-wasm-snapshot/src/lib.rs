@@ -5,8 +5,10 @@
 //! memory image, which never passes through the serializer:
 //!
 //! - **portable** ([`capture_portable`], [`restore_portable`]): a self-checking byte string
-//!   for storage and transfer. The image is cut into fixed-size chunks, each an independent
-//!   zstd frame with its own CRC-32C, so capture and restore use every core.
+//!   for storage and transfer. The image is cut into fixed-size chunks, each encoded on its
+//!   own (one or more zstd frames: RLE for zero pages, stored for incompressible-looking
+//!   pages, compressed for the rest) with its own CRC-32C, so capture and restore use every
+//!   core.
 //! - **local** ([`write_local`], [`LocalImage`], [`portable_to_local`]): a per-host file whose
 //!   data region is the image itself at page-aligned offsets, all-zero pages left as holes.
 //!   [`LocalImage::map_into`] maps it copy-on-write over the destination memory in one
