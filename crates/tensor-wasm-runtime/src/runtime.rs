@@ -826,14 +826,7 @@ impl Runtime {
         let _slot = self.take_slot()?;
         let cap = self.inner.config.max_output_bytes;
         let stdout = MemoryOutputPipe::new(cap);
-        let stderr = MemoryOutputPipe::new(STDERR_CAP);
-        let wasi = WasiCtxBuilder::new()
-            .stdin(MemoryInputPipe::new(stdin))
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .arg(&record.name)
-            .build_p1();
-        let (mut store, run) = self.run_start(&prepared, record, wasi);
+        let (mut store, stderr, run) = self.run_start(&prepared, record, stdin, stdout.clone());
         let exit_code = match run {
             Ok(code) => code,
             Err(e) => {
@@ -904,14 +897,7 @@ impl Runtime {
         let prepared = self.prepared(&entry)?;
         let _slot = self.take_slot()?;
         let (stdin, stdout) = io.into_stdout();
-        let stderr = MemoryOutputPipe::new(STDERR_CAP);
-        let wasi = WasiCtxBuilder::new()
-            .stdin(MemoryInputPipe::new(stdin))
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .arg(&record.name)
-            .build_p1();
-        let (mut store, run) = self.run_start(&prepared, record, wasi);
+        let (mut store, stderr, run) = self.run_start(&prepared, record, stdin, stdout.clone());
         let exit_code = match run {
             Ok(code) => code,
             Err(e) => {
@@ -940,14 +926,27 @@ impl Runtime {
         })
     }
 
-    /// Instantiates a WASI command with `wasi` and runs `_start`: `Ok(exit code)` when it
-    /// returned or called `proc_exit`, the guest's error otherwise.
+    /// Instantiates a WASI command with `stdin`, `stdout` and a captured stderr, and runs
+    /// `_start`: `Ok(exit code)` when it returned or called `proc_exit`, the guest's error
+    /// otherwise.
     fn run_start(
         &self,
         prepared: &Prepared,
         record: &FunctionRecord,
-        wasi: WasiP1Ctx,
-    ) -> (Store<InvocationState>, wasmtime::Result<i32>) {
+        stdin: impl Into<bytes::Bytes>,
+        stdout: impl wasmtime_wasi::cli::StdoutStream + 'static,
+    ) -> (
+        Store<InvocationState>,
+        MemoryOutputPipe,
+        wasmtime::Result<i32>,
+    ) {
+        let stderr = MemoryOutputPipe::new(STDERR_CAP);
+        let wasi = WasiCtxBuilder::new()
+            .stdin(MemoryInputPipe::new(stdin))
+            .stdout(stdout)
+            .stderr(stderr.clone())
+            .arg(&record.name)
+            .build_p1();
         let (mut store, instance) = self.instantiate(prepared, record, Some(wasi));
         let run = instance.and_then(|instance| {
             instance
@@ -961,7 +960,7 @@ impl Runtime {
                 None => Err(e),
             },
         };
-        (store, code)
+        (store, stderr, code)
     }
 
     fn finish<T>(&self, start: Instant, result: &Result<T>) {
