@@ -17,8 +17,13 @@
 //! Prints one JSON document on stdout. With `TAIL_LATENCY_OUT=<file>` it also
 //! writes it there with machine, date, commit (of the working directory), the
 //! load averages before and after the run, and `TAIL_LATENCY_COMMAND` (`make tail-latency` writes
-//! `bench-results/tail-latency.json`). Command-line arguments (Criterion's, under
-//! `cargo bench --bench '*' -- ...`) are ignored.
+//! `bench-results/tail-latency.json`).
+//!
+//! Command line: Criterion's (under `cargo bench --bench '*' -- ...`). Its
+//! options are ignored; a filter argument selects the paths whose id it
+//! matches, as Criterion would select benches (the document then records the
+//! filter). When it matches none, as in `bench-gate`'s confirmation re-run of
+//! other ids, the binary exits before setting anything up.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -30,6 +35,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::json;
 use tensor_wasm_api::{router, ApiConfig, AppState};
+use tensor_wasm_bench::bench_filter::BenchFilter;
 use tensor_wasm_bench::runinfo;
 use tensor_wasm_bench::INVOKE_ADD_BODY;
 use tensor_wasm_dispatch::{DispatchConfig, KernelDispatcher};
@@ -41,6 +47,11 @@ const WARM_UP: usize = 1_000;
 const ROUND: usize = 100;
 const DISPATCHES: u64 = 100;
 const MISSING: &str = "fn-000000000000000000000000";
+
+const SERIAL: &str = "dispatch/serial/100";
+const CONCURRENT: &str = "dispatch/concurrent_cap64/100";
+const HEALTHZ: &str = "e2e/healthz/get";
+const NOT_FOUND: &str = "e2e/invoke_not_found/post";
 
 /// One path under measurement: a name and one timed sample.
 struct Path<'a> {
@@ -94,6 +105,15 @@ fn load_average() -> Option<String> {
 }
 
 fn main() {
+    let filter = BenchFilter::from_args(std::env::args().skip(1))
+        .unwrap_or_else(|e| panic!("tail_latency: invalid filter: {e}"));
+    if ![SERIAL, CONCURRENT, HEALTHZ, NOT_FOUND]
+        .iter()
+        .any(|id| filter.matches(id))
+    {
+        eprintln!("tail_latency: the filter matches no path; nothing to run");
+        return;
+    }
     let load_before = load_average();
     // The API server, as in benches/e2e_inference.rs.
     let dir = tempfile::tempdir().expect("temporary directory");
@@ -129,7 +149,7 @@ fn main() {
 
     let mut paths = vec![
         Path {
-            id: "dispatch/serial/100",
+            id: SERIAL,
             sample: Box::new(|| {
                 for _ in 0..DISPATCHES {
                     let permit = serial.acquire_blocking().expect("uncontended");
@@ -139,7 +159,7 @@ fn main() {
             times: Vec::with_capacity(SAMPLES),
         },
         Path {
-            id: "dispatch/concurrent_cap64/100",
+            id: CONCURRENT,
             sample: Box::new(|| {
                 workers.block_on(async {
                     let tasks: Vec<_> = (0..DISPATCHES)
@@ -159,20 +179,21 @@ fn main() {
             times: Vec::with_capacity(SAMPLES),
         },
         Path {
-            id: "e2e/healthz/get",
+            id: HEALTHZ,
             sample: Box::new(|| {
                 black_box(current.block_on(send(&app, healthz())));
             }),
             times: Vec::with_capacity(SAMPLES),
         },
         Path {
-            id: "e2e/invoke_not_found/post",
+            id: NOT_FOUND,
             sample: Box::new(|| {
                 black_box(current.block_on(send(&app, invoke_missing())));
             }),
             times: Vec::with_capacity(SAMPLES),
         },
     ];
+    paths.retain(|path| filter.matches(path.id));
 
     for path in &mut paths {
         for _ in 0..WARM_UP {
@@ -218,6 +239,9 @@ fn main() {
         "wall_s": (wall_s * 10.0).round() / 10.0,
         "results": results,
     });
+    if let Some(text) = filter.text() {
+        doc["filter"] = json!(text);
+    }
     if let Ok(out) = std::env::var("TAIL_LATENCY_OUT") {
         let fields = doc.as_object_mut().expect("an object");
         fields.insert("date".into(), json!(runinfo::utc_now()));

@@ -6,6 +6,7 @@
 //! all take their inputs from here, so every side of a comparison runs the
 //! same module with the same request.
 
+pub mod bench_filter;
 pub mod gate;
 pub mod icount;
 pub mod runinfo;
