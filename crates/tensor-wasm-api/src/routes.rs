@@ -102,6 +102,22 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(ApiError::from)
 }
 
+/// [`Runtime::try_invoke_export_inline`] on this async thread; a panic in
+/// the attempt is a 500, as it is from a blocking task.
+fn inline(
+    runtime: &Runtime,
+    id: &str,
+    call: &ExportCallRequest,
+) -> Option<Result<Vec<Json_>, ApiError>> {
+    let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.try_invoke_export_inline(id, &call.export, &call.args)
+    }));
+    match attempt {
+        Ok(outcome) => outcome.map(|r| r.map_err(ApiError::from)),
+        Err(_) => Some(Err(ApiError::internal("the invocation panicked"))),
+    }
+}
+
 /// Deploy options: query parameters for a raw module body, fields of the JSON body otherwise.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -308,6 +324,15 @@ pub(crate) async fn invoke(
     let permit = acquire_slot(&state).await?;
     match call {
         Some(call) => {
+            // A short import-free call is answered here, without the hand-off
+            // to a blocking thread; anything else (or an overrun) goes there.
+            if let Some(results) = inline(&runtime, &id, &call) {
+                drop((permit, guards));
+                // Never ready-at-once forever: a client sending nothing but
+                // inline calls still lets this thread's other tasks run.
+                tokio::task::consume_budget().await;
+                return Ok(Json(json!({ "results": results? })).into_response());
+            }
             let results = blocking(move || {
                 let _held = (permit, guards);
                 runtime.invoke_export(&id, &call.export, &call.args)

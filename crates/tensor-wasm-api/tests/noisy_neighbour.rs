@@ -27,8 +27,8 @@ async fn noisy_neighbour_does_not_starve_another_tenant() {
         )
         .await;
     let (_, b) = s.tenant("quiet", json!({"requests_per_second": 0})).await;
-    let spin = s
-        .deploy(&a, "loop.wat", "name=spin&timeout_ms=200")
+    let nap = s
+        .deploy(&a, "sleep.wat", "name=nap&timeout_ms=1000")
         .await
         .json()["id"]
         .as_str()
@@ -55,32 +55,38 @@ async fn noisy_neighbour_does_not_starve_another_tenant() {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut noise = Vec::new();
     for _ in 0..8 {
-        let (app, a, spin, stop) = (s.app.clone(), a.clone(), spin.clone(), stop.clone());
+        let (app, a, nap, stop) = (s.app.clone(), a.clone(), nap.clone(), stop.clone());
         noise.push(tokio::spawn(async move {
-            let mut refused = 0u32;
+            let (mut refused, mut napped) = (0u32, 0u32);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let req = Request::post(format!("/functions/{spin}/invoke"))
+                let req = Request::post(format!("/functions/{nap}/invoke"))
                     .header(header::AUTHORIZATION, format!("Bearer {a}"))
                     .header(header::CONTENT_TYPE, "application/json")
                     .body(Body::from(r#"{"export":"nap","args":[200]}"#))
                     .unwrap();
                 let status = app.clone().oneshot(req).await.unwrap().status();
-                if status == StatusCode::TOO_MANY_REQUESTS {
-                    refused += 1;
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                match status {
+                    StatusCode::OK => napped += 1,
+                    StatusCode::TOO_MANY_REQUESTS => {
+                        refused += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    other => panic!("noisy invocation answered {other}"),
                 }
             }
-            refused
+            (refused, napped)
         }));
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     let loaded = p99(&s, &b, &calc).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut refused = 0;
+    let (mut refused, mut napped) = (0, 0);
     for n in noise {
-        refused += n.await.unwrap();
+        let (r, n) = n.await.unwrap();
+        (refused, napped) = (refused + r, napped + n);
     }
     assert!(refused > 0, "the noisy tenant was never held to its quota");
+    assert!(napped > 0, "the noisy tenant's calls never ran");
     assert!(
         loaded <= unloaded * 2 + Duration::from_millis(1),
         "quiet tenant p99 {loaded:?} loaded vs {unloaded:?} unloaded"

@@ -117,6 +117,12 @@ pub struct ServeArgs {
     /// A token that may read `/metrics` (besides the admin token), e.g. for Prometheus.
     #[arg(long, env = "TENSOR_WASM_METRICS_TOKEN", hide_env_values = true)]
     metrics_token: Option<String>,
+    /// Never run export calls on the server's async threads. By default a call
+    /// of an import-free function runs there under a budget of one epoch tick
+    /// (5 ms) and, if it overruns, is run again on a blocking thread (and that
+    /// function's calls go there from then on).
+    #[arg(long, env = "TENSOR_WASM_NO_INLINE_CALLS")]
+    no_inline_calls: bool,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, env = "TENSOR_WASM_SHUTDOWN_GRACE_S", default_value_t = 30)]
     shutdown_grace_s: u64,
@@ -150,6 +156,7 @@ impl ServeArgs {
             },
             allow_raw_ptx: self.allow_raw_ptx,
             gpu_isolation: self.gpu_isolation,
+            inline_calls: !self.no_inline_calls,
             default_timeout: Duration::from_millis(self.default_timeout_ms),
             max_timeout: Duration::from_millis(self.max_timeout_ms),
             default_memory_limit_bytes: self.default_memory_limit_bytes,

@@ -66,6 +66,9 @@ pub struct RuntimeConfig {
     /// (`tensor_wasm_gpu::open_backend_with`, as `tensor-wasm serve` does);
     /// the CPU backend has nothing to isolate and ignores it.
     pub gpu_isolation: GpuIsolation,
+    /// Whether export calls of import-free functions may run on the caller's
+    /// thread under a one-tick budget ([`crate::Runtime::try_invoke_export_inline`]).
+    pub inline_calls: bool,
 }
 
 impl RuntimeConfig {
@@ -89,6 +92,7 @@ impl RuntimeConfig {
             allow_raw_ptx: false,
             kernel_cache: KernelCacheConfig::default(),
             gpu_isolation: GpuIsolation::default(),
+            inline_calls: true,
         }
     }
 

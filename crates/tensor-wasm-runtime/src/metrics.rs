@@ -64,6 +64,11 @@ pub struct RuntimeMetrics {
     pub(crate) snapshot_restores: IntCounterVec,
     pub(crate) snapshot_restore_seconds: HistogramVec,
     pub(crate) snapshot_bytes: IntCounterVec,
+    /// Inline export calls (see `Runtime::try_invoke_export_inline`): `done`
+    /// answered on the caller's thread, `overran` cut short and run again.
+    pub(crate) inline_done: IntCounter,
+    pub(crate) inline_overran: IntCounter,
+    inline_calls: IntCounterVec,
     /// Metrics of the kernel dispatcher.
     pub dispatch: DispatchMetrics,
     /// Metrics of the compiled-kernel cache.
@@ -82,6 +87,14 @@ impl RuntimeMetrics {
             &["outcome"],
         )?;
         let outcomes = Outcome::ALL.map(|o| invocations.with_label_values(&[o.as_str()]));
+        let inline_calls = IntCounterVec::new(
+            Opts::new(
+                "tensor_wasm_inline_calls_total",
+                "Export calls tried on the request's own thread, by result (done; overran: \
+                 cut short at one epoch tick and run again on a blocking thread).",
+            ),
+            &["result"],
+        )?;
         let metrics = RuntimeMetrics {
             invocations,
             outcomes,
@@ -150,6 +163,9 @@ impl RuntimeMetrics {
                 "tensor_wasm_cached_modules",
                 "Compiled modules held in memory.",
             )?,
+            inline_done: inline_calls.with_label_values(&["done"]),
+            inline_overran: inline_calls.with_label_values(&["overran"]),
+            inline_calls,
             dispatch: DispatchMetrics::register(registry)?,
             kernel_cache: KernelCacheMetrics::register(registry)?,
         };
@@ -164,6 +180,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.snapshot_restores.clone()))?;
         registry.register(Box::new(metrics.snapshot_restore_seconds.clone()))?;
         registry.register(Box::new(metrics.snapshot_bytes.clone()))?;
+        registry.register(Box::new(metrics.inline_calls.clone()))?;
         for mode in ["lazy", "eager"] {
             metrics.snapshot_restores.with_label_values(&[mode]);
         }

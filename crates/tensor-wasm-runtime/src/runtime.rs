@@ -1,7 +1,7 @@
 //! [`Runtime`]: deploys, loads and invokes functions under per-invocation limits.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -158,6 +158,9 @@ pub(crate) struct Prepared {
     pub(crate) has_initialize: bool,
     /// Indices of the mutable globals the instrumentation exported, ascending.
     pub(crate) state_globals: Vec<u32>,
+    /// Whether the module imports nothing: a call can touch nothing but its
+    /// own fresh instance, so an attempt cut short can be run again unseen.
+    self_contained: bool,
 }
 
 pub(crate) struct FunctionEntry {
@@ -166,6 +169,9 @@ pub(crate) struct FunctionEntry {
     load_lock: Mutex<()>,
     /// The opened local image of `record.start_from_snapshot`, once first used.
     pub(crate) restore: Mutex<Option<Arc<crate::snapshot::Restorable>>>,
+    /// Set when an inline call of this function overran its budget: from
+    /// then on its calls go straight to a thread that may block.
+    inline_overran: AtomicBool,
 }
 
 pub(crate) struct Inner {
@@ -200,6 +206,7 @@ impl FunctionEntry {
             prepared: OnceLock::new(),
             load_lock: Mutex::new(()),
             restore: Mutex::new(None),
+            inline_overran: AtomicBool::new(false),
         }
     }
 }
@@ -645,6 +652,7 @@ impl Runtime {
             funcs,
             has_initialize,
             state_globals,
+            self_contained: module.imports().len() == 0,
         })
     }
 
@@ -671,6 +679,18 @@ impl Runtime {
         record: &FunctionRecord,
         wasi: Option<WasiP1Ctx>,
     ) -> (Store<InvocationState>, wasmtime::Result<wasmtime::Instance>) {
+        self.instantiate_with_deadline(prepared, record, wasi, None)
+    }
+
+    /// [`Runtime::instantiate`] with the epoch deadline in ticks (`None`: the
+    /// function's own timeout). The deadline covers instantiation too.
+    fn instantiate_with_deadline(
+        &self,
+        prepared: &Prepared,
+        record: &FunctionRecord,
+        wasi: Option<WasiP1Ctx>,
+        deadline_ticks: Option<u64>,
+    ) -> (Store<InvocationState>, wasmtime::Result<wasmtime::Instance>) {
         let limits = &record.limits;
         let start = Instant::now();
         let state = InvocationState {
@@ -687,7 +707,8 @@ impl Runtime {
         let mut store = Store::new(&self.inner.engine, state);
         store.limiter(|s| &mut s.limiter);
         let tick = self.inner.config.epoch_tick.as_millis().max(1) as u64;
-        store.set_epoch_deadline(limits.timeout_ms.div_ceil(tick));
+        store
+            .set_epoch_deadline(deadline_ticks.unwrap_or_else(|| limits.timeout_ms.div_ceil(tick)));
         store.epoch_deadline_trap();
         if self.inner.config.fuel_enabled {
             store
@@ -726,6 +747,52 @@ impl Runtime {
         let result = self.invoke_export_inner(id, export, args, None);
         self.finish(start, &result);
         result
+    }
+
+    /// Tries export call `export` of function `id` on the calling thread, for
+    /// callers (async servers) that would otherwise hand it to a thread that
+    /// may block. Only calls that can be cut short and run again unseen are
+    /// tried: an export-call function already loaded, importing nothing (the
+    /// call touches only its own fresh instance), in pooled guest memory, not
+    /// started from a snapshot, that never overran before. The guest gets one
+    /// epoch tick ([`RuntimeConfig::epoch_tick`]), instantiation included.
+    ///
+    /// `None`: not tried, or cut short at the tick (nothing of the attempt
+    /// remains; the function is marked to skip inline calls from now on).
+    /// The caller then runs [`Runtime::invoke_export`] where blocking is
+    /// allowed. `Some`: the call's outcome, exactly what `invoke_export`
+    /// would have returned.
+    pub fn try_invoke_export_inline(
+        &self,
+        id: &str,
+        export: &str,
+        args: &[Json],
+    ) -> Option<Result<Vec<Json>>> {
+        if !self.inner.config.inline_calls || self.inner.memory_creator.is_some() {
+            return None;
+        }
+        let entry = self.entry(id).ok()?;
+        if entry.record.style != InvocationStyle::Export
+            || entry.record.start_from_snapshot.is_some()
+            || entry.inline_overran.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        let prepared = entry.prepared.get()?.clone();
+        if !prepared.self_contained {
+            return None;
+        }
+        let start = Instant::now();
+        let result = self.call_export(&entry, &prepared, export, args, None, Some(1));
+        if let Err(RuntimeError::Timeout { .. }) = result {
+            entry.inline_overran.store(true, Ordering::Relaxed);
+            self.inner.metrics.inline_overran.inc();
+            tracing::debug!(function = %id, "inline call overran one tick; runs on the blocking pool from now on");
+            return None;
+        }
+        self.inner.metrics.inline_done.inc();
+        self.finish(start, &result);
+        Some(result)
     }
 
     /// [`Runtime::invoke_export`] with `tw:stream` connected: the guest reads
@@ -769,13 +836,27 @@ impl Runtime {
         stream: Option<crate::stream::StreamIo>,
     ) -> Result<Vec<Json>> {
         let entry = self.entry(id)?;
-        let record = &entry.record;
-        if record.style != InvocationStyle::Export {
+        if entry.record.style != InvocationStyle::Export {
             return Err(RuntimeError::WrongStyle(format!(
                 "function {id} is a WASI command: send the request body as its stdin"
             )));
         }
         let prepared = self.prepared(&entry)?;
+        self.call_export(&entry, &prepared, export, args, stream, None)
+    }
+
+    /// Instantiates export-call function `entry` (deadline in epoch ticks,
+    /// `None`: its own timeout) and calls `export` with `args`.
+    fn call_export(
+        &self,
+        entry: &FunctionEntry,
+        prepared: &Prepared,
+        export: &str,
+        args: &[Json],
+        stream: Option<crate::stream::StreamIo>,
+        deadline_ticks: Option<u64>,
+    ) -> Result<Vec<Json>> {
+        let record = &entry.record;
         let ty = prepared
             .funcs
             .get(export)
@@ -785,12 +866,13 @@ impl Runtime {
         let wasi = prepared
             .needs_wasi
             .then(|| quiet_wasi(&record.name, self.inner.config.stderr_tail_bytes));
-        let (mut store, instance) = self.instantiate(&prepared, record, wasi);
+        let (mut store, instance) =
+            self.instantiate_with_deadline(prepared, record, wasi, deadline_ticks);
         store.data_mut().stream = stream;
         let instance = instance.map_err(|e| classify(e, &mut store, &record.limits))?;
         if let Some(snapshot) = &record.start_from_snapshot {
             // The snapshot holds the state after `_initialize` and the init export.
-            self.restore_snapshot(&entry, &prepared, snapshot, &mut store, &instance)?;
+            self.restore_snapshot(entry, prepared, snapshot, &mut store, &instance)?;
         } else if prepared.has_initialize {
             if let Some(init) = instance.get_func(&mut store, "_initialize") {
                 init.call(&mut store, &[], &mut [])

@@ -469,3 +469,109 @@ mod kernels {
         );
     }
 }
+
+fn counter(registry: &prometheus::Registry, name: &str, result: &str) -> u64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == name)
+        .flat_map(|family| family.get_metric())
+        .filter(|m| m.get_label().iter().any(|l| l.value() == result))
+        .map(|m| m.get_counter().get_value() as u64)
+        .sum()
+}
+
+#[test]
+fn inline_calls_answer_short_import_free_calls_and_hand_overruns_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig::for_tests(dir.path());
+    let registry = prometheus::Registry::new();
+    let store = Arc::new(FsFunctionStore::open(&config.data_dir).unwrap());
+    let metrics = RuntimeMetrics::register(&registry).unwrap();
+    let rt = Runtime::open(config, store, metrics).unwrap();
+    let calc = rt
+        .deploy(&example("calc.wat"), DeploySpec::export("calc"))
+        .unwrap();
+    let calc = &calc.record.id;
+    // Loaded by a first call; from then on the same outcomes inline.
+    rt.invoke_export(calc, "add", &[json!(1), json!(1)])
+        .unwrap();
+    let add = rt.try_invoke_export_inline(calc, "add", &[json!(40), json!(2)]);
+    assert_eq!(add.unwrap().unwrap(), vec![json!(42)]);
+    assert!(matches!(
+        rt.try_invoke_export_inline(calc, "div", &[json!(1), json!(0)]),
+        Some(Err(RuntimeError::Trap(_)))
+    ));
+    assert!(matches!(
+        rt.try_invoke_export_inline(calc, "add", &[json!(1)]),
+        Some(Err(RuntimeError::InvalidArguments(_)))
+    ));
+    assert_eq!(
+        counter(&registry, "tensor_wasm_inline_calls_total", "done"),
+        3
+    );
+
+    // An endless loop is cut short at one tick (5 ms), leaves no outcome,
+    // and is not tried inline again: its calls go to the blocking path.
+    let spin = rt
+        .deploy(&example("loop.wat"), DeploySpec::export("loop"))
+        .unwrap();
+    let spin = &spin.record.id;
+    assert!(matches!(
+        rt.invoke_export(spin, "spin", &[]),
+        Err(RuntimeError::Timeout { .. })
+    ));
+    let start = Instant::now();
+    assert!(rt.try_invoke_export_inline(spin, "spin", &[]).is_none());
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(rt.try_invoke_export_inline(spin, "spin", &[]).is_none());
+    assert_eq!(
+        counter(&registry, "tensor_wasm_inline_calls_total", "overran"),
+        1,
+        "a function that overran once is not tried again"
+    );
+
+    // Functions with imports (here the GPU ABI) and WASI commands never run inline.
+    let gpu = rt
+        .deploy(&example("vector_add.wat"), DeploySpec::export("vadd"))
+        .unwrap();
+    let gpu = &gpu.record.id;
+    assert_eq!(
+        rt.invoke_export(gpu, "run", &[json!(1000)]).unwrap(),
+        vec![json!(1000)]
+    );
+    assert!(rt
+        .try_invoke_export_inline(gpu, "run", &[json!(1000)])
+        .is_none());
+    let upper = rt
+        .deploy(&example("upper.wat"), DeploySpec::wasi("upper"))
+        .unwrap();
+    assert!(rt
+        .try_invoke_export_inline(&upper.record.id, "_start", &[])
+        .is_none());
+    assert_eq!(
+        counter(&registry, "tensor_wasm_inline_calls_total", "done"),
+        3
+    );
+}
+
+#[test]
+fn inline_calls_can_be_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = open_with(RuntimeConfig {
+        inline_calls: false,
+        ..RuntimeConfig::for_tests(dir.path())
+    });
+    let calc = rt
+        .deploy(&example("calc.wat"), DeploySpec::export("calc"))
+        .unwrap();
+    rt.invoke_export(&calc.record.id, "add", &[json!(1), json!(1)])
+        .unwrap();
+    assert!(rt
+        .try_invoke_export_inline(&calc.record.id, "add", &[json!(1), json!(1)])
+        .is_none());
+}
