@@ -10,7 +10,10 @@
 # Knobs (environment): ROUNDS (5), ROUND_S (5), CONNECTIONS (16),
 # WARMUP_S (2), LOADGEN_THREADS (1), AUTH (on: bearer tokens checked on every
 # request, as deployed; off: `serve --insecure-no-auth`, the same server with
-# quotas, limits and metrics but no token check). Loopback only; both servers
+# quotas, limits and metrics but no token check), INLINE (on: the default,
+# short import-free calls run on the server's async threads; off:
+# `serve --no-inline-calls`, every call handed to the blocking pool as the
+# minimal server does). Loopback only; both servers
 # are killed on exit.
 set -euo pipefail
 
@@ -21,11 +24,13 @@ WARMUP_S=${WARMUP_S:-2}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
 AUTH=${AUTH:-on}
 case $AUTH in on | off) ;; *) echo "AUTH must be on or off" >&2; exit 2 ;; esac
+INLINE=${INLINE:-on}
+case $INLINE in on | off) ;; *) echo "INLINE must be on or off" >&2; exit 2 ;; esac
 TARGET_RATIO=0.8
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-command_line="ROUNDS=$ROUNDS ROUND_S=$ROUND_S CONNECTIONS=$CONNECTIONS WARMUP_S=$WARMUP_S LOADGEN_THREADS=$LOADGEN_THREADS AUTH=$AUTH bash scripts/http-throughput.sh"
+command_line="ROUNDS=$ROUNDS ROUND_S=$ROUND_S CONNECTIONS=$CONNECTIONS WARMUP_S=$WARMUP_S LOADGEN_THREADS=$LOADGEN_THREADS AUTH=$AUTH INLINE=$INLINE bash scripts/http-throughput.sh"
 
 for tool in cargo curl jq; do
     command -v "$tool" >/dev/null || { echo "missing tool: $tool" >&2; exit 1; }
@@ -88,6 +93,9 @@ echo "== starting tensor-wasm serve" >&2
 tw_cmd=(env -u RUST_LOG "$bin/tensor-wasm" serve --listen 127.0.0.1:0 --data-dir "$tmp/data")
 if [ "$AUTH" = off ]; then
     tw_cmd+=(--insecure-no-auth)
+fi
+if [ "$INLINE" = off ]; then
+    tw_cmd+=(--no-inline-calls)
 fi
 start_server tensor-wasm "${tw_cmd[@]}"
 tw_addr=$addr
@@ -174,7 +182,7 @@ jq -s \
     --arg uname "$(uname -srm)" \
     --arg cpu "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')" \
     --arg command "$command_line" \
-    --arg tw_cmd "tensor-wasm serve --listen 127.0.0.1:0 --data-dir <tmp>$([ "$AUTH" = off ] && echo ' --insecure-no-auth') (defaults otherwise, RUST_LOG unset; auth $AUTH)" \
+    --arg tw_cmd "tensor-wasm serve --listen 127.0.0.1:0 --data-dir <tmp>$([ "$AUTH" = off ] && echo ' --insecure-no-auth')$([ "$INLINE" = off ] && echo ' --no-inline-calls') (defaults otherwise, RUST_LOG unset; auth $AUTH, inline calls $INLINE)" \
     --arg min_cmd "minimal-server --listen 127.0.0.1:0 --module add.wat" \
     --arg loadgen_cmd "loadgen --url <server>/functions/<id>/invoke --connections $CONNECTIONS --duration-s $ROUND_S --threads $LOADGEN_THREADS --body '$body'" \
     --arg module_wat "$(cat "$tmp/add.wat")" \
