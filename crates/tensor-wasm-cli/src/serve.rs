@@ -118,9 +118,9 @@ pub struct ServeArgs {
     #[arg(long, env = "TENSOR_WASM_METRICS_TOKEN", hide_env_values = true)]
     metrics_token: Option<String>,
     /// Never run export calls on the server's async threads. By default a call
-    /// of an import-free function runs there under a budget of one epoch tick
-    /// (5 ms) and, if it overruns, is run again on a blocking thread (and that
-    /// function's calls go there from then on).
+    /// of an import-free function runs there under a budget of 5-10 ms and, if
+    /// it overruns, is run again on a blocking thread (after two overruns in a
+    /// row, that function's calls go there directly).
     #[arg(long, env = "TENSOR_WASM_NO_INLINE_CALLS")]
     no_inline_calls: bool,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.

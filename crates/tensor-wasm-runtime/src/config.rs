@@ -67,7 +67,8 @@ pub struct RuntimeConfig {
     /// the CPU backend has nothing to isolate and ignores it.
     pub gpu_isolation: GpuIsolation,
     /// Whether export calls of import-free functions may run on the caller's
-    /// thread under a one-tick budget ([`crate::Runtime::try_invoke_export_inline`]).
+    /// thread under a budget of one to two epoch ticks
+    /// ([`crate::Runtime::try_invoke_export_inline`]).
     pub inline_calls: bool,
 }
 

@@ -91,7 +91,7 @@ impl RuntimeMetrics {
             Opts::new(
                 "tensor_wasm_inline_calls_total",
                 "Export calls tried on the request's own thread, by result (done; overran: \
-                 cut short at one epoch tick and run again on a blocking thread).",
+                 cut short at its budget (5-10 ms) and run again on a blocking thread).",
             ),
             &["result"],
         )?;

@@ -1,7 +1,7 @@
 //! [`Runtime`]: deploys, loads and invokes functions under per-invocation limits.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -169,10 +169,22 @@ pub(crate) struct FunctionEntry {
     load_lock: Mutex<()>,
     /// The opened local image of `record.start_from_snapshot`, once first used.
     pub(crate) restore: Mutex<Option<Arc<crate::snapshot::Restorable>>>,
-    /// Set when an inline call of this function overran its budget: from
-    /// then on its calls go straight to a thread that may block.
-    inline_overran: AtomicBool,
+    /// Inline calls of this function cut short in a row (reset by one that
+    /// finishes); see [`Runtime::try_invoke_export_inline`].
+    inline_overruns: AtomicU32,
+    /// Calls that skipped the inline attempt since the last one tried.
+    inline_skipped: AtomicU32,
 }
+
+/// Inline overruns in a row after which a function's calls go straight to
+/// the blocking pool.
+const INLINE_OVERRUNS_TO_SKIP: u32 = 2;
+/// A function skipping inline calls tries one again after this many calls,
+/// so a rare slow spell (the thread descheduled over the budget) is not
+/// remembered forever.
+const INLINE_RETRY_EVERY: u32 = 256;
+/// Epoch ticks of an inline attempt: at least one whole tick of run time.
+const INLINE_DEADLINE_TICKS: u64 = 2;
 
 pub(crate) struct Inner {
     pub(crate) config: RuntimeConfig,
@@ -206,7 +218,8 @@ impl FunctionEntry {
             prepared: OnceLock::new(),
             load_lock: Mutex::new(()),
             restore: Mutex::new(None),
-            inline_overran: AtomicBool::new(false),
+            inline_overruns: AtomicU32::new(0),
+            inline_skipped: AtomicU32::new(0),
         }
     }
 }
@@ -754,14 +767,15 @@ impl Runtime {
     /// may block. Only calls that can be cut short and run again unseen are
     /// tried: an export-call function already loaded, importing nothing (the
     /// call touches only its own fresh instance), in pooled guest memory, not
-    /// started from a snapshot, that never overran before. The guest gets one
-    /// epoch tick ([`RuntimeConfig::epoch_tick`]), instantiation included.
+    /// started from a snapshot. The attempt, instantiation included, has an
+    /// epoch deadline two ticks away: at least one whole tick
+    /// ([`RuntimeConfig::epoch_tick`], 5 ms by default) and at most two.
     ///
-    /// `None`: not tried, or cut short at the tick (nothing of the attempt
-    /// remains; the function is marked to skip inline calls from now on).
-    /// The caller then runs [`Runtime::invoke_export`] where blocking is
-    /// allowed. `Some`: the call's outcome, exactly what `invoke_export`
-    /// would have returned.
+    /// `None`: not tried, or cut short at the deadline (nothing of the
+    /// attempt remains). The caller then runs [`Runtime::invoke_export`]
+    /// where blocking is allowed. `Some`: the call's outcome, exactly what
+    /// `invoke_export` would have returned. After two overruns in a row a
+    /// function's calls skip the attempt, except one in 256 that tries again.
     pub fn try_invoke_export_inline(
         &self,
         id: &str,
@@ -774,7 +788,6 @@ impl Runtime {
         let entry = self.entry(id).ok()?;
         if entry.record.style != InvocationStyle::Export
             || entry.record.start_from_snapshot.is_some()
-            || entry.inline_overran.load(Ordering::Relaxed)
         {
             return None;
         }
@@ -782,14 +795,29 @@ impl Runtime {
         if !prepared.self_contained {
             return None;
         }
+        if entry.inline_overruns.load(Ordering::Relaxed) >= INLINE_OVERRUNS_TO_SKIP {
+            let skipped = entry.inline_skipped.fetch_add(1, Ordering::Relaxed) + 1;
+            if skipped < INLINE_RETRY_EVERY {
+                return None;
+            }
+            entry.inline_skipped.store(0, Ordering::Relaxed);
+        }
         let start = Instant::now();
-        let result = self.call_export(&entry, &prepared, export, args, None, Some(1));
+        let result = self.call_export(
+            &entry,
+            &prepared,
+            export,
+            args,
+            None,
+            Some(INLINE_DEADLINE_TICKS),
+        );
         if let Err(RuntimeError::Timeout { .. }) = result {
-            entry.inline_overran.store(true, Ordering::Relaxed);
+            entry.inline_overruns.fetch_add(1, Ordering::Relaxed);
             self.inner.metrics.inline_overran.inc();
-            tracing::debug!(function = %id, "inline call overran one tick; runs on the blocking pool from now on");
+            tracing::debug!(function = %id, "inline call overran its budget; run again on the blocking pool");
             return None;
         }
+        entry.inline_overruns.store(0, Ordering::Relaxed);
         self.inner.metrics.inline_done.inc();
         self.finish(start, &result);
         Some(result)
