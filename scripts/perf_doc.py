@@ -17,6 +17,7 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 
@@ -572,6 +573,27 @@ def throughput_section(out):
     if ratio is not None:
         out.append(f"\nRatio tensor-wasm ÷ minimal (req/s, medians): **{float(ratio):.2f}×** "
                    f"(target ≥ 0.80×).\n")
+    # Every run of the same commit, so one run never stands alone (knobs from its command line).
+    same = []
+    for other in sorted(glob.glob(os.path.join(RESULTS, "http-throughput", "*.json"))):
+        if os.path.basename(other) == "latest.json":
+            continue
+        o = load(other)
+        if o.get("git_commit") != doc.get("git_commit"):
+            continue
+        knobs = dict(re.findall(r"\b(AUTH|INLINE)=(\w+)", o.get("command", "")))
+        r = o.get("ratio_req_per_s_tensor_wasm_over_minimal")
+        if isinstance(r, dict):
+            r = r.get("median")
+        same.append((rel(other), knobs.get("AUTH", "on"), knobs.get("INLINE", "on"), r))
+    if len(same) > 1:
+        out.append(f"All runs of commit `{doc.get('git_commit')}` (INLINE=off: `serve --no-inline-calls`, "
+                   "every call handed to the blocking pool as the minimal server does):\n")
+        out.append("| run file | auth | inline calls | ratio |")
+        out.append("|---|---|---|---|")
+        for name, auth, inline, r in same:
+            out.append(f"| `{name}` | {auth} | {inline} | {float(r):.3f} |")
+        out.append("")
 
 
 def gpu_section(out):

@@ -90,8 +90,7 @@ impl RuntimeMetrics {
         let inline_calls = IntCounterVec::new(
             Opts::new(
                 "tensor_wasm_inline_calls_total",
-                "Export calls tried on the request's own thread, by result (done; overran: \
-                 cut short at its budget (5-10 ms) and run again on a blocking thread).",
+                "Export calls tried on the request's thread, by result (done, overran).",
             ),
             &["result"],
         )?;
