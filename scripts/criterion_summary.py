@@ -6,7 +6,7 @@ Usage: SINCE=<unix seconds> criterion_summary.py OUT.json COMMAND...
 Only estimates written at or after SINCE (default: all) are taken, so stale
 results of earlier runs under target/criterion do not leak in.
 
-Reads target/criterion/<group>/<id>/new/estimates.json for every bench that
+Reads $CRITERION_HOME (default target/criterion)/<group>/<id>/new/estimates.json for every bench that
 ran and writes OUT.json with machine, date, commit, the command that produced
 the run, and per bench id: median, mean, their confidence bounds and the
 standard deviation, in nanoseconds.
@@ -46,7 +46,8 @@ def commit():
         return "unknown"
 
 
-def estimates(root="target/criterion"):
+def estimates():
+    root = os.environ.get("CRITERION_HOME") or "target/criterion"
     since = float(os.environ.get("SINCE", "0"))
     out = {}
     for dirpath, _dirs, files in os.walk(root):
@@ -82,7 +83,7 @@ def main():
         "benches": estimates(),
     }
     if not doc["benches"]:
-        sys.exit("no Criterion estimates under target/criterion")
+        sys.exit("no Criterion estimates under $CRITERION_HOME (default target/criterion)")
     with open(sys.argv[1], "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
