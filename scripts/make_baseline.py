@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
 """Derives bench-results/baseline.json from several recorded clean runs.
 
-Usage: python3 scripts/make_baseline.py OUT.json RUN.json [RUN.json ...]
+Usage: python3 scripts/make_baseline.py [--min-runs N] [--spread-factor K] OUT.json RUN.json...
 
-For every bench id present in all runs:
+For every bench id present in at least N runs (default: all of them), over
+the runs that measured it:
   median_ns     = the median of the runs' medians
   spread_pct    = the largest deviation of a run's median from that, in %
-  tolerance_pct = max(20, ceil(4 * spread_pct)), at most 100
+  tolerance_pct = max(20, ceil(K * spread_pct)), at most 100 (K: 4 by default;
+                  with many runs the largest deviation is itself a wide
+                  estimate and a smaller K suffices)
 
 Peers measured only for ratios (ids containing `_vec_peer`, `raw_wasmtime`,
 `/memcpy/`) are not tracked: they time the host and wasmtime, not us.
 
 The gate then fails a metric above median_ns * (1 + (tolerance_pct +
-regress_pct_threshold) / 100) with regress_pct_threshold = 10. The inputs,
+regress_pct_threshold) / 100) with regress_pct_threshold = 10, twice in a row
+(a first run and its confirmation re-run). The inputs,
 machine, date and commits are recorded in the output.
 """
 import datetime
@@ -25,29 +29,43 @@ import sys
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    out, paths = sys.argv[1], sys.argv[2:]
+    args = sys.argv[1:]
+    min_runs, factor = None, 4.0
+    while args[:1] in (["--min-runs"], ["--spread-factor"]):
+        if args[0] == "--min-runs":
+            min_runs = int(args[1])
+        else:
+            factor = float(args[1])
+        args = args[2:]
+    if len(args) < 2:
+        sys.exit(__doc__)
+    out, paths = args[0], args[1:]
     runs = [json.load(open(p)) for p in paths]
-    ids = set(runs[0]["benches"])
-    for r in runs[1:]:
-        ids &= set(r["benches"])
+    min_runs = len(runs) if min_runs is None else min_runs
+    counts = {}
+    for r in runs:
+        for bench_id in r["benches"]:
+            counts[bench_id] = counts.get(bench_id, 0) + 1
+    ids = {i for i, n in counts.items() if n >= min_runs}
     metrics = {}
     peers = ("_vec_peer", "raw_wasmtime", "/memcpy/")
     for bench_id in sorted(i for i in ids if not any(p in i for p in peers)):
-        medians = [r["benches"][bench_id]["median_ns"] for r in runs]
+        medians = [r["benches"][bench_id]["median_ns"] for r in runs if bench_id in r["benches"]]
         mid = statistics.median(medians)
         spread = max(abs(m / mid - 1.0) for m in medians) * 100.0
-        tolerance = min(100, max(20, math.ceil(4 * spread)))
+        tolerance = min(100, max(20, math.ceil(factor * spread)))
         metrics[bench_id] = {
             "median_ns": round(mid, 3),
             "tolerance_pct": tolerance,
             "spread_pct": round(spread, 2),
+            "runs": len(medians),
         }
     doc = {
         "description": "Criterion medians measured on the reference machine class (2 cores); see baseline-notes.md",
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": runs[0].get("machine"),
         "runs": [{"file": p, "date": r.get("date"), "commit": r.get("commit")} for p, r in zip(paths, runs)],
-        "method": "median of the runs' medians; tolerance_pct = max(20, ceil(4 x largest deviation of a run from it)), capped at 100; ratio peers (_vec_peer, raw_wasmtime, memcpy) not tracked",
+        "method": f"median of the medians of the runs that measured the metric (at least {min_runs}); tolerance_pct = max(20, ceil({factor:g} x largest deviation of a run from it)), capped at 100; ratio peers (_vec_peer, raw_wasmtime, memcpy) not tracked",
         "policy": {"regress_pct_threshold": 10},
         "metrics": metrics,
     }
