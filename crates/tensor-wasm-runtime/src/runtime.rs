@@ -719,9 +719,7 @@ impl Runtime {
         };
         let mut store = Store::new(&self.inner.engine, state);
         store.limiter(|s| &mut s.limiter);
-        let tick = self.inner.config.epoch_tick.as_millis().max(1) as u64;
-        store
-            .set_epoch_deadline(deadline_ticks.unwrap_or_else(|| limits.timeout_ms.div_ceil(tick)));
+        store.set_epoch_deadline(deadline_ticks.unwrap_or_else(|| self.deadline_ticks(limits)));
         store.epoch_deadline_trap();
         if self.inner.config.fuel_enabled {
             store
@@ -740,6 +738,12 @@ impl Runtime {
             .instantiate_seconds
             .observe(start.elapsed().as_secs_f64());
         (store, instance)
+    }
+
+    /// A function's deadline in epoch ticks (its timeout rounded up to ticks).
+    fn deadline_ticks(&self, limits: &FunctionLimits) -> u64 {
+        let tick = self.inner.config.epoch_tick.as_millis().max(1) as u64;
+        limits.timeout_ms.div_ceil(tick)
     }
 
     pub(crate) fn take_slot(&self) -> Result<SlotGuard<'_>> {
@@ -769,7 +773,9 @@ impl Runtime {
     /// call touches only its own fresh instance), in pooled guest memory, not
     /// started from a snapshot. The attempt, instantiation included, has an
     /// epoch deadline two ticks away: at least one whole tick
-    /// ([`RuntimeConfig::epoch_tick`], 5 ms by default) and at most two.
+    /// ([`RuntimeConfig::epoch_tick`], 5 ms by default) and at most two; or
+    /// the function's own deadline when that is shorter, and then a timeout is
+    /// its outcome, as it would be on the blocking pool.
     ///
     /// `None`: not tried, or cut short at the deadline (nothing of the
     /// attempt remains). The caller then runs [`Runtime::invoke_export`]
@@ -802,20 +808,24 @@ impl Runtime {
             }
             entry.inline_skipped.store(0, Ordering::Relaxed);
         }
+        // A function whose own deadline is shorter keeps it: then a timeout
+        // here is its real outcome, not an overrun to run again.
+        let own_ticks = self.deadline_ticks(&entry.record.limits);
+        let ticks = own_ticks.min(INLINE_DEADLINE_TICKS);
         let start = Instant::now();
-        let result = self.call_export(
-            &entry,
-            &prepared,
-            export,
-            args,
-            None,
-            Some(INLINE_DEADLINE_TICKS),
-        );
+        let result = self.call_export(&entry, &prepared, export, args, None, Some(ticks));
         if let Err(RuntimeError::Timeout { .. }) = result {
+            // Either way a strike: calls that run into a deadline belong on
+            // the blocking pool.
             entry.inline_overruns.fetch_add(1, Ordering::Relaxed);
-            self.inner.metrics.inline_overran.inc();
-            tracing::debug!(function = %id, "inline call overran its budget; run again on the blocking pool");
-            return None;
+            if ticks < own_ticks {
+                self.inner.metrics.inline_overran.inc();
+                tracing::debug!(function = %id, "inline call overran its budget; run again on the blocking pool");
+                return None;
+            }
+            self.inner.metrics.inline_done.inc();
+            self.finish(start, &result);
+            return Some(result);
         }
         entry.inline_overruns.store(0, Ordering::Relaxed);
         self.inner.metrics.inline_done.inc();

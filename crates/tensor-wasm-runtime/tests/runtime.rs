@@ -539,6 +539,22 @@ fn inline_calls_answer_short_import_free_calls_and_hand_overruns_back() {
     assert!(rt.try_invoke_export_inline(spin, "spin", &[]).is_none());
     assert_eq!(overran(), 3, "the 256th call tries again");
 
+    // A deadline shorter than the inline budget is the function's own: the
+    // timeout is its outcome inline too, not a reason to run it again.
+    let mut short = DeploySpec::export("short");
+    short.timeout_ms = Some(5);
+    let short = rt.deploy(&example("loop.wat"), short).unwrap();
+    let short = &short.record.id;
+    assert!(matches!(
+        rt.invoke_export(short, "spin", &[]),
+        Err(RuntimeError::Timeout { timeout_ms: 5 })
+    ));
+    assert!(matches!(
+        rt.try_invoke_export_inline(short, "spin", &[]),
+        Some(Err(RuntimeError::Timeout { timeout_ms: 5 }))
+    ));
+    assert_eq!(overran(), 3, "a real timeout is not an overrun");
+
     // Functions with imports (here the GPU ABI) and WASI commands never run inline.
     let gpu = rt
         .deploy(&example("vector_add.wat"), DeploySpec::export("vadd"))
@@ -559,7 +575,7 @@ fn inline_calls_answer_short_import_free_calls_and_hand_overruns_back() {
         .is_none());
     assert_eq!(
         counter(&registry, "tensor_wasm_inline_calls_total", "done"),
-        3
+        4
     );
 }
 
