@@ -467,8 +467,10 @@ def policy_section(out):
     out.append("")
     out.append("Re-baselining, always in a commit of its own that says why the numbers moved:\n")
     out.append("- wall clock: run the CI flags several times on a quiet machine (`make bench-record`), then "
-               "`python3 scripts/make_baseline.py bench-results/baseline.json <runs>`; new benches enter the "
-               "baseline only after a clean run;")
+               "`python3 scripts/make_baseline.py [--min-runs N] [--spread-factor K] bench-results/baseline.json "
+               "<runs>` (the exact command of the current file is in `bench-results/baseline-notes.md`); new "
+               "benches enter the baseline only after a clean run; then five consecutive `make ci-bench` runs "
+               "on the unchanged tree must pass, recorded in the notes;")
     out.append("- instruction counts: `make icount-baseline` (records machine, tools, date, commit, command); "
                "needed after a deliberate change of a hot path, a toolchain or dependency upgrade, or on "
                "another machine class;")
