@@ -80,11 +80,12 @@ ci-bench:
 
 ## Runs every Criterion bench with short windows and records a run file under
 ## bench-results/criterion/ (then run `make perf-doc`).
+## Same suite and fresh results dir as ci-bench, without the gate.
 bench-record:
-	@since=$$(date +%s); \
-	$(CARGO) bench -p tensor-wasm-bench -p tensor-wasm-tenant --bench '*' -- --warm-up-time 1 --measurement-time 3 && \
-	SINCE=$$since python3 scripts/criterion_summary.py bench-results/criterion/$$(date -u +%F)-all.json \
-	  "make bench-record ($(CARGO) bench -p tensor-wasm-bench -p tensor-wasm-tenant --bench '*' -- --warm-up-time 1 --measurement-time 3)"
+	rm -rf $(CI_BENCH_DIR)
+	CRITERION_HOME=$(CI_BENCH_DIR) $(CI_BENCH)
+	CRITERION_HOME=$(CI_BENCH_DIR) python3 scripts/criterion_summary.py \
+	  bench-results/criterion/$$(date -u +%F)-all.json "make bench-record ($(CI_BENCH))"
 
 .PHONY: image deploy-check
 IMAGE ?= tensor-wasm

@@ -177,10 +177,12 @@ impl Report {
     pub fn table(&self) -> String {
         let mut out = self.rows_table();
         for id in &self.untracked {
-            let _ = writeln!(
-                out,
-                "{id:<48} not in the baseline (add it in its own commit)"
-            );
+            let why = if is_peer(id) {
+                "peer, measured for a ratio only (never tracked)"
+            } else {
+                "not in the baseline (add it in its own commit)"
+            };
+            let _ = writeln!(out, "{id:<48} {why}");
         }
         out
     }
@@ -226,6 +228,15 @@ impl Report {
         }
         out
     }
+}
+
+/// Whether `id` is a peer measured only for a ratio (a memcpy, a `Vec`, raw
+/// wasmtime): it times the host, not TensorWasm, so `scripts/make_baseline.py`
+/// never tracks it (same markers there).
+pub fn is_peer(id: &str) -> bool {
+    ["_vec_peer", "raw_wasmtime", "/memcpy/"]
+        .iter()
+        .any(|marker| id.contains(marker))
 }
 
 /// Applies the policy of `baseline` to the medians of a run.
@@ -432,6 +443,26 @@ mod tests {
         assert!(
             table.contains("jit_compile/cache/warm_hit") && table.contains("not in the baseline")
         );
+    }
+
+    #[test]
+    fn peers_are_listed_as_never_tracked() {
+        let run = BTreeMap::from([
+            ("e2e/healthz/get".to_owned(), 900.0),
+            ("dispatch/serial/1".to_owned(), 100.0),
+            ("instantiate/raw_wasmtime".to_owned(), 2000.0),
+            ("memory_bandwidth/sequential_vec_peer/4096".to_owned(), 30.0),
+            ("cold_start/memcpy/1048576".to_owned(), 9000.0),
+        ]);
+        let table = evaluate(&baseline(), &run).table();
+        for peer in [
+            "instantiate/raw_wasmtime",
+            "memory_bandwidth/sequential_vec_peer/4096",
+            "cold_start/memcpy/1048576",
+        ] {
+            assert!(line(&table, peer).ends_with("(never tracked)"), "{table}");
+        }
+        assert!(!table.contains("not in the baseline"), "{table}");
     }
 
     /// Writes a result of `id` as Criterion lays it out under `dir`.
