@@ -823,11 +823,9 @@ impl Runtime {
                 tracing::debug!(function = %id, "inline call overran its budget; run again on the blocking pool");
                 return None;
             }
-            self.inner.metrics.inline_done.inc();
-            self.finish(start, &result);
-            return Some(result);
+        } else {
+            entry.inline_overruns.store(0, Ordering::Relaxed);
         }
-        entry.inline_overruns.store(0, Ordering::Relaxed);
         self.inner.metrics.inline_done.inc();
         self.finish(start, &result);
         Some(result)
