@@ -361,6 +361,139 @@ pub(crate) async fn revoke_token(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Body;
+    use axum::http::Method;
+    use axum::Router;
+    use tensor_wasm_runtime::{FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
+    use tensor_wasm_tenant::{MemoryTenantStore, TenantMetrics, TenantRegistry};
+    use tower::ServiceExt;
+
+    use crate::{router, ApiConfig, ROUTE_TEMPLATES};
+
+    const METRICS_TOKEN: &str = "metrics-reader-secret";
+
+    struct Enforced {
+        _dir: tempfile::TempDir,
+        app: Router,
+        admin: String,
+        tenant: String,
+    }
+
+    /// A router with authentication enforced and a metrics token configured.
+    fn enforced() -> Enforced {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = prometheus::Registry::new();
+        let store = Arc::new(FsFunctionStore::open(dir.path()).unwrap());
+        let metrics = RuntimeMetrics::register(&registry).unwrap();
+        let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics).unwrap();
+        let tenants = Arc::new(
+            TenantRegistry::open(
+                Arc::new(MemoryTenantStore::new()),
+                TenantMetrics::register(&registry).unwrap(),
+            )
+            .unwrap(),
+        );
+        let boot = tenants.bootstrap().unwrap().expect("fresh store");
+        let config = ApiConfig {
+            metrics_token: Some(METRICS_TOKEN.to_owned()),
+            ..ApiConfig::default()
+        };
+        let state = AppState::new(runtime, registry, config, tenants, AuthMode::Enforced).unwrap();
+        state.set_ready(true);
+        Enforced {
+            _dir: dir,
+            app: router(state),
+            admin: boot.admin_token,
+            tenant: boot.tenant_token,
+        }
+    }
+
+    /// Status and `WWW-Authenticate` of one request with an optional bearer token.
+    async fn send(
+        app: &Router,
+        method: &Method,
+        uri: &str,
+        token: Option<&str>,
+    ) -> (StatusCode, Option<HeaderValue>) {
+        let mut req = Request::builder().method(method.clone()).uri(uri);
+        if let Some(token) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let response = app
+            .clone()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let challenge = response.headers().get(header::WWW_AUTHENTICATE).cloned();
+        (response.status(), challenge)
+    }
+
+    fn methods() -> Vec<Method> {
+        let mut all = vec![
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::PATCH,
+            Method::DELETE,
+        ];
+        all.push(Method::from_bytes(b"FOO").unwrap());
+        all
+    }
+
+    /// Which routes are public, and which tokens each protected route takes: every
+    /// method on every protected route (405s included) is 401 without a token, the
+    /// probes answer anyone, unknown paths are 404 for anyone, and the metrics
+    /// token opens `/metrics` and nothing else.
+    #[tokio::test]
+    async fn authentication_covers_every_protected_route_and_only_those() {
+        let e = enforced();
+        let bearer = Some(HeaderValue::from_static("Bearer"));
+        for template in ROUTE_TEMPLATES {
+            let uri = template
+                .replace("{id}", "x")
+                .replace("{token_id}", "y")
+                .replace("{snapshot_id}", "z");
+            let public = matches!(*template, "/healthz" | "/readyz");
+            for method in methods() {
+                for token in [None, Some("not-a-token"), Some(METRICS_TOKEN)] {
+                    let (status, challenge) = send(&e.app, &method, &uri, token).await;
+                    let metrics_reader = *template == "/metrics" && token == Some(METRICS_TOKEN);
+                    if public || metrics_reader {
+                        let expected = if method == Method::GET {
+                            StatusCode::OK
+                        } else {
+                            StatusCode::METHOD_NOT_ALLOWED
+                        };
+                        assert_eq!(status, expected, "{method} {uri} with {token:?}");
+                        assert_eq!(challenge, None);
+                    } else {
+                        assert_eq!(
+                            (status, &challenge),
+                            (StatusCode::UNAUTHORIZED, &bearer),
+                            "{method} {uri} with {token:?}"
+                        );
+                    }
+                }
+            }
+        }
+        for uri in ["/nope", "/metrics/", "/functions/x/y/z/w"] {
+            let (status, _) = send(&e.app, &Method::GET, uri, None).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{uri}");
+        }
+        // `/metrics` and `/openapi.json` with the real tokens.
+        let get = |uri: &'static str, token: String| {
+            let app = e.app.clone();
+            async move { send(&app, &Method::GET, uri, Some(&token)).await.0 }
+        };
+        assert_eq!(get("/metrics", e.admin.clone()).await, StatusCode::OK);
+        assert_eq!(
+            get("/metrics", e.tenant.clone()).await,
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(get("/openapi.json", e.admin.clone()).await, StatusCode::OK);
+        assert_eq!(get("/openapi.json", e.tenant.clone()).await, StatusCode::OK);
+        assert_eq!(get("/functions", e.tenant.clone()).await, StatusCode::OK);
+    }
 
     #[test]
     fn recorded_gpu_isolation_maps_to_the_runtime_level() {
