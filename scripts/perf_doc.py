@@ -2,7 +2,10 @@
 """Renders PERFORMANCE.md and its SVG charts from the run files under bench-results/.
 
 Every number in the output comes from a committed file; the document names
-the file, machine, date and commit of each table and chart. The output
+the file, machine, date and commit of each table and chart. It opens with the
+headline table (each figure with its peer, ratio, goal and run file) and ends
+with an index that links every run file instead of copying it. Reading the
+run files is in perf_runs.py, the charts in perf_charts.py. The output
 depends only on those files (no clock, no git, no environment), so running it
 twice, or on another checkout of the same commit, gives the same bytes.
 
@@ -14,16 +17,16 @@ Usage:
 """
 import difflib
 import glob
-import json
 import math
 import os
 import re
 import sys
 import tempfile
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-RESULTS = os.path.join(ROOT, "bench-results")
-CHARTS_DIR = "docs/charts"  # relative to ROOT; PERFORMANCE.md links to it
+sys.dont_write_bytecode = True  # no scripts/__pycache__ from the two modules below
+from perf_charts import CHARTS_DIR, charts_section, fmt_time_tick
+from perf_runs import (RESULTS, ROOT, criterion_files, fmt_bytes, fmt_ns, link, load, machine_line,
+                       newest_having, provenance, rel)
 
 INVENTORY = [
     ("e2e/healthz/get", "tensor-wasm-bench", "benches/e2e_inference.rs", "GET /healthz through the full router (oneshot)", "requests/s"),
@@ -69,323 +72,256 @@ ICOUNT_PATHS = {
 }
 
 
-def load(path):
-    with open(path) as f:
-        return json.load(f)
+# ---------------------------------------------------------------------- headline
+
+# The goals of the headline table, each from the document that sets it, never from a
+# measurement: (comparison, value, unit, the one size it applies to or None for every size,
+# source key of GOAL_SOURCES). HTTP throughput's goal is the one its run file records.
+GOAL_SOURCES = {
+    "issue 6": "snapshot restore and capture: the goals of issue 6, as recorded in "
+               "[docs/perf-experiments.md](docs/perf-experiments.md)",
+    "spec": "JIT warm hit and tenant lookup: the done-when criteria S13 and S16 of the performance "
+            "specification (S16 names a tenant context switch; its host side is what is measured here)",
+    "http": "HTTP throughput: the target its run file records, the one set in "
+            "[docs/perf-experiments.md](docs/perf-experiments.md)",
+    "gpu": "GPU rows: the targets the GPU suite's `summary.json` records for its comparisons",
+}
+
+# Criterion figures with a peer measured in the same run, or a goal. `{n}` stands for the size
+# (bytes, or tenants) of a bench family; the headline size is the largest the run file has.
+# metric: "time" (ratio of medians, lower is better), "bytes" (GB/s = bytes ÷ median, ratio of
+# GB/s, higher is better), "strided" (the same, 64 bytes moved per 4 KiB).
+HEADLINE = [
+    dict(what="Invocation of a no-argument export: store, instantiate, call",
+         ours="instantiate/instance_pre", peer="instantiate/raw_wasmtime",
+         peer_what="raw wasmtime (pooling engine, `InstancePre`)", metric="time"),
+    dict(what="Invocation with two i32 arguments (JSON)",
+         ours="call_export/args/two_i32", peer="call_export/noargs/call_export_with_args_empty",
+         peer_what="the same call without arguments", metric="time"),
+    dict(what="Sequential host copy into guest memory (`GuardedHostBuffer`)",
+         ours="memory_bandwidth/sequential/{n}", peer="memory_bandwidth/sequential_vec_peer/{n}",
+         peer_what="`Vec` (memcpy)", metric="bytes"),
+    dict(what="Strided host copy (64 B per 4 KiB) into guest memory",
+         ours="memory_bandwidth/strided/{n}", peer="memory_bandwidth/strided_vec_peer/{n}",
+         peer_what="`Vec`", metric="strided"),
+    dict(what="Lazy restore of an instance from a snapshot (mmap), to the end of its first call",
+         ours="cold_start/restore_lazy/{n}", peer="cold_start/instantiate_plain/{n}",
+         peer_what="plain instantiation + first call, same module", metric="time",
+         goal=("≤", 1e6, "ns", 512 << 20, "issue 6")),
+    dict(what="Eager restore of an instance into pooled memory, to the end of its first call",
+         ours="cold_start/restore_eager/{n}", peer="cold_start/memcpy/{n}",
+         peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 2.0, "GB/s", None, "issue 6")),
+    dict(what="Portable snapshot restore (decode) of a realistic image",
+         ours="cold_start/restore/{n}", peer="cold_start/memcpy/{n}",
+         peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 2.0, "GB/s", None, "issue 6")),
+    dict(what="Portable snapshot capture (encode) of a realistic image",
+         ours="cold_start/capture/{n}", peer="cold_start/memcpy/{n}",
+         peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 1.0, "GB/s", None, "issue 6")),
+    dict(what="JIT kernel cache, warm hit", ours="jit_compile/cache/warm_hit", metric="time",
+         goal=("<", 1e6, "ns", None, "spec")),
+    dict(what="Tenant lookup among N tenants", ours="tenant_registry/lookup/{n}", metric="time",
+         size_unit="tenants", goal=("<", 5e3, "ns", None, "spec")),
+]
+
+# What the GPU suite compares once it has run on a GPU (its summary.json then fills these rows).
+GPU_HEADLINE = [
+    ("CUDA launch to completion through the guest ABI", "raw cudarc launch + sync"),
+    ("Kernel throughput: vector add, matmul, conv2d", "PyTorch on the same GPU"),
+    ("Cold start to the first kernel from a snapshot", "fresh instance + init"),
+    ("Guest unified memory, first-touch kernel", "the same kernel, prefetched"),
+]
 
 
-def fmt_ns(ns):
-    if ns >= 1e9:
-        return f"{ns / 1e9:.3f} s"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.3f} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.2f} µs"
-    return f"{ns:.1f} ns"
+def family(row):
+    """ids_of for a HEADLINE row: [(size or None, ours id, peer id or None)] present in a run file."""
+    def ids_of(benches):
+        if "{n}" not in row["ours"]:
+            ok = row["ours"] in benches and (not row.get("peer") or row["peer"] in benches)
+            return [(None, row["ours"], row.get("peer"))] if ok else []
+        head, tail = row["ours"].split("{n}")
+        found = []
+        for key in benches:
+            n = key[len(head):len(key) - len(tail)] if key.startswith(head) and key.endswith(tail) else ""
+            if n.isdigit():
+                peer = row["peer"].replace("{n}", n) if row.get("peer") else None
+                if peer is None or peer in benches:
+                    found.append((int(n), key, peer))
+        return sorted(found)
+    return ids_of
 
 
-def fmt_bytes(n):
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    return f"{n} B"
+def headline_figure(row, benches, size, key):
+    """(value, text) of one bench: seconds-like time or GB/s."""
+    ns = benches[key]["median_ns"]
+    if row["metric"] == "time":
+        return ns, fmt_ns(ns)
+    moved = size // 4096 * 64 if row["metric"] == "strided" else size
+    return moved / ns, f"{moved / ns:.2f} GB/s"
 
 
-def machine_line(m):
-    if not m:
-        return "unknown machine"
-    if "cpu" in m:
-        return f"{m.get('cpu')}, {m.get('cores')} cores, {m.get('kernel', '')}".strip(", ")
-    return f"{m.get('cpu_model', 'unknown CPU')}, {m.get('nproc')} cores, {m.get('uname', '')}".strip(", ")
+def fmt_size(row, n):
+    return f"N = {n}" if row.get("size_unit") == "tenants" else fmt_bytes(n)
 
 
-def rel(path):
-    return os.path.relpath(path, ROOT)
+def goal_holds(goal, value):
+    op, limit = goal[0], goal[1]
+    return {"<": value < limit, "≤": value <= limit, "≥": value >= limit}[op]
 
 
-def provenance(path, doc):
-    """One line naming a run file's machine, date, commit and command."""
-    return (f"`{rel(path)}` — machine: {machine_line(doc.get('machine'))}; date: {doc.get('date')}; "
-            f"commit: `{doc.get('commit')}`; command: `{doc.get('command')}`")
+def fmt_goal(goal):
+    op, limit, unit, at, _ = goal
+    text = f"{op} {fmt_time_tick(limit)}" if unit == "ns" else f"{op} {limit:g} {unit}"
+    return text + (f" at {fmt_bytes(at)}" if at else "")
 
 
-def criterion_files():
-    return sorted(glob.glob(os.path.join(RESULTS, "criterion", "*.json")))
+def criterion_headline_row(row, cited):
+    path, doc, found = newest_having(family(row))
+    if not path:
+        return f"| {row['what']} — `{row['ours']}` | not measured: no run file has it | | | " \
+               f"{fmt_goal(row['goal']) if row.get('goal') else '—'} | — | — |"
+    cited.setdefault(path, set()).add("headline")
+    benches = doc["benches"]
+    better = "time: lower is better" if row["metric"] == "time" else "GB/s: higher is better"
+    figs = []  # (size, ours value, ours text, peer text, ratio)
+    for size, ours, peer in found:
+        value, text = headline_figure(row, benches, size, ours)
+        peer_text, ratio = "", None
+        if peer:
+            pv, peer_text = headline_figure(row, benches, size, peer)
+            ratio = value / pv
+        figs.append((size, value, text, peer_text, ratio))
+    size, value, text, peer_text, ratio = figs[-1]
+    at = f" at {fmt_size(row, size)}" if size is not None else ""
+    ours_cell = text + at
+    ratio_cell = f"{ratio:.2f}×{at}" if ratio is not None else "—"
+    if len(figs) > 1:
+        unit = "" if row["metric"] == "time" else " GB/s"
+        values = [f[1] for f in figs]
+        lo, hi = (fmt_ns(min(values)), fmt_ns(max(values))) if row["metric"] == "time" \
+            else (f"{min(values):.2f}", f"{max(values):.2f}")
+        span = f"{fmt_size(row, figs[0][0])} … {fmt_size(row, figs[-1][0])}"
+        ours_cell += f" ({lo} … {hi}{unit} over {span})"
+        if ratio is not None:
+            ratios = [f[4] for f in figs]
+            ratio_cell += f" ({min(ratios):.2f} … {max(ratios):.2f}×)"
+    if ratio is not None:
+        ratio_cell += f"; {better}"
+        peer_cell = f"{row['peer_what']}: {peer_text}{at}"
+    else:
+        peer_cell = "—"
+    goal, holds = row.get("goal"), "—"
+    if goal:
+        checked = [(f[0], goal_holds(goal, f[1])) for f in figs if goal[3] is None or f[0] == goal[3]]
+        if not checked:
+            holds = f"not measured at {fmt_bytes(goal[3])}"
+        elif len(checked) == 1:
+            holds = "yes" if checked[0][1] else "**no**"
+        else:
+            met = [s for s, ok in checked if ok]
+            holds = (f"yes, all {len(checked)} sizes" if len(met) == len(checked) else
+                     f"**no**, at none of {len(checked)} sizes" if not met else
+                     f"at {len(met)} of {len(checked)} sizes ({', '.join(fmt_size(row, s) for s in met)})")
+    ids = row["ours"].replace("{n}", "<N>" if row.get("size_unit") == "tenants" else "<bytes>")
+    return (f"| {row['what']} — `{ids}` | {ours_cell} | {peer_cell} | {ratio_cell} | "
+            f"{fmt_goal(goal) if goal else '—'} | {holds} | {link(rel(path))} |")
 
 
-def newest_with(prefix, pattern="*.json"):
-    """The Criterion run file with the latest `date` (then name) that has a bench id under `prefix`."""
-    best = None
-    for path in sorted(glob.glob(os.path.join(RESULTS, "criterion", pattern))):
-        doc = load(path)
-        if any(k.startswith(prefix) for k in doc.get("benches", {})):
-            key = (doc.get("date") or "", path)
-            if best is None or key > best[0]:
-                best = (key, path, doc)
-    return (best[1], best[2]) if best else (None, None)
-
-
-# --------------------------------------------------------------------------- SVG
-
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
-           "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
-W, H = 860, 440
-ML, MR, MT, MB = 84, 240, 106, 58  # margins: left, right (legend), top (title), bottom
-
-
-def esc(text):
-    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
-
-
-def num(v):
-    """Fixed formatting of a coordinate, so output bytes never depend on float repr."""
-    return f"{v:.1f}"
-
-
-def svg_open(title, subtitle_lines):
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
-        'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">',
-        f"<title>{esc(title)}</title>",
-        f'<rect x="0" y="0" width="{W}" height="{H}" fill="#ffffff"/>',
-        f'<text x="{ML}" y="22" font-size="15" font-weight="bold">{esc(title)}</text>',
-    ]
-    for i, line in enumerate(subtitle_lines):
-        out.append(f'<text x="{ML}" y="{40 + 14 * i}" font-size="10" fill="#555555">{esc(line)}</text>')
-    return out
-
-
-def log_ticks(lo, hi):
-    """Decades covering [lo, hi] (powers of ten)."""
-    a = math.floor(math.log10(lo))
-    b = math.ceil(math.log10(hi))
-    return [10.0 ** e for e in range(a, b + 1)]
-
-
-def y_axis_log(out, lo, hi, label, fmt):
-    ticks = log_ticks(lo, hi)
-    y0, y1 = math.log10(ticks[0]), math.log10(ticks[-1])
-    top, bottom = MT, H - MB
-
-    def y(v):
-        return bottom - (math.log10(v) - y0) / (y1 - y0) * (bottom - top)
-
-    for t in ticks:
-        out.append(f'<line x1="{ML}" y1="{num(y(t))}" x2="{W - MR}" y2="{num(y(t))}" stroke="#dddddd"/>')
-        out.append(f'<text x="{ML - 6}" y="{num(y(t) + 4)}" text-anchor="end">{esc(fmt(t))}</text>')
-    out.append(f'<line x1="{ML}" y1="{top}" x2="{ML}" y2="{bottom}" stroke="#333333"/>')
-    out.append(f'<line x1="{ML}" y1="{bottom}" x2="{W - MR}" y2="{bottom}" stroke="#333333"/>')
-    out.append(f'<text x="18" y="{num((top + bottom) / 2)}" text-anchor="middle" '
-               f'transform="rotate(-90 18 {num((top + bottom) / 2)})">{esc(label)}</text>')
-    return y
-
-
-def legend(out, names):
-    x = W - MR + 16
-    for i, name in enumerate(names):
-        y = MT + 8 + 18 * i
-        out.append(f'<rect x="{x}" y="{y - 9}" width="12" height="10" fill="{PALETTE[i % len(PALETTE)]}"/>')
-        out.append(f'<text x="{x + 18}" y="{y}">{esc(name)}</text>')
-
-
-def line_chart(title, subtitle, x_label, y_label, series, x_fmt, y_fmt):
-    """Log-log chart; series = [(name, [(x, y), ...])]."""
-    xs = sorted({x for _, pts in series for x, _ in pts})
-    ys = [y for _, pts in series for _, y in pts]
-    out = svg_open(title, subtitle)
-    y = y_axis_log(out, min(ys), max(ys), y_label, y_fmt)
-    lx0, lx1 = math.log2(xs[0]), math.log2(xs[-1])
-    left, right = ML + 20, W - MR - 20
-
-    def x(v):
-        return left if lx1 == lx0 else left + (math.log2(v) - lx0) / (lx1 - lx0) * (right - left)
-
-    for v in xs:
-        out.append(f'<line x1="{num(x(v))}" y1="{H - MB}" x2="{num(x(v))}" y2="{H - MB + 5}" stroke="#333333"/>')
-        out.append(f'<text x="{num(x(v))}" y="{H - MB + 18}" text-anchor="middle">{esc(x_fmt(v))}</text>')
-    out.append(f'<text x="{num((left + right) / 2)}" y="{H - 12}" text-anchor="middle">{esc(x_label)}</text>')
-    for i, (name, pts) in enumerate(series):
-        color = PALETTE[i % len(PALETTE)]
-        pts = sorted(pts)
-        path = " ".join(f"{num(x(a))},{num(y(b))}" for a, b in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
-        for a, b in pts:
-            out.append(f'<circle cx="{num(x(a))}" cy="{num(y(b))}" r="3.5" fill="{color}">'
-                       f"<title>{esc(name)} {esc(x_fmt(a))}: {esc(y_fmt(b))}</title></circle>")
-    legend(out, [name for name, _ in series])
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def bar_chart(title, subtitle, y_label, groups, names, y_fmt):
-    """Grouped bars on a log axis; groups = [(label, [value or None per name])]."""
-    values = [v for _, vals in groups for v in vals if v]
-    out = svg_open(title, subtitle)
-    y = y_axis_log(out, min(values), max(values), y_label, y_fmt)
-    bottom = H - MB
-    left, right = ML + 10, W - MR - 10
-    slot = (right - left) / len(groups)
-    bar = min(28.0, slot * 0.8 / len(names))
-    for g, (label, vals) in enumerate(groups):
-        start = left + g * slot + (slot - bar * len(names)) / 2
-        for i, v in enumerate(vals):
-            if not v:
-                continue
-            top = y(v)
-            out.append(f'<rect x="{num(start + i * bar)}" y="{num(top)}" width="{num(bar - 2)}" '
-                       f'height="{num(bottom - top)}" fill="{PALETTE[i % len(PALETTE)]}">'
-                       f"<title>{esc(label.replace(chr(10), ' '))} {esc(names[i])}: {esc(y_fmt(v))}</title></rect>")
-        for k, part in enumerate(label.split("\n")):
-            out.append(f'<text x="{num(left + g * slot + slot / 2)}" y="{bottom + 16 + 13 * k}" '
-                       f'text-anchor="middle" font-size="11">{esc(part)}</text>')
-    legend(out, names)
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def fmt_time_tick(ns):
-    if ns >= 1e9:
-        return f"{ns / 1e9:g} s"
-    if ns >= 1e6:
-        return f"{ns / 1e6:g} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:g} µs"
-    return f"{ns:g} ns"
-
-
-def fmt_gbps_tick(v):
-    return f"{v:g} GB/s"
-
-
-# ------------------------------------------------------------------------ charts
-
-def chart_restore(charts):
-    """Restore time vs image size: the snapshot crate's benches (newest cold-start run file) and
-    the runtime's whole-instance restore (newest snapshot-restore run file), when committed."""
-    sources = []
-    for pattern, prefix, labels in (
-        ("*cold-start*.json", "snapshot: ", {
-            "restore": "restore (portable)", "restore_lazy": "restore_lazy (mmap)",
-            "map_lazy": "map_lazy (mmap)",
-            "disk_round_trip": "disk round trip", "capture": "capture", "memcpy": "memcpy peer"}),
-        ("*snapshot-restore*.json", "instance: ", {}),
-    ):
-        path, doc = newest_with("cold_start/", pattern)
-        if path:
-            sources.append((path, doc, prefix, labels))
-    if not sources:
-        return None
-    series = []
-    for path, doc, prefix, labels in sources:
-        found = {}
-        for key, b in doc["benches"].items():
-            parts = key.split("/")
-            if len(parts) == 3 and parts[0] == "cold_start" and parts[2].isdigit():
-                found.setdefault(parts[1], []).append((int(parts[2]), b["median_ns"]))
-        for name in sorted(found):
-            series.append((prefix + labels.get(name, name), found[name]))
-    subtitle = [f"{rel(p)}: {d.get('date')}, commit {d.get('commit')}" for p, d, _, _ in sources]
-    subtitle += sorted({f"machine: {machine_line(d.get('machine'))}" for _, d, _, _ in sources})
-    svg = line_chart(
-        "Snapshot restore time vs image size (Criterion medians)",
-        subtitle + ["snapshot: the snapshot crate's encode/decode of a memory image; "
-                    "instance: the runtime's whole restore of an instance"],
-        "image size (log scale)", "median time per operation (log scale)",
-        series, fmt_bytes, fmt_time_tick)
-    name = "restore-vs-size.svg"
-    charts[name] = svg
-    return name, [(p, d) for p, d, _, _ in sources]
-
-
-def chart_dispatch(charts):
-    """Dispatch latency distribution: tail-latency.json, else Criterion dispatch medians."""
-    path = os.path.join(RESULTS, "tail-latency.json")
-    name = "dispatch-latency.svg"
+def headline_section(out, cited):
+    out.append("## Headline figures\n")
+    out.append("| figure | ours | peer, same run | ours ÷ peer | goal | holds | run file |")
+    out.append("|---|---|---|---|---|---|---|")
+    for row in HEADLINE:
+        out.append(criterion_headline_row(row, cited))
+    # HTTP throughput: the newest A/B run.
+    path = os.path.join(RESULTS, "http-throughput", "latest.json")
     if os.path.exists(path):
         doc = load(path)
-        res = doc["results"]
-        ids = [i for i in ("dispatch/serial/100", "dispatch/concurrent_cap64/100",
-                           "e2e/healthz/get", "e2e/invoke_not_found/post") if i in res]
-        keys = [("p50_ns", "p50"), ("p95_ns", "p95"), ("p99_ns", "p99"), ("p99_9_ns", "p99.9"), ("max_ns", "max")]
-        groups = [(i.replace("/", "\n", 1), [res[i].get(k) for k, _ in keys]) for i in ids]
-        svg = bar_chart(
-            "Latency distribution per sample (tail-latency run)",
-            [f"{rel(path)}: {machine_line(doc.get('machine'))}",
-             f"date {doc.get('date')}, commit {doc.get('commit')}",
-             "load average (1, 5, 15 min) before / after: "
-             f"{' / '.join(str(x) for x in doc.get('load_average_before_after', []))}; "
-             "one dispatch sample = 100 dispatches"],
-            "latency (log scale)", groups, [label for _, label in keys], fmt_time_tick)
-        charts[name] = svg
-        return name, [(path, doc)]
-    path, doc = newest_with("dispatch/")
-    if not path:
-        return None
-    series = {}
-    for key, b in doc["benches"].items():
-        parts = key.split("/")
-        if parts[0] == "dispatch" and len(parts) == 3:
-            series.setdefault(parts[1], []).append((int(parts[2]), b["median_ns"] / int(parts[2])))
-    svg = line_chart(
-        "Dispatch cost per dispatch vs batch size (Criterion medians ÷ N)",
-        [f"{rel(path)}: {machine_line(doc.get('machine'))}",
-         f"date {doc.get('date')}, commit {doc.get('commit')}"],
-        "dispatches per iteration (N)", "time per dispatch (log scale)",
-        sorted(series.items()), lambda v: f"{v:g}", fmt_time_tick)
-    charts[name] = svg
-    return name, [(path, doc)]
+        cited.setdefault(path, set()).add("headline")
+        s = doc["summary"]
+        ratio = doc.get("ratio_req_per_s_tensor_wasm_over_minimal")
+        ratio = ratio.get("median") if isinstance(ratio, dict) else ratio
+        if ratio is None:
+            ratio = s["tensor_wasm"]["req_per_s"]["median"] / s["minimal"]["req_per_s"]["median"]
+        target = (doc.get("target") or {}).get("ratio_at_least")
+        knobs = " ".join(re.findall(r"\b(?:AUTH|INLINE)=\w+", doc.get("command", "")))
+        out.append(f"| HTTP invoke throughput, `tensor-wasm serve`{' (' + knobs + ')' if knobs else ''} | "
+                   f"{s['tensor_wasm']['req_per_s']['median']:.0f} req/s | minimal axum + wasmtime server: "
+                   f"{s['minimal']['req_per_s']['median']:.0f} req/s | {float(ratio):.2f}×; req/s: higher is better | "
+                   f"{'≥ ' + format(target, '.2f') + '×' if target is not None else '—'} | "
+                   f"{('yes' if float(ratio) >= target else '**no**') if target is not None else '—'} | "
+                   f"{link(rel(path))} |")
+    else:
+        out.append("| HTTP invoke throughput vs the minimal axum + wasmtime server | not measured: no run file | | | — | — | — |")
+    # Tail latency: p99 against the p50 of the same path and run.
+    path = os.path.join(RESULTS, "tail-latency.json")
+    if os.path.exists(path):
+        doc = load(path)
+        cited.setdefault(path, set()).add("headline")
+        for key, r in doc["results"].items():
+            out.append(f"| Tail latency, `{key}` (p99) | {fmt_ns(r['p99_ns'])} | p50 of the same path: "
+                       f"{fmt_ns(r['p50_ns'])} | {r['p99_ns'] / r['p50_ns']:.2f}×; time: lower is better | — | — | "
+                       f"{link(rel(path))} |")
+    # GPU: the newest CUDA run of the GPU suite, else rows saying so.
+    runs = [(p, load(p)) for p in sorted(glob.glob(os.path.join(RESULTS, "gpu", "*", "summary.json")))]
+    runs = [(p, d) for p, d in runs if d.get("backend") == "cuda" and d.get("gpu_measurement")]
+    if runs:
+        path, doc = max(runs, key=lambda pd: (pd[1].get("date") or "", pd[0]))
+        cited.setdefault(path, set()).add("headline")
+        for c in doc.get("comparisons", []):
+            better = "lower is better" if c.get("comparison") == "at_most" else "higher is better"
+            ratio = f"{c['ratio']:.3f}×; {better}" if c.get("ratio") is not None else "n/a"
+            target = "—" if c.get("target") is None else \
+                ("≤ " if c.get("comparison") == "at_most" else "≥ ") + f"{c['target']}×"
+            met = {True: "yes", False: "**no**"}.get(c.get("met"), "—")
+            out.append(f"| GPU: {c['name']} | {c['ours_text']} | {c['peer_text']} | {ratio} | {target} | {met} | "
+                       f"{link(rel(path), rel(path).split('/')[-2] + '/summary.json')} |")
+    else:
+        for what, peer in GPU_HEADLINE:
+            out.append(f"| GPU: {what} | not measured: no GPU run file | {peer} | — | — | — | — |")
+    out.append("")
+    out.append("- Each row's figures and ratio come from the one run file it links (one Criterion run, or one "
+               "interleaved script); for Criterion rows, the newest run file that has the bench and its peer. "
+               "Absolute times are those of that file's machine.")
+    out.append("- Criterion figures are medians; GB/s is bytes ÷ median. For a bench family the headline is its "
+               "largest size, with the range over all sizes of the same run in brackets.")
+    out.append("- Goals, \"—\" where none is set: " + "; ".join(GOAL_SOURCES.values()) + ".")
+    out.append("- Every other tracked figure is in the wall-clock baseline and instruction-count tables below; "
+               "every run file is listed under \"Run files\" at the end.\n")
 
 
-def chart_throughput(charts):
-    """Copy throughput into guest memory vs the Vec peer, from the newest run file with both."""
-    path, doc = newest_with("memory_bandwidth/")
-    if not path:
-        return None
-    benches = doc["benches"]
-    groups = []
-    for kind, moved in (("sequential", lambda n: n), ("strided", lambda n: n // 4096 * 64)):
-        sizes = sorted(int(k.split("/")[2]) for k in benches if k.startswith(f"memory_bandwidth/{kind}/"))
-        for n in sizes:
-            ours = benches.get(f"memory_bandwidth/{kind}/{n}")
-            peer = benches.get(f"memory_bandwidth/{kind}_vec_peer/{n}")
-            if ours and peer:
-                groups.append((f"{kind}\n{fmt_bytes(n)}",
-                               [moved(n) / ours["median_ns"], moved(n) / peer["median_ns"]]))
-    if not groups:
-        return None
-    svg = bar_chart(
-        "Host copy throughput into guest memory vs a Vec peer (same run)",
-        [f"{rel(path)}: {machine_line(doc.get('machine'))}",
-         f"date {doc.get('date')}, commit {doc.get('commit')}",
-         "bytes moved ÷ Criterion median; strided moves 64 B per 4 KiB"],
-        "GB/s (log scale)", groups, ["GuardedHostBuffer (ours)", "Vec peer (memcpy)"], fmt_gbps_tick)
-    name = "copy-throughput-vs-peer.svg"
-    charts[name] = svg
-    return name, [(path, doc)]
+def run_index_section(out, cited):
+    out.append("## Run files\n")
+    out.append("Every committed run, linked rather than copied here; \"cited\" says where this document uses it.\n")
+    out.append("### Criterion (`scripts/criterion_summary.py` output)\n")
+    out.append("| run file | date | commit | command | benches | cited |")
+    out.append("|---|---|---|---|---|---|")
+    for path in criterion_files():
+        doc = load(path)
+        out.append(f"| {link(rel(path))} | {doc.get('date')} | `{(doc.get('commit') or '')[:8]}` | "
+                   f"`{doc.get('command')}` | {len(doc.get('benches', {}))} | "
+                   f"{', '.join(sorted(cited.get(path, ()))) or '—'} |")
+    out.append("")
+    files = [p for p in glob.glob(os.path.join(RESULTS, "http-throughput", "*.json"))]
+    if files:
+        docs = sorted(((load(p).get("timestamp_utc") or "", p) for p in files))
+        out.append("### HTTP throughput (`scripts/http-throughput.sh` output)\n")
+        out.append("| run file | date | commit | command | tensor-wasm ÷ minimal (req/s) | cited |")
+        out.append("|---|---|---|---|---|---|")
+        for _, path in docs:
+            doc = load(path)
+            r = doc.get("ratio_req_per_s_tensor_wasm_over_minimal")
+            r = r.get("median") if isinstance(r, dict) else r
+            out.append(f"| {link(rel(path))} | {doc.get('timestamp_utc')} | `{(doc.get('git_commit') or '')[:8]}` | "
+                       f"`{doc.get('command')}` | {'' if r is None else format(float(r), '.3f')} | "
+                       f"{', '.join(sorted(cited.get(path, ()))) or '—'} |")
+        out.append("")
+    texts = sorted(glob.glob(os.path.join(RESULTS, "**", "*.txt"), recursive=True))
+    if texts:
+        out.append("Raw tool output kept as text: " + ", ".join(link(rel(p), rel(p)[len("bench-results/"):])
+                                                           for p in texts) + ".\n")
 
 
 # ---------------------------------------------------------------------- sections
-
-def charts_section(out, charts):
-    out.append("## Charts\n")
-    out.append(f"Rendered by the same script from the same run files (`{CHARTS_DIR}/`); hover a point or bar for its value.\n")
-    made = [
-        ("Restore time vs image size", chart_restore(charts)),
-        ("Dispatch latency distribution", chart_dispatch(charts)),
-        ("Kernel-path throughput vs peer", chart_throughput(charts)),
-    ]
-    for title, made_chart in made:
-        out.append(f"### {title}\n")
-        if not made_chart:
-            out.append("No run file with these benches is committed yet.\n")
-            continue
-        name, sources = made_chart
-        out.append(f"![{title}]({CHARTS_DIR}/{name})\n")
-        for path, doc in sources:
-            out.append(f"From {provenance(path, doc)}.\n")
-    out.append("No GPU kernel has been timed yet, so the throughput chart compares the host-side copy into "
-               "guest memory with its `memcpy` peer; kernel-versus-cuBLAS/PyTorch figures will come from a GPU run file.\n")
-
 
 def icount_section(out):
     path = os.path.join(RESULTS, "icount", "baseline.json")
@@ -408,7 +344,7 @@ def icount_section(out):
     out.append("")
 
 
-def baseline_section(out):
+def baseline_section(out, cited):
     path = os.path.join(RESULTS, "baseline.json")
     out.append("## Wall-clock baseline (Criterion gate)\n")
     if not os.path.exists(path):
@@ -417,10 +353,11 @@ def baseline_section(out):
     doc = load(path)
     thr = doc["policy"]["regress_pct_threshold"]
     runs = doc.get("runs", [])
-    out.append(f"From `{rel(path)}` — machine: {machine_line(doc.get('machine'))}; generated {doc.get('generated')} "
+    out.append(f"From {link(rel(path), rel(path))} — machine: {machine_line(doc.get('machine'))}; generated {doc.get('generated')} "
                f"from {len(runs)} runs:")
     for r in runs:
-        out.append(f"- `{r.get('file')}` ({r.get('date')}, commit `{r.get('commit')}`)")
+        cited.setdefault(os.path.join(ROOT, r.get("file", "")), set()).add("baseline")
+        out.append(f"- {link(r.get('file', ''), r.get('file'))} ({r.get('date')}, commit `{r.get('commit')}`)")
     out.append("")
     out.append(f"Method, as recorded in the file: {doc.get('method')}.\n")
     cvs = {}
@@ -485,48 +422,6 @@ def policy_section(out):
                "`<group>/<id>/new/estimates.json` (`median.point_estimate`) of that tree.\n")
 
 
-def criterion_section(out):
-    files = criterion_files()
-    out.append("## Criterion results\n")
-    if not files:
-        out.append("No Criterion run file is committed yet.\n")
-        return
-    for path in files:
-        doc = load(path)
-        out.append(f"### `{rel(path)}`\n")
-        out.append(f"- machine: {machine_line(doc.get('machine'))}")
-        out.append(f"- date: {doc.get('date')}; commit: `{doc.get('commit')}`")
-        out.append(f"- command: `{doc.get('command')}`\n")
-        out.append("| bench id | median | 95 % CI of the median | std dev |")
-        out.append("|---|---|---|---|")
-        benches = doc["benches"]
-        for key, b in benches.items():
-            ci = f"{fmt_ns(b['median_lo_ns'])} … {fmt_ns(b['median_hi_ns'])}"
-            out.append(f"| `{key}` | {fmt_ns(b['median_ns'])} | {ci} | {fmt_ns(b['std_dev_ns'])} |")
-        out.append("")
-        pairs = [
-            ("instantiate/instance_pre", "instantiate/raw_wasmtime", "our invocation path ÷ raw wasmtime instantiate + call"),
-            ("call_export/args/two_i32", "call_export/noargs/call_export_with_args_empty", "invoke with two i32 arguments ÷ invoke with none"),
-        ]
-        for ours, peer, what in pairs:
-            if ours in benches and peer in benches:
-                ratio = benches[ours]["median_ns"] / benches[peer]["median_ns"]
-                out.append(f"Ratio, same run: {what} = **{ratio:.2f}×** (medians).\n")
-        peers = []
-        for key in benches:
-            parts = key.split("/")
-            if len(parts) == 3 and not parts[1].endswith("_vec_peer"):
-                peer = f"{parts[0]}/{parts[1]}_vec_peer/{parts[2]}"
-                if peer in benches:
-                    peers.append((key, peer))
-        if peers:
-            out.append("| ours vs peer (same run) | ratio of medians |")
-            out.append("|---|---|")
-            for ours, peer in peers:
-                out.append(f"| `{ours}` ÷ `{peer}` | {benches[ours]['median_ns'] / benches[peer]['median_ns']:.2f}× |")
-            out.append("")
-
-
 def tail_latency_section(out):
     path = os.path.join(RESULTS, "tail-latency.json")
     out.append("## Tail latency\n")
@@ -548,7 +443,7 @@ def tail_latency_section(out):
     out.append("")
 
 
-def throughput_section(out):
+def throughput_section(out, cited):
     path = os.path.join(RESULTS, "http-throughput", "latest.json")
     out.append("## HTTP throughput: tensor-wasm vs a minimal axum + wasmtime server\n")
     if not os.path.exists(path):
@@ -556,7 +451,7 @@ def throughput_section(out):
         return
     doc = load(path)
     s = doc["summary"]
-    out.append(f"From `{rel(path)}` — machine: {machine_line(doc.get('machine'))}; "
+    out.append(f"From {link(rel(path), rel(path))} — machine: {machine_line(doc.get('machine'))}; "
                f"date: {doc.get('timestamp_utc', doc.get('date'))}; commit: `{doc.get('git_commit')}`; "
                f"command: `{doc.get('command')}`.\n")
     out.append("Both servers run on the same machine as the load generator, interleaved A B A B; "
@@ -572,9 +467,10 @@ def throughput_section(out):
     ratio = doc.get("ratio_req_per_s_tensor_wasm_over_minimal")
     if isinstance(ratio, dict):
         ratio = ratio.get("median")
+    target = (doc.get("target") or {}).get("ratio_at_least")
     if ratio is not None:
-        out.append(f"\nRatio tensor-wasm ÷ minimal (req/s, medians): **{float(ratio):.2f}×** "
-                   f"(target ≥ 0.80×).\n")
+        out.append(f"\nRatio tensor-wasm ÷ minimal (req/s, medians): **{float(ratio):.2f}×**"
+                   + (f" (target ≥ {target:.2f}×, recorded in the run file)" if target is not None else "") + ".\n")
     # Every run of the same commit, so one run never stands alone (knobs from its command line).
     same = []
     for other in sorted(glob.glob(os.path.join(RESULTS, "http-throughput", "*.json"))):
@@ -587,6 +483,7 @@ def throughput_section(out):
         r = o.get("ratio_req_per_s_tensor_wasm_over_minimal")
         if isinstance(r, dict):
             r = r.get("median")
+        cited.setdefault(other, set()).add("HTTP throughput")
         same.append((rel(other), knobs.get("AUTH", "on"), knobs.get("INLINE", "on"), r))
     if len(same) > 1:
         out.append(f"All runs of commit `{doc.get('git_commit')}` (INLINE=off: `serve --no-inline-calls`, "
@@ -594,7 +491,7 @@ def throughput_section(out):
         out.append("| run file | auth | inline calls | ratio |")
         out.append("|---|---|---|---|")
         for name, auth, inline, r in same:
-            out.append(f"| `{name}` | {auth} | {inline} | {float(r):.3f} |")
+            out.append(f"| {link(name)} | {auth} | {inline} | {float(r):.3f} |")
         out.append("")
 
 
@@ -640,18 +537,25 @@ def gpu_section(out):
 def render():
     """The document text and the charts {file name: svg text}."""
     charts = {}
+    cited = {}  # run file path -> {"headline", "baseline", "chart"}
     out = [
         "# Performance",
         "",
         "<!-- Generated by `make perf-doc` (scripts/perf_doc.py) from bench-results/. Do not edit by hand; "
         "`make perf-doc-check` fails when this file or docs/charts/ is out of date. -->",
         "",
+        "Generated from the run files under `bench-results/` by `make perf-doc`; every figure links the run",
+        "file it comes from.",
+        "",
+    ]
+    headline_section(out, cited)
+    out += [
+        "## How we measure",
+        "",
         "Every number here comes from a committed run file under `bench-results/`, named next to",
         "its table or chart with the machine, date, commit and command that produced it. Absolute times are",
         "only meaningful on their machine; comparisons are made as ratios of runs interleaved in the",
         "same script or the same Criterion run. GPU figures appear only once measured on a GPU.",
-        "",
-        "## How we measure",
         "",
         "- Criterion benches (`crates/tensor-wasm-bench/benches/`, `crates/tensor-wasm-tenant/benches/`,",
         "  `crates/tensor-wasm-snapshot/benches/`, `harness = false`): a warm-up, then Criterion's samples;",
@@ -684,12 +588,12 @@ def render():
     out.append("")
     policy_section(out)
     icount_section(out)
-    baseline_section(out)
-    charts_section(out, charts)
+    baseline_section(out, cited)
+    charts_section(out, charts, cited)
     tail_latency_section(out)
-    criterion_section(out)
-    throughput_section(out)
+    throughput_section(out, cited)
     gpu_section(out)
+    run_index_section(out, cited)
     return "\n".join(out).rstrip() + "\n", charts
 
 
