@@ -87,3 +87,20 @@ impl RuntimeError {
 
 /// Result alias of this crate.
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
+/// Longest guest error message passed back to callers.
+const MAX_MESSAGE: usize = 4096;
+
+/// Cuts a `message` longer than [`MAX_MESSAGE`] bytes at a character
+/// boundary and marks it ` [truncated]`.
+pub(crate) fn truncate_message(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str(" [truncated]");
+    }
+    message
+}

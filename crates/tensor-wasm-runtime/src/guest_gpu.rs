@@ -13,7 +13,7 @@ use tensor_wasm_jit::{Blueprint, CacheKey, CompiledBlueprint, CompiledKernel, Ke
 use wasmtime::{Caller, Extern, Linker};
 
 use crate::abi::{self, code, AbiError};
-use crate::runtime::InvocationState;
+use crate::invocation_state::InvocationState;
 
 /// What every instance shares: the backend, the dispatcher and compiled kernels.
 ///

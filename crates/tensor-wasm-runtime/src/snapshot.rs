@@ -25,8 +25,9 @@ use tensor_wasm_snapshot::{
 use wasmtime::{Instance, Store, Val, V128};
 
 use crate::error::{Result, RuntimeError};
+use crate::function_entry::{FunctionEntry, Prepared};
 use crate::instrument::{self, GLOBAL_PREFIX, MEMORY_EXPORT};
-use crate::runtime::{classify, quiet_wasi, FunctionEntry, InvocationState, Prepared};
+use crate::invocation_state::{classify, quiet_wasi, InvocationState};
 use crate::store::{new_snapshot_id, FunctionRecord, InvocationStyle, SnapshotRecord};
 use crate::{FunctionInfo, Runtime};
 

@@ -34,7 +34,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
 
 use crate::abi::{self, code};
-use crate::runtime::InvocationState;
+use crate::invocation_state::InvocationState;
 
 /// Import module name.
 pub const MODULE: &str = "tw:stream";

@@ -1,0 +1,198 @@
+//! WASI commands: stdin in, stdout and an exit code out, buffered
+//! ([`CommandOutput`]) or streamed as it is written.
+
+use std::time::Instant;
+
+use wasmtime::Store;
+use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
+use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
+
+use crate::error::{Result, RuntimeError};
+use crate::function_entry::Prepared;
+use crate::invocation_state::{classify, InvocationState};
+use crate::store::{FunctionRecord, InvocationStyle};
+use crate::Runtime;
+
+/// Largest stderr a command may write before it traps; the tail is reported.
+const STDERR_CAP: usize = 1 << 20;
+
+/// Result of a WASI command invocation.
+#[derive(Debug, Clone)]
+pub struct CommandOutput {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    /// The last `stderr_tail_bytes` bytes of stderr.
+    pub stderr_tail: Vec<u8>,
+    /// Whether stderr was longer than the tail.
+    pub stderr_truncated: bool,
+}
+
+impl Runtime {
+    /// Runs a WASI command function with `stdin` and returns what it wrote.
+    pub fn invoke_command(&self, id: &str, stdin: Vec<u8>) -> Result<CommandOutput> {
+        let start = Instant::now();
+        let result = self.invoke_command_inner(id, stdin);
+        self.finish(start, &result);
+        result
+    }
+
+    fn invoke_command_inner(&self, id: &str, stdin: Vec<u8>) -> Result<CommandOutput> {
+        let entry = self.entry(id)?;
+        let record = &entry.record;
+        if record.style != InvocationStyle::Wasi {
+            return Err(RuntimeError::WrongStyle(format!(
+                "function {id} is an export-call function: send {{\"export\": ..., \"args\": [...]}}"
+            )));
+        }
+        let prepared = self.prepared(&entry)?;
+        let _slot = self.take_slot()?;
+        let cap = self.inner.config.max_output_bytes;
+        let stdout = MemoryOutputPipe::new(cap);
+        let (mut store, stderr, run) = self.run_start(&prepared, record, stdin, stdout.clone());
+        let exit_code = match run {
+            Ok(code) => code,
+            Err(e) => {
+                let stdout_full = stdout.contents().len() >= cap
+                    || format!("{e:#}").contains("beyond capacity of MemoryOutputPipe")
+                        && stdout.contents().len() + 4096 > cap;
+                if stdout_full {
+                    return Err(RuntimeError::OutputTooLarge(cap));
+                }
+                log_stderr(record, &stderr.contents());
+                return Err(classify(e, &mut store, &record.limits));
+            }
+        };
+        drop(store);
+        let stderr = stderr.contents();
+        log_stderr(record, &stderr);
+        let tail = self.inner.config.stderr_tail_bytes;
+        let skip = stderr.len().saturating_sub(tail);
+        Ok(CommandOutput {
+            exit_code,
+            stdout: stdout.contents().to_vec(),
+            stderr_tail: stderr[skip..].to_vec(),
+            stderr_truncated: skip > 0,
+        })
+    }
+
+    /// Checks that function `id` is a WASI command, loading it, without
+    /// running anything (so a streaming response can still answer a 4xx).
+    pub fn check_command_call(&self, id: &str) -> Result<()> {
+        let entry = self.entry(id)?;
+        if entry.record.style != InvocationStyle::Wasi {
+            return Err(RuntimeError::WrongStyle(format!(
+                "function {id} is an export-call function: name the export to call"
+            )));
+        }
+        self.prepared(&entry).map(|_| ())
+    }
+
+    /// Runs WASI command `id` with `io`'s input as stdin; each write to
+    /// stdout goes to `io`'s channel as a chunk as soon as it is written
+    /// (blocking while the buffer is full), under `io`'s caps. A write after
+    /// the client has gone stops the guest with [`RuntimeError::ClientGone`];
+    /// stdout past the per-invocation cap stops it with
+    /// [`RuntimeError::OutputTooLarge`].
+    pub fn invoke_command_streaming(
+        &self,
+        id: &str,
+        io: crate::stream::StreamIo,
+    ) -> Result<crate::stream::CommandExit> {
+        let start = Instant::now();
+        let result = self.invoke_command_streaming_inner(id, io);
+        self.finish(start, &result);
+        result
+    }
+
+    fn invoke_command_streaming_inner(
+        &self,
+        id: &str,
+        io: crate::stream::StreamIo,
+    ) -> Result<crate::stream::CommandExit> {
+        let entry = self.entry(id)?;
+        let record = &entry.record;
+        if record.style != InvocationStyle::Wasi {
+            return Err(RuntimeError::WrongStyle(format!(
+                "function {id} is an export-call function: name the export to call"
+            )));
+        }
+        let prepared = self.prepared(&entry)?;
+        let _slot = self.take_slot()?;
+        let (stdin, stdout) = io.into_stdout();
+        let (mut store, stderr, run) = self.run_start(&prepared, record, stdin, stdout.clone());
+        let exit_code = match run {
+            Ok(code) => code,
+            Err(e) => {
+                log_stderr(record, &stderr.contents());
+                if let Some(cap) = e.downcast_ref::<crate::stream::OutputCapExceeded>() {
+                    return Err(RuntimeError::OutputTooLarge(
+                        usize::try_from(cap.0).unwrap_or(usize::MAX),
+                    ));
+                }
+                return Err(classify(e, &mut store, &record.limits));
+            }
+        };
+        // The stream ends when the last sender (the store's, then ours) is gone.
+        drop(store);
+        let stdout_bytes = stdout.written();
+        drop(stdout);
+        let stderr = stderr.contents();
+        log_stderr(record, &stderr);
+        let tail = self.inner.config.stderr_tail_bytes;
+        let skip = stderr.len().saturating_sub(tail);
+        Ok(crate::stream::CommandExit {
+            exit_code,
+            stdout_bytes,
+            stderr_tail: stderr[skip..].to_vec(),
+            stderr_truncated: skip > 0,
+        })
+    }
+
+    /// Instantiates a WASI command with `stdin`, `stdout` and a captured stderr, and runs
+    /// `_start`: `Ok(exit code)` when it returned or called `proc_exit`, the guest's error
+    /// otherwise.
+    fn run_start(
+        &self,
+        prepared: &Prepared,
+        record: &FunctionRecord,
+        stdin: impl Into<bytes::Bytes>,
+        stdout: impl wasmtime_wasi::cli::StdoutStream + 'static,
+    ) -> (
+        Store<InvocationState>,
+        MemoryOutputPipe,
+        wasmtime::Result<i32>,
+    ) {
+        let stderr = MemoryOutputPipe::new(STDERR_CAP);
+        let wasi = WasiCtxBuilder::new()
+            .stdin(MemoryInputPipe::new(stdin))
+            .stdout(stdout)
+            .stderr(stderr.clone())
+            .arg(&record.name)
+            .build_p1();
+        let (mut store, instance) = self.instantiate(prepared, record, Some(wasi));
+        let run = instance.and_then(|instance| {
+            instance
+                .get_typed_func::<(), ()>(&mut store, "_start")?
+                .call(&mut store, ())
+        });
+        let code = match run {
+            Ok(()) => Ok(0),
+            Err(e) => match e.downcast_ref::<I32Exit>() {
+                Some(exit) => Ok(exit.0),
+                None => Err(e),
+            },
+        };
+        (store, stderr, code)
+    }
+}
+
+/// Logs the last 4 KiB of a guest's stderr, if it wrote any.
+fn log_stderr(record: &FunctionRecord, stderr: &[u8]) {
+    if !stderr.is_empty() {
+        tracing::info!(
+            function = %record.id,
+            stderr = %String::from_utf8_lossy(&stderr[stderr.len().saturating_sub(4096)..]),
+            "guest stderr"
+        );
+    }
+}

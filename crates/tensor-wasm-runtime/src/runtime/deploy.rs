@@ -1,0 +1,300 @@
+//! Deploying, deleting and looking up functions: the deploy request
+//! ([`DeploySpec`]), its checks and limits, and the function catalogue.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use wasmtime::{ExternType, Module};
+
+use crate::error::{truncate_message, Result, RuntimeError};
+use crate::function_entry::FunctionEntry;
+use crate::store::{
+    new_function_id, sha256_hex, FunctionLimits, FunctionRecord, InvocationStyle, RECORD_FORMAT,
+};
+use crate::values::ExportSignature;
+use crate::Runtime;
+
+/// What a deploy asks for; unset limits take the server defaults.
+#[derive(Debug, Clone)]
+pub struct DeploySpec {
+    /// Owning tenant (empty when tenants are not in use).
+    pub tenant: String,
+    pub name: String,
+    pub style: InvocationStyle,
+    pub timeout_ms: Option<u64>,
+    pub memory_limit_bytes: Option<u64>,
+    pub fuel: Option<u64>,
+    /// Grant the raw-PTX capability (needs `allow_raw_ptx` on the server).
+    pub raw_ptx: bool,
+}
+
+impl DeploySpec {
+    /// An export-call function with default limits.
+    pub fn export(name: impl Into<String>) -> Self {
+        DeploySpec {
+            tenant: String::new(),
+            name: name.into(),
+            style: InvocationStyle::Export,
+            timeout_ms: None,
+            memory_limit_bytes: None,
+            fuel: None,
+            raw_ptx: false,
+        }
+    }
+
+    /// A WASI command with default limits.
+    pub fn wasi(name: impl Into<String>) -> Self {
+        DeploySpec {
+            style: InvocationStyle::Wasi,
+            ..DeploySpec::export(name)
+        }
+    }
+}
+
+/// A deployed function as the API shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FunctionInfo {
+    #[serde(flatten)]
+    pub record: FunctionRecord,
+    /// Callable exports and their signatures.
+    pub exports: Vec<ExportSignature>,
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is set before it).
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Runtime {
+    /// Every deployed function, oldest first.
+    pub fn functions(&self) -> Vec<FunctionRecord> {
+        let mut records: Vec<_> = self
+            .inner
+            .functions
+            .read()
+            .expect("lock")
+            .values()
+            .map(|e| e.record.clone())
+            .collect();
+        records.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        records
+    }
+
+    /// One function with its export signatures (loading it if needed).
+    pub fn function(&self, id: &str) -> Result<FunctionInfo> {
+        let entry = self.entry(id)?;
+        let prepared = self.prepared(&entry)?;
+        Ok(FunctionInfo {
+            record: entry.record.clone(),
+            exports: exports_of(prepared.pre.module()),
+        })
+    }
+
+    /// How function `id` is invoked (cheap: no loading).
+    pub fn style(&self, id: &str) -> Result<InvocationStyle> {
+        Ok(self.entry(id)?.record.style)
+    }
+
+    /// How function `id` is invoked, if `tenant` owns it; any other tenant
+    /// gets `FunctionNotFound`, so ids cannot be probed.
+    pub fn style_for(&self, id: &str, tenant: &str) -> Result<InvocationStyle> {
+        let entry = self.entry(id)?;
+        if entry.record.tenant != tenant {
+            return Err(RuntimeError::FunctionNotFound(id.to_owned()));
+        }
+        Ok(entry.record.style)
+    }
+
+    /// Style and memory limit of function `id` if `tenant` owns it (one
+    /// lookup on the invocation path); `FunctionNotFound` otherwise.
+    pub fn invocation_of(&self, id: &str, tenant: &str) -> Result<(InvocationStyle, u64)> {
+        let entry = self.entry(id)?;
+        if entry.record.tenant != tenant {
+            return Err(RuntimeError::FunctionNotFound(id.to_owned()));
+        }
+        Ok((entry.record.style, entry.record.limits.memory_limit_bytes))
+    }
+
+    /// The functions `tenant` owns, oldest first.
+    pub fn functions_of(&self, tenant: &str) -> Vec<FunctionRecord> {
+        let mut records = self.functions();
+        records.retain(|r| r.tenant == tenant);
+        records
+    }
+
+    /// Deploys a module (binary or WAT text) as a new function. Durable when it returns.
+    pub fn deploy(&self, module_bytes: &[u8], spec: DeploySpec) -> Result<FunctionInfo> {
+        let cfg = &self.inner.config;
+        if module_bytes.len() > cfg.max_module_bytes {
+            return Err(RuntimeError::InvalidModule(format!(
+                "module is {} bytes; the limit is {}",
+                module_bytes.len(),
+                cfg.max_module_bytes
+            )));
+        }
+        let limits = self.resolve_limits(&spec)?;
+        let name = spec.name.trim();
+        if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+            return Err(RuntimeError::InvalidConfig(
+                "name must be 1 to 128 printable characters".into(),
+            ));
+        }
+        let binary = wat::parse_bytes(module_bytes)
+            .map_err(|e| RuntimeError::InvalidModule(truncate_message(format!("{e}"))))?;
+        let sha = sha256_hex(&binary);
+        let module = self.module_for(&sha, Some(&binary))?;
+        let prepared = self.prepare(&module)?;
+        check_shape(&module, spec.style, &limits)?;
+
+        let stored_sha = self.inner.store.put_module(&binary)?;
+        debug_assert_eq!(stored_sha, sha);
+        let record = FunctionRecord {
+            format: RECORD_FORMAT,
+            id: new_function_id(),
+            tenant: spec.tenant.clone(),
+            name: name.to_owned(),
+            style: spec.style,
+            module_sha256: sha,
+            module_size: binary.len() as u64,
+            created_at_ms: now_ms(),
+            limits,
+            start_from_snapshot: None,
+        };
+        self.inner.store.put_function(&record)?;
+        let info = FunctionInfo {
+            record,
+            exports: exports_of(&module),
+        };
+        let entry = FunctionEntry::new(info.record.clone());
+        let _ = entry.prepared.set(Arc::new(prepared));
+        self.inner
+            .functions
+            .write()
+            .expect("lock")
+            .insert(info.record.id.clone(), Arc::new(entry));
+        tracing::info!(function = %info.record.id, name = %info.record.name, "deployed");
+        Ok(info)
+    }
+
+    fn resolve_limits(&self, spec: &DeploySpec) -> Result<FunctionLimits> {
+        let cfg = &self.inner.config;
+        let timeout_ms = spec
+            .timeout_ms
+            .unwrap_or(cfg.default_timeout.as_millis() as u64);
+        if timeout_ms == 0 || timeout_ms > cfg.max_timeout.as_millis() as u64 {
+            return Err(RuntimeError::InvalidConfig(format!(
+                "timeout_ms must be between 1 and {}",
+                cfg.max_timeout.as_millis()
+            )));
+        }
+        let memory_limit_bytes = spec
+            .memory_limit_bytes
+            .unwrap_or(cfg.default_memory_limit_bytes);
+        if memory_limit_bytes > cfg.max_memory_limit_bytes {
+            return Err(RuntimeError::InvalidConfig(format!(
+                "memory_limit_bytes must be at most {}",
+                cfg.max_memory_limit_bytes
+            )));
+        }
+        if spec.raw_ptx && !cfg.allow_raw_ptx {
+            return Err(RuntimeError::InvalidConfig(
+                "raw PTX is disabled on this server (the operator grants it with --allow-raw-ptx; \
+                 raw PTX can address any device memory)"
+                    .into(),
+            ));
+        }
+        if spec.fuel.is_some() && !cfg.fuel_enabled {
+            return Err(RuntimeError::InvalidConfig(
+                "fuel metering is disabled on this server (start it with --fuel to allow fuel \
+                 budgets)"
+                    .into(),
+            ));
+        }
+        Ok(FunctionLimits {
+            timeout_ms,
+            memory_limit_bytes,
+            fuel: spec.fuel,
+            raw_ptx: spec.raw_ptx,
+        })
+    }
+
+    /// Deletes a function; `false` if it did not exist.
+    pub fn delete(&self, id: &str) -> Result<bool> {
+        let _lock = self.inner.record_lock.lock().expect("lock");
+        if !self.inner.store.delete_function(id)? {
+            return Ok(false);
+        }
+        self.forget_snapshots(id)?;
+        let removed = self.inner.functions.write().expect("lock").remove(id);
+        if let Some(entry) = removed {
+            let sha = &entry.record.module_sha256;
+            let still_used = self
+                .inner
+                .functions
+                .read()
+                .expect("lock")
+                .values()
+                .any(|e| &e.record.module_sha256 == sha);
+            if !still_used {
+                let mut modules = self.inner.modules.lock().expect("lock");
+                modules.remove(sha);
+                self.inner.metrics.cached_modules.set(modules.len() as i64);
+            }
+        }
+        tracing::info!(function = %id, "deleted");
+        Ok(true)
+    }
+}
+
+/// Export signatures of a module's function exports.
+fn exports_of(module: &Module) -> Vec<ExportSignature> {
+    module
+        .exports()
+        .filter_map(|e| match e.ty() {
+            ExternType::Func(ty) => Some(ExportSignature::new(e.name(), &ty)),
+            _ => None,
+        })
+        .filter(|sig| !crate::instrument::is_reserved(&sig.name))
+        .collect()
+}
+
+/// Deploy-time checks that the module fits its style and limits.
+fn check_shape(module: &Module, style: InvocationStyle, limits: &FunctionLimits) -> Result<()> {
+    for export in module.exports() {
+        if let ExternType::Memory(mem) = export.ty() {
+            let initial = mem.minimum().saturating_mul(mem.page_size());
+            if initial > limits.memory_limit_bytes {
+                return Err(RuntimeError::InvalidConfig(format!(
+                    "the module's initial memory is {initial} bytes, above the memory limit of {} \
+                     bytes",
+                    limits.memory_limit_bytes
+                )));
+            }
+        }
+    }
+    match style {
+        InvocationStyle::Wasi => match module.get_export("_start") {
+            Some(ExternType::Func(ty)) if ty.params().len() == 0 && ty.results().len() == 0 => {
+                Ok(())
+            }
+            _ => Err(RuntimeError::InvalidModule(
+                "a WASI command must export `_start: func()`".into(),
+            )),
+        },
+        InvocationStyle::Export => {
+            if module
+                .exports()
+                .any(|e| matches!(e.ty(), ExternType::Func(_)))
+            {
+                Ok(())
+            } else {
+                Err(RuntimeError::InvalidModule(
+                    "an export-call function must export at least one function".into(),
+                ))
+            }
+        }
+    }
+}

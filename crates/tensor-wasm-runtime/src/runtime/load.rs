@@ -1,0 +1,186 @@
+//! Loading functions: compiled modules (from memory, a precompiled artifact
+//! or the stored binary), their [`Prepared`] form, and instances of it in a
+//! store with the function's limits.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::{ExternType, FuncType, Module, Store};
+use wasmtime_wasi::p1::WasiP1Ctx;
+
+use crate::engine::ModuleSource;
+use crate::error::{truncate_message, Result, RuntimeError};
+use crate::function_entry::{FunctionEntry, Prepared};
+use crate::guest_gpu::GuestGpu;
+use crate::invocation_state::InvocationState;
+use crate::store::FunctionRecord;
+use crate::Runtime;
+
+/// Import module name of WASI preview 1.
+const WASI_P1: &str = "wasi_snapshot_preview1";
+
+impl Runtime {
+    /// Loads every stored function (from artifacts where possible) so the first
+    /// invocations do not pay for it. Returns how many failed to load.
+    pub fn warm_up(&self) -> usize {
+        let entries: Vec<_> = self
+            .inner
+            .functions
+            .read()
+            .expect("lock")
+            .values()
+            .cloned()
+            .collect();
+        let mut failed = 0;
+        for entry in entries {
+            if let Err(e) = self.prepared(&entry) {
+                tracing::error!(function = %entry.record.id, error = %e, "function failed to load");
+                failed += 1;
+            }
+        }
+        failed
+    }
+
+    /// The compiled module `sha`: from memory, from an artifact, or compiled
+    /// from `binary` (read from the store when not given).
+    pub(super) fn module_for(&self, sha: &str, binary: Option<&[u8]>) -> Result<Module> {
+        if let Some(module) = self.inner.modules.lock().expect("lock").get(sha) {
+            return Ok(module.clone());
+        }
+        let start = Instant::now();
+        if let Some(module) = self.inner.artifacts.load(&self.inner.engine, sha) {
+            self.note_module_loaded(sha, &module, ModuleSource::Artifact, start.elapsed());
+            return Ok(module);
+        }
+        let stored;
+        let binary = match binary {
+            Some(binary) => binary,
+            None => {
+                stored = self.inner.store.module(sha)?;
+                &stored
+            }
+        };
+        let instrumented = crate::instrument::export_state(binary)
+            .map_err(|e| RuntimeError::InvalidModule(truncate_message(e)))?;
+        let module = Module::from_binary(&self.inner.engine, &instrumented)
+            .map_err(|e| RuntimeError::InvalidModule(truncate_message(format!("{e:#}"))))?;
+        self.inner.artifacts.store(sha, &module);
+        self.note_module_loaded(sha, &module, ModuleSource::Compiled, start.elapsed());
+        Ok(module)
+    }
+
+    fn note_module_loaded(&self, sha: &str, module: &Module, source: ModuleSource, took: Duration) {
+        let m = &self.inner.metrics;
+        m.compile_seconds.observe(took.as_secs_f64());
+        m.module_loads.with_label_values(&[source.as_str()]).inc();
+        let mut modules = self.inner.modules.lock().expect("lock");
+        modules.insert(sha.to_owned(), module.clone());
+        m.cached_modules.set(modules.len() as i64);
+        tracing::debug!(
+            module = sha,
+            source = source.as_str(),
+            ?took,
+            "module ready"
+        );
+    }
+
+    pub(super) fn prepare(&self, module: &Module) -> Result<Prepared> {
+        let pre = self.inner.linker.instantiate_pre(module).map_err(|e| {
+            RuntimeError::InvalidModule(truncate_message(format!(
+                "{e:#} (functions may import only `{WASI_P1}`, `{}` and `{}`)",
+                crate::abi::MODULE,
+                crate::stream::MODULE
+            )))
+        })?;
+        let needs_wasi = module.imports().any(|i| i.module() == WASI_P1);
+        let needs_gpu = module.imports().any(|i| i.module() == crate::abi::MODULE);
+        let funcs: HashMap<String, FuncType> = module
+            .exports()
+            .filter_map(|e| match e.ty() {
+                ExternType::Func(ty) => Some((e.name().to_owned(), ty)),
+                _ => None,
+            })
+            .collect();
+        let has_initialize = funcs.contains_key("_initialize");
+        let mut state_globals: Vec<u32> = module
+            .exports()
+            .filter_map(|e| e.name().strip_prefix(crate::instrument::GLOBAL_PREFIX))
+            .filter_map(|index| index.parse().ok())
+            .collect();
+        state_globals.sort_unstable();
+        Ok(Prepared {
+            pre,
+            needs_wasi,
+            needs_gpu,
+            funcs,
+            has_initialize,
+            state_globals,
+            self_contained: module.imports().len() == 0,
+        })
+    }
+
+    /// The prepared form of a stored function, loading it on first use.
+    pub(crate) fn prepared(&self, entry: &FunctionEntry) -> Result<Arc<Prepared>> {
+        if let Some(p) = entry.prepared.get() {
+            return Ok(p.clone());
+        }
+        let _guard = entry.load_lock.lock().expect("lock");
+        if let Some(p) = entry.prepared.get() {
+            return Ok(p.clone());
+        }
+        let module = self.module_for(&entry.record.module_sha256, None)?;
+        let prepared = Arc::new(self.prepare(&module)?);
+        let _ = entry.prepared.set(prepared.clone());
+        Ok(prepared)
+    }
+
+    /// Creates a store with the function's limits (and, for GPU guests, its tenant's GPU
+    /// lane), and instantiates.
+    pub(crate) fn instantiate(
+        &self,
+        prepared: &Prepared,
+        record: &FunctionRecord,
+        wasi: Option<WasiP1Ctx>,
+    ) -> (Store<InvocationState>, wasmtime::Result<wasmtime::Instance>) {
+        self.instantiate_with_deadline(prepared, record, wasi, None)
+    }
+
+    /// [`Runtime::instantiate`] with the epoch deadline in ticks (`None`: the
+    /// function's own timeout). The deadline covers instantiation too.
+    pub(super) fn instantiate_with_deadline(
+        &self,
+        prepared: &Prepared,
+        record: &FunctionRecord,
+        wasi: Option<WasiP1Ctx>,
+        deadline_ticks: Option<u64>,
+    ) -> (Store<InvocationState>, wasmtime::Result<wasmtime::Instance>) {
+        let limits = &record.limits;
+        let start = Instant::now();
+        let gpu = prepared.needs_gpu.then(|| {
+            GuestGpu::new(self.inner.gpu.clone(), limits.raw_ptx).with_tenant(&record.tenant)
+        });
+        let state = InvocationState::new(limits.memory_limit_bytes, wasi, gpu);
+        let mut store = Store::new(&self.inner.engine, state);
+        store.limiter(|s| s.limiter());
+        store.set_epoch_deadline(deadline_ticks.unwrap_or_else(|| self.deadline_ticks(limits)));
+        store.epoch_deadline_trap();
+        if self.inner.config.fuel_enabled {
+            store
+                .set_fuel(limits.fuel.unwrap_or(u64::MAX))
+                .expect("fuel is enabled in the engine");
+        }
+        // Unified memory is allocated up front at the function's limit.
+        let instance = match &self.inner.memory_creator {
+            Some(_) => tensor_wasm_mem::with_capacity_hint(limits.memory_limit_bytes, || {
+                prepared.pre.instantiate(&mut store)
+            }),
+            None => prepared.pre.instantiate(&mut store),
+        };
+        self.inner
+            .metrics
+            .instantiate_seconds
+            .observe(start.elapsed().as_secs_f64());
+        (store, instance)
+    }
+}
