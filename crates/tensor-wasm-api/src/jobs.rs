@@ -30,8 +30,9 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::auth::{quota_error, Caller};
-use crate::{ApiError, AppState};
+use crate::auth::Caller;
+use crate::error::quota_error;
+use crate::{ApiError, AppState, ErrorCode};
 
 /// Queued or running jobs one tenant may have.
 pub const MAX_ACTIVE_PER_TENANT: usize = 64;
@@ -208,7 +209,7 @@ impl JobBoard {
     /// Records every queued or running job as failed with `code` and
     /// `message` (persisted before it returns); returns how many. A job
     /// task still running afterwards cannot change them back.
-    pub fn fail_unfinished(&self, code: &str, message: &str) -> usize {
+    pub fn fail_unfinished(&self, code: ErrorCode, message: &str) -> usize {
         let ids: Vec<String> = self
             .lock()
             .values()
@@ -282,7 +283,7 @@ pub(crate) async fn invoke_async(
     board.sweep();
     if board.active_of(tenant.id()) >= MAX_ACTIVE_PER_TENANT {
         let mut e = ApiError::new(
-            "quota_exhausted",
+            ErrorCode::QuotaExhausted,
             format!(
                 "tenant {}: {MAX_ACTIVE_PER_TENANT} jobs are already queued or running",
                 tenant.id()
@@ -390,7 +391,7 @@ async fn run_job(
 }
 
 fn job_not_found(id: &str) -> ApiError {
-    ApiError::new("not_found", format!("job {id} not found"))
+    ApiError::new(ErrorCode::NotFound, format!("job {id} not found"))
 }
 
 pub(crate) async fn get_job(
@@ -503,7 +504,7 @@ mod tests {
         }
         assert_eq!(board.unfinished(), 2);
         assert_eq!(
-            board.fail_unfinished("shutting_down", "failed: shutting down"),
+            board.fail_unfinished(ErrorCode::ShuttingDown, "failed: shutting down"),
             2
         );
         assert_eq!(board.unfinished(), 0);

@@ -26,7 +26,8 @@
 //! ```
 
 mod auth;
-mod error;
+pub mod error;
+mod functions;
 mod jobs;
 mod metrics;
 mod openapi;
@@ -35,12 +36,14 @@ mod routes;
 mod shutdown;
 mod snapshots;
 mod stream;
+mod tenants;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
+use axum::middleware::from_fn_with_state;
 use axum::routing::{delete, get, post};
 use axum::Router;
 use prometheus::Registry;
@@ -49,7 +52,7 @@ use tensor_wasm_tenant::{MemoryTenantStore, TenantMetrics, TenantRegistry};
 use tokio::sync::Semaphore;
 
 pub use auth::{AuthMode, Caller};
-pub use error::{ApiError, ERROR_CODES};
+pub use error::{ApiError, ErrorCode};
 pub use jobs::{Job, JobStatus};
 pub use metrics::{HttpMetrics, HttpRequestLabels, ROUTE_TEMPLATES};
 pub use openapi::OPENAPI_JSON;
@@ -133,7 +136,7 @@ impl AppState {
         // The runtime learns each tenant's GPU isolation level from here and
         // from the tenant admin routes (which keep it in sync).
         for tenant in tenants.list() {
-            auth::sync_gpu_isolation(&runtime, &tenant.id, tenant.gpu_isolation);
+            tenants::sync_gpu_isolation(&runtime, &tenant.id, tenant.gpu_isolation);
         }
         let slots = Arc::new(Semaphore::new(runtime.config().max_instances as usize));
         let metrics_token = config.metrics_token.clone();
@@ -210,20 +213,35 @@ pub fn default_tenant(tenants: &TenantRegistry) -> Option<Arc<tensor_wasm_tenant
 }
 
 /// The full router with every route, fallback and layer.
+///
+/// Authentication is a route layer of each protected group, so it covers
+/// exactly their routes (their `405`s included) and nothing else: the health
+/// probes and unknown paths (`404`) answer anyone. The outer layer (request
+/// ids, metrics, the request log) wraps everything, refusals included.
 pub fn router(state: AppState) -> Router {
     let body_limit = state.inner.config.max_body_bytes;
-    let protected = Router::new()
+    let public = Router::new()
+        .route("/healthz", get(routes::healthz))
+        .route("/readyz", get(routes::readyz));
+    // The metrics token opens `/metrics`, and only it.
+    let metrics_route = Router::new()
         .route("/metrics", get(routes::metrics))
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .route_layer(from_fn_with_state(
+            state.clone(),
+            auth::authenticate_metrics_reader,
+        ));
+    let protected = Router::new()
         .route("/openapi.json", get(openapi::serve))
         .route(
             "/functions",
-            post(routes::create_function).get(routes::list_functions),
+            post(functions::create_function).get(functions::list_functions),
         )
         .route(
             "/functions/{id}",
-            get(routes::get_function)
-                .patch(snapshots::update_function)
-                .delete(routes::delete_function),
+            get(functions::get_function)
+                .patch(functions::update_function)
+                .delete(functions::delete_function),
         )
         .route(
             "/functions/{id}/snapshots",
@@ -239,29 +257,28 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}", get(jobs::get_job).delete(jobs::cancel_job))
         .route(
             "/tenants",
-            post(auth::create_tenant).get(auth::list_tenants),
+            post(tenants::create_tenant).get(tenants::list_tenants),
         )
         .route(
             "/tenants/{id}",
-            get(auth::get_tenant)
-                .patch(auth::update_tenant)
-                .delete(auth::delete_tenant),
+            get(tenants::get_tenant)
+                .patch(tenants::update_tenant)
+                .delete(tenants::delete_tenant),
         )
-        .route("/tenants/{id}/tokens", post(auth::create_token))
+        .route("/tenants/{id}/tokens", post(tenants::create_token))
         .route(
             "/tenants/{id}/tokens/{token_id}",
-            delete(auth::revoke_token),
-        );
-    Router::new()
-        .route("/healthz", get(routes::healthz))
-        .route("/readyz", get(routes::readyz))
+            delete(tenants::revoke_token),
+        )
+        // Set before the route layer, so that the layer covers `405`s too.
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .route_layer(from_fn_with_state(state.clone(), auth::authenticate));
+    public
+        .merge(metrics_route)
         .merge(protected)
         .fallback(routes::route_not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            metrics::observe,
-        ))
+        .layer(from_fn_with_state(state.clone(), metrics::observe))
         .with_state(state)
 }

@@ -7,7 +7,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use prometheus::{exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
-use crate::{auth, request_id, AppState};
+use crate::{request_id, AppState};
 
 /// Handles to the HTTP metrics.
 #[derive(Clone, Debug)]
@@ -111,12 +111,12 @@ fn method_label(method: &axum::http::Method) -> &'static str {
     }
 }
 
-/// The one middleware around every route: request id (kept or generated,
-/// echoed), authentication (every route but `/healthz` and `/readyz`),
-/// metrics and the request log line. The route label is the matched
-/// route template (`/functions/{id}`), never the raw path, so cardinality is
-/// bounded. Server errors log at WARN with the request id; everything else at
-/// DEBUG.
+/// The middleware around every route: request id (kept or generated,
+/// echoed), metrics and the request log line. Authentication is a route
+/// layer inside it (see [`crate::router`]), so refused requests are counted
+/// and logged too. The route label is the matched route template
+/// (`/functions/{id}`), never the raw path, so cardinality is bounded. Server
+/// errors log at WARN with the request id; everything else at DEBUG.
 pub(crate) async fn observe(
     State(state): State<AppState>,
     mut req: Request,
@@ -139,19 +139,7 @@ pub(crate) async fn observe(
     );
     let route = labels.route;
     let method = req.method().clone();
-    // Every matched route but the health probes needs a caller.
-    let public = matches!(route, "/healthz" | "/readyz" | "unmatched");
-    let caller = if public {
-        Ok(())
-    } else {
-        auth::caller_of(&state, &req).map(|caller| {
-            req.extensions_mut().insert(caller);
-        })
-    };
-    let mut response = match caller {
-        Ok(()) => next.run(req).await,
-        Err(why) => auth::unauthorized(why),
-    };
+    let mut response = next.run(req).await;
     let elapsed = start.elapsed();
     let status = response.status();
     let metrics = &state.inner.http;

@@ -7,7 +7,7 @@ use std::future::Future;
 
 use tokio::sync::watch;
 
-use crate::AppState;
+use crate::{AppState, ErrorCode};
 
 /// The signal open streams wait on.
 #[derive(Debug)]
@@ -50,7 +50,7 @@ impl AppState {
     /// still running is abandoned and its outcome discarded. Returns how many.
     pub fn fail_unfinished_jobs(&self) -> usize {
         self.inner.jobs.fail_unfinished(
-            "shutting_down",
+            ErrorCode::ShuttingDown,
             "failed: server shutting down before the job finished",
         )
     }

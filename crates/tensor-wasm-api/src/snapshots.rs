@@ -1,5 +1,5 @@
-//! Snapshot routes: capture after an init export, list, delete, and choose the snapshot a
-//! function's instances start from (`PATCH /functions/{id}`).
+//! Snapshot routes: capture after an init export, list, delete. Choosing the snapshot a
+//! function's instances start from is `PATCH /functions/{id}` (in `functions.rs`).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -12,7 +12,8 @@ use serde_json::json;
 use tensor_wasm_runtime::{is_valid_snapshot_id, RuntimeError};
 
 use crate::auth::Caller;
-use crate::routes::{acquire_slot, blocking, body, invocation_guards, owned, parse_json};
+use crate::functions::owned;
+use crate::routes::{acquire_slot, blocking, body, invocation_guards, parse_json};
 use crate::{ApiError, AppState};
 
 fn default_init_export() -> String {
@@ -53,7 +54,7 @@ pub(crate) async fn create_snapshot(
     let (_, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
     tenant
         .check_rate()
-        .map_err(|e| crate::auth::quota_error(&tenant, e))?;
+        .map_err(|e| crate::error::quota_error(&tenant, e))?;
     let runtime = state.inner.runtime.clone();
     let guards = invocation_guards(&tenant, memory, runtime.is_uvm_backed())?;
     let permit = acquire_slot(&state).await?;
@@ -101,35 +102,4 @@ pub(crate) async fn delete_snapshot(
     } else {
         Err(RuntimeError::SnapshotNotFound(snapshot_id).into())
     }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct UpdateFunction {
-    /// A snapshot id, `"latest"`, or `null` for fresh instances (required: an empty body
-    /// must not silently switch snapshots off).
-    start_from_snapshot: serde_json::Value,
-}
-
-/// `PATCH /functions/{id}`: today only `start_from_snapshot` can change.
-pub(crate) async fn update_function(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-    bytes: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    owned(&state, caller.tenant()?, &id)?;
-    let request: UpdateFunction = parse_json(&body(bytes)?)?;
-    let target = match request.start_from_snapshot {
-        serde_json::Value::Null => None,
-        serde_json::Value::String(s) => Some(s),
-        _ => {
-            return Err(ApiError::bad_request(
-                "start_from_snapshot must be a snapshot id, \"latest\" or null",
-            ))
-        }
-    };
-    let runtime = state.inner.runtime.clone();
-    let info = blocking(move || runtime.set_start_from_snapshot(&id, target.as_deref())).await?;
-    Ok(Json(info).into_response())
 }

@@ -35,8 +35,9 @@ use tensor_wasm_runtime::{is_valid_function_id, InvocationStyle, RuntimeError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::auth::{quota_error, Caller};
-use crate::{ApiError, AppState};
+use crate::auth::Caller;
+use crate::error::quota_error;
+use crate::{ApiError, AppState, ErrorCode};
 
 /// Chunks buffered between guest and client; with 1 MiB chunks at most,
 /// a slow client holds at most this many MiB per stream.
@@ -143,7 +144,7 @@ where
 
 fn shutting_down() -> ApiError {
     ApiError::new(
-        "shutting_down",
+        ErrorCode::ShuttingDown,
         "the server is shutting down; the invocation was stopped",
     )
 }

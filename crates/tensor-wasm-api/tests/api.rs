@@ -10,7 +10,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tensor_wasm_api::{
-    router, ApiConfig, AppState, HttpRequestLabels, ERROR_CODES, OPENAPI_JSON, ROUTE_TEMPLATES,
+    router, ApiConfig, AppState, ErrorCode, HttpRequestLabels, OPENAPI_JSON, ROUTE_TEMPLATES,
 };
 use tensor_wasm_runtime::{FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
 use tower::ServiceExt;
@@ -538,7 +538,10 @@ async fn openapi_document_matches_the_router() {
         .iter()
         .map(|v| v.as_str().unwrap().to_owned())
         .collect();
-    let mut codes: Vec<String> = ERROR_CODES.iter().map(|(c, _)| (*c).to_owned()).collect();
+    let mut codes: Vec<String> = ErrorCode::ALL
+        .iter()
+        .map(|c| c.as_str().to_owned())
+        .collect();
     spec_codes.sort();
     codes.sort();
     assert_eq!(spec_codes, codes);

@@ -1,0 +1,231 @@
+//! Function routes: deploy (`POST /functions`), list, get, update
+//! (`PATCH /functions/{id}`: the snapshot instances start from) and delete.
+//! Invocation routes are in `routes.rs`, `stream.rs` and `jobs.rs`; snapshot
+//! routes in `snapshots.rs`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Value as Json_};
+use tensor_wasm_runtime::{is_valid_function_id, DeploySpec, InvocationStyle, RuntimeError};
+use tensor_wasm_tenant::{Resource, Tenant};
+
+use crate::auth::Caller;
+use crate::error::quota_error;
+use crate::routes::{blocking, body, parse_json};
+use crate::{ApiError, AppState, ErrorCode};
+
+fn content_type(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::trim)
+        .unwrap_or("")
+}
+
+/// Deploy options: query parameters for a raw module body, fields of the JSON body otherwise.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DeployOptions {
+    name: Option<String>,
+    style: Option<InvocationStyle>,
+    timeout_ms: Option<u64>,
+    memory_limit_bytes: Option<u64>,
+    fuel: Option<u64>,
+    raw_ptx: Option<bool>,
+}
+
+impl DeployOptions {
+    fn into_spec(self, tenant: &str) -> DeploySpec {
+        DeploySpec {
+            tenant: tenant.to_owned(),
+            name: self.name.unwrap_or_else(|| "function".to_owned()),
+            style: self.style.unwrap_or(InvocationStyle::Export),
+            timeout_ms: self.timeout_ms,
+            memory_limit_bytes: self.memory_limit_bytes,
+            fuel: self.fuel,
+            raw_ptx: self.raw_ptx.unwrap_or(false),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeployJson {
+    module_base64: Option<String>,
+    wat: Option<String>,
+    #[serde(flatten)]
+    options: DeployOptionsJson,
+}
+
+/// Same fields as [`DeployOptions`]; separate because `deny_unknown_fields`
+/// does not combine with `flatten`.
+#[derive(Debug, Deserialize)]
+struct DeployOptionsJson {
+    name: Option<String>,
+    style: Option<InvocationStyle>,
+    timeout_ms: Option<u64>,
+    memory_limit_bytes: Option<u64>,
+    fuel: Option<u64>,
+    raw_ptx: Option<bool>,
+}
+
+pub(crate) async fn create_function(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    query: Result<Query<DeployOptions>, QueryRejection>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let bytes = body(bytes)?;
+    let (module, options) = match content_type(&headers) {
+        "application/wasm" | "application/octet-stream" | "text/plain" | "text/wat" => {
+            let Query(options) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+            (bytes.to_vec(), options)
+        }
+        "application/json" => {
+            let req: DeployJson = parse_json(&bytes)?;
+            let module = match (req.module_base64, req.wat) {
+                (Some(b64), None) => base64::engine::general_purpose::STANDARD
+                    .decode(b64.trim())
+                    .map_err(|e| ApiError::bad_request(format!("module_base64: {e}")))?,
+                (None, Some(wat)) => wat.into_bytes(),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "give exactly one of `module_base64` or `wat`",
+                    ))
+                }
+            };
+            let o = req.options;
+            let options = DeployOptions {
+                name: o.name,
+                style: o.style,
+                timeout_ms: o.timeout_ms,
+                memory_limit_bytes: o.memory_limit_bytes,
+                fuel: o.fuel,
+                raw_ptx: o.raw_ptx,
+            };
+            (module, options)
+        }
+        other => {
+            return Err(ApiError::new(
+                ErrorCode::UnsupportedMediaType,
+                format!(
+                    "content type `{other}` is not accepted: send application/wasm (binary or \
+                     WAT) or application/json"
+                ),
+            ))
+        }
+    };
+    let tenant = caller.tenant()?.clone();
+    tenant.check_rate().map_err(|e| quota_error(&tenant, e))?;
+    // A per-module size check: the guard holds nothing.
+    drop(
+        tenant
+            .acquire(Resource::ModuleBytes, module.len() as u64)
+            .map_err(|e| quota_error(&tenant, e))?,
+    );
+    let count = tenant
+        .acquire(Resource::Functions, 1)
+        .map_err(|e| quota_error(&tenant, e))?;
+    let runtime = state.inner.runtime.clone();
+    let spec = options.into_spec(tenant.id());
+    let info = blocking(move || runtime.deploy(&module, spec)).await?;
+    // Deployed: the function counts until it is deleted.
+    count.forget_into_usage();
+    let location = format!("/functions/{}", info.record.id);
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(info),
+    )
+        .into_response())
+}
+
+pub(crate) async fn list_functions(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Json_>, ApiError> {
+    let tenant = caller.tenant()?;
+    Ok(Json(
+        json!({ "functions": state.inner.runtime.functions_of(tenant.id()) }),
+    ))
+}
+
+/// The style of function `id` if `tenant` owns it; 404 otherwise (for
+/// malformed ids, unknown ids and other tenants' ids alike).
+pub(crate) fn owned(
+    state: &AppState,
+    tenant: &Tenant,
+    id: &str,
+) -> Result<InvocationStyle, ApiError> {
+    if !is_valid_function_id(id) {
+        return Err(RuntimeError::FunctionNotFound(id.to_owned()).into());
+    }
+    Ok(state.inner.runtime.style_for(id, tenant.id())?)
+}
+
+pub(crate) async fn get_function(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    owned(&state, caller.tenant()?, &id)?;
+    let runtime = state.inner.runtime.clone();
+    let info = blocking(move || runtime.function(&id)).await?;
+    Ok(Json(info).into_response())
+}
+
+pub(crate) async fn delete_function(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let tenant = caller.tenant()?.clone();
+    owned(&state, &tenant, &id)?;
+    let runtime = state.inner.runtime.clone();
+    let key = id.clone();
+    if blocking(move || runtime.delete(&key)).await? {
+        tenant.release(Resource::Functions, 1);
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(RuntimeError::FunctionNotFound(id).into())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdateFunction {
+    /// A snapshot id, `"latest"`, or `null` for fresh instances (required: an empty body
+    /// must not silently switch snapshots off).
+    start_from_snapshot: serde_json::Value,
+}
+
+/// `PATCH /functions/{id}`: today only `start_from_snapshot` can change.
+pub(crate) async fn update_function(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    owned(&state, caller.tenant()?, &id)?;
+    let request: UpdateFunction = parse_json(&body(bytes)?)?;
+    let target = match request.start_from_snapshot {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(s) => Some(s),
+        _ => {
+            return Err(ApiError::bad_request(
+                "start_from_snapshot must be a snapshot id, \"latest\" or null",
+            ))
+        }
+    };
+    let runtime = state.inner.runtime.clone();
+    let info = blocking(move || runtime.set_start_from_snapshot(&id, target.as_deref())).await?;
+    Ok(Json(info).into_response())
+}

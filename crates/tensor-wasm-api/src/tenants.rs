@@ -1,0 +1,256 @@
+//! The tenant admin routes (`/tenants`, `/tenants/{id}`, their tokens), and
+//! keeping the runtime's per-tenant GPU isolation in step with the registry.
+//!
+//! Every route here needs the admin token (or `--insecure-no-auth`).
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tensor_wasm_tenant::{is_valid_tenant_id, GpuIsolation, Quotas, QuotasPatch, TenantError};
+
+use crate::auth::Caller;
+use crate::{ApiError, AppState, ErrorCode};
+
+/// What a tenant's recorded GPU isolation level asks of the runtime.
+///
+/// The tenant crate's names predate per-tenant lanes and do not match the
+/// GPU crate's: `shared_context_own_stream` (every tenant's default) asks for
+/// nothing of its own, so the tenant gets the server-wide level (`serve
+/// --gpu-isolation`: a stream in the shared context unless the server was
+/// started with `context`); `own_context` asks for a CUDA context of the
+/// tenant's own whatever the server-wide level. A server-wide `context`
+/// therefore gives every tenant a context; a tenant can raise its isolation
+/// above the server's level, never lower it.
+pub(crate) fn runtime_gpu_isolation(
+    level: GpuIsolation,
+) -> Option<tensor_wasm_runtime::GpuIsolation> {
+    match level {
+        GpuIsolation::SharedContextOwnStream => None,
+        GpuIsolation::OwnContext => Some(tensor_wasm_runtime::GpuIsolation::ContextPerTenant),
+    }
+}
+
+/// Tells the runtime the GPU isolation level tenant `id` recorded (see
+/// [`runtime_gpu_isolation`]).
+pub(crate) fn sync_gpu_isolation(
+    runtime: &tensor_wasm_runtime::Runtime,
+    id: &str,
+    level: GpuIsolation,
+) {
+    runtime.set_tenant_gpu_isolation(id, runtime_gpu_isolation(level));
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CreateTenant {
+    name: String,
+    #[serde(default)]
+    quotas: QuotasPatch,
+    #[serde(default)]
+    gpu_isolation: Option<GpuIsolation>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UpdateTenant {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    quotas: QuotasPatch,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CreateToken {
+    #[serde(default)]
+    label: String,
+}
+
+fn tenant_not_found(id: &str) -> ApiError {
+    ApiError::new(ErrorCode::NotFound, format!("tenant {id} not found"))
+}
+
+fn tenant_error(e: TenantError) -> ApiError {
+    match e {
+        TenantError::NotFound(id) | TenantError::InvalidId(id) => tenant_not_found(&id),
+        TenantError::NameTaken(_) => ApiError::new(ErrorCode::Conflict, e.to_string()),
+        TenantError::InvalidName(_) | TenantError::InvalidLabel => {
+            ApiError::bad_request(e.to_string())
+        }
+        other => ApiError::internal(other),
+    }
+}
+
+fn parse_body<T: serde::de::DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))
+}
+
+pub(crate) async fn create_tenant(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    caller.require_admin()?;
+    let req: CreateTenant = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+    let mut quotas = Quotas::default();
+    quotas.apply(&req.quotas);
+    let (info, token) = state
+        .inner
+        .tenants
+        .create_tenant(&req.name, quotas, req.gpu_isolation.unwrap_or_default())
+        .map_err(tenant_error)?;
+    // Before the token is returned, so no function of the tenant can have
+    // been instantiated at another level.
+    sync_gpu_isolation(&state.inner.runtime, &info.id, info.gpu_isolation);
+    let location = format!("/tenants/{}", info.id);
+    let body = json!({ "tenant": info, "token": token.secret, "token_id": token.info.id });
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(body),
+    )
+        .into_response())
+}
+
+pub(crate) async fn list_tenants(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_admin()?;
+    Ok(Json(json!({ "tenants": state.inner.tenants.list() })))
+}
+
+pub(crate) async fn get_tenant(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_admin()?;
+    let info = state
+        .inner
+        .tenants
+        .info(&id)
+        .ok_or_else(|| tenant_not_found(&id))?;
+    let usage = state.inner.tenants.lookup(&id).map(|t| {
+        let mut usage = serde_json::Map::new();
+        for r in tensor_wasm_tenant::Resource::ALL {
+            usage.insert(r.quota_name().to_owned(), json!(t.usage(r)));
+        }
+        usage
+    });
+    let mut body = serde_json::to_value(info).map_err(ApiError::internal)?;
+    body["usage"] = json!(usage);
+    Ok(Json(body))
+}
+
+pub(crate) async fn update_tenant(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_admin()?;
+    let req: UpdateTenant = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+    let info = state
+        .inner
+        .tenants
+        .update(&id, &req.quotas, req.name.as_deref())
+        .map_err(tenant_error)?;
+    Ok(Json(
+        serde_json::to_value(info).map_err(ApiError::internal)?,
+    ))
+}
+
+pub(crate) async fn delete_tenant(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    caller.require_admin()?;
+    if !is_valid_tenant_id(&id) || state.inner.tenants.info(&id).is_none() {
+        return Err(tenant_not_found(&id));
+    }
+    // The tenant's functions go with it.
+    let runtime = state.inner.runtime.clone();
+    let owner = id.clone();
+    tokio::task::spawn_blocking(move || {
+        for f in runtime.functions_of(&owner) {
+            runtime.delete(&f.id)?;
+        }
+        Ok::<(), tensor_wasm_runtime::RuntimeError>(())
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(ApiError::from)?;
+    if state.inner.tenants.delete(&id).map_err(tenant_error)? {
+        state.inner.runtime.set_tenant_gpu_isolation(&id, None);
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(tenant_not_found(&id))
+    }
+}
+
+pub(crate) async fn create_token(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    caller.require_admin()?;
+    let req: CreateToken = parse_body(&body)?;
+    let token = state
+        .inner
+        .tenants
+        .create_token(&id, &req.label)
+        .map_err(tenant_error)?;
+    let body = json!({ "token": token.secret, "token_id": token.info.id, "info": token.info });
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+pub(crate) async fn revoke_token(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, token_id)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    caller.require_admin()?;
+    if state
+        .inner
+        .tenants
+        .revoke_token(&id, &token_id)
+        .map_err(tenant_error)?
+    {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("token {token_id} not found"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_gpu_isolation_maps_to_the_runtime_level() {
+        // The default asks for nothing: the tenant follows the server-wide level.
+        assert_eq!(
+            runtime_gpu_isolation(GpuIsolation::SharedContextOwnStream),
+            None
+        );
+        assert_eq!(runtime_gpu_isolation(GpuIsolation::default()), None);
+        assert_eq!(
+            runtime_gpu_isolation(GpuIsolation::OwnContext),
+            Some(tensor_wasm_runtime::GpuIsolation::ContextPerTenant)
+        );
+    }
+}
