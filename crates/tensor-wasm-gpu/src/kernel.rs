@@ -1,6 +1,7 @@
 //! What a launch is made of: kernels, their arguments, launch configurations, and the `Backend`
 //! trait that runs them.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -148,14 +149,33 @@ pub struct Kernel {
 #[derive(Clone)]
 pub(crate) enum KernelKind {
     Builtin(BuiltinKernel),
-    Ptx(Arc<crate::cuda::PtxFunction>),
+    /// A function loaded from tenant PTX or cubin.
+    Ptx(Arc<dyn LoadedFunction>),
     Program(Arc<ProgramKernel>),
 }
 
 /// A loaded [`KernelProgram`]: the program, and on CUDA the function loaded from its PTX.
 pub(crate) struct ProgramKernel {
     pub(crate) program: Arc<dyn KernelProgram>,
-    pub(crate) function: Option<Arc<crate::cuda::PtxFunction>>,
+    pub(crate) function: Option<Arc<dyn LoadedFunction>>,
+}
+
+/// A function a device backend loaded into its device (from tenant PTX or cubin, or from a
+/// program's PTX), as a [`Kernel`] holds it. Its concrete type is the loading backend's own: that
+/// backend gets it back by downcasting (the supertrait [`Any`]) when the kernel is launched.
+pub(crate) trait LoadedFunction: Any + Send + Sync {
+    /// The name of the function's entry point.
+    fn entry(&self) -> &str;
+
+    /// The size in bytes of each of the function's parameters, as the driver reports them.
+    fn param_sizes(&self) -> &[usize];
+}
+
+impl dyn LoadedFunction {
+    /// This function as the concrete type `T`, if that is what was loaded.
+    pub(crate) fn downcast_ref<T: LoadedFunction>(&self) -> Option<&T> {
+        (self as &dyn Any).downcast_ref()
+    }
 }
 
 impl Kernel {
@@ -365,6 +385,46 @@ mod tests {
         );
         assert_eq!(BuiltinKernel::from_descriptor("Matmul"), None);
         assert_eq!(BuiltinKernel::from_descriptor(""), None);
+    }
+
+    /// A backend's loaded function, as a test stand-in.
+    struct Loaded(&'static str);
+
+    impl LoadedFunction for Loaded {
+        fn entry(&self) -> &str {
+            self.0
+        }
+
+        fn param_sizes(&self) -> &[usize] {
+            &[8, 4]
+        }
+    }
+
+    /// Another backend's loaded function.
+    struct OtherLoaded;
+
+    impl LoadedFunction for OtherLoaded {
+        fn entry(&self) -> &str {
+            "other"
+        }
+
+        fn param_sizes(&self) -> &[usize] {
+            &[]
+        }
+    }
+
+    #[test]
+    fn a_loaded_function_is_found_again_by_its_own_type_only() {
+        let loaded: Arc<dyn LoadedFunction> = Arc::new(Loaded("saxpy"));
+        let kernel = Kernel {
+            kind: KernelKind::Ptx(loaded.clone()),
+        };
+        assert_eq!(kernel.name(), "saxpy");
+        let found = loaded.downcast_ref::<Loaded>().map(|loaded| loaded.0);
+        assert_eq!(found, Some("saxpy"));
+        assert!(loaded.downcast_ref::<OtherLoaded>().is_none());
+        let other: Arc<dyn LoadedFunction> = Arc::new(OtherLoaded);
+        assert!(other.downcast_ref::<Loaded>().is_none());
     }
 
     #[test]

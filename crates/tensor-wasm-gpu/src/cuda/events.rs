@@ -1,0 +1,100 @@
+//! Completion by events: the blocking-sync event recorded after each launch, and the waiter
+//! thread of each lane, which waits for those events in submission order and reports each
+//! launch's outcome to its [`Completion`](crate::Completion).
+
+use std::ffi::c_uint;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, PoisonError};
+
+use cudarc::driver::{sys, CudaContext, CudaStream, DriverError};
+
+use super::modules::ContextState;
+use crate::completion::Signal;
+use crate::error::driver_error_text;
+use crate::GpuError;
+
+/// A CUDA event created with `CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING`: waiting on it
+/// puts the thread to sleep instead of spinning. (cudarc's `CudaEvent` takes one flag only.)
+pub(super) struct BlockingEvent {
+    raw: sys::CUevent,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a CUevent is a driver handle usable from any thread; this wrapper is its only owner.
+unsafe impl Send for BlockingEvent {}
+
+impl BlockingEvent {
+    pub(super) fn new(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
+        ctx.bind_to_thread()?;
+        let flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as c_uint
+            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid place for the handle; the context is current.
+        unsafe { sys::cuEventCreate(&mut raw, flags) }.result()?;
+        Ok(Self {
+            raw,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// Records the work submitted to `stream` so far. The caller has bound the context.
+    pub(super) fn record(&self, stream: &CudaStream) -> Result<(), DriverError> {
+        // SAFETY: both handles are alive and belong to `self.ctx`.
+        unsafe { sys::cuEventRecord(self.raw, stream.cu_stream()) }.result()
+    }
+
+    /// Blocks (sleeping) until the recorded work has finished; returns its error, if any.
+    pub(super) fn synchronize(&self) -> Result<(), DriverError> {
+        // SAFETY: the event is alive.
+        unsafe { sys::cuEventSynchronize(self.raw) }.result()
+    }
+}
+
+impl Drop for BlockingEvent {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: the event is alive and owned by this wrapper; it is never used again.
+            let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+        }
+    }
+}
+
+/// A launched kernel whose completion the waiter thread reports.
+pub(super) struct PendingLaunch {
+    pub(super) event: BlockingEvent,
+    pub(super) signal: Arc<Signal>,
+}
+
+/// A lane's waiter thread: waits for each launch's event in submission order and reports it,
+/// until the lane is closed. A failed kernel marks the lane `faulted`.
+pub(super) fn wait_for_launches(
+    context: &ContextState,
+    launches: &Receiver<PendingLaunch>,
+    faulted: &AtomicBool,
+) {
+    if let Err(error) = context.ctx.bind_to_thread() {
+        tracing::warn!(error = %driver_error_text(error), "CUDA event thread cannot bind the context");
+    }
+    while let Ok(PendingLaunch { event, signal }) = launches.recv() {
+        let outcome = event.synchronize();
+        match outcome {
+            Ok(()) => context
+                .spare_events
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(event),
+            Err(error) => {
+                if !faulted.swap(true, Ordering::AcqRel) {
+                    tracing::error!(
+                        error = %driver_error_text(error),
+                        primary_context = context.ctx.is_primary(),
+                        "a kernel failed while running; CUDA keeps such errors for the whole \
+                         context, so its later work fails too"
+                    );
+                }
+            }
+        }
+        signal.finish(outcome.map_err(|error| GpuError::cuda("running the kernel", error)));
+    }
+}

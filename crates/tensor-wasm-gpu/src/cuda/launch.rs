@@ -1,0 +1,161 @@
+//! Submitting a launch: the kernel parameters of a validated call (builtins, or tenant and
+//! program functions checked against the parameter layout the driver reports), the launch on a
+//! lane's stream, and its completion event handed to the lane's waiter thread.
+
+use std::sync::PoisonError;
+
+use cudarc::driver::{CudaFunction, PushKernelArg};
+
+use super::events::PendingLaunch;
+use super::lane::Lane;
+use super::modules::PtxFunction;
+use super::CudaBackend;
+use crate::completion::Signal;
+use crate::kernel::LoadedFunction;
+use crate::validate::BuiltinCall;
+use crate::{Completion, GpuError, KernelArg, LaunchConfig};
+
+/// One scalar kernel parameter, by value.
+#[derive(Clone, Copy)]
+pub(super) enum Param {
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+    F64(f64),
+}
+
+impl CudaBackend {
+    /// The parameters of a validated builtin call over guest memory at `base`.
+    pub(super) fn builtin_params(call: BuiltinCall, base: u64) -> Vec<Param> {
+        let address = |offset: usize| Param::U64(base + offset as u64);
+        match call {
+            BuiltinCall::VectorAdd { a, b, out, n } => {
+                vec![address(a), address(b), address(out), Param::U32(n)]
+            }
+            BuiltinCall::Scale { x, out, alpha, n } => {
+                vec![address(x), address(out), Param::F32(alpha), Param::U32(n)]
+            }
+            BuiltinCall::Matmul { a, b, c, m, n, k } => vec![
+                address(a),
+                address(b),
+                address(c),
+                Param::U32(m),
+                Param::U32(n),
+                Param::U32(k),
+            ],
+        }
+    }
+
+    /// The parameters of a tenant kernel, checked against the layout the driver reports.
+    pub(super) fn tenant_params(
+        function: &PtxFunction,
+        args: &[KernelArg],
+        base: u64,
+    ) -> Result<Vec<Param>, GpuError> {
+        let entry = function.entry();
+        if args.len() != function.param_sizes.len() {
+            return Err(GpuError::InvalidArgument(format!(
+                "kernel `{entry}` takes {} parameters (sizes in bytes: {:?}), got {} arguments",
+                function.param_sizes.len(),
+                function.param_sizes,
+                args.len()
+            )));
+        }
+        args.iter()
+            .zip(&function.param_sizes)
+            .enumerate()
+            .map(|(index, (arg, &size))| {
+                if arg.param_size() != size {
+                    return Err(GpuError::InvalidArgument(format!(
+                        "kernel `{entry}` argument {index} is {} ({} bytes) but the parameter \
+                         is {size} bytes",
+                        arg.type_name(),
+                        arg.param_size()
+                    )));
+                }
+                Ok(match *arg {
+                    KernelArg::I32(v) => Param::I32(v),
+                    KernelArg::U32(v) => Param::U32(v),
+                    KernelArg::I64(v) => Param::I64(v),
+                    KernelArg::U64(v) => Param::U64(v),
+                    KernelArg::F32(v) => Param::F32(v),
+                    KernelArg::F64(v) => Param::F64(v),
+                    // In bounds: `check_buffers` passed, so base + offset <= base + memory.len().
+                    KernelArg::Buffer { offset, .. } => Param::U64(base + offset),
+                })
+            })
+            .collect()
+    }
+
+    /// Submits `function` (loaded in the lane's context) with `params` to `lane`'s stream and
+    /// hands its completion to the lane's waiter thread.
+    pub(super) fn submit<'m>(
+        lane: &Lane,
+        function: &CudaFunction,
+        params: &[Param],
+        config: &LaunchConfig,
+    ) -> Result<Completion<'m>, GpuError> {
+        // Held until the launch is handed to the waiter, so the waiter sees launches in stream
+        // order. The lock holds an `Option` replaced whole: a poisoned one is still valid.
+        let to_waiter = lane
+            .to_waiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        lane.context.make_current()?;
+        let event = lane.context.event()?;
+        let mut builder = lane.stream.launch_builder(function);
+        for param in params {
+            match param {
+                Param::I32(v) => builder.arg(v),
+                Param::U32(v) => builder.arg(v),
+                Param::I64(v) => builder.arg(v),
+                Param::U64(v) => builder.arg(v),
+                Param::F32(v) => builder.arg(v),
+                Param::F64(v) => builder.arg(v),
+            };
+        }
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (config.grid[0], config.grid[1], config.grid[2]),
+            block_dim: (config.block[0], config.block[1], config.block[2]),
+            shared_mem_bytes: config.shared_bytes,
+        };
+        // SAFETY: the parameters match the function's layout (builtins: their PTX signature,
+        // checked by the `ptx` tests; tenant kernels and programs: the sizes
+        // `cuFuncGetParamInfo` reported), so the driver reads exactly `params`, which outlive
+        // this call. Every address points into guest memory that validation bounded (builtins
+        // never leave their buffers; programs are kept inside them by their own `validate`;
+        // tenant code is trusted by whoever loaded it), and the returned Completion keeps that
+        // memory borrowed until the event recorded below has completed (the only caller,
+        // `launch_unscoped`, hands it on under the promise that it is never leaked).
+        unsafe { builder.launch(cfg) }
+            .map_err(|error| GpuError::cuda("launching the kernel", error))?;
+        if let Err(error) = event.record(&lane.stream) {
+            // The kernel may be running and no event tracks it: wait for the stream before the
+            // borrow of guest memory ends with this error.
+            let _ = lane.stream.synchronize();
+            return Err(GpuError::cuda("recording the completion event", error));
+        }
+        let signal = Signal::new();
+        let pending = PendingLaunch {
+            event,
+            signal: signal.clone(),
+        };
+        let unsent = match &*to_waiter {
+            Some(to_waiter) => to_waiter.send(pending).err().map(|error| error.0),
+            None => Some(pending),
+        };
+        drop(to_waiter);
+        if let Some(pending) = unsent {
+            // No waiter thread (the lane was closed, which only the backend's drop does): wait
+            // here.
+            let outcome = pending
+                .event
+                .synchronize()
+                .map_err(|error| GpuError::cuda("running the kernel", error));
+            signal.finish(outcome);
+        }
+        Ok(Completion::pending(signal))
+    }
+}

@@ -1,0 +1,261 @@
+//! Module loading: what one CUDA context holds (the builtin modules, the programs loaded by
+//! fingerprint, spare completion events), and tenant PTX, tenant cubin and program PTX loaded
+//! into a context as a [`PtxFunction`] with the parameter layout the driver reports.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::driver::{sys, CudaContext, CudaFunction, DriverError};
+use cudarc::nvrtc::Ptx;
+
+use super::events::BlockingEvent;
+use super::lane::Lane;
+use super::probe::catching_driver_panics;
+use super::CudaBackend;
+use crate::kernel::{KernelKind, LoadedFunction, ProgramKernel};
+use crate::program::{ProgramCache, PROGRAM_CACHE_CAPACITY};
+use crate::{BuiltinKernel, GpuError, Kernel, KernelProgram, TenantKey};
+
+/// Most parameters accepted from a tenant kernel (CUDA allows at most 32 764 bytes of them).
+const MAX_TENANT_PARAMS: usize = 4096;
+
+/// A function loaded from tenant PTX or cubin, or from a program's PTX, with the parameter
+/// layout the driver reports.
+pub(super) struct PtxFunction {
+    pub(super) backend_id: u64,
+    /// The [`ContextState::id`] of the context the module was loaded in.
+    pub(super) context_id: u64,
+    /// Tenant code: the tenant it was loaded for, and the lane it runs in. `None` for a
+    /// program's function (programs may run for any tenant; they are cached per context).
+    pub(super) owner: Option<(TenantKey, Arc<Lane>)>,
+    entry: String,
+    pub(super) function: CudaFunction,
+    pub(super) param_sizes: Vec<usize>,
+}
+
+impl LoadedFunction for PtxFunction {
+    fn entry(&self) -> &str {
+        &self.entry
+    }
+
+    fn param_sizes(&self) -> &[usize] {
+        &self.param_sizes
+    }
+}
+
+/// One CUDA context and what is loaded in it: the builtins, the programs by fingerprint, and
+/// completion events to reuse.
+pub(super) struct ContextState {
+    /// Unique among all contexts of all backends of this process.
+    pub(super) id: u64,
+    pub(super) ctx: Arc<CudaContext>,
+    pub(super) builtins: BuiltinFunctions,
+    /// Loaded programs by fingerprint: the program loaded first, and its function.
+    pub(super) programs: ProgramCache<(Arc<ProgramKernel>, Arc<PtxFunction>)>,
+    pub(super) spare_events: Mutex<Vec<BlockingEvent>>,
+}
+
+impl ContextState {
+    /// Loads the builtins into `ctx`.
+    pub(super) fn new(ctx: Arc<CudaContext>) -> Result<Arc<Self>, GpuError> {
+        static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let builtins = BuiltinFunctions::load(&ctx)?;
+        Ok(Arc::new(Self {
+            id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ctx,
+            builtins,
+            programs: ProgramCache::new(PROGRAM_CACHE_CAPACITY),
+            spare_events: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// Makes this context current on the calling thread, unconditionally.
+    ///
+    /// cudarc binds a context only when the thread's current handle differs from it. Tenant
+    /// contexts are destroyed and created as tenants come and go, and a thread may still have a
+    /// destroyed one current; should the driver hand out the same handle again, that check
+    /// would skip the bind. Setting it here first rules that out. (The primary context lives
+    /// as long as the backend, so it needs none of this.)
+    pub(super) fn make_current(&self) -> Result<(), GpuError> {
+        if self.ctx.is_primary() {
+            return Ok(());
+        }
+        // SAFETY: the context is alive (held by `self`); making it current has no other effect.
+        unsafe { sys::cuCtxSetCurrent(self.ctx.cu_ctx()) }
+            .result()
+            .map_err(|error| GpuError::cuda("making a tenant context current", error))
+    }
+
+    /// A completion event of this context: a spare one, or a new one.
+    pub(super) fn event(&self) -> Result<BlockingEvent, GpuError> {
+        // The pool is a plain list of whole events: a poisoned lock still holds a valid one.
+        let spare = self
+            .spare_events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        match spare {
+            Some(event) => Ok(event),
+            None => BlockingEvent::new(&self.ctx)
+                .map_err(|error| GpuError::cuda("creating a completion event", error)),
+        }
+    }
+}
+
+/// The three builtin functions, loaded when the backend opens.
+pub(super) struct BuiltinFunctions {
+    vector_add: CudaFunction,
+    scale: CudaFunction,
+    matmul: CudaFunction,
+}
+
+impl BuiltinFunctions {
+    fn load(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+        let load = |kernel: BuiltinKernel| {
+            let what = format!("loading the builtin PTX `{kernel}`");
+            let module = ctx
+                .load_module(Ptx::from_src(kernel.ptx()))
+                .map_err(|error| GpuError::cuda(&what, error))?;
+            let function = module
+                .load_function(kernel.descriptor())
+                .map_err(|error| GpuError::cuda(&what, error))?;
+            // The launch code passes exactly `param_sizes`; a mismatch would make the driver
+            // read the wrong bytes, so refuse to open rather than launch it.
+            let sizes = param_sizes(ctx, &function)?;
+            if sizes != kernel.param_sizes() {
+                return Err(GpuError::Cuda(format!(
+                    "builtin `{kernel}` has parameters of {sizes:?} bytes, the launch code \
+                     passes {:?}",
+                    kernel.param_sizes()
+                )));
+            }
+            Ok(function)
+        };
+        Ok(Self {
+            vector_add: load(BuiltinKernel::VectorAdd)?,
+            scale: load(BuiltinKernel::Scale)?,
+            matmul: load(BuiltinKernel::Matmul)?,
+        })
+    }
+
+    pub(super) fn get(&self, kernel: BuiltinKernel) -> &CudaFunction {
+        match kernel {
+            BuiltinKernel::VectorAdd => &self.vector_add,
+            BuiltinKernel::Scale => &self.scale,
+            BuiltinKernel::Matmul => &self.matmul,
+        }
+    }
+}
+
+impl CudaBackend {
+    /// Checks PTX text (`what` names it in errors) for NUL bytes and makes it a module image.
+    pub(super) fn ptx_image(ptx: &str, what: &str) -> Result<Ptx, GpuError> {
+        if ptx.contains('\0') {
+            return Err(GpuError::InvalidArgument(format!(
+                "{what}: PTX text contains a NUL byte"
+            )));
+        }
+        Ok(Ptx::from_src(ptx))
+    }
+
+    /// Loads `entry` from a module image (PTX text without NUL bytes, or a checked cubin) into
+    /// `context` and reads its parameter layout; `owner` is the tenant and lane of tenant code.
+    fn load_function(
+        &self,
+        context: &ContextState,
+        owner: Option<(TenantKey, Arc<Lane>)>,
+        image: Ptx,
+        entry: &str,
+        what: &str,
+    ) -> Result<Arc<PtxFunction>, GpuError> {
+        if entry.is_empty() || entry.contains('\0') {
+            return Err(GpuError::InvalidArgument(format!(
+                "{what}: invalid entry name {entry:?}"
+            )));
+        }
+        context.make_current()?;
+        let module = context
+            .ctx
+            .load_module(image)
+            .map_err(|error| GpuError::cuda(&format!("loading {what}"), error))?;
+        let function = module.load_function(entry).map_err(|error| {
+            GpuError::cuda(&format!("finding entry `{entry}` in {what}"), error)
+        })?;
+        let param_sizes = param_sizes(&context.ctx, &function)?;
+        Ok(Arc::new(PtxFunction {
+            backend_id: self.id,
+            context_id: context.id,
+            owner,
+            entry: entry.to_owned(),
+            function,
+            param_sizes,
+        }))
+    }
+
+    /// Loads tenant code for `tenant` into its lane.
+    pub(super) fn load_tenant_function(
+        &self,
+        tenant: &TenantKey,
+        image: impl FnOnce() -> Result<Ptx, GpuError>,
+        entry: &str,
+        what: &str,
+    ) -> Result<Kernel, GpuError> {
+        let image = image()?;
+        catching_driver_panics(|| {
+            let lane = self.lane(tenant)?;
+            let context = lane.context.clone();
+            let owner = Some((tenant.clone(), lane));
+            let function = self.load_function(&context, owner, image, entry, what)?;
+            Ok(Kernel {
+                kind: KernelKind::Ptx(function),
+            })
+        })
+    }
+
+    /// The loaded program with the fingerprint of `program`, and its function in `context`:
+    /// from the context's cache, or loaded from the PTX of `program`.
+    pub(super) fn load_program_function(
+        &self,
+        context: &ContextState,
+        program: &Arc<dyn KernelProgram>,
+    ) -> Result<(Arc<ProgramKernel>, Arc<PtxFunction>), GpuError> {
+        context.programs.get_or_load(program.fingerprint(), || {
+            let (ptx, entry) = program.ptx(self.compute_capability, self.driver_version)?;
+            let what = format!("the PTX of program `{}`", program.name());
+            let image = Self::ptx_image(&ptx, &what)?;
+            let function = self.load_function(context, None, image, &entry, &what)?;
+            let loaded = Arc::new(ProgramKernel {
+                program: program.clone(),
+                function: Some(function.clone()),
+            });
+            Ok((loaded, function))
+        })
+    }
+}
+
+/// The size of each parameter of `function`, from `cuFuncGetParamInfo` (CUDA 12.4+).
+fn param_sizes(ctx: &Arc<CudaContext>, function: &CudaFunction) -> Result<Vec<usize>, GpuError> {
+    ctx.bind_to_thread()
+        .map_err(|error| GpuError::cuda("binding the context", error))?;
+    let mut sizes = Vec::new();
+    loop {
+        if sizes.len() > MAX_TENANT_PARAMS {
+            return Err(GpuError::InvalidArgument(format!(
+                "kernel has more than {MAX_TENANT_PARAMS} parameters"
+            )));
+        }
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: the function handle is alive (held by `function`); `offset` and `size` are
+        // valid places for the two size_t values the driver writes.
+        let queried = unsafe {
+            sys::cuFuncGetParamInfo(function.cu_function(), sizes.len(), &mut offset, &mut size)
+        }
+        .result();
+        match queried {
+            Ok(()) => sizes.push(size),
+            // Past the last parameter.
+            Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE)) => return Ok(sizes),
+            Err(error) => return Err(GpuError::cuda("reading the kernel's parameters", error)),
+        }
+    }
+}
