@@ -5,9 +5,10 @@
 //! Jobs are tenant-scoped (another tenant's job id answers 404), bounded per
 //! tenant (`MAX_ACTIVE_PER_TENANT` queued or running), kept for a retention
 //! period after they finish, and durable: each state change is written to
-//! `<data_dir>/jobs/<id>.json` (temp file, fsync, rename) before it is
-//! acknowledged, and a job that was queued or running when the server stopped
-//! comes back as `failed: server restarted` instead of vanishing. A graceful
+//! `<data_dir>/jobs/<id>.json` by `tensor_wasm_durable::write_file` (temp file,
+//! fsync, rename, directory fsync) before it is acknowledged, and a job that
+//! was queued or running when the server stopped comes back as `failed: server
+//! restarted` instead of vanishing. A graceful
 //! shutdown waits for unfinished jobs up to its deadline and records those
 //! still unfinished then as failed with code `shutting_down`.
 //!
@@ -158,15 +159,10 @@ impl JobBoard {
         let Some(dir) = &self.dir else {
             return Ok(());
         };
-        let tmp = dir.join(format!("{}.partial", job.id));
         let bytes = serde_json::to_vec_pretty(job).expect("jobs serialize");
-        {
-            let mut file = fs::File::create(&tmp)?;
-            std::io::Write::write_all(&mut file, &bytes)?;
-            file.sync_all()?;
-        }
-        fs::rename(&tmp, dir.join(format!("{}.json", job.id)))?;
-        fs::File::open(dir)?.sync_all()
+        let dest = dir.join(format!("{}.json", job.id));
+        tensor_wasm_durable::write_file(dest, &bytes, &tensor_wasm_durable::WriteOptions::new())?;
+        Ok(())
     }
 
     /// Removes finished jobs past retention.

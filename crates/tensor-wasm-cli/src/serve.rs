@@ -344,7 +344,8 @@ async fn jobs_finished(state: &AppState) {
 
 /// On first start (no admin, no tenant), creates the admin token and the
 /// default tenant and writes their secrets to `<data_dir>/credentials.json`
-/// (mode 0600). The secrets exist nowhere else: the stores keep hashes.
+/// (mode 0600, durably: complete or absent after a crash). The secrets exist
+/// nowhere else: the stores keep hashes.
 fn write_bootstrap_credentials(tenants: &TenantRegistry, data_dir: &Path) -> anyhow::Result<()> {
     let path = data_dir.join("credentials.json");
     let Some(boot) = tenants.bootstrap().context("bootstrapping tenants")? else {
@@ -358,15 +359,9 @@ fn write_bootstrap_credentials(tenants: &TenantRegistry, data_dir: &Path) -> any
         "tenant_id": boot.tenant.id,
         "tenant_token": boot.tenant_token,
     });
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options
-        .open(&path)
+    let options = tensor_wasm_durable::WriteOptions::new().mode(0o600);
+    tensor_wasm_durable::write_file(&path, format!("{body:#}\n").as_bytes(), &options)
         .with_context(|| format!("writing {}", path.display()))?;
-    std::io::Write::write_all(&mut file, format!("{body:#}\n").as_bytes())?;
-    file.sync_all()?;
     tracing::info!(
         path = %path.display(),
         "first start: admin token and the default tenant's token written (mode 0600)"

@@ -148,7 +148,8 @@ struct Flight {
 ///   wait for one compilation and share its result.
 /// - Memory is bounded by entries and bytes; the least recently used entries
 ///   are evicted first.
-/// - With a directory, every compiled kernel is written there (atomically) and
+/// - With a directory, every compiled kernel is written there (atomically and
+///   durably, through [`tensor_wasm_durable`]: one `fsync` per file) and
 ///   a miss in memory looks on disk before compiling, so a restart does not
 ///   recompile. Files are named by [`CacheKey::file_stem`]; a corrupt file is
 ///   ignored and overwritten.
@@ -175,10 +176,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl KernelCache {
-    /// A cache with `config`, reporting to `metrics`. Creates the directory.
+    /// A cache with `config`, reporting to `metrics`. Creates the directory and
+    /// removes the temporary files of writes a crash interrupted.
     pub fn new(config: KernelCacheConfig, metrics: KernelCacheMetrics) -> std::io::Result<Self> {
         if let Some(dir) = &config.dir {
             fs::create_dir_all(dir)?;
+            if let Err(e) = tensor_wasm_durable::remove_temp_files(dir) {
+                tracing::warn!(error = %e, "could not remove partial kernel cache writes");
+            }
         }
         Ok(KernelCache {
             config,
@@ -381,10 +386,8 @@ impl KernelCache {
     }
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    fs::write(&tmp, bytes)?;
-    fs::rename(&tmp, path)
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), tensor_wasm_durable::DurableError> {
+    tensor_wasm_durable::write_file(path, bytes, &tensor_wasm_durable::WriteOptions::new())
 }
 
 #[cfg(test)]
@@ -515,6 +518,36 @@ mod tests {
             })
             .unwrap();
         assert!(compiled);
+    }
+
+    #[test]
+    fn disk_writes_leave_no_temp_files_and_leftovers_are_removed_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(16, usize::MAX, Some(dir.path().to_owned()));
+        let mut k = kernel(4, 0);
+        k.cubin = Some(Arc::from(&b"cubin"[..]));
+        c.get_or_compile(&key(4), || Ok(k)).unwrap();
+        let stem = key(4).file_stem();
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                format!("{stem}.cubin"),
+                format!("{stem}.entry"),
+                format!("{stem}.ptx")
+            ]
+        );
+
+        // What a crash between create and rename leaves behind.
+        let leftover = dir.path().join(format!(".{stem}.ptx.4242-0.partial"));
+        fs::write(&leftover, b".visible .entry half").unwrap();
+        let _reopened = cache(16, usize::MAX, Some(dir.path().to_owned()));
+        assert!(!leftover.exists());
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 3);
     }
 
     #[test]

@@ -169,7 +169,8 @@ impl ModuleSource {
 ///
 /// An artifact is host-local cache, not durable state: losing it costs one
 /// compile. Because loading one is unchecked native code, only files whose
-/// digest matches the sidecar this server wrote are loaded.
+/// digest matches the sidecar this server wrote are loaded. Temporary files of
+/// writes a crash interrupted are removed when the cache opens.
 #[derive(Debug)]
 pub struct ArtifactCache {
     dir: PathBuf,
@@ -185,6 +186,9 @@ impl ArtifactCache {
             crate::instrument::INSTRUMENTATION_VERSION
         ));
         fs::create_dir_all(&dir).map_err(|e| RuntimeError::storage(&dir, e))?;
+        if let Err(e) = tensor_wasm_durable::remove_temp_files(&dir) {
+            tracing::warn!(error = %e, "could not remove partial artifact writes");
+        }
         Ok(ArtifactCache { dir })
     }
 
@@ -213,16 +217,18 @@ impl ArtifactCache {
         }
     }
 
-    /// Writes the artifact of a freshly compiled module. Failures only cost a
+    /// Writes the artifact of a freshly compiled module, then its sidecar, each
+    /// durably ([`tensor_wasm_durable::write_file`]). Failures only cost a
     /// recompile later, so they are logged, not returned.
     pub fn store(&self, module_sha256: &str, module: &Module) {
         let (artifact, sidecar) = self.paths(module_sha256);
         let result = (|| -> std::result::Result<(), String> {
             let bytes = module.serialize().map_err(|e| format!("{e:#}"))?;
-            let tmp = artifact.with_extension("cwasm.partial");
-            fs::write(&tmp, &bytes).map_err(|e| e.to_string())?;
-            fs::rename(&tmp, &artifact).map_err(|e| e.to_string())?;
-            fs::write(&sidecar, sha256_hex(&bytes)).map_err(|e| e.to_string())
+            let options = tensor_wasm_durable::WriteOptions::new();
+            tensor_wasm_durable::write_file(&artifact, &bytes, &options)
+                .map_err(|e| e.to_string())?;
+            tensor_wasm_durable::write_file(&sidecar, sha256_hex(&bytes).as_bytes(), &options)
+                .map_err(|e| e.to_string())
         })();
         if let Err(e) = result {
             tracing::warn!(path = %artifact.display(), error = %e, "could not write artifact");

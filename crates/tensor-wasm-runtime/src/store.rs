@@ -10,20 +10,20 @@
 //! tmp/                      staging area for atomic writes, emptied on open
 //! ```
 //!
-//! Every write goes to `tmp/`, is fsynced, renamed into place and the parent
-//! directory fsynced, so a record is either absent or complete after a crash.
+//! Every write goes through `tensor_wasm_durable::write_file`: staged in `tmp/`,
+//! fsynced, renamed into place and the parent directory fsynced, so a record is
+//! either absent or complete after a crash.
 //! A deploy writes the module first and the record last: a crash in between
 //! leaves an unreferenced module (collected on the next open), never a function
 //! without its module.
 
 use std::collections::HashSet;
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use tensor_wasm_durable::{write_file, DurableError, WriteOptions};
 
 use crate::error::{Result, RuntimeError};
 
@@ -196,7 +196,6 @@ fn is_sha256_hex(s: &str) -> bool {
 #[derive(Debug)]
 pub struct FsFunctionStore {
     root: PathBuf,
-    tmp_counter: AtomicU64,
 }
 
 impl FsFunctionStore {
@@ -208,10 +207,7 @@ impl FsFunctionStore {
             let path = root.join(dir);
             fs::create_dir_all(&path).map_err(|e| RuntimeError::storage(&path, e))?;
         }
-        let store = FsFunctionStore {
-            root,
-            tmp_counter: AtomicU64::new(0),
-        };
+        let store = FsFunctionStore { root };
         store.clear_staging()?;
         store.collect_unreferenced_modules()?;
         store.collect_orphan_snapshots()?;
@@ -292,31 +288,20 @@ impl FsFunctionStore {
         self.root.join("functions").join(format!("{id}.json"))
     }
 
-    /// Writes `bytes` to `dest` atomically and durably.
+    /// Writes `bytes` to `dest` atomically and durably, staged in `tmp/`.
     fn write_atomic(&self, dest: &Path, bytes: &[u8]) -> Result<()> {
-        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
-        let tmp = self
-            .root
-            .join("tmp")
-            .join(format!("{}-{n}.partial", std::process::id()));
-        let write = || -> std::io::Result<()> {
-            let mut file = File::create(&tmp)?;
-            file.write_all(bytes)?;
-            file.sync_all()
-        };
-        if let Err(e) = write() {
-            let _ = fs::remove_file(&tmp);
-            return Err(RuntimeError::storage(&tmp, e));
-        }
-        fs::rename(&tmp, dest).map_err(|e| RuntimeError::storage(dest, e))?;
-        sync_dir(dest.parent().expect("store paths have a parent"))
+        let options = WriteOptions::new().staging_dir(self.root.join("tmp"));
+        write_file(dest, bytes, &options).map_err(storage_error)
     }
 }
 
+fn storage_error(e: DurableError) -> RuntimeError {
+    let (path, source) = e.into_parts();
+    RuntimeError::storage(path, source)
+}
+
 fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| RuntimeError::storage(dir, e))
+    tensor_wasm_durable::sync_dir(dir).map_err(storage_error)
 }
 
 impl FunctionStore for FsFunctionStore {

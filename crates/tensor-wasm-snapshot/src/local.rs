@@ -7,8 +7,9 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use tensor_wasm_durable::{DurableError, DurableFile, WriteOptions};
 use tensor_wasm_mem::{host_page_size, map_file_private_fixed};
 
 use crate::image::{is_zero, IMAGE_PAGE};
@@ -68,9 +69,10 @@ fn data_offset(meta_len: usize, run_count: usize) -> usize {
 
 /// Writes `meta` and `memory` as a local image at `path`.
 ///
-/// The file is written next to `path` under a temporary name and renamed into place, so a
-/// reader never sees a half-written image. It is not `fsync`ed: a local image is a per-host
-/// cache that can always be rebuilt from the portable snapshot.
+/// The file is written durably ([`tensor_wasm_durable::DurableFile`]): under a temporary name
+/// next to `path`, `fsync`ed and renamed into place, so a reader never sees a half-written
+/// image, even after a crash. A local image is a per-host cache that can always be rebuilt
+/// from the portable snapshot.
 ///
 /// # Errors
 /// [`SnapshotError::InvalidInput`] if `memory.len()` is not a multiple of 4096 or disagrees
@@ -110,32 +112,25 @@ pub fn write_local(meta: &SnapshotMeta, memory: &[u8], path: &Path) -> Result<()
     let header_crc = crc32c::crc32c(&header[..60]);
     put_u32(&mut header, 60, header_crc);
 
-    let tmp = temp_path(path);
-    let result = (|| -> Result<(), SnapshotError> {
-        let mut file = File::create(&tmp)?;
-        file.write_all(&header)?;
-        file.write_all(&meta_bytes)?;
-        file.write_all(&table)?;
-        // Zero pages stay holes: only the runs are written.
-        file.set_len((data_start + memory.len()) as u64)?;
-        for run in &runs {
-            let start = run.first_page as usize * IMAGE_PAGE;
-            let end = start + run.page_count as usize * IMAGE_PAGE;
-            file.write_all_at(&memory[start..end], (data_start + start) as u64)?;
-        }
-        std::fs::rename(&tmp, path)?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    // Dropped on an error before the commit: the temporary file goes with it.
+    let mut file = DurableFile::create(path, &WriteOptions::new()).map_err(io_error)?;
+    file.write_all(&header)?;
+    file.write_all(&meta_bytes)?;
+    file.write_all(&table)?;
+    // Zero pages stay holes: only the runs are written.
+    file.file().set_len((data_start + memory.len()) as u64)?;
+    for run in &runs {
+        let start = run.first_page as usize * IMAGE_PAGE;
+        let end = start + run.page_count as usize * IMAGE_PAGE;
+        file.file()
+            .write_all_at(&memory[start..end], (data_start + start) as u64)?;
     }
-    result
+    file.commit().map_err(io_error)?;
+    Ok(())
 }
 
-fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".partial-{}", std::process::id()));
-    path.with_file_name(name)
+fn io_error(e: DurableError) -> SnapshotError {
+    SnapshotError::Io(e.into())
 }
 
 /// Converts a portable snapshot into a local image at `out_path` (once per host), after the
@@ -479,5 +474,37 @@ mod tests {
         assert!(dest.iter().all(|&b| b == 0xee), "left untouched");
         image.read_into(dest).unwrap();
         assert!(dest == &memory[..]);
+    }
+
+    #[test]
+    fn write_local_replaces_by_rename_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("img.twl");
+        let first = crate::realistic_image(65_536, 1);
+        let second = crate::realistic_image(65_536, 2);
+        let meta = SnapshotMeta::new([0; 32], "f", "t", first.len() as u64);
+        write_local(&meta, &first, &path).unwrap();
+        let old = LocalImage::open(&path, &RestoreLimits::default(), &[0; 32]).unwrap();
+        write_local(&meta, &second, &path).unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["img.twl"]);
+        // The open image still reads the file it opened; a new open reads the new one.
+        old.verify().unwrap();
+        let mut memory = vec![0u8; first.len()];
+        old.read_into(&mut memory).unwrap();
+        assert!(memory == first);
+        let new = LocalImage::open(&path, &RestoreLimits::default(), &[0; 32]).unwrap();
+        new.read_into(&mut memory).unwrap();
+        assert!(memory == second);
+
+        // A failed write (a directory is in the way) leaves nothing behind.
+        let blocked = dir.path().join("blocked");
+        std::fs::create_dir_all(blocked.join("inside")).unwrap();
+        let err = write_local(&meta, &first, &blocked).unwrap_err();
+        assert!(matches!(err, SnapshotError::Io(_)), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 }

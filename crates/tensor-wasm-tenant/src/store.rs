@@ -4,13 +4,12 @@
 //! Records hold SHA-256 hashes of token secrets, never the secrets.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
+use tensor_wasm_durable::{write_file, DurableError, WriteOptions};
 
 use crate::{is_valid_tenant_id, GpuIsolation, Quotas, TenantError, TokenInfo};
 
@@ -96,7 +95,6 @@ pub trait TenantStore: Send + Sync + 'static {
 #[derive(Debug)]
 pub struct FsTenantStore {
     root: PathBuf,
-    tmp_counter: AtomicU64,
 }
 
 impl FsTenantStore {
@@ -112,10 +110,7 @@ impl FsTenantStore {
         for entry in leftovers.flatten() {
             let _ = fs::remove_file(entry.path());
         }
-        Ok(FsTenantStore {
-            root,
-            tmp_counter: AtomicU64::new(0),
-        })
+        Ok(FsTenantStore { root })
     }
 
     /// The directory the store lives in.
@@ -136,43 +131,20 @@ impl FsTenantStore {
 
     fn write_json<T: Serialize>(&self, dest: &Path, value: &T) -> Result<(), TenantError> {
         let bytes = serde_json::to_vec_pretty(value).map_err(|e| TenantError::serde(dest, e))?;
-        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
-        let tmp = self
-            .root
-            .join("tmp")
-            .join(format!("{}-{n}.partial", std::process::id()));
-        let write = || -> std::io::Result<()> {
-            let mut file = create_private(&tmp)?;
-            file.write_all(&bytes)?;
-            file.sync_all()
-        };
-        if let Err(e) = write() {
-            let _ = fs::remove_file(&tmp);
-            return Err(TenantError::storage(&tmp, e));
-        }
-        if let Err(e) = fs::rename(&tmp, dest) {
-            let _ = fs::remove_file(&tmp);
-            return Err(TenantError::storage(dest, e));
-        }
-        sync_dir(dest.parent().unwrap_or(&self.root))
+        let options = WriteOptions::new()
+            .staging_dir(self.root.join("tmp"))
+            .mode(0o600);
+        write_file(dest, &bytes, &options).map_err(storage_error)
     }
 }
 
-fn create_private(path: &Path) -> std::io::Result<File> {
-    let mut options = OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    options.open(path)
+fn storage_error(e: DurableError) -> TenantError {
+    let (path, source) = e.into_parts();
+    TenantError::storage(&path, source)
 }
 
 fn sync_dir(dir: &Path) -> Result<(), TenantError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| TenantError::storage(dir, e))
+    tensor_wasm_durable::sync_dir(dir).map_err(storage_error)
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, TenantError> {
