@@ -36,9 +36,9 @@ use http_body_util::BodyExt;
 use serde_json::json;
 use tensor_wasm_api::{router, ApiConfig, AppState};
 use tensor_wasm_bench::bench_filter::BenchFilter;
-use tensor_wasm_bench::runinfo;
 use tensor_wasm_bench::INVOKE_ADD_BODY;
 use tensor_wasm_dispatch::{DispatchConfig, KernelDispatcher};
+use tensor_wasm_gates::runinfo;
 use tensor_wasm_runtime::{FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
 use tower::ServiceExt;
 
