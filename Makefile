@@ -145,7 +145,7 @@ tail-latency:
 .PHONY: gpu-suite gpu-suite-dry-run
 GPU_SUITE_DIR ?= .gpu-suite
 
-## GPU validation suite (issue 10): stripped release `tensor-wasm` + `gpu-suite`, the example
+## GPU validation suite: stripped release `tensor-wasm` + `gpu-suite`, the example
 ## guests, the runner and the CPU backend's record, in $(GPU_SUITE_DIR) (git-ignored; carried
 ## to the GPU machine). See BUILD.md, "GPU validation suite".
 gpu-suite: examples
