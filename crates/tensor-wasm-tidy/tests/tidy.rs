@@ -125,9 +125,17 @@ fn the_code_map_names_every_source_file() {
                 })
                 .collect();
             src_files.sort();
+            let mut others = Vec::new();
+            walk(&dir.join("benches"), "rs", &mut others);
+            walk(&dir.join("tests"), "rs", &mut others);
+            let other_files = others
+                .iter()
+                .map(|f| f.strip_prefix(dir).unwrap().to_string_lossy().replace('\\', "/"))
+                .collect();
             CrateSources {
                 name: dir.file_name().unwrap().to_string_lossy().into_owned(),
                 src_files,
+                other_files,
             }
         })
         .collect();
