@@ -96,8 +96,11 @@ fn infinite_loop_times_out_at_the_deadline() {
         matches!(result, Err(RuntimeError::Timeout { timeout_ms: 200 })),
         "{result:?}"
     );
+    // Not before the deadline, and ended by it (the loop never ends by
+    // itself). How closely the epoch ticker meets the deadline is a timing
+    // figure for a bench; a tight bound here would flake on a loaded machine.
     assert!(took >= Duration::from_millis(190), "{took:?}");
-    assert!(took <= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
 }
 
 #[test]
