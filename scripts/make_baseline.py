@@ -13,7 +13,7 @@ the runs that measured it:
                   estimate and a smaller K suffices)
 
 Peers measured only for ratios (ids containing `_vec_peer`, `raw_wasmtime`,
-`/memcpy/`, `/memset/`) are not tracked: they time the host and wasmtime, not us.
+`/memcpy/`) are not tracked: they time the host and wasmtime, not us.
 
 With --merge, BASE.json (an earlier output) is kept as it is — every metric,
 run and the policy — and only the ids it does not track yet are derived from
@@ -56,7 +56,7 @@ def main():
             counts[bench_id] = counts.get(bench_id, 0) + 1
     ids = {i for i, n in counts.items() if n >= min_runs}
     metrics = {}
-    peers = ("_vec_peer", "raw_wasmtime", "/memcpy/", "/memset/")
+    peers = ("_vec_peer", "raw_wasmtime", "/memcpy/")
     for bench_id in sorted(i for i in ids if not any(p in i for p in peers)):
         medians = [r["benches"][bench_id]["median_ns"] for r in runs if bench_id in r["benches"]]
         mid = statistics.median(medians)
@@ -79,7 +79,7 @@ def main():
         doc["runs"] = doc["runs"] + run_list
         doc["method"] += (f"; added {now[:10]}: {len(added)} metrics not tracked before, from "
                           f"{', '.join(paths)} (median of the medians of the runs that measured "
-                          f"the metric, at least {min_runs}; {rule}; memcpy and memset peers not tracked)")
+                          f"the metric, at least {min_runs}; {rule}; ratio peers not tracked)")
         with open(out, "w") as f:
             json.dump(doc, f, indent=2)
             f.write("\n")
@@ -92,7 +92,7 @@ def main():
         "generated": now,
         "machine": runs[0].get("machine"),
         "runs": run_list,
-        "method": f"median of the medians of the runs that measured the metric (at least {min_runs}); tolerance_pct = max(20, ceil({factor:g} x largest deviation of a run from it)), capped at 100; ratio peers (_vec_peer, raw_wasmtime, memcpy, memset) not tracked",
+        "method": f"median of the medians of the runs that measured the metric (at least {min_runs}); tolerance_pct = max(20, ceil({factor:g} x largest deviation of a run from it)), capped at 100; ratio peers (_vec_peer, raw_wasmtime, memcpy) not tracked",
         "policy": {"regress_pct_threshold": 10},
         "metrics": metrics,
     }

@@ -12,8 +12,8 @@
 //!   reused buffer (no page faults);
 //! - `raw_frames/{push,decode}`: the float pages as raw frames (`push_stored_frame`), and their
 //!   decoding by zstd, beside `memcpy/8MiB`, a copy of the same bytes (direct-copy peer);
-//! - `rle_frames/decode`: zstd decoding 8 MiB of all-zero RLE frames, beside `memset/8MiB`
-//!   (direct peer).
+//! - `rle_frames/decode`: zstd decoding 8 MiB of all-zero RLE frames, beside
+//!   `memset_vec_peer/8MiB`, a fill of the same bytes (direct peer).
 //!
 //! Before the measurements it prints (once) what is not a time: the share of
 //! incompressible-looking pages per chunk, the sampled and whole-page entropies of text, float
@@ -339,7 +339,7 @@ fn stored_frames(c: &mut Criterion) {
             }
         });
     });
-    group.bench_function(BenchmarkId::new("memset", "8MiB"), |b| {
+    group.bench_function(BenchmarkId::new("memset_vec_peer", "8MiB"), |b| {
         let frames = inputs().rle_frames.len();
         b.iter(|| {
             for _ in 0..frames {
