@@ -65,7 +65,7 @@ perf-doc-check:
 clean-data:
 	rm -rf $(DATA_DIR)
 
-CI_BENCH := $(CARGO) bench -p tensor-wasm-bench -p tensor-wasm-tenant --bench '*' -- --warm-up-time 1 --measurement-time 3
+CI_BENCH := $(CARGO) bench -p tensor-wasm-bench -p tensor-wasm-tenant -p tensor-wasm-snapshot --bench '*' -- --warm-up-time 1 --measurement-time 3
 CI_BENCH_DIR := $(CURDIR)/target/ci-bench/criterion
 
 ## CI flags (short warm-up and measurement) into a fresh results directory, then the
