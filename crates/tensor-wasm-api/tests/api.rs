@@ -5,7 +5,7 @@ use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tensor_wasm_api::{ApiConfig, HttpRequestLabels, ErrorCode, OPENAPI_JSON, ROUTE_TEMPLATES};
+use tensor_wasm_api::{ApiConfig, ErrorCode, HttpRequestLabels, OPENAPI_JSON, ROUTE_TEMPLATES};
 use tensor_wasm_test_support::app::{InsecureApp, Reply};
 use tensor_wasm_test_support::guests::example;
 use tensor_wasm_test_support::wait::{wait_for_async, wait_until_async};

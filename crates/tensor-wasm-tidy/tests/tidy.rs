@@ -130,7 +130,12 @@ fn the_code_map_names_every_source_file() {
             walk(&dir.join("tests"), "rs", &mut others);
             let other_files = others
                 .iter()
-                .map(|f| f.strip_prefix(dir).unwrap().to_string_lossy().replace('\\', "/"))
+                .map(|f| {
+                    f.strip_prefix(dir)
+                        .unwrap()
+                        .to_string_lossy()
+                        .replace('\\', "/")
+                })
                 .collect();
             CrateSources {
                 name: dir.file_name().unwrap().to_string_lossy().into_owned(),
