@@ -65,7 +65,7 @@ perf-doc-check:
 clean-data:
 	rm -rf $(DATA_DIR)
 
-CI_BENCH := $(CARGO) bench -p tensor-wasm-bench -p tensor-wasm-tenant --bench '*' -- --warm-up-time 1 --measurement-time 3
+CI_BENCH := $(CARGO) bench -p tensor-wasm-bench -p tensor-wasm-tenant -p tensor-wasm-snapshot --bench '*' -- --warm-up-time 1 --measurement-time 3
 CI_BENCH_DIR := $(CURDIR)/target/ci-bench/criterion
 
 ## CI flags (short warm-up and measurement) into a fresh results directory, then the
@@ -75,7 +75,7 @@ CI_BENCH_DIR := $(CURDIR)/target/ci-bench/criterion
 ci-bench:
 	rm -rf $(CI_BENCH_DIR)
 	CRITERION_HOME=$(CI_BENCH_DIR) $(CI_BENCH)
-	$(CARGO) run --release -q -p tensor-wasm-bench --bin bench-gate -- \
+	$(CARGO) run --release -q -p tensor-wasm-gates --bin bench-gate -- \
 	  --criterion-dir $(CI_BENCH_DIR) --rerun -- $(CI_BENCH)
 
 ## Runs every Criterion bench with short windows and records a run file under
@@ -123,14 +123,14 @@ ICOUNT_BENCH := $(CARGO) bench -q -p tensor-wasm-icount --bench icount -- --outp
 icount: deps
 	@mkdir -p $(dir $(ICOUNT_RUN))
 	GUNGRAUN_RUNNER=$(GUNGRAUN_RUNNER) $(ICOUNT_BENCH) > $(ICOUNT_RUN)
-	$(CARGO) run -q -p tensor-wasm-bench --bin icount-gate -- check --run $(ICOUNT_RUN)
+	$(CARGO) run -q -p tensor-wasm-gates --bin icount-gate -- check --run $(ICOUNT_RUN)
 
 ## Re-records bench-results/icount/baseline.json from a fresh run (commit it on
 ## its own, saying why the counts moved; see bench-results/baseline-notes.md).
 icount-baseline: deps
 	@mkdir -p $(dir $(ICOUNT_RUN))
 	GUNGRAUN_RUNNER=$(GUNGRAUN_RUNNER) $(ICOUNT_BENCH) > $(ICOUNT_RUN)
-	GUNGRAUN_RUNNER=$(GUNGRAUN_RUNNER) $(CARGO) run -q -p tensor-wasm-bench --bin icount-gate -- record --run $(ICOUNT_RUN) \
+	GUNGRAUN_RUNNER=$(GUNGRAUN_RUNNER) $(CARGO) run -q -p tensor-wasm-gates --bin icount-gate -- record --run $(ICOUNT_RUN) \
 	  --out bench-results/icount/baseline.json --command "make icount-baseline ($(ICOUNT_BENCH))"
 
 .PHONY: tail-latency
@@ -145,11 +145,11 @@ tail-latency:
 .PHONY: gpu-suite gpu-suite-dry-run
 GPU_SUITE_DIR ?= .gpu-suite
 
-## GPU validation suite (issue 10): stripped release `tensor-wasm` + `gpu-suite`, the example
+## GPU validation suite: stripped release `tensor-wasm` + `gpu-suite`, the example
 ## guests, the runner and the CPU backend's record, in $(GPU_SUITE_DIR) (git-ignored; carried
 ## to the GPU machine). See BUILD.md, "GPU validation suite".
 gpu-suite: examples
-	$(CARGO) build --release -p tensor-wasm-cli --bin tensor-wasm -p tensor-wasm-bench --bin gpu-suite
+	$(CARGO) build --release -p tensor-wasm-cli --bin tensor-wasm -p tensor-wasm-gpu-suite --bin gpu-suite
 	bash scripts/gpu-suite/build.sh $(GPU_SUITE_DIR)
 
 ## The suite's CPU-side test: the runner with --device cpu --quick into a temporary

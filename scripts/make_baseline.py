@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Derives bench-results/baseline.json from several recorded clean runs.
 
-Usage: python3 scripts/make_baseline.py [--min-runs N] [--spread-factor K] OUT.json RUN.json...
+Usage: python3 scripts/make_baseline.py [--min-runs N] [--spread-factor K] [--merge BASE.json]
+       OUT.json RUN.json...
 
 For every bench id present in at least N runs (default: all of them), over
 the runs that measured it:
@@ -13,6 +14,11 @@ the runs that measured it:
 
 Peers measured only for ratios (ids containing `_vec_peer`, `raw_wasmtime`,
 `/memcpy/`) are not tracked: they time the host and wasmtime, not us.
+
+With --merge, BASE.json (an earlier output) is kept as it is — every metric,
+run and the policy — and only the ids it does not track yet are derived from
+RUN.json... as above and added; the runs are appended to its list and its
+method records the addition. Ids it tracks already are listed and left alone.
 
 The gate then fails a metric above median_ns * (1 + (tolerance_pct +
 regress_pct_threshold) / 100) with regress_pct_threshold = 10, twice in a row
@@ -30,12 +36,14 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     args = sys.argv[1:]
-    min_runs, factor = None, 4.0
-    while args[:1] in (["--min-runs"], ["--spread-factor"]):
+    min_runs, factor, merge = None, 4.0, None
+    while args[:1] in (["--min-runs"], ["--spread-factor"], ["--merge"]):
         if args[0] == "--min-runs":
             min_runs = int(args[1])
-        else:
+        elif args[0] == "--spread-factor":
             factor = float(args[1])
+        else:
+            merge = args[1]
         args = args[2:]
     if len(args) < 2:
         sys.exit(__doc__)
@@ -60,11 +68,30 @@ def main():
             "spread_pct": round(spread, 2),
             "runs": len(medians),
         }
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    run_list = [{"file": p, "date": r.get("date"), "commit": r.get("commit")} for p, r in zip(paths, runs)]
+    rule = f"tolerance_pct = max(20, ceil({factor:g} x largest deviation of a run from it)), capped at 100"
+    if merge:
+        doc = json.load(open(merge))
+        kept = sorted(i for i in metrics if i in doc["metrics"])
+        added = {i: m for i, m in metrics.items() if i not in doc["metrics"]}
+        doc["metrics"] = dict(sorted({**doc["metrics"], **added}.items()))
+        doc["runs"] = doc["runs"] + run_list
+        doc["method"] += (f"; added {now[:10]}: {len(added)} metrics not tracked before, from "
+                          f"{', '.join(paths)} (median of the medians of the runs that measured "
+                          f"the metric, at least {min_runs}; {rule}; ratio peers not tracked)")
+        with open(out, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        for i in kept:
+            print(f"already tracked, left as it is: {i}")
+        print(f"wrote {out}: {len(added)} metrics added from {len(runs)} runs, {len(doc['metrics'])} in all")
+        return
     doc = {
         "description": "Criterion medians measured on the reference machine class (2 cores); see baseline-notes.md",
-        "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "generated": now,
         "machine": runs[0].get("machine"),
-        "runs": [{"file": p, "date": r.get("date"), "commit": r.get("commit")} for p, r in zip(paths, runs)],
+        "runs": run_list,
         "method": f"median of the medians of the runs that measured the metric (at least {min_runs}); tolerance_pct = max(20, ceil({factor:g} x largest deviation of a run from it)), capped at 100; ratio peers (_vec_peer, raw_wasmtime, memcpy) not tracked",
         "policy": {"regress_pct_threshold": 10},
         "metrics": metrics,

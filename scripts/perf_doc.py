@@ -386,7 +386,7 @@ def policy_section(out):
     thr = load(base)["policy"]["regress_pct_threshold"] if os.path.exists(base) else None
     pct = load(icount)["policy"]["max_increase_pct"] if os.path.exists(icount) else None
     out.append("## Regression policy and re-baselining\n")
-    out.append("Two gates, both small Rust tools in `crates/tensor-wasm-bench` that print a table of every tracked metric:\n")
+    out.append("Two gates, both small Rust tools in `crates/tensor-wasm-gates` that print a table of every tracked metric:\n")
     if thr is not None:
         out.append(f"- **Wall clock** (`make ci-bench`: the Criterion benches with CI flags, then `bench-gate`): a tracked "
                    f"median is over its limit above `median_ns × (1 + (tolerance_pct + {thr:g}) / 100)` of "

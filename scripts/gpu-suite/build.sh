@@ -51,7 +51,7 @@ info = {
     "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "rustc": rustc,
     "build_machine": f"{platform.system()} {platform.release()} {platform.machine()}",
-    "command": "make gpu-suite (cargo build --release -p tensor-wasm-cli --bin tensor-wasm -p tensor-wasm-bench --bin gpu-suite; scripts/gpu-suite/build.sh)",
+    "command": "make gpu-suite (cargo build --release -p tensor-wasm-cli --bin tensor-wasm -p tensor-wasm-gpu-suite --bin gpu-suite; scripts/gpu-suite/build.sh)",
     "profile": "release, stripped",
     "bytes": {"bin/tensor-wasm": sizes.get("bin/tensor-wasm"), "bin/gpu-suite": sizes.get("bin/gpu-suite"),
               "artifact_total": int(os.environ["ARTIFACT_BYTES"]),

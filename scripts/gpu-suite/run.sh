@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runner of the GPU validation suite (issue 10). `make gpu-suite` copies it into the
+# Runner of the GPU validation suite. `make gpu-suite` copies it into the
 # artifact directory (.gpu-suite/) next to the stripped binaries, the example modules and
 # the CPU record of the build machine; run it from there.
 #

@@ -1,140 +1,24 @@
 //! The router driven in-process with `oneshot`: routes, status codes, error
 //! codes, body limits, metrics, and the OpenAPI document against the router.
 
-use std::path::Path;
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
-use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tensor_wasm_api::{
-    router, ApiConfig, AppState, ErrorCode, HttpRequestLabels, OPENAPI_JSON, ROUTE_TEMPLATES,
-};
-use tensor_wasm_runtime::{FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
+use tensor_wasm_api::{ApiConfig, ErrorCode, HttpRequestLabels, OPENAPI_JSON, ROUTE_TEMPLATES};
+use tensor_wasm_test_support::app::{InsecureApp, Reply};
+use tensor_wasm_test_support::guests::example;
+use tensor_wasm_test_support::wait::{wait_for_async, wait_until_async};
 use tower::ServiceExt;
 
 const UNKNOWN_ID: &str = "fn-000000000000000000000000";
 
-struct Harness {
-    _dir: tempfile::TempDir,
-    app: Router,
-    runtime: Runtime,
+fn harness() -> InsecureApp {
+    InsecureApp::new()
 }
 
-fn harness_with(api: ApiConfig) -> Harness {
-    harness_full(|_| {}, api)
-}
-
-fn harness_full(tune: impl FnOnce(&mut RuntimeConfig), api: ApiConfig) -> Harness {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = prometheus::Registry::new();
-    let store = Arc::new(FsFunctionStore::open(dir.path()).unwrap());
-    let metrics = RuntimeMetrics::register(&registry).unwrap();
-    let mut config = RuntimeConfig::for_tests(dir.path());
-    tune(&mut config);
-    let runtime = Runtime::open(config, store, metrics).unwrap();
-    let state = AppState::insecure_single_tenant(runtime.clone(), registry, api).unwrap();
-    state.set_ready(true);
-    Harness {
-        _dir: dir,
-        app: router(state),
-        runtime,
-    }
-}
-
-fn harness() -> Harness {
-    harness_with(ApiConfig::default())
-}
-
-fn example(name: &str) -> Vec<u8> {
-    std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../examples")
-            .join(name),
-    )
-    .unwrap()
-}
-
-struct Reply {
-    status: StatusCode,
-    headers: axum::http::HeaderMap,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-    fn code(&self) -> String {
-        self.json()["error"]["code"]
-            .as_str()
-            .unwrap_or("<none>")
-            .to_owned()
-    }
-}
-
-impl Harness {
-    async fn send(&self, method: Method, uri: &str, ctype: Option<&str>, body: Vec<u8>) -> Reply {
-        let mut req = Request::builder().method(method).uri(uri);
-        if let Some(ct) = ctype {
-            req = req.header(header::CONTENT_TYPE, ct);
-        }
-        let response = self
-            .app
-            .clone()
-            .oneshot(req.body(Body::from(body)).unwrap())
-            .await
-            .unwrap();
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .to_vec();
-        Reply {
-            status,
-            headers,
-            body,
-        }
-    }
-
-    async fn get(&self, uri: &str) -> Reply {
-        self.send(Method::GET, uri, None, Vec::new()).await
-    }
-
-    async fn deploy(&self, file: &str, query: &str) -> String {
-        let r = self
-            .send(
-                Method::POST,
-                &format!("/functions?{query}"),
-                Some("application/wasm"),
-                example(file),
-            )
-            .await;
-        assert_eq!(
-            r.status,
-            StatusCode::CREATED,
-            "{}",
-            String::from_utf8_lossy(&r.body)
-        );
-        r.json()["id"].as_str().unwrap().to_owned()
-    }
-
-    async fn invoke(&self, id: &str, body: Value) -> Reply {
-        self.send(
-            Method::POST,
-            &format!("/functions/{id}/invoke"),
-            Some("application/json"),
-            body.to_string().into_bytes(),
-        )
-        .await
-    }
+fn harness_with(api: ApiConfig) -> InsecureApp {
+    InsecureApp::with(|_| {}, api)
 }
 
 #[tokio::test]
@@ -166,21 +50,12 @@ async fn health_ready_metrics_and_spec_are_served() {
 
 #[tokio::test]
 async fn readyz_is_503_until_ready() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = prometheus::Registry::new();
-    let store = Arc::new(FsFunctionStore::open(dir.path()).unwrap());
-    let metrics = RuntimeMetrics::register(&registry).unwrap();
-    let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics).unwrap();
-    let state =
-        AppState::insecure_single_tenant(runtime.clone(), registry, ApiConfig::default()).unwrap();
-    let h = Harness {
-        _dir: dir,
-        app: router(state),
-        runtime,
-    };
+    let h = InsecureApp::not_ready(|_| {}, ApiConfig::default());
     let r = h.get("/readyz").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.code(), "not_ready");
+    h.state.set_ready(true);
+    assert_eq!(h.get("/readyz").await.status, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -587,9 +462,14 @@ async fn metrics_count_invocations_by_outcome_and_route_template() {
     );
 }
 
+/// With the only instance slot held by a long invocation, a call waits the
+/// queue timeout and answers 429 `busy` with `Retry-After`. No fixed delay decides
+/// when the slot is held: the test waits until the long call is in flight,
+/// then calls until one is refused (only the long call, which holds the slot
+/// for its whole 400 ms deadline, can make one wait).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn saturated_slots_answer_busy_with_retry_after() {
-    let h = harness_full(
+    let h = InsecureApp::with(
         |c| c.max_instances = 1,
         ApiConfig {
             queue_timeout: std::time::Duration::from_millis(50),
@@ -606,13 +486,37 @@ async fn saturated_slots_answer_busy_with_retry_after() {
             .unwrap();
         app.oneshot(req).await.unwrap().status()
     });
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let r = h
-        .invoke(&calc, json!({"export": "add", "args": [1, 1]}))
-        .await;
-    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(r.code(), "busy");
-    assert_eq!(r.headers[header::RETRY_AFTER], "1");
+    let tenant = h.tenant();
+    wait_until_async(
+        std::time::Duration::from_secs(10),
+        "the long invocation is in flight",
+        || tenant.usage(tensor_wasm_tenant::Resource::ConcurrentInvocations) == 1,
+    )
+    .await;
+    // Between being admitted and taking the slot the long call may still be
+    // overtaken once; a call that gets the slot answers 200 and is retried.
+    let refused = wait_for_async(
+        std::time::Duration::from_secs(10),
+        "a call is refused for want of a slot",
+        || async {
+            let r = h
+                .invoke(&calc, json!({"export": "add", "args": [1, 1]}))
+                .await;
+            if r.status == StatusCode::OK {
+                return None;
+            }
+            Some(r)
+        },
+    )
+    .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        refused.text()
+    );
+    assert_eq!(refused.code(), "busy");
+    assert_eq!(refused.headers[header::RETRY_AFTER], "1");
     assert_eq!(long.await.unwrap(), StatusCode::GATEWAY_TIMEOUT);
     // The slot is free again.
     let r = h
@@ -623,7 +527,7 @@ async fn saturated_slots_answer_busy_with_retry_after() {
 
 #[tokio::test]
 async fn saturated_kernel_dispatcher_answers_429() {
-    let h = harness_full(
+    let h = InsecureApp::with(
         |c| {
             c.dispatch = tensor_wasm_dispatch::DispatchConfig {
                 max_in_flight: 1,

@@ -1,15 +1,13 @@
 //! Snapshot routes over the router with authentication enforced: create, list, start-from,
 //! delete, and the documented errors (the cross-tenant checks are in `tenants.rs`).
 
-mod common;
-
 use axum::http::{Method, StatusCode};
-use common::server;
 use serde_json::{json, Value};
+use tensor_wasm_test_support::app::EnforcedApp;
 
 #[tokio::test]
 async fn snapshot_routes_capture_switch_and_delete() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (_, t) = s.tenant("alpha", json!({})).await;
     let w = s.deploy(&t, "warm.wat", "name=warm").await.json()["id"]
         .as_str()
@@ -134,7 +132,7 @@ async fn snapshot_routes_capture_switch_and_delete() {
 
 #[tokio::test]
 async fn wasi_commands_cannot_be_snapshotted() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (_, t) = s.tenant("alpha", json!({})).await;
     let r = s.deploy(&t, "upper.wat", "name=upper&style=wasi").await;
     assert_eq!(r.status, StatusCode::CREATED);

@@ -1,17 +1,18 @@
 //! `/functions/{id}/invoke-stream`: chunked and SSE delivery, errors before
 //! the stream starts, back-pressure and client disconnects.
 
-mod common;
-
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use base64::Engine as _;
-use common::server;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tensor_wasm_tenant::Resource;
+use tensor_wasm_tenant::Tenant;
+use tensor_wasm_test_support::app::EnforcedApp;
+use tensor_wasm_test_support::guests::{ECHO_COMMAND, FLOOD_COMMAND};
+use tensor_wasm_test_support::wait::{assert_holds_for_async, wait_for_async, wait_until_async};
 use tower::ServiceExt;
 
 fn stream_request(token: &str, id: &str, query: &str, accept: &str, body: &str) -> Request<Body> {
@@ -22,9 +23,30 @@ fn stream_request(token: &str, id: &str, query: &str, accept: &str, body: &str) 
         .unwrap()
 }
 
+/// How long a guest whose client does not read is watched staying in flight
+/// (an observation window, not synchronisation: a guest that is not held
+/// runs on to the output cap or its deadline and ends).
+const HELD_WINDOW: Duration = Duration::from_millis(300);
+
+/// Waits until the tenant holds no invocation, instance or guest memory.
+async fn all_released(tenant: &Tenant) {
+    for resource in [
+        Resource::ConcurrentInvocations,
+        Resource::LiveInstances,
+        Resource::GuestMemoryBytes,
+    ] {
+        wait_until_async(
+            Duration::from_secs(10),
+            &format!("{resource:?} is released after the client left"),
+            || tenant.usage(resource) == 0,
+        )
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_and_sse_deliver_every_chunk_then_the_outcome() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (_, t) = s.tenant("streamer", json!({})).await;
     let id = s.deploy(&t, "stream.wat", "name=stream").await.json()["id"]
         .as_str()
@@ -63,19 +85,7 @@ async fn chunked_and_sse_deliver_every_chunk_then_the_outcome() {
             .to_vec(),
     )
     .unwrap();
-    let events: Vec<(String, String)> = text
-        .split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|e| {
-            let field = |name: &str| {
-                e.lines()
-                    .find_map(|l| l.strip_prefix(&format!("{name}:")))
-                    .map(|v| v.trim_start().to_owned())
-                    .unwrap_or_default()
-            };
-            (field("event"), field("data"))
-        })
-        .collect();
+    let events = sse_events(&text);
     let chunks: Vec<Vec<u8>> = events
         .iter()
         .filter(|(e, _)| e == "chunk")
@@ -100,7 +110,7 @@ async fn chunked_and_sse_deliver_every_chunk_then_the_outcome() {
 
 #[tokio::test]
 async fn bad_calls_are_refused_before_the_stream_starts() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (_, t) = s.tenant("streamer", json!({})).await;
     let id = s.deploy(&t, "stream.wat", "name=stream").await.json()["id"]
         .as_str()
@@ -131,7 +141,7 @@ async fn bad_calls_are_refused_before_the_stream_starts() {
 /// memory); a client that goes away cancels it and every quota is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_pressure_and_disconnect_release_everything() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (tid, t) = s.tenant("flooder", json!({})).await;
     let id = s.deploy(&t, "stream.wat", "name=stream").await.json()["id"]
         .as_str()
@@ -148,33 +158,18 @@ async fn back_pressure_and_disconnect_release_everything() {
     assert_eq!(response.status(), StatusCode::OK);
     let mut body = response.into_body();
     // Nobody reads: the guest blocks on the full buffer and stays in flight.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        tenant.usage(Resource::ConcurrentInvocations),
-        1,
-        "the guest is held, not finished"
-    );
+    assert_holds_for_async(HELD_WINDOW, "the guest is held, not finished", || {
+        tenant.usage(Resource::ConcurrentInvocations) == 1
+    })
+    .await;
     let first = body.frame().await.unwrap().unwrap();
     assert_eq!(first.into_data().unwrap().len(), 65536);
     drop(body); // the client goes away
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for resource in [
-        Resource::ConcurrentInvocations,
-        Resource::LiveInstances,
-        Resource::GuestMemoryBytes,
-    ] {
-        while tenant.usage(resource) != 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{resource:?} still held after the client left"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
+    all_released(&tenant).await;
 }
 
-async fn get_job(s: &common::Server, token: &str, job: &str) -> Value {
+async fn get_job(s: &EnforcedApp, token: &str, job: &str) -> Value {
     let r = s
         .as_token(
             token,
@@ -192,21 +187,18 @@ async fn get_job(s: &common::Server, token: &str, job: &str) -> Value {
     r.json()
 }
 
-async fn wait_finished(s: &common::Server, token: &str, job: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+/// Waits until `job` has left `queued`/`running`; returns its final document.
+async fn wait_finished(s: &EnforcedApp, token: &str, job: &str) -> Value {
+    wait_for_async(Duration::from_secs(20), "the job finishes", || async move {
         let j = get_job(s, token, job).await;
-        if !matches!(j["status"].as_str(), Some("queued" | "running")) {
-            return j;
-        }
-        assert!(Instant::now() < deadline, "job never finished: {j}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (!matches!(j["status"].as_str(), Some("queued" | "running"))).then_some(j)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_jobs_run_detached_are_scoped_and_cancellable() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (_, t) = s.tenant("jobs", json!({})).await;
     let (_, other) = s.tenant("other", json!({})).await;
     let calc = s.deploy(&t, "calc.wat", "name=calc").await.json()["id"]
@@ -275,11 +267,16 @@ async fn async_jobs_run_detached_are_scoped_and_cancellable() {
             &t,
             axum::http::Method::POST,
             &format!("/functions/{nap}/invoke-async"),
-            json!({"export": "nap", "args": [300]}),
+            json!({"export": "nap", "args": [2000]}),
         )
         .await;
     let running = r.json()["job_id"].as_str().unwrap().to_owned();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Cancel once it runs (the nap lasts far longer than the cancel takes).
+    let (s_ref, t_ref, job_ref) = (&s, t.as_str(), running.as_str());
+    wait_for_async(Duration::from_secs(10), "the nap job is running", || async move {
+        (get_job(s_ref, t_ref, job_ref).await["status"] == "running").then_some(())
+    })
+    .await;
     let r = s
         .as_token(
             &t,
@@ -290,6 +287,11 @@ async fn async_jobs_run_detached_are_scoped_and_cancellable() {
         .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.json()["cancel_requested"], true);
+    assert_eq!(
+        r.json()["status"],
+        "running",
+        "the cancel must hit a running job"
+    );
     let cancelled = wait_finished(&s, &t, &running).await;
     assert_eq!(cancelled["status"], "cancelled");
     assert!(cancelled.get("results").is_none());
@@ -309,51 +311,7 @@ async fn async_jobs_run_detached_are_scoped_and_cancellable() {
     );
 }
 
-/// A WASI command: copies stdin to stdout (one write per read), writes
-/// "bye\n", "oops\n" to stderr, and exits with code 3.
-const ECHO_COMMAND: &str = r#"(module
-  (import "wasi_snapshot_preview1" "fd_read"
-    (func $fd_read (param i32 i32 i32 i32) (result i32)))
-  (import "wasi_snapshot_preview1" "fd_write"
-    (func $fd_write (param i32 i32 i32 i32) (result i32)))
-  (import "wasi_snapshot_preview1" "proc_exit" (func $proc_exit (param i32)))
-  (memory (export "memory") 1)
-  (data (i32.const 64) "bye\n")
-  (data (i32.const 80) "oops\n")
-  (func $write (param $fd i32) (param $ptr i32) (param $len i32)
-    (i32.store (i32.const 0) (local.get $ptr))
-    (i32.store (i32.const 4) (local.get $len))
-    (drop (call $fd_write (local.get $fd) (i32.const 0) (i32.const 1) (i32.const 16))))
-  (func (export "_start")
-    (local $n i32)
-    (loop $more
-      (i32.store (i32.const 0) (i32.const 1024))
-      (i32.store (i32.const 4) (i32.const 4096))
-      (drop (call $fd_read (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 16)))
-      (local.set $n (i32.load (i32.const 16)))
-      (if (i32.gt_u (local.get $n) (i32.const 0))
-        (then (call $write (i32.const 1) (i32.const 1024) (local.get $n)) (br $more))))
-    (call $write (i32.const 1) (i32.const 64) (i32.const 4))
-    (call $write (i32.const 2) (i32.const 80) (i32.const 5))
-    (call $proc_exit (i32.const 3))))"#;
-
-/// A WASI command writing 4 KiB of `x` to stdout until a write fails, then
-/// exiting with code 2.
-const FLOOD_COMMAND: &str = r#"(module
-  (import "wasi_snapshot_preview1" "fd_write"
-    (func $fd_write (param i32 i32 i32 i32) (result i32)))
-  (import "wasi_snapshot_preview1" "proc_exit" (func $proc_exit (param i32)))
-  (memory (export "memory") 1)
-  (func (export "_start")
-    (memory.fill (i32.const 1024) (i32.const 120) (i32.const 4096))
-    (i32.store (i32.const 0) (i32.const 1024))
-    (i32.store (i32.const 4) (i32.const 4096))
-    (loop $more
-      (br_if $more (i32.eqz
-        (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))))
-    (call $proc_exit (i32.const 2))))"#;
-
-async fn deploy_command(s: &common::Server, token: &str, wat: &str) -> String {
+async fn deploy_command(s: &EnforcedApp, token: &str, wat: &str) -> String {
     let r = s
         .send(
             axum::http::Method::POST,
@@ -389,7 +347,7 @@ fn sse_events(text: &str) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wasi_stdout_streams_as_chunks_and_ends_with_the_exit_code() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (_, t) = s.tenant("commands", json!({})).await;
     let id = deploy_command(&s, &t, ECHO_COMMAND).await;
 
@@ -466,7 +424,7 @@ async fn wasi_stdout_streams_as_chunks_and_ends_with_the_exit_code() {
 /// an error and exit 2 by itself) and every quota is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wasi_stdout_back_pressure_and_disconnect_stop_the_command() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (tid, t) = s.tenant("flooder", json!({})).await;
     let id = deploy_command(&s, &t, FLOOD_COMMAND).await;
     let tenant = s.tenants.lookup(&tid).unwrap();
@@ -479,32 +437,19 @@ async fn wasi_stdout_back_pressure_and_disconnect_stop_the_command() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let mut body = response.into_body();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        tenant.usage(Resource::ConcurrentInvocations),
-        1,
-        "the command is held by the full buffer, not finished"
-    );
+    assert_holds_for_async(
+        HELD_WINDOW,
+        "the command is held by the full buffer, not finished",
+        || tenant.usage(Resource::ConcurrentInvocations) == 1,
+    )
+    .await;
     for _ in 0..3 {
         let frame = body.frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap().len(), 4096);
     }
     drop(body);
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for resource in [
-        Resource::ConcurrentInvocations,
-        Resource::LiveInstances,
-        Resource::GuestMemoryBytes,
-    ] {
-        while tenant.usage(resource) != 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{resource:?} still held after the client left"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
+    all_released(&tenant).await;
     let metrics = s
         .as_token(&s.admin, axum::http::Method::GET, "/metrics", Value::Null)
         .await;

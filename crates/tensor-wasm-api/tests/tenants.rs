@@ -2,21 +2,20 @@
 //! matrix, quotas and their release, the admin routes, tokens never stored in
 //! plain text.
 
-mod common;
-
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
-use common::server;
 use serde_json::{json, Value};
 use tensor_wasm_tenant::Resource;
+use tensor_wasm_test_support::app::EnforcedApp;
+use tensor_wasm_test_support::wait::wait_until_async;
 use tower::ServiceExt;
 
 #[tokio::test]
 async fn cross_tenant_matrix_denies_everything_and_changes_nothing() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (a_id, a) = s.tenant("alpha", json!({})).await;
     let (_, b) = s.tenant("beta", json!({})).await;
     let r = s.deploy(&a, "calc.wat", "name=calc").await;
@@ -178,7 +177,7 @@ async fn cross_tenant_matrix_denies_everything_and_changes_nothing() {
 
 #[tokio::test]
 async fn quotas_refuse_with_the_documented_status_and_name_the_limit() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (_, t) = s
         .tenant(
             "small",
@@ -236,7 +235,7 @@ async fn quotas_refuse_with_the_documented_status_and_name_the_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_returns_to_zero_after_a_thousand_mixed_failures() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (id, t) = s
         .tenant("mixed", json!({"max_concurrent_invocations": 64, "max_live_instances": 64, "requests_per_second": 0}))
         .await;
@@ -291,27 +290,24 @@ async fn usage_returns_to_zero_after_a_thousand_mixed_failures() {
     for task in tasks {
         task.await.unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
     for resource in [
         Resource::ConcurrentInvocations,
         Resource::LiveInstances,
         Resource::GuestMemoryBytes,
     ] {
-        while tenant.usage(resource) != 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{resource:?} leaked: {}",
-                tenant.usage(resource)
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until_async(
+            Duration::from_secs(30),
+            &format!("{resource:?} is released (no leak)"),
+            || tenant.usage(resource) == 0,
+        )
+        .await;
     }
     assert_eq!(tenant.usage(Resource::Functions), 3);
 }
 
 #[tokio::test]
 async fn tokens_are_never_stored_in_plain_text() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (id, token) = s.tenant("secretive", json!({})).await;
     let r = s
         .as_token(
@@ -360,7 +356,7 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 
 #[tokio::test]
 async fn admin_routes_create_update_and_delete_tenants() {
-    let s = server();
+    let s = EnforcedApp::new();
     let (id, token) = s.tenant("ops", json!({"max_functions": 5})).await;
     let r = s
         .as_token(
@@ -415,7 +411,7 @@ async fn admin_routes_create_update_and_delete_tenants() {
 #[tokio::test]
 async fn a_tenants_gpu_isolation_reaches_the_runtime() {
     use tensor_wasm_runtime::GpuIsolation;
-    let s = server();
+    let s = EnforcedApp::new();
     // The test server runs the CPU backend at the default (stream) level.
     assert_eq!(
         s.runtime.tenant_gpu_isolation("tn-0000000000000000"),

@@ -14,11 +14,11 @@
 //! the argument handling's share.
 
 use std::hint::black_box;
-use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::json;
-use tensor_wasm_runtime::{DeploySpec, FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
+use tensor_wasm_runtime::{DeploySpec, RuntimeConfig};
+use tensor_wasm_test_support::app::open_runtime;
 
 const TWO_EXPORTS_WAT: &str = r#"(module
   (memory 1)
@@ -33,10 +33,7 @@ const TWO_EXPORTS_WAT: &str = r#"(module
 fn call_export(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("temporary directory");
     let registry = prometheus::Registry::new();
-    let store = Arc::new(FsFunctionStore::open(dir.path()).expect("function store"));
-    let metrics = RuntimeMetrics::register(&registry).expect("metrics");
-    let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics)
-        .expect("runtime starts");
+    let runtime = open_runtime(RuntimeConfig::for_tests(dir.path()), &registry);
     let id = runtime
         .deploy(
             TWO_EXPORTS_WAT.as_bytes(),

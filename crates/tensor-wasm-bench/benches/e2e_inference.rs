@@ -7,40 +7,17 @@
 //! `e2e/invoke_not_found/post` and `e2e/invoke/export_call`.
 
 use std::hint::black_box;
-use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use http_body_util::BodyExt;
-use tempfile::TempDir;
-use tensor_wasm_api::{router, ApiConfig, AppState};
 use tensor_wasm_bench::{ADD_WAT, INVOKE_ADD_BODY};
-use tensor_wasm_runtime::{FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
-use tower::ServiceExt;
+use tensor_wasm_test_support::app::{send, InsecureApp};
 
 /// A ready router over a runtime in its own temporary data directory.
-struct Server {
-    app: Router,
-    // Dropped after the router: the data directory outlives the runtime.
-    _dir: TempDir,
-}
-
-fn new_server() -> Server {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let registry = prometheus::Registry::new();
-    let store = Arc::new(FsFunctionStore::open(dir.path()).expect("function store"));
-    let metrics = RuntimeMetrics::register(&registry).expect("runtime metrics");
-    let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics)
-        .expect("runtime starts");
-    let state = AppState::insecure_single_tenant(runtime, registry, ApiConfig::default())
-        .expect("app state");
-    state.set_ready(true);
-    Server {
-        app: router(state),
-        _dir: dir,
-    }
+fn new_server() -> InsecureApp {
+    InsecureApp::new()
 }
 
 fn tokio_runtime() -> tokio::runtime::Runtime {
@@ -48,23 +25,6 @@ fn tokio_runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("tokio runtime")
-}
-
-/// Sends one request through the router and reads the whole response body.
-async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Bytes) {
-    let response = app
-        .clone()
-        .oneshot(request)
-        .await
-        .expect("the router is infallible");
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("response body")
-        .to_bytes();
-    (status, body)
 }
 
 fn healthz() -> Request<Body> {

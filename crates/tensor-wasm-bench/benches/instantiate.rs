@@ -18,12 +18,12 @@
 //! each round's pair is printed as one `instantiate/interleaved_ratio` line.
 
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
 use tensor_wasm_bench::{raw_pooling_engine, TRIVIAL_WAT};
-use tensor_wasm_runtime::{DeploySpec, FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
+use tensor_wasm_runtime::{DeploySpec, Runtime, RuntimeConfig};
+use tensor_wasm_test_support::app::open_runtime;
 use wasmtime::{Engine, InstancePre, Linker, Module, Store};
 
 /// Slots and memory cap of both sides (those of `RuntimeConfig::for_tests`).
@@ -38,11 +38,9 @@ struct Ours {
 fn ours() -> Ours {
     let dir = tempfile::tempdir().expect("temporary directory");
     let registry = prometheus::Registry::new();
-    let store = Arc::new(FsFunctionStore::open(dir.path()).expect("function store"));
-    let metrics = RuntimeMetrics::register(&registry).expect("metrics");
     let mut config = RuntimeConfig::for_tests(dir.path());
     config.max_instances = SLOTS;
-    let runtime = Runtime::open(config, store, metrics).expect("runtime starts");
+    let runtime = open_runtime(config, &registry);
     let id = runtime
         .deploy(TRIVIAL_WAT.as_bytes(), DeploySpec::export("trivial"))
         .expect("deploys")

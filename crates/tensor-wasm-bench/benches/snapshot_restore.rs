@@ -17,13 +17,11 @@
 
 use std::cell::OnceCell;
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tensor_wasm_runtime::{
-    DeploySpec, FsFunctionStore, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics,
-};
+use tensor_wasm_runtime::{DeploySpec, GuestMemory, Runtime, RuntimeConfig};
+use tensor_wasm_test_support::app::open_runtime;
 
 const SIZES: [u64; 4] = [1 << 20, 16 << 20, 128 << 20, 512 << 20];
 
@@ -67,9 +65,7 @@ fn runtime(dir: &std::path::Path, memory: GuestMemory) -> Runtime {
         default_timeout: Duration::from_secs(60),
         ..RuntimeConfig::new(dir)
     };
-    let store = Arc::new(FsFunctionStore::open(dir).expect("store"));
-    let metrics = RuntimeMetrics::register(&prometheus::Registry::new()).expect("metrics");
-    Runtime::open(config, store, metrics).expect("runtime")
+    open_runtime(config, &prometheus::Registry::new())
 }
 
 /// Deploys the guest for `size` bytes; with `snapshot`, runs init once and starts every

@@ -26,21 +26,16 @@
 //! other ids, the binary exits before setting anything up.
 
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use axum::Router;
-use http_body_util::BodyExt;
 use serde_json::json;
-use tensor_wasm_api::{router, ApiConfig, AppState};
 use tensor_wasm_bench::bench_filter::BenchFilter;
-use tensor_wasm_bench::runinfo;
 use tensor_wasm_bench::INVOKE_ADD_BODY;
 use tensor_wasm_dispatch::{DispatchConfig, KernelDispatcher};
-use tensor_wasm_runtime::{FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
-use tower::ServiceExt;
+use tensor_wasm_gates::runinfo;
+use tensor_wasm_test_support::app::{send, InsecureApp};
 
 const SAMPLES: usize = 10_000;
 const WARM_UP: usize = 1_000;
@@ -58,22 +53,6 @@ struct Path<'a> {
     id: &'static str,
     sample: Box<dyn FnMut() + 'a>,
     times: Vec<Duration>,
-}
-
-async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Bytes) {
-    let response = app
-        .clone()
-        .oneshot(request)
-        .await
-        .expect("the router is infallible");
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("response body")
-        .to_bytes();
-    (status, body)
 }
 
 fn healthz() -> Request<Body> {
@@ -116,23 +95,15 @@ fn main() {
     }
     let load_before = load_average();
     // The API server, as in benches/e2e_inference.rs.
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let registry = prometheus::Registry::new();
-    let store = Arc::new(FsFunctionStore::open(dir.path()).expect("function store"));
-    let metrics = RuntimeMetrics::register(&registry).expect("runtime metrics");
-    let runtime = Runtime::open(RuntimeConfig::for_tests(dir.path()), store, metrics)
-        .expect("runtime starts");
-    let state = AppState::insecure_single_tenant(runtime, registry, ApiConfig::default())
-        .expect("app state");
-    state.set_ready(true);
-    let app = router(state);
+    let server = InsecureApp::new();
+    let app = &server.app;
     let current = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    assert_eq!(current.block_on(send(&app, healthz())).0, StatusCode::OK);
+    assert_eq!(current.block_on(send(app, healthz())).0, StatusCode::OK);
     assert_eq!(
-        current.block_on(send(&app, invoke_missing())).0,
+        current.block_on(send(app, invoke_missing())).0,
         StatusCode::NOT_FOUND
     );
 
@@ -181,14 +152,14 @@ fn main() {
         Path {
             id: HEALTHZ,
             sample: Box::new(|| {
-                black_box(current.block_on(send(&app, healthz())));
+                black_box(current.block_on(send(app, healthz())));
             }),
             times: Vec::with_capacity(SAMPLES),
         },
         Path {
             id: NOT_FOUND,
             sample: Box::new(|| {
-                black_box(current.block_on(send(&app, invoke_missing())));
+                black_box(current.block_on(send(app, invoke_missing())));
             }),
             times: Vec::with_capacity(SAMPLES),
         },

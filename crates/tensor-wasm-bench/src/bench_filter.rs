@@ -1,20 +1,13 @@
-//! Criterion's positional filter on a bench binary's command line: the anchored
-//! regex `bench-gate` appends to re-run exactly some ids, and reading it back in
-//! a bench with its own harness (`benches/tail_latency.rs`), so that it skips
-//! what Criterion would skip.
+//! Criterion's positional filter on a bench binary's command line, read back in
+//! a bench with its own harness (`benches/tail_latency.rs`) so that it skips
+//! what Criterion would skip: the anchored regex `bench-gate` appends to re-run
+//! exactly some ids (`tensor_wasm_gates::criterion_filter::exact_ids`) included.
 //!
 //! Criterion 0.8 compiles the first free argument as a regex (the `regex`
 //! crate, as here) and runs the benches whose full id (`group/function/param`)
 //! it matches anywhere; with `--exact` the argument must equal the id.
 
 use regex::Regex;
-
-/// A regex that matches exactly the given full ids: `^(a|b)$`, each id
-/// escaped (`matmul[16x16x16]` has brackets).
-pub fn exact_ids(ids: &[&str]) -> String {
-    let alternatives: Vec<String> = ids.iter().map(|id| regex::escape(id)).collect();
-    format!("^({})$", alternatives.join("|"))
-}
 
 /// Criterion 0.8's options that take a value (the next argument, unless given
 /// as `--option=value`); every other option is a flag.
@@ -123,8 +116,8 @@ mod tests {
     }
 
     #[test]
-    fn exact_ids_match_those_ids_and_nothing_else() {
-        let pattern = exact_ids(&[
+    fn the_gates_exact_ids_filter_reads_back_as_exactly_those_ids() {
+        let pattern = tensor_wasm_gates::criterion_filter::exact_ids(&[
             "jit_compile/emit_text/matmul[16x16x16]",
             "dispatch/serial/1",
         ]);

@@ -4,12 +4,13 @@
 //! The Criterion benches (`benches/`), the minimal reference server
 //! (`src/bin/minimal-server.rs`) and the load generator (`src/bin/loadgen.rs`)
 //! all take their inputs from here, so every side of a comparison runs the
-//! same module with the same request.
+//! same module with the same request. [`bench_filter`] reads Criterion's
+//! filter argument for the bench with its own harness (`benches/tail_latency.rs`).
+//!
+//! Tools live elsewhere: the CI gates over these benches' results in
+//! `tensor-wasm-gates`, the GPU validation suite in `tensor-wasm-gpu-suite`.
 
 pub mod bench_filter;
-pub mod gate;
-pub mod icount;
-pub mod runinfo;
 
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 

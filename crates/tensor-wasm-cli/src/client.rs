@@ -95,7 +95,11 @@ fn send(request: ureq::Request, body: Option<&[u8]>) -> anyhow::Result<ureq::Res
 
 fn print_json(response: ureq::Response) -> anyhow::Result<ExitCode> {
     let value: Value = response.into_json().context("reading the response")?;
-    println!("{}", serde_json::to_string_pretty(&value)?);
+    writeln!(
+        std::io::stdout(),
+        "{}",
+        serde_json::to_string_pretty(&value)?
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -276,7 +280,7 @@ pub fn job(server: &ServerArg, id: &str, wait: bool) -> anyhow::Result<ExitCode>
             .context("reading the job")?;
         let status = job["status"].as_str().unwrap_or_default().to_owned();
         if !wait || !matches!(status.as_str(), "queued" | "running") {
-            println!("{}", serde_json::to_string_pretty(&job)?);
+            writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&job)?)?;
             return Ok(if status == "succeeded" || !wait {
                 ExitCode::SUCCESS
             } else {
@@ -294,7 +298,7 @@ pub fn functions(server: &ServerArg) -> anyhow::Result<ExitCode> {
 
 pub fn delete(server: &ServerArg, id: &str) -> anyhow::Result<ExitCode> {
     send(server.request("DELETE", &format!("/functions/{id}")), None)?;
-    println!("deleted {id}");
+    writeln!(std::io::stdout(), "deleted {id}")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -323,7 +327,7 @@ pub fn snapshot_delete(server: &ServerArg, id: &str, snapshot: &str) -> anyhow::
         server.request("DELETE", &format!("/functions/{id}/snapshots/{snapshot}")),
         None,
     )?;
-    println!("deleted {snapshot}");
+    writeln!(std::io::stdout(), "deleted {snapshot}")?;
     Ok(ExitCode::SUCCESS)
 }
 

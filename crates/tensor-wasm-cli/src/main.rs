@@ -1,8 +1,15 @@
-//! The `tensor-wasm` binary: run the server, or talk to one (deploy, invoke, list, delete).
+//! The `tensor-wasm` binary: run the server (`serve`), describe this host's kernel devices
+//! (`doctor`), or talk to a server (`deploy`, `invoke`, `job`, `functions`, `delete`,
+//! `snapshot`).
+//!
+//! Output goes to stdout through `writeln!`, never `println!`: a reader that goes away
+//! (`tensor-wasm doctor | head -3`) ends the command quietly, with status 0, instead of a
+//! panic on the closed pipe.
 
 mod client;
 mod serve;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -143,9 +150,10 @@ enum SnapshotCommand {
 
 fn doctor() -> anyhow::Result<ExitCode> {
     let discovery = tensor_wasm_gpu::discover();
-    println!("{discovery}");
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{discovery}")?;
     let backend = tensor_wasm_gpu::open_backend(tensor_wasm_gpu::DeviceChoice::Auto)?;
-    println!("serve --device auto would use: {}", backend.device());
+    writeln!(out, "serve --device auto would use: {}", backend.device())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -227,11 +235,21 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `e` comes from writing to a pipe whose reader has gone away.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! `tensor-wasm serve`: configuration flags, logging, startup and graceful shutdown.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -241,7 +242,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "listening"
     );
     // Machine-readable line for scripts and tests that listen on port 0.
-    println!("tensor-wasm listening on http://{local}");
+    // A closed stdout must not stop the server: the line is for whoever reads it.
+    let _ = writeln!(std::io::stdout(), "tensor-wasm listening on http://{local}");
 
     let warm = state.clone();
     tokio::task::spawn_blocking(move || {

@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use tensor_wasm_test_support::wait::poll_for;
+
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
 /// The image's data dir, replaced by a temporary directory here.
 const IMAGE_DATA_DIR: &str = "/data";
@@ -220,16 +222,7 @@ fn signal_name(stop_signal: &str) -> String {
 }
 
 fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    poll_for(timeout, || child.try_wait().unwrap())
 }
 
 fn http_get(url: &str) -> Result<u16, String> {
@@ -320,16 +313,16 @@ fn binary_runs_as_the_image_runs_it() {
         log()
     );
     let health = format!("http://127.0.0.1:{}/healthz", subst.port);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match http_get(&health) {
-            Ok(200) => break,
-            other if Instant::now() > deadline => {
-                let _ = child.kill();
-                panic!("{health}: {other:?}\nserver log:\n{}", log());
-            }
-            _ => std::thread::sleep(Duration::from_millis(100)),
-        }
+    let mut last = None;
+    let healthy = poll_for(Duration::from_secs(30), || {
+        let answer = http_get(&health);
+        let ok = answer == Ok(200);
+        last = Some(answer);
+        ok.then_some(())
+    });
+    if healthy.is_none() {
+        let _ = child.kill();
+        panic!("{health}: {last:?}\nserver log:\n{}", log());
     }
 
     // State lands in the data dir: the first-start credentials, mode 0600.

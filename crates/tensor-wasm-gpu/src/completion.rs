@@ -193,8 +193,10 @@ mod tests {
         }
     }
 
-    /// A minimal executor: polls `future` on this thread, parking between wake-ups.
-    fn block_on<F: Future>(future: F) -> (F::Output, usize) {
+    /// A minimal executor: polls `future` on this thread, parking between
+    /// wake-ups; `after_first_pending` runs once the future has answered
+    /// `Pending` (and so registered its waker) for the first time.
+    fn block_on<F: Future>(future: F, after_first_pending: impl FnOnce()) -> (F::Output, usize) {
         let waker_state = Arc::new(CountingWaker {
             wakes: AtomicUsize::new(0),
             thread: thread::current(),
@@ -202,9 +204,13 @@ mod tests {
         let waker = Waker::from(waker_state.clone());
         let mut cx = Context::from_waker(&waker);
         let mut future = std::pin::pin!(future);
+        let mut after_first_pending = Some(after_first_pending);
         loop {
             if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
                 return (output, waker_state.wakes.load(Ordering::SeqCst));
+            }
+            if let Some(f) = after_first_pending.take() {
+                f();
             }
             thread::park();
         }
@@ -216,6 +222,8 @@ mod tests {
         let completion = Completion::pending(signal.clone());
         assert!(!completion.is_done());
         let finisher = thread::spawn(move || {
+            // Not synchronisation: the outcome is the same whether `wait`
+            // blocks first or not; the delay makes blocking the likely path.
             thread::sleep(Duration::from_millis(20));
             signal.finish(Err(GpuError::Cuda("CUDA_ERROR_ILLEGAL_ADDRESS".into())));
         });
@@ -230,14 +238,14 @@ mod tests {
     fn future_is_woken_when_the_work_finishes() {
         let signal = Signal::new();
         let completion = Completion::pending(signal.clone());
-        let finisher = thread::spawn(move || {
-            thread::sleep(Duration::from_millis(20));
-            signal.finish(Ok(()));
+        // The work finishes only once the future is waiting for it.
+        let mut finisher = None;
+        let (outcome, wakes) = block_on(completion, || {
+            finisher = Some(thread::spawn(move || signal.finish(Ok(()))));
         });
-        let (outcome, wakes) = block_on(completion);
         assert_eq!(outcome, Ok(()));
         assert!(wakes >= 1, "the future completed without being woken");
-        finisher.join().unwrap();
+        finisher.unwrap().join().unwrap();
     }
 
     #[test]
@@ -245,6 +253,7 @@ mod tests {
         let signal = Signal::new();
         let mut completion = Completion::pending(signal.clone());
         let finisher = thread::spawn(move || {
+            // Not synchronisation, as above: the delay only makes blocking likely.
             thread::sleep(Duration::from_millis(20));
             signal.finish(Err(GpuError::Cuda("CUDA_ERROR_LAUNCH_FAILED".into())));
         });
@@ -259,22 +268,21 @@ mod tests {
     fn a_mutable_reference_is_a_future_woken_when_the_work_finishes() {
         let signal = Signal::new();
         let mut completion = Completion::pending(signal.clone());
-        let finisher = thread::spawn(move || {
-            thread::sleep(Duration::from_millis(20));
-            signal.finish(Ok(()));
+        let mut finisher = None;
+        let (outcome, wakes) = block_on(&mut completion, || {
+            finisher = Some(thread::spawn(move || signal.finish(Ok(()))));
         });
-        let (outcome, wakes) = block_on(&mut completion);
         assert_eq!(outcome, Ok(()));
         assert!(wakes >= 1, "the future completed without being woken");
         assert!(completion.is_done());
-        finisher.join().unwrap();
+        finisher.unwrap().join().unwrap();
     }
 
     #[test]
     fn already_finished_completion_is_ready_at_once() {
         let completion = Completion::finished(Ok(()));
         assert!(completion.is_done());
-        let (outcome, wakes) = block_on(completion);
+        let (outcome, wakes) = block_on(completion, || unreachable!("ready at once"));
         assert_eq!(outcome, Ok(()));
         assert_eq!(wakes, 0);
     }
@@ -295,6 +303,8 @@ mod tests {
         let finisher = {
             let finished_at = finished_at.clone();
             thread::spawn(move || {
+                // Not synchronisation: `finished_at <= dropped_at` holds
+                // whether or not `drop` has to block; the delay makes it block.
                 thread::sleep(Duration::from_millis(50));
                 *finished_at.lock().unwrap() = Some(std::time::Instant::now());
                 signal.finish(Ok(()));

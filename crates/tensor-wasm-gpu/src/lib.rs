@@ -95,6 +95,7 @@ mod kernel;
 mod nvrtc;
 mod program;
 mod ptx;
+mod raw_launch;
 mod scoped;
 mod validate;
 
@@ -109,6 +110,7 @@ pub use isolation::{
 pub use kernel::{Backend, BuiltinKernel, Kernel, KernelArg, LaunchConfig};
 pub use nvrtc::{compile_cuda, nvrtc_available, nvrtc_version, CudaBinary};
 pub use program::KernelProgram;
+pub use raw_launch::{LaunchTimer, RawCudaKernel};
 pub use scoped::launch;
 pub use validate::{MAX_BLOCK_Z, MAX_GRID_X, MAX_GRID_YZ, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
 

@@ -467,6 +467,8 @@ mod tests {
                     barrier.wait();
                     c.get_or_compile(&key(7), || {
                         compiles.fetch_add(1, Ordering::SeqCst);
+                        // A slow compile, not synchronisation: it widens the
+                        // window in which the other threads miss too.
                         std::thread::sleep(Duration::from_millis(50));
                         Ok(kernel(7, 0))
                     })

@@ -1,8 +1,10 @@
 //! Guest linear memory for TensorWasm: memory that wasm code and GPU kernels share.
 //!
 //! A TensorWasm guest launches kernels that read and write its own linear
-//! memory. This crate owns that memory and is, with `tensor-wasm-gpu`, one of
-//! the two places in the workspace where `unsafe` lives.
+//! memory. This crate owns that memory. It is one of the places where `unsafe`
+//! is allowed (with `tensor-wasm-gpu` and the one artifact-loading call in the
+//! runtime's `engine.rs`; docs/ARCHITECTURE.md, "Where `unsafe` lives"; the tidy
+//! test enforces the list), and every block says why it is sound.
 //!
 //! * [`GuardedHostBuffer`]: one anonymous mapping, zero-filled and page-aligned,
 //!   followed by a `PROT_NONE` guard region.

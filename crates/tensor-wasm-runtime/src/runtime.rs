@@ -94,6 +94,9 @@ impl Runtime {
         let parts = build_engine(&config)?;
         let engine = parts.engine;
         let artifacts = ArtifactCache::open(&config.data_dir, &engine)?;
+        // Local snapshot images left half-written by a crash: only the temp names
+        // `tensor-wasm-durable` gives are removed (a missing directory is fine).
+        let _ = tensor_wasm_durable::remove_temp_files(config.data_dir.join("snapshot-cache"));
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |state: &mut InvocationState| {
             state.wasi()

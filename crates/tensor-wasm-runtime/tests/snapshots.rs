@@ -3,25 +3,16 @@
 //! a restart, rebuild of the per-host image, corruption, and what cannot be snapshotted.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use serde_json::json;
 use tensor_wasm_runtime::{
-    DeploySpec, FsFunctionStore, GuestMemory, RestoreMode, Runtime, RuntimeConfig, RuntimeError,
-    RuntimeMetrics,
+    DeploySpec, GuestMemory, RestoreMode, Runtime, RuntimeConfig, RuntimeError,
 };
-
-fn example(name: &str) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples")
-        .join(name);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
+use tensor_wasm_test_support::app::open_runtime;
+use tensor_wasm_test_support::guests::example;
 
 fn open_with(config: RuntimeConfig) -> Runtime {
-    let store = Arc::new(FsFunctionStore::open(&config.data_dir).unwrap());
-    let metrics = RuntimeMetrics::register(&prometheus::Registry::new()).unwrap();
-    Runtime::open(config, store, metrics).unwrap()
+    open_runtime(config, &prometheus::Registry::new())
 }
 
 fn config(dir: &Path, memory: GuestMemory) -> RuntimeConfig {

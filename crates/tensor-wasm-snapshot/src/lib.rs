@@ -63,6 +63,9 @@ pub use meta::{
     GlobalValue, RestoreLimits, SnapshotMeta, TableSnapshot, ValType, FORMAT_VERSION,
     META_HARD_LIMIT,
 };
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub use portable::bench_internals;
 pub use portable::{
     capture_portable, read_portable_meta, restore_portable, CaptureOptions, PORTABLE_HEADER_LEN,
     PORTABLE_MAGIC,

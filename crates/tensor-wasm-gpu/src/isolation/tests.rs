@@ -143,7 +143,8 @@ fn concurrent_first_uses_of_one_tenant_create_one_lane() {
                 barrier.wait();
                 lanes
                     .get_or_create(&key("tn-shared"), || {
-                        // Slow creation, like a context: the others wait for this one.
+                        // Slow creation, like a context: the others wait for this
+                        // one (a widened race window, not synchronisation).
                         std::thread::sleep(std::time::Duration::from_millis(20));
                         make()
                     })

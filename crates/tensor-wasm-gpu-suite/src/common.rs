@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
 use serde_json::{json, Map, Value};
-use tensor_wasm_bench::runinfo;
+use tensor_wasm_gates::runinfo;
 use tensor_wasm_gpu::{discover, open_backend, Backend, Device, DeviceChoice};
 use tensor_wasm_mem::ManagedBuffer;
 use tensor_wasm_runtime::{FsFunctionStore, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics};
@@ -293,14 +293,6 @@ impl Memory {
         match self {
             Memory::Host(v) => v,
             Memory::Managed(m) => m.as_mut_slice(),
-        }
-    }
-
-    /// The address of byte 0 (a device pointer for managed memory).
-    pub fn base(&self) -> u64 {
-        match self {
-            Memory::Host(v) => v.as_ptr() as u64,
-            Memory::Managed(m) => m.device_ptr(),
         }
     }
 

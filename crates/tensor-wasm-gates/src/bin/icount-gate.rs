@@ -19,10 +19,10 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
-use tensor_wasm_bench::icount::{
+use tensor_wasm_gates::icount::{
     counts_from_file, evaluate, IcountBaseline, IcountPolicy, IcountTracked,
 };
-use tensor_wasm_bench::runinfo::{commit, machine, tool_version, utc_now, Machine};
+use tensor_wasm_gates::runinfo::{commit, machine, tool_version, utc_now, Machine};
 
 /// The instruction-count gate.
 #[derive(Debug, Parser)]

@@ -2,7 +2,8 @@
 //! three ways, interleaved round by round in one process on one device:
 //!
 //! - **raw**: cudarc `cuLaunchKernel` + `cuStreamSynchronize` of the same PTX on managed
-//!   memory, on the calling thread (the floor; CUDA only);
+//!   memory, on the calling thread (`tensor_wasm_gpu::RawCudaKernel`: the backend's argument
+//!   validation and nothing else; the floor; CUDA only);
 //! - **backend**: `tensor_wasm_gpu::launch` (validation, the tenant's lane, completion through
 //!   the lane's event thread) on managed memory;
 //! - **abi**: a guest calling `wasi:cuda.launch` (argument parsing, dispatcher permit, the
@@ -42,8 +43,7 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
     let mut raw_peer = match backend.cuda_context() {
         Some(ctx) => {
             let info = cuda_info(&*backend).expect("a CUDA backend has CUDA info");
-            let (ptx, entry) = raw::kernel_ptx(&info, &plan.descriptor)?;
-            let kernel = raw::load(&ctx, &ptx, &entry)?;
+            let kernel = raw::load(&ctx, &info, &plan.descriptor)?;
             let stream = raw::stream(&ctx)?;
             let mut memory = Memory::new(&*backend, image.len())?;
             memory.bytes().copy_from_slice(&image);
@@ -55,16 +55,9 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
     let (mut raw_ns, mut api_ns, mut abi_ns) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         if let Some((kernel, stream, memory)) = raw_peer.as_mut() {
-            let base = memory.base();
             for i in 0..warm + per_round {
                 let start = Instant::now();
-                // SAFETY: the buffers lie inside `memory` (the plan was validated against a
-                // memory of this size), which lives and is not touched by the host until the
-                // stream is synchronised right below; the arguments are vector_add's.
-                unsafe { raw::launch(stream, kernel, &plan.config, &plan.args, base)? };
-                stream
-                    .synchronize()
-                    .map_err(|e| anyhow::anyhow!("cuStreamSynchronize: {e}"))?;
+                kernel.launch_and_sync(stream, &plan.config, &plan.args, memory.bytes())?;
                 if i >= warm {
                     raw_ns.push(elapsed_ns(start));
                 }
@@ -126,7 +119,7 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
         json!({
             "rounds": rounds, "timed_per_round": per_round, "warmup_per_round": warm,
             "order": "raw, backend, abi in every round",
-            "raw": "cudarc cuLaunchKernel + cuStreamSynchronize on the calling thread, managed memory",
+            "raw": "cudarc cuLaunchKernel + cuStreamSynchronize on the calling thread (tensor_wasm_gpu::RawCudaKernel, validated like the backend), managed memory",
             "backend": "tensor_wasm_gpu::launch + Completion::wait_mut, managed memory",
             "abi": "guest wasi:cuda.launch timed in the guest (WASI monotonic clock), guest memory",
         }),

@@ -14,8 +14,8 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context as _};
 use clap::Parser;
-use tensor_wasm_bench::bench_filter::exact_ids;
-use tensor_wasm_bench::gate::{
+use tensor_wasm_gates::criterion_filter::exact_ids;
+use tensor_wasm_gates::gate::{
     evaluate, gate_criterion_dir, medians_from_summary, Baseline, Rerun,
 };
 

@@ -11,7 +11,7 @@ use crate::common::{runtime, Section, Suite};
 use crate::plan::{self, Plan, LAUNCHER_WAT};
 
 /// The `vector_add` example, whose `out_of_bounds` export is a hostile guest.
-pub const VECTOR_ADD_WAT: &str = include_str!("../../../../../examples/vector_add.wat");
+pub const VECTOR_ADD_WAT: &str = include_str!("../../../examples/vector_add.wat");
 
 pub fn run(suite: &Suite, subset: bool) -> anyhow::Result<Section> {
     let backend = suite.backend()?;

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::anyhow;
 use serde_json::{json, Value};
-use tensor_wasm_gpu::{launch, BuiltinKernel, KernelArg, TenantKey};
+use tensor_wasm_gpu::{launch, BuiltinKernel, KernelArg, LaunchTimer, TenantKey};
 use tensor_wasm_jit::{Blueprint, CompiledBlueprint, Shape};
 
 use crate::common::{cuda_info, elapsed_ns, percentile, stats_ns, Memory, Section, Suite};
@@ -225,17 +225,16 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
         );
         let mut events = Vec::new();
         if let (Some(ctx), Some(stream), Some(info)) = (&ctx, &stream, &info) {
-            let (ptx, entry) = raw::kernel_ptx(info, &plan.descriptor)?;
-            let raw_kernel = raw::load(ctx, &ptx, &entry)?;
-            let timer = raw::Timer::new(ctx)?;
-            let base = memory.base();
+            let raw_kernel = raw::load(ctx, info, &plan.descriptor)?;
+            let timer = LaunchTimer::new(ctx)?;
             for i in 0..=*repeats {
-                timer.start(stream)?;
-                // SAFETY: the plan was validated against this memory's size; the memory
-                // lives and the host leaves it alone until `stop_ns` has waited for the end
-                // event recorded after the kernel on the same stream.
-                unsafe { raw::launch(stream, &raw_kernel, &plan.config, &plan.args, base)? };
-                let ns = timer.stop_ns(stream)?;
+                let ns = raw_kernel.launch_timed(
+                    stream,
+                    &timer,
+                    &plan.config,
+                    &plan.args,
+                    memory.bytes(),
+                )?;
                 if i > 0 {
                     events.push(ns);
                 }
@@ -279,7 +278,7 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
         json!({
             "memory": if ctx.is_some() { "CUDA managed memory, prefetched to the device" } else { "host memory (CPU backend)" },
             "backend_wall": "wall clock of tensor_wasm_gpu::launch + wait, median after one warm-up",
-            "kernel_events": "CUDA events around a raw cudarc launch of the same PTX",
+            "kernel_events": "CUDA events around a raw cudarc launch of the same PTX (tensor_wasm_gpu::RawCudaKernel::launch_timed)",
             "fp32": "IEEE f32 with separate multiply and add (no FMA, no TF32)",
         }),
     );

@@ -17,7 +17,6 @@
 //! | `jit` | NVRTC compile, PTX load vs cubin load, blueprint cold compile vs warm caches |
 //! | `cold-start` | snapshot restore to first kernel vs a fresh instance |
 //! | `concurrency` | dispatch throughput and latency with 1, 8 and 64 concurrent guests |
-#![allow(unsafe_code)]
 
 mod coldstart;
 mod common;

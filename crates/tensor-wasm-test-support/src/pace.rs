@@ -1,0 +1,20 @@
+//! Deliberate slowness that is not synchronisation: load tools and slow
+//! clients that hold back on purpose, named so a reader sees why they wait.
+//!
+//! Nothing here waits *for* a state (that is [`crate::wait`]); these calls
+//! model an actor that is slow by design, and the test's assertions do not
+//! depend on how long they take.
+
+use std::time::Duration;
+
+/// A client that reads slowly on purpose pauses between reads (a slow
+/// consumer exercising back-pressure).
+pub fn slow_client_pause(interval: Duration) {
+    std::thread::sleep(interval);
+}
+
+/// A load generator that was refused (429) backs off before trying again,
+/// as a well-behaved client honouring `Retry-After` would.
+pub async fn load_tool_back_off(interval: Duration) {
+    tokio::time::sleep(interval).await;
+}

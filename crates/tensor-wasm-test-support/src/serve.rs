@@ -1,0 +1,297 @@
+//! The real `tensor-wasm serve` binary on a loopback port, driven by a real
+//! HTTP client (ureq) and by the CLI itself.
+//!
+//! The binary's path comes from the test (`env!("CARGO_BIN_EXE_tensor-wasm")`
+//! is only defined in the CLI crate's own tests, which makes cargo build the
+//! binary of the same profile first).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::wait::wait_until;
+
+/// How long a fresh server may take to answer `/readyz` with 200.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running `tensor-wasm serve`, killed when dropped.
+pub struct ServeProcess {
+    pub child: Child,
+    /// `http://127.0.0.1:<port>`, from the server's first line of stdout.
+    pub base: String,
+    pub data_dir: PathBuf,
+    /// The default tenant's token, from the credentials file of the first start.
+    pub token: String,
+    bin: PathBuf,
+}
+
+impl ServeProcess {
+    /// Starts `bin serve` on `127.0.0.1:0` over `data_dir` with `extra`
+    /// arguments, logging warnings to the test's stderr, and waits until it
+    /// is ready.
+    pub fn start(bin: &Path, data_dir: &Path, extra: &[&str]) -> ServeProcess {
+        Self::start_logging(bin, data_dir, extra, "warn", Stdio::inherit())
+    }
+
+    /// Like [`ServeProcess::start`] with log filter `log` written to `stderr`.
+    pub fn start_logging(
+        bin: &Path,
+        data_dir: &Path,
+        extra: &[&str],
+        log: &str,
+        stderr: Stdio,
+    ) -> ServeProcess {
+        let mut child = Command::new(bin)
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("RUST_LOG", log)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("starting tensor-wasm serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the server's first line");
+        let base = line
+            .trim()
+            .strip_prefix("tensor-wasm listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        let credentials: Value = serde_json::from_str(
+            &std::fs::read_to_string(data_dir.join("credentials.json"))
+                .expect("the server writes credentials.json on first start"),
+        )
+        .expect("credentials JSON");
+        let token = credentials["tenant_token"]
+            .as_str()
+            .expect("tenant_token")
+            .to_owned();
+        let server = ServeProcess {
+            child,
+            base,
+            data_dir: data_dir.to_owned(),
+            token,
+            bin: bin.to_owned(),
+        };
+        wait_until(READY_TIMEOUT, "the server answers /readyz with 200", || {
+            server.get("/readyz").0 == 200
+        });
+        server
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A client with a 60 s timeout.
+    pub fn agent() -> ureq::Agent {
+        ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(60))
+            .build()
+    }
+
+    /// The default tenant's `authorization` header value.
+    pub fn auth(&self) -> String {
+        format!("Bearer {}", self.token)
+    }
+
+    fn credentials(&self) -> Value {
+        serde_json::from_str(
+            &std::fs::read_to_string(self.data_dir.join("credentials.json"))
+                .expect("credentials.json"),
+        )
+        .expect("credentials JSON")
+    }
+
+    /// The default tenant's id.
+    pub fn tenant_id(&self) -> String {
+        self.credentials()["tenant_id"]
+            .as_str()
+            .expect("tenant_id")
+            .to_owned()
+    }
+
+    /// The admin token's `authorization` header value.
+    pub fn admin_auth(&self) -> String {
+        format!(
+            "Bearer {}",
+            self.credentials()["admin_token"]
+                .as_str()
+                .expect("admin_token")
+        )
+    }
+
+    /// Lets the default tenant run `n` invocations at once (admin PATCH).
+    pub fn raise_quotas(&self, n: u64) {
+        let tenant = self.tenant_id();
+        let body = json!({"quotas": {
+            "max_concurrent_invocations": n,
+            "max_live_instances": n,
+            "max_guest_memory_bytes": n << 30,
+        }});
+        let (status, reply, _) = Self::reply(
+            Self::agent()
+                .request("PATCH", &self.url(&format!("/tenants/{tenant}")))
+                .set("authorization", &self.admin_auth())
+                .send_json(body),
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&reply));
+    }
+
+    /// Status, body and `x-exit-code` of an answer; panics on a transport error.
+    pub fn reply(result: Result<ureq::Response, ureq::Error>) -> (u16, Vec<u8>, Option<String>) {
+        let response = match result {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("transport error: {e}"),
+        };
+        let status = response.status();
+        let exit = response.header("x-exit-code").map(str::to_owned);
+        let mut body = Vec::new();
+        std::io::Read::read_to_end(&mut response.into_reader(), &mut body).expect("body");
+        (status, body, exit)
+    }
+
+    /// GET as the default tenant (`/metrics` as the admin).
+    pub fn get(&self, path: &str) -> (u16, Vec<u8>) {
+        let auth = if path == "/metrics" {
+            self.admin_auth()
+        } else {
+            self.auth()
+        };
+        let (s, b, _) = Self::reply(
+            Self::agent()
+                .get(&self.url(path))
+                .set("authorization", &auth)
+                .call(),
+        );
+        (s, b)
+    }
+
+    /// POST as the default tenant.
+    pub fn post(&self, path: &str, ctype: &str, body: &[u8]) -> (u16, Vec<u8>, Option<String>) {
+        Self::reply(
+            Self::agent()
+                .post(&self.url(path))
+                .set("content-type", ctype)
+                .set("authorization", &self.auth())
+                .send_bytes(body),
+        )
+    }
+
+    /// Posts an oversize body. The server answers 413 and closes as soon as
+    /// the limit is passed, so a client still writing may see a broken pipe
+    /// instead of the answer: that transport race is retried, never the status.
+    pub fn oversize_post(&self, path: &str, len: usize) -> (u16, Vec<u8>) {
+        let body = vec![0u8; len];
+        for _ in 0..10 {
+            let result = Self::agent()
+                .post(&self.url(path))
+                .set("content-type", "application/wasm")
+                .set("authorization", &self.auth())
+                .send_bytes(&body);
+            match result {
+                Err(ureq::Error::Transport(_)) => continue,
+                other => {
+                    let (status, body, _) = Self::reply(other);
+                    return (status, body);
+                }
+            }
+        }
+        panic!("no answer to the oversize request in 10 tries");
+    }
+
+    /// Deploys the module at `file` with the query `query`; returns its id.
+    pub fn deploy(&self, file: &Path, query: &str) -> String {
+        let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let (status, body, _) =
+            self.post(&format!("/functions?{query}"), "application/wasm", &bytes);
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        json_of(&body)["id"].as_str().expect("an id").to_owned()
+    }
+
+    /// Calls `export` of function `id` with `args`: status and JSON answer.
+    pub fn call(&self, id: &str, export: &str, args: Value) -> (u16, Value) {
+        let body = json!({"export": export, "args": args}).to_string();
+        let (status, body, _) = self.post(
+            &format!("/functions/{id}/invoke"),
+            "application/json",
+            body.as_bytes(),
+        );
+        (status, json_of(&body))
+    }
+
+    /// The value of the metric series `series` (name and labels), if present.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let text = String::from_utf8(self.get("/metrics").1).expect("UTF-8 metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    /// Runs the CLI against this server with `stdin` as its input.
+    pub fn cli(&self, args: &[&str], stdin: &[u8]) -> std::process::Output {
+        let mut child = Command::new(&self.bin)
+            .args(args)
+            .env("TENSOR_WASM_SERVER", &self.base)
+            .env(
+                "TENSOR_WASM_CREDENTIALS",
+                self.data_dir.join("credentials.json"),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the CLI");
+        std::io::Write::write_all(&mut child.stdin.take().expect("piped stdin"), stdin)
+            .expect("writing the CLI's stdin");
+        child.wait_with_output().expect("the CLI's output")
+    }
+
+    /// Sends SIGTERM to the server.
+    pub fn sigterm(&self) {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -TERM failed: {status:?}");
+    }
+
+    /// SIGTERM, then asserts a clean exit.
+    pub fn terminate(mut self) {
+        self.sigterm();
+        let status = self.child.wait().expect("waiting for the server");
+        assert!(status.success(), "graceful shutdown failed: {status:?}");
+    }
+
+    /// SIGKILL, and reaps the process.
+    pub fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("waiting for the server");
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `body` as JSON; panics with the body when it is not.
+pub fn json_of(body: &[u8]) -> Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(body)))
+}
+
+/// The `error.code` of an error body, `<none>` without one.
+pub fn error_code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("<none>")
+}
