@@ -46,6 +46,8 @@ pub struct Case {
     pub dims: [u32; 5],
     pub grid_delta: [i32; 3],
     pub slack: usize,
+    /// Element-wise and vector_add: write the output over the first input.
+    pub in_place: bool,
     pub seed: u64,
 }
 
@@ -55,12 +57,14 @@ pub fn case_strategy() -> impl Strategy<Value = Case> {
         [dim.clone(), dim.clone(), dim.clone(), dim.clone(), dim],
         [-1i32..=2, -1i32..=2, -1i32..=2],
         0usize..3,
+        any::<bool>(),
         any::<u64>(),
     )
-        .prop_map(|(dims, grid_delta, slack, seed)| Case {
+        .prop_map(|(dims, grid_delta, slack, in_place, seed)| Case {
             dims,
             grid_delta,
             slack,
+            in_place,
             seed,
         })
 }
@@ -126,7 +130,7 @@ pub fn build(blueprint: &Blueprint, case: &Case) -> (LaunchConfig, Vec<KernelArg
         Shape::Conv2d { n, c, h, w, k } => vec![n, c, h, w, k],
     };
     let (mut buffer, mut scalar) = (0, 0);
-    let args: Vec<KernelArg> = blueprint
+    let mut args: Vec<KernelArg> = blueprint
         .params()
         .iter()
         .map(|param| match param.kind {
@@ -142,6 +146,18 @@ pub fn build(blueprint: &Blueprint, case: &Case) -> (LaunchConfig, Vec<KernelArg
             ParamKind::I32 => KernelArg::I32(rng.i32_bits() as i32),
         })
         .collect();
+    let elementwise = matches!(
+        blueprint.kind(),
+        BlueprintKind::Elementwise(_) | BlueprintKind::VectorAdd { .. }
+    );
+    if case.in_place && elementwise {
+        let output = blueprint
+            .params()
+            .iter()
+            .position(|p| p.kind == ParamKind::Output)
+            .expect("an output");
+        args[output] = layout.arg(0);
+    }
     let mut config = blueprint.launch_config(&shape).expect("launch config");
     let used = match blueprint.kind() {
         BlueprintKind::Matmul(_) => 2,
@@ -197,4 +213,43 @@ pub fn is_heavy(blueprint: &Blueprint) -> bool {
         blueprint.kind(),
         BlueprintKind::Matmul(_) | BlueprintKind::Conv2d(_)
     )
+}
+
+/// A random matmul tile or convolution filter (beyond the fixed list), one case each.
+pub fn random_kinds() -> impl Strategy<Value = (Blueprint, Case)> {
+    let dtype = prop_oneof![Just("f32"), Just("i32")];
+    let matmul = (1u32..=64, 1u32..=64, 1u32..=64, dtype.clone())
+        .prop_filter("at most 1024 threads", |(m, n, _, _)| m * n <= 1024)
+        .prop_map(|(m, n, k, dtype)| format!("matmul[{m}x{n}x{k}]:{dtype}"));
+    let conv = (1u32..=11, 1u32..=11, 1u32..=8, 0u32..11, dtype)
+        .prop_filter("padding below the filter", |(r, s, _, p, _)| p < r.min(s))
+        .prop_map(|(r, s, t, p, dtype)| format!("conv2d[{r}x{s},s{t},p{p}]:{dtype}"));
+    (prop_oneof![matmul, conv], case_strategy()).prop_map(|(descriptor, case)| {
+        (
+            Blueprint::parse(&descriptor).expect("valid descriptor"),
+            case,
+        )
+    })
+}
+
+/// Checks random tiles and filters (their PTX parsed fresh for each case).
+pub fn run_random_kinds(cases: u32) {
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: 64,
+        ..Config::default()
+    });
+    let result = runner.run(&random_kinds(), |(blueprint, case)| {
+        let ptx = blueprint.emit_ptx(&tensor_wasm_jit::PtxTarget::default());
+        let module = tensor_wasm_ptx_emu::Module::parse(&ptx)
+            .map_err(|e| TestCaseError::fail(format!("{blueprint}: {e}")))?;
+        let (config, args, layout) = build(&blueprint, &case);
+        let schedules = [Schedule::InOrder, Schedule::Random(case.seed)];
+        check_blueprint(&blueprint, &module, &config, &args, &layout, &schedules)
+            .map_err(|e| TestCaseError::fail(format!("{blueprint} {config:?}: {e}")))
+    });
+    if let Err(error) = result {
+        panic!("random tiles and filters: {error}");
+    }
 }

@@ -77,6 +77,7 @@ fn main() {
             mutations::run()
         });
         blueprints::run(&heavy, &modules);
+        blueprints::run_random_kinds(24);
         light_run.join().expect("the light half passed")
     });
     let kernels = COUNTERS.kernels.lock().unwrap().len();

@@ -170,6 +170,7 @@ pub fn run() -> (usize, usize) {
                     dims: *dims,
                     grid_delta: [0; 3],
                     slack: 0,
+                    in_place: false,
                     seed: seed * 7919 + i as u64,
                 };
                 let (config, args, layout) = build(&blueprint, &case);
