@@ -7,6 +7,7 @@ mod blueprints;
 mod builtins;
 mod harness;
 mod mutations;
+mod nvrtc;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
@@ -19,7 +20,7 @@ use tensor_wasm_ptx_emu::Module;
 use harness::{Modules, COUNTERS};
 
 /// The opcodes (with modifiers) of every instruction line of `ptx`.
-fn opcodes(ptx: &str) -> BTreeSet<String> {
+pub(crate) fn opcodes(ptx: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in ptx.lines() {
         let line = line.split("//").next().unwrap_or("").trim();
@@ -73,6 +74,7 @@ fn main() {
     let mutants = std::thread::scope(|scope| {
         let light_run = scope.spawn(|| {
             builtins::run();
+            nvrtc::run_all();
             blueprints::run(&light, &modules);
             mutations::run()
         });
