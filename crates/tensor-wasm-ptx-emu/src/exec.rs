@@ -92,6 +92,8 @@ pub struct LaunchStats {
 
 /// Most threads per block.
 const MAX_THREADS: u64 = 1024;
+/// Most blocks in one launch (the interpreter runs them one after another).
+const MAX_BLOCKS: u64 = 1 << 24;
 /// Most shared memory per block (static and dynamic), in bytes.
 const MAX_SHARED: u64 = 228 * 1024;
 /// The byte uninitialised shared memory holds, so a read before any write shows.
@@ -101,8 +103,8 @@ const NOBODY: u32 = u32::MAX;
 /// Runs `kernel` over `memory`.
 ///
 /// # Errors
-/// [`EmuError::InvalidLaunch`] for bad dimensions, parameter bytes or overlapping
-/// allocations (nothing runs then); otherwise the first fault of the launch:
+/// [`EmuError::InvalidLaunch`] for bad dimensions (more than 2^24 blocks included),
+/// parameter bytes or overlapping allocations (nothing runs then); otherwise the first fault of the launch:
 /// [`EmuError::IllegalAddress`], [`EmuError::Misaligned`], [`EmuError::SharedRace`],
 /// [`EmuError::Deadlock`], [`EmuError::StepLimit`], [`EmuError::Undefined`]. Memory written
 /// before the fault stays written, as on a device.
@@ -156,6 +158,12 @@ pub fn launch(
     }
 
     let [gx, gy, gz] = launch.grid.map(u64::from);
+    if gx * gy * gz > MAX_BLOCKS {
+        return Err(invalid(format!(
+            "{} blocks, more than the interpreter runs ({MAX_BLOCKS})",
+            gx * gy * gz
+        )));
+    }
     let mut blocks: Vec<u64> = (0..gx * gy * gz).collect();
     let mut rng = Rng(0);
     match launch.schedule {

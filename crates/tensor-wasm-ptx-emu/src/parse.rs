@@ -5,6 +5,12 @@ use crate::decode::{decode, Scope};
 use crate::ir::{Instr, Ty};
 use crate::EmuError;
 
+/// Most bytes of kernel parameters (CUDA's limit is 32 764 since 12.1).
+const MAX_PARAM_BYTES: u32 = 32 * 1024;
+
+/// Most bytes of static shared memory an entry may declare.
+const MAX_STATIC_SHARED: u64 = 1 << 20;
+
 /// A parsed PTX module: its entries, ready to launch.
 #[derive(Debug, Clone)]
 pub struct Module {
@@ -424,10 +430,14 @@ impl Parser {
             return Ok((None, end));
         }
         let align = align.max(u64::from(ty.bytes()));
-        let offset = u64::from(end).next_multiple_of(align);
-        let new_end = offset + count * u64::from(ty.bytes());
-        if new_end > u64::from(u32::MAX) {
-            return self.fail("shared variable too large");
+        let offset = u64::from(end)
+            .checked_next_multiple_of(align)
+            .unwrap_or(u64::MAX);
+        let new_end = offset.saturating_add(count.saturating_mul(u64::from(ty.bytes())));
+        if new_end > MAX_STATIC_SHARED {
+            return self.unsupported(format!(
+                "more than {MAX_STATIC_SHARED} bytes of static shared memory"
+            ));
         }
         Ok((
             Some(SharedVar {
@@ -462,7 +472,7 @@ impl Parser {
                 let pname = loop {
                     let word = self.word()?;
                     if word == ".align" {
-                        align = self.number()? as u32;
+                        align = u32::try_from(self.number()?).unwrap_or(u32::MAX);
                     } else if let Some(t) = word.strip_prefix('.').and_then(Ty::parse) {
                         ty = Some(t);
                     } else if word.starts_with('.') {
@@ -476,13 +486,23 @@ impl Parser {
                 };
                 let mut count = 1u32;
                 while self.eat('[') {
-                    count = count.saturating_mul(self.number()? as u32);
+                    let n = u32::try_from(self.number()?).unwrap_or(u32::MAX);
+                    count = count.saturating_mul(n);
                     self.expect(']')?;
                 }
                 let align = align.max(ty.bytes());
-                let offset = param_end.next_multiple_of(align);
-                let size = ty.bytes() * count;
-                param_end = offset + size;
+                let size = ty.bytes().saturating_mul(count);
+                let (offset, end) = match param_end
+                    .checked_next_multiple_of(align)
+                    .and_then(|offset| Some((offset, offset.checked_add(size)?)))
+                {
+                    Some(span) if span.1 <= MAX_PARAM_BYTES => span,
+                    _ => {
+                        return self
+                            .unsupported(format!("more than {MAX_PARAM_BYTES} parameter bytes"))
+                    }
+                };
+                param_end = end;
                 params.push(ParamInfo {
                     name: pname,
                     offset,

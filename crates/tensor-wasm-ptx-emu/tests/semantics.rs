@@ -538,3 +538,83 @@ fn launches_are_validated_before_anything_runs() {
     .unwrap_err();
     assert!(error.to_string().contains("overlap"), "{error}");
 }
+
+mod robustness {
+    //! Damaged PTX never panics the parser or the interpreter: it parses to an error, or it
+    //! runs to a result or an error.
+
+    use proptest::prelude::*;
+    use tensor_wasm_jit::{Blueprint, PtxTarget};
+    use tensor_wasm_ptx_emu::{launch, Allocation, Launch, Module, Schedule};
+
+    const BLUEPRINTS: [&str; 5] = [
+        "elementwise[min]:f32",
+        "vector_add[4]:i32",
+        "reduce[sum]:f32",
+        "matmul[4x4x4]:i32",
+        "conv2d[3x3,s2,p1]:f32",
+    ];
+
+    /// Deletes line `line`, or replaces the `which`th number-like word of it by `by`.
+    fn damage(ptx: &str, line: usize, which: usize, by: &str, delete: bool) -> String {
+        let lines: Vec<&str> = ptx.lines().collect();
+        let line = line % lines.len();
+        let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        if delete {
+            out.remove(line);
+        } else {
+            let words: Vec<&str> = lines[line].split(' ').collect();
+            let which = which % words.len();
+            let mut words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+            words[which] = by.to_owned();
+            out[line] = words.join(" ");
+        }
+        out.join("\n")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn arbitrary_text_never_panics(text in "[ -~\n]{0,300}") {
+            let _ = Module::parse(&text);
+        }
+
+        #[test]
+        fn damaged_kernels_never_panic(
+            blueprint in 0usize..BLUEPRINTS.len(),
+            line in any::<usize>(),
+            which in any::<usize>(),
+            by in prop_oneof![
+                Just("0"), Just("-1"), Just("4294967295"), Just("%rd1"), Just("%r1"),
+                Just("[%rd1+8];"), Just("bar.sync"), Just("DONE;"), Just("0f7FC00000"),
+                Just("99999999999999999999"), Just("%p1"), Just(".shared"), Just("{"),
+            ],
+            delete in any::<bool>(),
+            grid in 1u32..4,
+            schedule in prop_oneof![Just(Schedule::InOrder), Just(Schedule::Reversed), Just(Schedule::Random(7))],
+        ) {
+            let blueprint = Blueprint::parse(BLUEPRINTS[blueprint]).unwrap();
+            let ptx = damage(&blueprint.emit_ptx(&PtxTarget::default()), line, which, by, delete);
+            let Ok(module) = Module::parse(&ptx) else {
+                return Ok(());
+            };
+            for kernel in module.kernels() {
+                // Parameters: every buffer at 0x1000 (one allocation), every scalar 3.
+                let mut params = vec![0u8; kernel.param_bytes() as usize];
+                for param in kernel.params() {
+                    let at = param.offset as usize;
+                    if param.size == 8 {
+                        params[at..at + 8].copy_from_slice(&0x1000u64.to_le_bytes());
+                    } else if param.size == 4 {
+                        params[at..at + 4].copy_from_slice(&3u32.to_le_bytes());
+                    }
+                }
+                let mut memory = vec![0u8; 256];
+                let mut config = Launch::new([grid, 1, 1], blueprint.block(), &params).schedule(schedule);
+                config.step_limit = 20_000;
+                let _ = launch(kernel, &config, &mut [Allocation { base: 0x1000, bytes: &mut memory }]);
+            }
+        }
+    }
+}
