@@ -539,6 +539,44 @@ fn launches_are_validated_before_anything_runs() {
     assert!(error.to_string().contains("overlap"), "{error}");
 }
 
+#[test]
+fn vector_accesses_work_in_every_space() {
+    let ptx = format!(
+        "{HEADER}.shared .align 16 .b32 buf[8];\n\
+         .visible .entry v(.param .u32 p_scale, .param .align 8 .b8 p_pair[8], .param .u64 p_out)\n{{\n\
+         .reg .b32 %r<16>;\n.reg .b64 %rd<4>;\n\
+         ld.param.v2.u32 {{%r1, %r2}}, [p_pair];\nld.param.u32 %r3, [p_scale];\n\
+         mov.u32 %r4, buf;\nst.shared.v4.b32 [%r4], {{%r1, %r2, %r3, %r3}};\n\
+         st.shared.v2.b32 [%r4+16], {{%r2, %r1}};\n\
+         ld.shared.v4.b32 {{%r5, %r6, %r7, %r8}}, [%r4];\n\
+         ld.param.u64 %rd1, [p_out];\nst.global.v4.b32 [%rd1], {{%r5, %r6, %r7, %r8}};\n\
+         ld.shared.v2.b32 {{%r9, %r10}}, [buf+16];\nst.global.v2.b32 [%rd1+16], {{%r9, %r10}};\nret;\n}}\n"
+    );
+    let module = Module::parse(&ptx).unwrap();
+    let kernel = module.kernel("v").unwrap();
+    let offsets: Vec<(u32, u32)> = kernel.params().iter().map(|p| (p.offset, p.size)).collect();
+    assert_eq!(offsets, [(0, 4), (8, 8), (16, 8)]);
+    let pair: Vec<u8> = [11u32, 22].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let params = kernel
+        .pack_params(&[&5u32.to_le_bytes(), &pair, &OUT.to_le_bytes()])
+        .unwrap();
+    let mut out = [0u8; 24];
+    launch(
+        kernel,
+        &Launch::new([1; 3], [1; 3], &params),
+        &mut [Allocation {
+            base: OUT,
+            bytes: &mut out,
+        }],
+    )
+    .unwrap();
+    let words: Vec<u32> = out
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+        .collect();
+    assert_eq!(words, [11, 22, 5, 5, 22, 11]);
+}
+
 mod robustness {
     //! Damaged PTX never panics the parser or the interpreter: it parses to an error, or it
     //! runs to a result or an error.
