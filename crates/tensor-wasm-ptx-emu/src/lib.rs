@@ -17,7 +17,9 @@
 //! - barrier deadlocks: threads waiting while others exited, or waiting at different
 //!   barriers ([`EmuError::Deadlock`]); and runaway loops ([`EmuError::StepLimit`]).
 //!
-//! The API is plain data in and a `Result` out, so a stand-in driver can call it.
+//! The API is plain data in and a `Result` out, so a stand-in driver can call it
+//! ([`Kernel::params`] answers `cuFuncGetParamInfo`, [`Kernel::pack_params`] packs
+//! `cuLaunchKernel`'s arguments, [`EmuError::cuda_result`] names the driver error).
 //!
 //! ```
 //! use tensor_wasm_ptx_emu::{launch, Allocation, Launch, Module, Schedule};
@@ -158,6 +160,26 @@ pub enum EmuError {
         /// What happened.
         what: String,
     },
+}
+
+impl EmuError {
+    /// The CUDA driver result a stand-in driver should report for this error: its `CUresult`
+    /// value and name. Faults a GPU would report map to theirs (illegal and misaligned
+    /// addresses); faults only this checker sees (races, divergent barriers, unspecified
+    /// results) are launch failures; PTX outside the subset is "not supported".
+    pub fn cuda_result(&self) -> (u32, &'static str) {
+        match self {
+            EmuError::Parse { .. } => (218, "CUDA_ERROR_INVALID_PTX"),
+            EmuError::Unsupported { .. } => (801, "CUDA_ERROR_NOT_SUPPORTED"),
+            EmuError::InvalidLaunch { .. } => (1, "CUDA_ERROR_INVALID_VALUE"),
+            EmuError::IllegalAddress { .. } => (700, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+            EmuError::Misaligned { .. } => (716, "CUDA_ERROR_MISALIGNED_ADDRESS"),
+            EmuError::StepLimit { .. } => (702, "CUDA_ERROR_LAUNCH_TIMEOUT"),
+            EmuError::SharedRace { .. }
+            | EmuError::Deadlock { .. }
+            | EmuError::Undefined { .. } => (719, "CUDA_ERROR_LAUNCH_FAILED"),
+        }
+    }
 }
 
 /// Where in a launch something happened.
