@@ -482,7 +482,11 @@ impl Block<'_, '_, '_, '_> {
                     dst,
                     src,
                 } => {
-                    let value = ops::cvt(*dst_ty, *src_ty, *rounding, *sat, self.read(t, *src));
+                    let mut value = ops::cvt(*dst_ty, *src_ty, *rounding, *sat, self.read(t, *src));
+                    // A narrow signed result fills a 32-bit register sign-extended.
+                    if dst_ty.kind == TyKind::S && dst_ty.bits < 32 {
+                        value = ops::sext(value, dst_ty.bits) as u64;
+                    }
                     self.write(t, *dst, dst_ty.bits.max(32), value);
                 }
                 Op::Ld {

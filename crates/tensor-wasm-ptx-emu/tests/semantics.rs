@@ -226,6 +226,10 @@ fn conversions_round_and_saturate() {
     );
     assert_eq!(r10("cvt.sat.s16.s32 %r10, %r1;", [70_000, 0, 0]), 32_767);
     assert_eq!(
+        r10("cvt.s16.s32 %r10, %r1;", [0x0001_8000, 0, 0]),
+        0xffff_8000
+    );
+    assert_eq!(
         r10("cvt.u16.u32 %r10, %r1;", [70_000, 0, 0]),
         70_000 - 65_536
     );
