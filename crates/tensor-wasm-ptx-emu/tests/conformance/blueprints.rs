@@ -245,7 +245,11 @@ pub fn run_random_kinds(cases: u32) {
         let module = tensor_wasm_ptx_emu::Module::parse(&ptx)
             .map_err(|e| TestCaseError::fail(format!("{blueprint}: {e}")))?;
         let (config, args, layout) = build(&blueprint, &case);
-        let schedules = [Schedule::InOrder, Schedule::Random(case.seed)];
+        let schedules = [
+            Schedule::InOrder,
+            Schedule::Reversed,
+            Schedule::Random(case.seed),
+        ];
         check_blueprint(&blueprint, &module, &config, &args, &layout, &schedules)
             .map_err(|e| TestCaseError::fail(format!("{blueprint} {config:?}: {e}")))
     });
