@@ -1,0 +1,604 @@
+//! Decodes one instruction statement into [`Instr`]: opcode modifiers, operands, registers,
+//! labels and symbols, with [`EmuError::Unsupported`] for everything outside the subset.
+
+use std::collections::HashMap;
+
+use crate::ir::{
+    Addr, BoolOp, Cmp, FloatOp, Instr, IntOp, Op, Pred, Rounding, Space, Special, Src, Ty, TyKind,
+    UnaryOp,
+};
+use crate::parse::{parse_int, Statement, Tok};
+use crate::EmuError;
+
+/// The names an entry's instructions may use.
+#[derive(Debug, Default)]
+pub(crate) struct Scope {
+    pub regs: HashMap<String, u16>,
+    pub preds: HashMap<String, u16>,
+    pub labels: HashMap<String, u32>,
+    /// Shared variables: byte offset in the block's shared memory.
+    pub shared: HashMap<String, u32>,
+    /// Parameters: byte offset in the parameter buffer.
+    pub params: HashMap<String, u32>,
+}
+
+/// A parsed operand.
+#[derive(Debug, Clone)]
+enum Operand {
+    Src(Src),
+    Pred(Pred),
+    Label(u32),
+    Vector(Vec<Src>),
+    /// An address and the space its symbol names, if it names one.
+    Addr(Addr, Option<Space>),
+}
+
+struct Decoder<'a> {
+    scope: &'a Scope,
+    line: u32,
+}
+
+pub(crate) fn decode(statement: &Statement, scope: &Scope) -> Result<Instr, EmuError> {
+    Decoder {
+        scope,
+        line: statement.line,
+    }
+    .instr(&statement.tokens)
+}
+
+fn special(name: &str) -> Option<Special> {
+    let (reg, axis) = name.split_once('.')?;
+    let axis = match axis {
+        "x" => 0,
+        "y" => 1,
+        "z" => 2,
+        _ => return None,
+    };
+    Some(match reg {
+        "%tid" => Special::Tid(axis),
+        "%ntid" => Special::Ntid(axis),
+        "%ctaid" => Special::Ctaid(axis),
+        "%nctaid" => Special::Nctaid(axis),
+        _ => return None,
+    })
+}
+
+impl Decoder<'_> {
+    fn fail<T>(&self, message: impl Into<String>) -> Result<T, EmuError> {
+        Err(EmuError::Parse {
+            line: self.line,
+            message: message.into(),
+        })
+    }
+
+    fn unsupported<T>(&self, what: impl Into<String>) -> Result<T, EmuError> {
+        Err(EmuError::Unsupported {
+            line: self.line,
+            what: what.into(),
+        })
+    }
+
+    fn number(&self, text: &str, negative: bool) -> Result<u64, EmuError> {
+        let bits = if let Some(hex) = text.strip_prefix("0f").or(text.strip_prefix("0F")) {
+            if hex.len() != 8 {
+                return self.fail(format!("bad f32 literal {text}"));
+            }
+            u32::from_str_radix(hex, 16).map(u64::from).ok()
+        } else if let Some(hex) = text.strip_prefix("0d").or(text.strip_prefix("0D")) {
+            if hex.len() != 16 {
+                return self.fail(format!("bad f64 literal {text}"));
+            }
+            u64::from_str_radix(hex, 16).ok()
+        } else if text.contains('.') {
+            return self.unsupported(format!("decimal floating-point literal {text}"));
+        } else {
+            parse_int(text)
+        };
+        let Some(bits) = bits else {
+            return self.fail(format!("bad number {text}"));
+        };
+        Ok(if negative { bits.wrapping_neg() } else { bits })
+    }
+
+    fn operand(&self, tokens: &[Tok]) -> Result<Operand, EmuError> {
+        match tokens {
+            [Tok::Punct('['), inner @ .., Tok::Punct(']')] => self.address(inner),
+            [Tok::Punct('{'), inner @ .., Tok::Punct('}')] => {
+                let mut regs = Vec::new();
+                for part in inner.split(|t| *t == Tok::Punct(',')) {
+                    match self.operand(part)? {
+                        Operand::Src(src) => regs.push(src),
+                        other => return self.fail(format!("bad vector element {other:?}")),
+                    }
+                }
+                Ok(Operand::Vector(regs))
+            }
+            [Tok::Punct('!'), Tok::Word(name)] => match self.scope.preds.get(name) {
+                Some(&reg) => Ok(Operand::Pred(Pred { reg, negated: true })),
+                None => self.fail(format!("{name} is not a predicate register")),
+            },
+            [Tok::Punct('-'), Tok::Num(text)] => {
+                Ok(Operand::Src(Src::Imm(self.number(text, true)?)))
+            }
+            [Tok::Num(text)] => Ok(Operand::Src(Src::Imm(self.number(text, false)?))),
+            [Tok::Word(name)] => {
+                if let Some(&reg) = self.scope.regs.get(name) {
+                    Ok(Operand::Src(Src::Reg(reg)))
+                } else if let Some(&reg) = self.scope.preds.get(name) {
+                    Ok(Operand::Pred(Pred {
+                        reg,
+                        negated: false,
+                    }))
+                } else if let Some(s) = special(name) {
+                    Ok(Operand::Src(Src::Special(s)))
+                } else if let Some(&offset) = self.scope.shared.get(name) {
+                    Ok(Operand::Src(Src::Imm(u64::from(offset))))
+                } else if let Some(&index) = self.scope.labels.get(name) {
+                    Ok(Operand::Label(index))
+                } else if name.starts_with('%') {
+                    self.unsupported(format!("register {name} (undeclared or special)"))
+                } else {
+                    self.fail(format!("unknown name {name}"))
+                }
+            }
+            _ => self.fail(format!("cannot read operand {tokens:?}")),
+        }
+    }
+
+    /// The inside of `[...]`: `reg`, `symbol`, `number`, each optionally `+`/`-` a number.
+    fn address(&self, tokens: &[Tok]) -> Result<Operand, EmuError> {
+        let (head, offset) = match tokens {
+            [head] => (head, 0i64),
+            [head, Tok::Punct(sign @ ('+' | '-')), Tok::Num(text)] => {
+                let value = self.number(text, false)? as i64;
+                (head, if *sign == '-' { -value } else { value })
+            }
+            _ => return self.fail(format!("cannot read address {tokens:?}")),
+        };
+        match head {
+            Tok::Num(text) => {
+                let base = self.number(text, false)? as i64;
+                Ok(Operand::Addr(
+                    Addr {
+                        base: None,
+                        offset: base.wrapping_add(offset),
+                    },
+                    None,
+                ))
+            }
+            Tok::Word(name) => {
+                if let Some(&reg) = self.scope.regs.get(name) {
+                    return Ok(Operand::Addr(
+                        Addr {
+                            base: Some(reg),
+                            offset,
+                        },
+                        None,
+                    ));
+                }
+                let symbol = |offset_of: u32, space| {
+                    Ok(Operand::Addr(
+                        Addr {
+                            base: None,
+                            offset: i64::from(offset_of) + offset,
+                        },
+                        Some(space),
+                    ))
+                };
+                if let Some(&at) = self.scope.shared.get(name) {
+                    return symbol(at, Space::Shared);
+                }
+                if let Some(&at) = self.scope.params.get(name) {
+                    return symbol(at, Space::Param);
+                }
+                self.fail(format!("unknown address {name}"))
+            }
+            _ => self.fail(format!("cannot read address {tokens:?}")),
+        }
+    }
+
+    fn src(&self, operand: &Operand) -> Result<Src, EmuError> {
+        match operand {
+            Operand::Src(src) => Ok(*src),
+            other => self.fail(format!("expected a register or value, found {other:?}")),
+        }
+    }
+
+    fn dst(&self, operand: &Operand) -> Result<u16, EmuError> {
+        match operand {
+            Operand::Src(Src::Reg(reg)) => Ok(*reg),
+            other => self.fail(format!("expected a destination register, found {other:?}")),
+        }
+    }
+
+    fn pred(&self, operand: &Operand) -> Result<Pred, EmuError> {
+        match operand {
+            Operand::Pred(pred) => Ok(*pred),
+            other => self.fail(format!("expected a predicate, found {other:?}")),
+        }
+    }
+
+    fn ty(&self, text: &str) -> Result<Ty, EmuError> {
+        match Ty::parse(text) {
+            Some(ty) => Ok(ty),
+            None if text == "pred" => self.unsupported("predicate-typed arithmetic"),
+            None => self.fail(format!("unknown type .{text}")),
+        }
+    }
+
+    fn instr(&self, tokens: &[Tok]) -> Result<Instr, EmuError> {
+        let (guard, rest) = match tokens {
+            [Tok::Punct('@'), Tok::Punct('!'), Tok::Word(p), rest @ ..] => (Some((p, true)), rest),
+            [Tok::Punct('@'), Tok::Word(p), rest @ ..] => (Some((p, false)), rest),
+            rest => (None, rest),
+        };
+        let guard = match guard {
+            None => None,
+            Some((name, negated)) => match self.scope.preds.get(name) {
+                Some(&reg) => Some(Pred { reg, negated }),
+                None => return self.fail(format!("{name} is not a predicate register")),
+            },
+        };
+        let [Tok::Word(opcode), operand_tokens @ ..] = rest else {
+            return self.fail(format!("expected an instruction, found {rest:?}"));
+        };
+        let mut operands = Vec::new();
+        if !operand_tokens.is_empty() {
+            let mut depth = 0;
+            let mut start = 0;
+            for (i, tok) in operand_tokens.iter().enumerate() {
+                match tok {
+                    Tok::Punct('[' | '{') => depth += 1,
+                    Tok::Punct(']' | '}') => depth -= 1,
+                    Tok::Punct(',') if depth == 0 => {
+                        operands.push(self.operand(&operand_tokens[start..i])?);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            operands.push(self.operand(&operand_tokens[start..])?);
+        }
+        let op = self.op(opcode, &operands)?;
+        Ok(Instr {
+            guard,
+            op,
+            line: self.line,
+        })
+    }
+
+    fn arity(&self, opcode: &str, operands: &[Operand], n: usize) -> Result<(), EmuError> {
+        if operands.len() != n {
+            return self.fail(format!(
+                "{opcode} takes {n} operands, got {}",
+                operands.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// f32 arithmetic modifiers: only `.rn` (or none) is implemented.
+    fn float_modifiers(&self, opcode: &str, modifiers: &[&str], ty: Ty) -> Result<(), EmuError> {
+        if ty.bits != 32 {
+            return self.unsupported(format!("{opcode}: only f32 floating point"));
+        }
+        if modifiers.iter().any(|m| *m != "rn") {
+            return self.unsupported(format!(
+                "{opcode}: only round-to-nearest (.rn) f32 arithmetic"
+            ));
+        }
+        Ok(())
+    }
+
+    fn op(&self, opcode: &str, operands: &[Operand]) -> Result<Op, EmuError> {
+        let parts: Vec<&str> = opcode.split('.').collect();
+        let base = parts[0];
+        let last = *parts.last().unwrap_or(&"");
+        let middle = if parts.len() >= 2 {
+            &parts[1..parts.len() - 1]
+        } else {
+            &[][..]
+        };
+        let n = |count| self.arity(opcode, operands, count);
+        match base {
+            "mov" => {
+                n(2)?;
+                let ty = self.ty(last)?;
+                Ok(Op::Mov {
+                    bits: ty.bits,
+                    dst: self.dst(&operands[0])?,
+                    src: self.src(&operands[1])?,
+                })
+            }
+            "cvta" => {
+                if parts[..] != ["cvta", "to", "global", "u64"] {
+                    return self.unsupported(format!("{opcode} (generic addressing)"));
+                }
+                n(2)?;
+                Ok(Op::Mov {
+                    bits: 64,
+                    dst: self.dst(&operands[0])?,
+                    src: self.src(&operands[1])?,
+                })
+            }
+            "add" | "sub" | "mul" | "div" | "rem" | "min" | "max" | "and" | "or" | "xor"
+            | "shl" | "shr" => {
+                n(3)?;
+                let ty = self.ty(last)?;
+                let (dst, a, b) = (
+                    self.dst(&operands[0])?,
+                    self.src(&operands[1])?,
+                    self.src(&operands[2])?,
+                );
+                if ty.kind == TyKind::F {
+                    self.float_modifiers(opcode, middle, ty)?;
+                    if base == "div" && middle != ["rn"] {
+                        return self.unsupported(format!("{opcode}: only div.rn.f32"));
+                    }
+                    let op = match base {
+                        "add" => FloatOp::Add,
+                        "sub" => FloatOp::Sub,
+                        "mul" => FloatOp::Mul,
+                        "div" => FloatOp::Div,
+                        "min" => FloatOp::Min,
+                        "max" => FloatOp::Max,
+                        _ => return self.unsupported(format!("{opcode} on floats")),
+                    };
+                    return Ok(Op::Float { op, dst, a, b });
+                }
+                let op = match (base, middle) {
+                    ("add", []) => IntOp::Add,
+                    ("sub", []) => IntOp::Sub,
+                    ("mul", ["lo"]) => IntOp::MulLo,
+                    ("mul", ["hi"]) => IntOp::MulHi,
+                    ("mul", ["wide"]) if matches!(ty.bits, 16 | 32) && ty.kind != TyKind::B => {
+                        return Ok(Op::MulWide { ty, dst, a, b });
+                    }
+                    ("div", []) => IntOp::Div,
+                    ("rem", []) => IntOp::Rem,
+                    ("min", []) => IntOp::Min,
+                    ("max", []) => IntOp::Max,
+                    ("and", []) => IntOp::And,
+                    ("or", []) => IntOp::Or,
+                    ("xor", []) => IntOp::Xor,
+                    ("shl", []) => IntOp::Shl,
+                    ("shr", []) => IntOp::Shr,
+                    _ => return self.unsupported(opcode.to_owned()),
+                };
+                if ty.bits == 8 {
+                    return self.unsupported(format!("{opcode}: 8-bit arithmetic"));
+                }
+                Ok(Op::Int { op, ty, dst, a, b })
+            }
+            "mad" | "fma" => {
+                n(4)?;
+                let ty = self.ty(last)?;
+                let (dst, a, b, c) = (
+                    self.dst(&operands[0])?,
+                    self.src(&operands[1])?,
+                    self.src(&operands[2])?,
+                    self.src(&operands[3])?,
+                );
+                if ty.kind == TyKind::F {
+                    // `mad.rn.f32` is the same fused operation as `fma.rn.f32`.
+                    if middle != ["rn"] || ty.bits != 32 {
+                        return self.unsupported(format!("{opcode}: only fma.rn.f32"));
+                    }
+                    return Ok(Op::Fma { dst, a, b, c });
+                }
+                if base != "mad" || middle != ["lo"] || ty.bits == 8 {
+                    return self.unsupported(format!("{opcode}: only integer mad.lo"));
+                }
+                Ok(Op::MadLo { ty, dst, a, b, c })
+            }
+            "neg" | "abs" | "not" => {
+                n(2)?;
+                let ty = self.ty(last)?;
+                if !middle.is_empty() || (ty.kind == TyKind::F && ty.bits != 32) {
+                    return self.unsupported(opcode.to_owned());
+                }
+                let op = match base {
+                    "neg" => UnaryOp::Neg,
+                    "abs" => UnaryOp::Abs,
+                    _ => UnaryOp::Not,
+                };
+                Ok(Op::Unary {
+                    op,
+                    ty,
+                    dst: self.dst(&operands[0])?,
+                    a: self.src(&operands[1])?,
+                })
+            }
+            "setp" => {
+                let ty = self.ty(last)?;
+                if ty.kind == TyKind::F && ty.bits != 32 {
+                    return self.unsupported(format!("{opcode}: only f32 floating point"));
+                }
+                let (cmp, combine) = match middle {
+                    [cmp] => (*cmp, None),
+                    [cmp, op] => (*cmp, Some(*op)),
+                    _ => return self.unsupported(opcode.to_owned()),
+                };
+                let Some(cmp) = Cmp::parse(cmp) else {
+                    return self.unsupported(format!("{opcode}: comparison .{cmp}"));
+                };
+                let combine = match combine {
+                    None => {
+                        n(3)?;
+                        None
+                    }
+                    Some(op) => {
+                        n(4)?;
+                        let op = match op {
+                            "and" => BoolOp::And,
+                            "or" => BoolOp::Or,
+                            "xor" => BoolOp::Xor,
+                            other => return self.unsupported(format!("setp .{other}")),
+                        };
+                        Some((op, self.pred(&operands[3])?))
+                    }
+                };
+                let Operand::Pred(dst) = &operands[0] else {
+                    return self
+                        .unsupported(format!("{opcode}: destination other than one predicate"));
+                };
+                if dst.negated {
+                    return self.fail("negated destination predicate");
+                }
+                Ok(Op::Setp {
+                    cmp,
+                    ty,
+                    dst: dst.reg,
+                    a: self.src(&operands[1])?,
+                    b: self.src(&operands[2])?,
+                    combine,
+                })
+            }
+            "selp" => {
+                n(4)?;
+                let ty = self.ty(last)?;
+                Ok(Op::Selp {
+                    bits: ty.bits,
+                    dst: self.dst(&operands[0])?,
+                    a: self.src(&operands[1])?,
+                    b: self.src(&operands[2])?,
+                    pred: self.pred(&operands[3])?,
+                })
+            }
+            "cvt" => {
+                n(2)?;
+                if parts.len() < 3 {
+                    return self.fail("cvt needs two types");
+                }
+                let dst_ty = self.ty(parts[parts.len() - 2])?;
+                let src_ty = self.ty(last)?;
+                let mut rounding = None;
+                let mut sat = false;
+                for modifier in &parts[1..parts.len() - 2] {
+                    match *modifier {
+                        "rn" => rounding = Some(Rounding::Rn),
+                        "rni" => rounding = Some(Rounding::Rni),
+                        "rzi" => rounding = Some(Rounding::Rzi),
+                        "rmi" => rounding = Some(Rounding::Rmi),
+                        "rpi" => rounding = Some(Rounding::Rpi),
+                        "sat" => sat = true,
+                        other => return self.unsupported(format!("cvt modifier .{other}")),
+                    }
+                }
+                crate::ops::check_cvt(dst_ty, src_ty, rounding, sat).map_err(|what| {
+                    EmuError::Unsupported {
+                        line: self.line,
+                        what: format!("{opcode}: {what}"),
+                    }
+                })?;
+                Ok(Op::Cvt {
+                    dst_ty,
+                    src_ty,
+                    rounding,
+                    sat,
+                    dst: self.dst(&operands[0])?,
+                    src: self.src(&operands[1])?,
+                })
+            }
+            "ld" | "st" => self.memory(opcode, &parts, operands),
+            "bra" => {
+                if !(parts.len() == 1 || parts[..] == ["bra", "uni"]) {
+                    return self.unsupported(opcode.to_owned());
+                }
+                n(1)?;
+                match &operands[0] {
+                    Operand::Label(target) => Ok(Op::Bra { target: *target }),
+                    other => self.fail(format!("bra to {other:?}")),
+                }
+            }
+            "bar" | "barrier" => {
+                let sync = matches!(
+                    parts[..],
+                    ["bar", "sync"] | ["barrier", "sync"] | ["barrier", "sync", "aligned"]
+                );
+                if !sync || operands.len() != 1 {
+                    return self.unsupported(format!("{opcode} (only bar.sync 0)"));
+                }
+                match &operands[0] {
+                    Operand::Src(Src::Imm(0)) => Ok(Op::Bar),
+                    _ => self.unsupported(format!("{opcode} on a barrier other than 0")),
+                }
+            }
+            "ret" | "exit" => {
+                n(0)?;
+                Ok(Op::Exit)
+            }
+            other => self.unsupported(format!("instruction {other}")),
+        }
+    }
+
+    fn memory(&self, opcode: &str, parts: &[&str], operands: &[Operand]) -> Result<Op, EmuError> {
+        self.arity(opcode, operands, 2)?;
+        let mut space = None;
+        let mut width = 1;
+        for modifier in &parts[1..parts.len() - 1] {
+            match *modifier {
+                "global" => space = Some(Space::Global),
+                "shared" => space = Some(Space::Shared),
+                "param" => space = Some(Space::Param),
+                "v2" => width = 2,
+                "v4" => width = 4,
+                // Cache hints do not change what is read or written.
+                "ca" | "cg" | "cs" | "lu" | "cv" | "wb" | "wt" | "nc" => {}
+                other => return self.unsupported(format!("{opcode}: .{other}")),
+            }
+        }
+        let Some(space) = space else {
+            return self.unsupported(format!("{opcode}: generic addressing"));
+        };
+        let ty = self.ty(parts[parts.len() - 1])?;
+        let (value, address) = if parts[0] == "ld" {
+            (&operands[0], &operands[1])
+        } else {
+            (&operands[1], &operands[0])
+        };
+        let Operand::Addr(addr, symbol_space) = address else {
+            return self.fail(format!("{opcode}: expected [address]"));
+        };
+        if let Some(symbol_space) = symbol_space {
+            if *symbol_space != space {
+                return self.fail(format!("{opcode}: symbol of another state space"));
+            }
+        }
+        if space == Space::Param && (addr.base.is_some() || parts[0] == "st") {
+            return self.unsupported(format!("{opcode}: only ld.param of a named parameter"));
+        }
+        let values: Vec<Src> = match value {
+            Operand::Vector(values) => values.clone(),
+            other => vec![self.src(other)?],
+        };
+        if values.len() != width {
+            return self.fail(format!(
+                "{opcode} takes {width} values, got {}",
+                values.len()
+            ));
+        }
+        if parts[0] == "ld" {
+            let dsts = values
+                .iter()
+                .map(|v| match v {
+                    Src::Reg(reg) => Ok(*reg),
+                    other => self.fail(format!("ld into {other:?}")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Op::Ld {
+                space,
+                ty,
+                dsts,
+                addr: *addr,
+            })
+        } else {
+            Ok(Op::St {
+                space,
+                ty,
+                srcs: values,
+                addr: *addr,
+            })
+        }
+    }
+}

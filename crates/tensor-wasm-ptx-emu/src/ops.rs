@@ -1,0 +1,329 @@
+//! The arithmetic of the PTX ISA on register bits: wrapping integers of 16/32/64 bits,
+//! clamped shifts, f32 rounded to nearest even (NaN results canonical, as the hardware
+//! writes them), comparisons and conversions.
+
+use crate::ir::{BoolOp, Cmp, FloatOp, IntOp, Rounding, Ty, TyKind, UnaryOp};
+
+/// The NaN the hardware writes for an f32 arithmetic NaN result.
+pub(crate) const CANONICAL_NAN: u32 = 0x7fff_ffff;
+
+/// The low `bits` of `value`.
+pub(crate) fn mask(value: u64, bits: u32) -> u64 {
+    if bits >= 64 {
+        value
+    } else {
+        value & ((1u64 << bits) - 1)
+    }
+}
+
+/// The low `bits` of `value`, sign-extended.
+pub(crate) fn sext(value: u64, bits: u32) -> i64 {
+    let shift = 64 - bits;
+    ((value << shift) as i64) >> shift
+}
+
+/// `value` read as `ty` (signed types sign-extended), widened to i128.
+fn wide(value: u64, ty: Ty) -> i128 {
+    if ty.signed() {
+        i128::from(sext(value, ty.bits))
+    } else {
+        i128::from(mask(value, ty.bits))
+    }
+}
+
+/// Integer binary operation; `None` for division by zero (no defined result).
+pub(crate) fn int(op: IntOp, ty: Ty, a: u64, b: u64) -> Option<u64> {
+    let bits = ty.bits;
+    let value = match op {
+        IntOp::Add => a.wrapping_add(b),
+        IntOp::Sub => a.wrapping_sub(b),
+        IntOp::MulLo => a.wrapping_mul(b),
+        IntOp::MulHi if ty.signed() => ((wide(a, ty) * wide(b, ty)) >> bits) as u64,
+        IntOp::MulHi => ((u128::from(mask(a, bits)) * u128::from(mask(b, bits))) >> bits) as u64,
+        IntOp::Div | IntOp::Rem => {
+            if mask(b, bits) == 0 {
+                return None;
+            }
+            if ty.signed() {
+                let (x, y) = (sext(a, bits), sext(b, bits));
+                // In `bits` bits, MIN / -1 wraps to MIN (computed in 64 bits, then masked).
+                if op == IntOp::Div {
+                    x.wrapping_div(y) as u64
+                } else {
+                    x.wrapping_rem(y) as u64
+                }
+            } else {
+                let (x, y) = (mask(a, bits), mask(b, bits));
+                if op == IntOp::Div {
+                    x / y
+                } else {
+                    x % y
+                }
+            }
+        }
+        IntOp::Min | IntOp::Max => {
+            let (x, y) = (wide(a, ty), wide(b, ty));
+            let pick_a = if op == IntOp::Min { x <= y } else { x >= y };
+            if pick_a {
+                a
+            } else {
+                b
+            }
+        }
+        IntOp::And => a & b,
+        IntOp::Or => a | b,
+        IntOp::Xor => a ^ b,
+        // The shift amount is an unsigned 32-bit value; amounts past the width clamp.
+        IntOp::Shl => {
+            let amount = mask(b, 32);
+            if amount >= u64::from(bits) {
+                0
+            } else {
+                a << amount
+            }
+        }
+        IntOp::Shr => {
+            let amount = mask(b, 32).min(u64::from(bits));
+            if ty.signed() {
+                let x = sext(a, bits);
+                (x >> amount.min(63)) as u64
+            } else if amount >= u64::from(bits) {
+                0
+            } else {
+                mask(a, bits) >> amount
+            }
+        }
+    };
+    Some(mask(value, bits))
+}
+
+/// `mul.wide`: the full product of two `ty` values, twice as wide.
+pub(crate) fn mul_wide(ty: Ty, a: u64, b: u64) -> u64 {
+    mask((wide(a, ty) * wide(b, ty)) as u64, ty.bits * 2)
+}
+
+fn f(bits: u64) -> f32 {
+    f32::from_bits(bits as u32)
+}
+
+/// An f32 arithmetic result as register bits, NaNs canonical.
+fn bits_of(value: f32) -> u64 {
+    if value.is_nan() {
+        u64::from(CANONICAL_NAN)
+    } else {
+        u64::from(value.to_bits())
+    }
+}
+
+/// f32 binary operation, one rounding to nearest even (subnormals kept).
+///
+/// `min`/`max`: a NaN operand yields the other operand, two NaNs the canonical NaN, and
+/// `-0.0` is smaller than `+0.0`.
+pub(crate) fn float(op: FloatOp, a: u64, b: u64) -> u64 {
+    let (x, y) = (f(a), f(b));
+    match op {
+        FloatOp::Add => bits_of(x + y),
+        FloatOp::Sub => bits_of(x - y),
+        FloatOp::Mul => bits_of(x * y),
+        FloatOp::Div => bits_of(x / y),
+        FloatOp::Min | FloatOp::Max => {
+            if x.is_nan() && y.is_nan() {
+                return u64::from(CANONICAL_NAN);
+            }
+            if x.is_nan() {
+                return mask(b, 32);
+            }
+            if y.is_nan() {
+                return mask(a, 32);
+            }
+            let x_first = if x == y {
+                // Only ±0 compare equal with different bits: -0 is the smaller.
+                (op == FloatOp::Min) == x.is_sign_negative()
+            } else {
+                (op == FloatOp::Min) == (x < y)
+            };
+            if x_first {
+                mask(a, 32)
+            } else {
+                mask(b, 32)
+            }
+        }
+    }
+}
+
+/// `fma.rn.f32`: `a * b + c` with a single rounding.
+pub(crate) fn fma(a: u64, b: u64, c: u64) -> u64 {
+    bits_of(f(a).mul_add(f(b), f(c)))
+}
+
+/// Unary operations: `neg`/`abs` of integers wrap; of f32 they flip or clear the sign bit.
+pub(crate) fn unary(op: UnaryOp, ty: Ty, a: u64) -> u64 {
+    if ty.kind == TyKind::F {
+        let sign = 1u64 << 31;
+        return match op {
+            UnaryOp::Neg => mask(a ^ sign, 32),
+            UnaryOp::Abs => mask(a & !sign, 32),
+            UnaryOp::Not => mask(!a, 32),
+        };
+    }
+    let value = match op {
+        UnaryOp::Neg => a.wrapping_neg(),
+        UnaryOp::Abs => sext(a, ty.bits).wrapping_abs() as u64,
+        UnaryOp::Not => !a,
+    };
+    mask(value, ty.bits)
+}
+
+/// `setp`'s comparison of two `ty` values. Ordered float comparisons are false when either
+/// operand is NaN; the `u` forms are true then.
+pub(crate) fn compare(cmp: Cmp, ty: Ty, a: u64, b: u64) -> bool {
+    if ty.kind == TyKind::F {
+        let (x, y) = (f(a), f(b));
+        let unordered = x.is_nan() || y.is_nan();
+        return match cmp {
+            Cmp::Eq => x == y,
+            Cmp::Ne => !unordered && x != y,
+            Cmp::Lt => x < y,
+            Cmp::Le => x <= y,
+            Cmp::Gt => x > y,
+            Cmp::Ge => x >= y,
+            Cmp::Equ => unordered || x == y,
+            Cmp::Neu => unordered || x != y,
+            Cmp::Ltu => unordered || x < y,
+            Cmp::Leu => unordered || x <= y,
+            Cmp::Gtu => unordered || x > y,
+            Cmp::Geu => unordered || x >= y,
+            Cmp::Num => !unordered,
+            Cmp::Nan => unordered,
+        };
+    }
+    let (x, y) = (wide(a, ty), wide(b, ty));
+    match cmp {
+        Cmp::Eq | Cmp::Equ => x == y,
+        Cmp::Ne | Cmp::Neu => x != y,
+        Cmp::Lt | Cmp::Ltu => x < y,
+        Cmp::Le | Cmp::Leu => x <= y,
+        Cmp::Gt | Cmp::Gtu => x > y,
+        Cmp::Ge | Cmp::Geu => x >= y,
+        Cmp::Num => true,
+        Cmp::Nan => false,
+    }
+}
+
+/// Combines a comparison with `setp`'s third predicate.
+pub(crate) fn combine(op: BoolOp, a: bool, b: bool) -> bool {
+    match op {
+        BoolOp::And => a && b,
+        BoolOp::Or => a || b,
+        BoolOp::Xor => a != b,
+    }
+}
+
+/// Whether `cvt` between these types with these modifiers is implemented; the reason if not.
+pub(crate) fn check_cvt(
+    dst: Ty,
+    src: Ty,
+    rounding: Option<Rounding>,
+    sat: bool,
+) -> Result<(), &'static str> {
+    let float = |t: Ty| t.kind == TyKind::F;
+    match (float(dst), float(src)) {
+        (false, false) if rounding.is_none() => Ok(()),
+        (false, false) => Err("rounding on an integer conversion"),
+        // Float to integer needs an integral rounding; it always saturates.
+        (false, true) => match rounding {
+            Some(Rounding::Rni | Rounding::Rzi | Rounding::Rmi | Rounding::Rpi) => Ok(()),
+            _ => Err("float to integer needs .rni/.rzi/.rmi/.rpi"),
+        },
+        (true, false) if sat => Err(".sat on a float result"),
+        (true, false) if rounding == Some(Rounding::Rn) => Ok(()),
+        (true, false) => Err("integer to float needs .rn"),
+        (true, true) if sat => Err(".sat on a float result"),
+        (true, true) if dst.bits == 64 && src.bits == 32 && rounding.is_none() => Ok(()),
+        (true, true) if dst.bits == 32 && src.bits == 64 && rounding == Some(Rounding::Rn) => {
+            Ok(())
+        }
+        (true, true) if dst == src && rounding.is_some() && rounding != Some(Rounding::Rn) => {
+            Ok(())
+        }
+        (true, true) => Err("this float conversion"),
+    }
+}
+
+fn round_integral(value: f64, rounding: Option<Rounding>) -> f64 {
+    match rounding {
+        Some(Rounding::Rzi) => value.trunc(),
+        Some(Rounding::Rmi) => value.floor(),
+        Some(Rounding::Rpi) => value.ceil(),
+        _ => value.round_ties_even(),
+    }
+}
+
+/// `cvt` (already checked by [`check_cvt`]).
+pub(crate) fn cvt(dst: Ty, src: Ty, rounding: Option<Rounding>, sat: bool, a: u64) -> u64 {
+    let float = |t: Ty| t.kind == TyKind::F;
+    let read_float = |a: u64| {
+        if src.bits == 32 {
+            f64::from(f(a))
+        } else {
+            f64::from_bits(a)
+        }
+    };
+    match (float(dst), float(src)) {
+        (false, false) => {
+            let value = wide(a, src);
+            if !sat {
+                return mask(value as u64, dst.bits);
+            }
+            let (lo, hi) = int_range(dst);
+            mask(value.clamp(lo, hi) as u64, dst.bits)
+        }
+        (false, true) => {
+            let value = round_integral(read_float(a), rounding);
+            if value.is_nan() {
+                return 0;
+            }
+            let (lo, hi) = int_range(dst);
+            // Saturating: out-of-range values clamp (an f64 holds every f32 exactly).
+            let clamped = if value <= lo as f64 {
+                lo
+            } else if value >= hi as f64 {
+                hi
+            } else {
+                value as i128
+            };
+            mask(clamped as u64, dst.bits)
+        }
+        (true, false) => {
+            let value = wide(a, src);
+            if dst.bits == 32 {
+                u64::from((value as f32).to_bits())
+            } else {
+                (value as f64).to_bits()
+            }
+        }
+        (true, true) => {
+            let value = read_float(a);
+            if dst.bits == 64 && src.bits == 32 {
+                return value.to_bits();
+            }
+            if dst.bits == 32 && src.bits == 64 {
+                return bits_of(value as f32);
+            }
+            let rounded = round_integral(value, rounding);
+            if dst.bits == 32 {
+                bits_of(rounded as f32)
+            } else {
+                rounded.to_bits()
+            }
+        }
+    }
+}
+
+fn int_range(ty: Ty) -> (i128, i128) {
+    if ty.signed() {
+        (-(1i128 << (ty.bits - 1)), (1i128 << (ty.bits - 1)) - 1)
+    } else {
+        (0, (1i128 << ty.bits) - 1)
+    }
+}

@@ -1,0 +1,681 @@
+//! The PTX parser: module directives, `.shared` variables, `.entry` functions with their
+//! parameters, registers, labels and instructions, decoded by `decode.rs`.
+
+use crate::decode::{decode, Scope};
+use crate::ir::{Instr, Ty};
+use crate::EmuError;
+
+/// Most bytes of kernel parameters (CUDA's limit is 32 764 since 12.1).
+const MAX_PARAM_BYTES: u32 = 32 * 1024;
+
+/// Most bytes of static shared memory an entry may declare.
+const MAX_STATIC_SHARED: u64 = 1 << 20;
+
+/// A parsed PTX module: its entries, ready to launch.
+#[derive(Debug, Clone)]
+pub struct Module {
+    kernels: Vec<Kernel>,
+}
+
+/// One `.entry` of a module.
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    pub(crate) name: String,
+    pub(crate) params: Vec<ParamInfo>,
+    pub(crate) param_bytes: u32,
+    pub(crate) instrs: Vec<Instr>,
+    pub(crate) regs: u16,
+    pub(crate) preds: u16,
+    /// Static shared bytes (module-level variables, then this entry's own).
+    pub(crate) shared_bytes: u32,
+    /// Whether an `.extern .shared` array takes the dynamic shared memory.
+    pub(crate) dynamic_shared: bool,
+}
+
+/// One kernel parameter: where it lies in the parameter buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamInfo {
+    /// Its PTX name.
+    pub name: String,
+    /// Byte offset in the packed parameter buffer (aligned to `align`).
+    pub offset: u32,
+    /// Size in bytes.
+    pub size: u32,
+    /// Alignment in bytes.
+    pub align: u32,
+}
+
+impl Module {
+    /// Parses PTX text.
+    ///
+    /// Read: `.version`, `.target`, `.address_size 64`; `.shared` variables at module level
+    /// and in an entry (`.extern .shared` arrays take the launch's dynamic shared memory);
+    /// `.visible .entry` with `.param` scalars and `.b8` arrays; `.reg`; labels; guards
+    /// `@%p` / `@!%p`; and the instructions `mov`, `cvta.to.global`, `add`, `sub`, `mul`
+    /// (`.lo`, `.hi`, `.wide`, `.rn.f32`), `mad.lo`, `fma.rn.f32`, `div`, `rem`, `min`, `max`,
+    /// `and`, `or`, `xor`, `not`, `neg`, `abs`, `shl`, `shr`, `setp` (with `.and`/`.or`/`.xor`),
+    /// `selp`, `cvt`, `ld`/`st` on `.global`, `.shared` and (`ld` only) `.param` with
+    /// `.v2`/`.v4`, `bra`, `bar.sync 0`, `ret`, `exit`. f32 arithmetic must be `.rn` (or
+    /// unmodified); `.ftz`, `.sat` on floats, other roundings, `.func`, calls, generic
+    /// addressing, textures, atomics and warp operations are [`EmuError::Unsupported`].
+    ///
+    /// # Errors
+    /// [`EmuError::Parse`] for malformed text, [`EmuError::Unsupported`] for PTX outside the
+    /// subset, each with its line.
+    pub fn parse(text: &str) -> Result<Module, EmuError> {
+        let tokens = lex(text)?;
+        Parser {
+            tokens,
+            at: 0,
+            shared: Vec::new(),
+            shared_end: 0,
+            dynamic_name: None,
+            kernels: Vec::new(),
+        }
+        .module()
+    }
+
+    /// The entry named `name`.
+    pub fn kernel(&self, name: &str) -> Option<&Kernel> {
+        self.kernels.iter().find(|kernel| kernel.name == name)
+    }
+
+    /// Every entry, in source order.
+    pub fn kernels(&self) -> &[Kernel] {
+        &self.kernels
+    }
+}
+
+impl Kernel {
+    /// The entry name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The parameters, in order.
+    pub fn params(&self) -> &[ParamInfo] {
+        &self.params
+    }
+
+    /// Bytes of the packed parameter buffer.
+    pub fn param_bytes(&self) -> u32 {
+        self.param_bytes
+    }
+
+    /// Static shared memory per block, in bytes.
+    pub fn static_shared_bytes(&self) -> u32 {
+        self.shared_bytes
+    }
+
+    /// Whether the entry declares an `.extern .shared` array (dynamic shared memory).
+    pub fn uses_dynamic_shared(&self) -> bool {
+        self.dynamic_shared
+    }
+
+    /// Instructions in the entry.
+    pub fn instruction_count(&self) -> usize {
+        self.instrs.len()
+    }
+
+    /// Packs one byte string per parameter (each exactly the parameter's size) into the
+    /// parameter buffer a launch takes, padding each to its alignment.
+    ///
+    /// # Errors
+    /// [`EmuError::InvalidLaunch`] for a wrong count or size.
+    pub fn pack_params(&self, values: &[&[u8]]) -> Result<Vec<u8>, EmuError> {
+        let invalid = |reason: String| EmuError::InvalidLaunch {
+            kernel: self.name.clone(),
+            reason,
+        };
+        if values.len() != self.params.len() {
+            return Err(invalid(format!(
+                "{} parameters given, the entry takes {}",
+                values.len(),
+                self.params.len()
+            )));
+        }
+        let mut out = vec![0u8; self.param_bytes as usize];
+        for (param, value) in self.params.iter().zip(values) {
+            if value.len() != param.size as usize {
+                return Err(invalid(format!(
+                    "parameter {} takes {} bytes, got {}",
+                    param.name,
+                    param.size,
+                    value.len()
+                )));
+            }
+            let start = param.offset as usize;
+            out[start..start + value.len()].copy_from_slice(value);
+        }
+        Ok(out)
+    }
+}
+
+/// A token and its line.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Tok {
+    /// An identifier, directive, opcode or register (`ld.global.b32`, `%rd1`, `.reg`).
+    Word(String),
+    /// A number as written (`42`, `0f3F800000`, `0x10`, `9.0`).
+    Num(String),
+    /// One punctuation character.
+    Punct(char),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Token {
+    pub tok: Tok,
+    pub line: u32,
+}
+
+fn lex(text: &str) -> Result<Vec<Token>, EmuError> {
+    let bytes = text.as_bytes();
+    let mut tokens = Vec::new();
+    let mut line = 1u32;
+    let mut i = 0;
+    let word_start = |c: u8| c.is_ascii_alphabetic() || matches!(c, b'_' | b'.' | b'%' | b'$');
+    let word_char = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'$');
+    while i < bytes.len() {
+        let c = bytes[i];
+        if c == b'\n' {
+            line += 1;
+            i += 1;
+        } else if c.is_ascii_whitespace() {
+            i += 1;
+        } else if bytes[i..].starts_with(b"//") {
+            while i < bytes.len() && bytes[i] != b'\n' {
+                i += 1;
+            }
+        } else if bytes[i..].starts_with(b"/*") {
+            let Some(end) = text[i + 2..].find("*/") else {
+                return Err(EmuError::Parse {
+                    line,
+                    message: "unterminated comment".into(),
+                });
+            };
+            line += text[i..i + 2 + end].matches('\n').count() as u32;
+            i += end + 4;
+        } else if word_start(c) {
+            let start = i;
+            i += 1;
+            while i < bytes.len() && word_char(bytes[i]) {
+                i += 1;
+            }
+            tokens.push(Token {
+                tok: Tok::Word(text[start..i].to_owned()),
+                line,
+            });
+        } else if c.is_ascii_digit() {
+            let start = i;
+            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'.') {
+                i += 1;
+            }
+            tokens.push(Token {
+                tok: Tok::Num(text[start..i].to_owned()),
+                line,
+            });
+        } else if b"(){}[],;:+-<>@!|".contains(&c) {
+            tokens.push(Token {
+                tok: Tok::Punct(c as char),
+                line,
+            });
+            i += 1;
+        } else {
+            return Err(EmuError::Parse {
+                line,
+                message: format!("unexpected character {:?}", c as char),
+            });
+        }
+    }
+    Ok(tokens)
+}
+
+/// Parses an integer literal (decimal, `0x` hex, octal-free, optional `U` suffix).
+pub(crate) fn parse_int(text: &str) -> Option<u64> {
+    let text = text.strip_suffix(['U', 'u']).unwrap_or(text);
+    if let Some(hex) = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        return u64::from_str_radix(hex, 16).ok();
+    }
+    text.parse().ok()
+}
+
+/// A shared variable: its name and byte offset in the block's shared memory.
+#[derive(Debug, Clone)]
+pub(crate) struct SharedVar {
+    pub name: String,
+    pub offset: u32,
+}
+
+struct Parser {
+    tokens: Vec<Token>,
+    at: usize,
+    /// Module-level shared variables.
+    shared: Vec<SharedVar>,
+    shared_end: u32,
+    /// The name of the `.extern .shared` array, if any: the dynamic shared memory.
+    dynamic_name: Option<String>,
+    kernels: Vec<Kernel>,
+}
+
+impl Parser {
+    fn line(&self) -> u32 {
+        self.tokens
+            .get(self.at)
+            .or(self.tokens.last())
+            .map_or(0, |t| t.line)
+    }
+
+    fn peek(&self) -> Option<&Tok> {
+        self.tokens.get(self.at).map(|t| &t.tok)
+    }
+
+    fn next(&mut self) -> Result<Tok, EmuError> {
+        let token = self.tokens.get(self.at).ok_or_else(|| EmuError::Parse {
+            line: self.line(),
+            message: "unexpected end of text".into(),
+        })?;
+        self.at += 1;
+        Ok(token.tok.clone())
+    }
+
+    fn fail<T>(&self, message: impl Into<String>) -> Result<T, EmuError> {
+        Err(EmuError::Parse {
+            line: self.line(),
+            message: message.into(),
+        })
+    }
+
+    fn unsupported<T>(&self, what: impl Into<String>) -> Result<T, EmuError> {
+        Err(EmuError::Unsupported {
+            line: self.line(),
+            what: what.into(),
+        })
+    }
+
+    fn expect(&mut self, c: char) -> Result<(), EmuError> {
+        match self.next()? {
+            Tok::Punct(p) if p == c => Ok(()),
+            other => {
+                self.at -= 1;
+                self.fail(format!("expected {c:?}, found {other:?}"))
+            }
+        }
+    }
+
+    fn eat(&mut self, c: char) -> bool {
+        if self.peek() == Some(&Tok::Punct(c)) {
+            self.at += 1;
+            return true;
+        }
+        false
+    }
+
+    fn word(&mut self) -> Result<String, EmuError> {
+        match self.next()? {
+            Tok::Word(word) => Ok(word),
+            other => {
+                self.at -= 1;
+                self.fail(format!("expected a name, found {other:?}"))
+            }
+        }
+    }
+
+    fn number(&mut self) -> Result<u64, EmuError> {
+        match self.next()? {
+            Tok::Num(text) => match parse_int(&text) {
+                Some(value) => Ok(value),
+                None => self.fail(format!("bad number {text}")),
+            },
+            other => {
+                self.at -= 1;
+                self.fail(format!("expected a number, found {other:?}"))
+            }
+        }
+    }
+
+    fn module(mut self) -> Result<Module, EmuError> {
+        while let Some(tok) = self.peek().cloned() {
+            let Tok::Word(word) = tok else {
+                return self.fail(format!("unexpected {tok:?} at module level"));
+            };
+            match word.as_str() {
+                ".version" => {
+                    self.at += 1;
+                    self.next()?;
+                }
+                ".target" => {
+                    self.at += 1;
+                    self.word()?;
+                    while self.eat(',') {
+                        self.word()?;
+                    }
+                }
+                ".address_size" => {
+                    self.at += 1;
+                    if self.number()? != 64 {
+                        return self.unsupported("address size other than 64");
+                    }
+                }
+                ".visible" | ".weak" | ".extern" | ".entry" | ".shared" | ".func" | ".global"
+                | ".const" => self.declaration()?,
+                other => return self.fail(format!("unexpected {other} at module level")),
+            }
+        }
+        Ok(Module {
+            kernels: self.kernels,
+        })
+    }
+
+    /// A module-level declaration: an entry or a variable.
+    fn declaration(&mut self) -> Result<(), EmuError> {
+        let mut external = false;
+        loop {
+            let word = self.word()?;
+            match word.as_str() {
+                ".visible" | ".weak" => {}
+                ".extern" => external = true,
+                ".entry" => return self.entry(),
+                ".shared" => {
+                    let (var, end) = self.shared_var(self.shared_end, external)?;
+                    if let Some(var) = var {
+                        self.shared_end = end;
+                        self.shared.push(var);
+                    }
+                    return Ok(());
+                }
+                ".func" => return self.unsupported(".func (device functions and calls)"),
+                other => return self.unsupported(format!("module-level {other} variables")),
+            }
+        }
+    }
+
+    /// `[.align N] .type name[N]...;` after `.shared`, placed at `end` (rounded up to its
+    /// alignment). Returns the variable (`None` for an `.extern` array, which names the
+    /// dynamic shared memory: recorded by the caller) and the new end.
+    fn shared_var(
+        &mut self,
+        end: u32,
+        external: bool,
+    ) -> Result<(Option<SharedVar>, u32), EmuError> {
+        let mut align = 0u64;
+        let mut ty = None;
+        let name = loop {
+            let word = self.word()?;
+            if word == ".align" {
+                align = self.number()?;
+            } else if let Some(t) = word.strip_prefix('.').and_then(Ty::parse) {
+                ty = Some(t);
+            } else if word.starts_with('.') {
+                return self.unsupported(format!("{word} on a shared variable"));
+            } else {
+                break word;
+            }
+        };
+        let Some(ty) = ty else {
+            return self.fail("shared variable without a type");
+        };
+        let mut count = 1u64;
+        let mut unsized_array = false;
+        while self.eat('[') {
+            if self.eat(']') {
+                unsized_array = true;
+                continue;
+            }
+            count = count.saturating_mul(self.number()?);
+            self.expect(']')?;
+        }
+        self.expect(';')?;
+        if external || unsized_array {
+            self.dynamic_name = Some(name);
+            return Ok((None, end));
+        }
+        let align = align.max(u64::from(ty.bytes()));
+        let offset = u64::from(end)
+            .checked_next_multiple_of(align)
+            .unwrap_or(u64::MAX);
+        let new_end = offset.saturating_add(count.saturating_mul(u64::from(ty.bytes())));
+        if new_end > MAX_STATIC_SHARED {
+            return self.unsupported(format!(
+                "more than {MAX_STATIC_SHARED} bytes of static shared memory"
+            ));
+        }
+        Ok((
+            Some(SharedVar {
+                name,
+                offset: offset as u32,
+            }),
+            new_end as u32,
+        ))
+    }
+}
+
+/// One instruction statement before decoding: its tokens (without the `;`) and line.
+pub(crate) struct Statement {
+    pub tokens: Vec<Tok>,
+    pub line: u32,
+}
+
+impl Parser {
+    /// `.entry name(params) [directives] { body }`.
+    fn entry(&mut self) -> Result<(), EmuError> {
+        let name = self.word()?;
+        let mut params = Vec::new();
+        let mut param_end = 0u32;
+        self.expect('(')?;
+        if !self.eat(')') {
+            loop {
+                if self.word()? != ".param" {
+                    return self.fail("expected .param");
+                }
+                let mut align = 0u32;
+                let mut ty = None;
+                let pname = loop {
+                    let word = self.word()?;
+                    if word == ".align" {
+                        align = u32::try_from(self.number()?).unwrap_or(u32::MAX);
+                    } else if let Some(t) = word.strip_prefix('.').and_then(Ty::parse) {
+                        ty = Some(t);
+                    } else if word.starts_with('.') {
+                        return self.unsupported(format!("{word} on a parameter"));
+                    } else {
+                        break word;
+                    }
+                };
+                let Some(ty) = ty else {
+                    return self.fail("parameter without a type");
+                };
+                let mut count = 1u32;
+                while self.eat('[') {
+                    let n = u32::try_from(self.number()?).unwrap_or(u32::MAX);
+                    count = count.saturating_mul(n);
+                    self.expect(']')?;
+                }
+                let align = align.max(ty.bytes());
+                let size = ty.bytes().saturating_mul(count);
+                let (offset, end) = match param_end
+                    .checked_next_multiple_of(align)
+                    .and_then(|offset| Some((offset, offset.checked_add(size)?)))
+                {
+                    Some(span) if span.1 <= MAX_PARAM_BYTES => span,
+                    _ => {
+                        return self
+                            .unsupported(format!("more than {MAX_PARAM_BYTES} parameter bytes"))
+                    }
+                };
+                param_end = end;
+                params.push(ParamInfo {
+                    name: pname,
+                    offset,
+                    size,
+                    align,
+                });
+                if self.eat(')') {
+                    break;
+                }
+                self.expect(',')?;
+            }
+        }
+        // Performance directives (.maxntid, .reqntid, .minnctapersm, ...) do not change
+        // what the kernel computes.
+        while self.peek() != Some(&Tok::Punct('{')) {
+            self.next()?;
+        }
+        self.expect('{')?;
+
+        let mut scope = Scope::default();
+        for var in &self.shared {
+            scope.shared.insert(var.name.clone(), var.offset);
+        }
+        for param in &params {
+            scope.params.insert(param.name.clone(), param.offset);
+        }
+        let module_dynamic = self.dynamic_name.clone();
+        let mut shared_end = self.shared_end;
+        let mut statements: Vec<Statement> = Vec::new();
+        let mut depth = 1;
+        loop {
+            match self.peek() {
+                None => return self.fail(format!("entry {name} is not closed")),
+                Some(Tok::Punct('{')) => {
+                    self.at += 1;
+                    depth += 1;
+                    continue;
+                }
+                Some(Tok::Punct('}')) => {
+                    self.at += 1;
+                    depth -= 1;
+                    if depth == 0 {
+                        break;
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            // Labels.
+            if let (
+                Some(Tok::Word(label)),
+                Some(Token {
+                    tok: Tok::Punct(':'),
+                    ..
+                }),
+            ) = (self.peek().cloned(), self.tokens.get(self.at + 1))
+            {
+                if scope
+                    .labels
+                    .insert(label.clone(), statements.len() as u32)
+                    .is_some()
+                {
+                    return self.fail(format!("label {label} defined twice"));
+                }
+                self.at += 2;
+                continue;
+            }
+            let line = self.line();
+            let start = self.at;
+            while self.peek().is_some_and(|t| *t != Tok::Punct(';')) {
+                self.at += 1;
+            }
+            let tokens: Vec<Tok> = self.tokens[start..self.at]
+                .iter()
+                .map(|t| t.tok.clone())
+                .collect();
+            self.expect(';')?;
+            match tokens.first() {
+                Some(Tok::Word(w)) if w == ".reg" => self.registers(&tokens, &mut scope)?,
+                Some(Tok::Word(w)) if w == ".shared" => {
+                    let after = self.at;
+                    self.at = start + 1;
+                    let (var, end) = self.shared_var(shared_end, false)?;
+                    self.at = after;
+                    if let Some(var) = var {
+                        shared_end = end;
+                        scope.shared.insert(var.name, var.offset);
+                    }
+                }
+                Some(Tok::Word(w)) if w == ".pragma" => {}
+                Some(Tok::Word(w)) if w.starts_with('.') => {
+                    return Err(EmuError::Unsupported {
+                        line,
+                        what: format!("{w} declarations in an entry"),
+                    })
+                }
+                _ => statements.push(Statement { tokens, line }),
+            }
+        }
+        let dynamic_name = self.dynamic_name.take().or(module_dynamic.clone());
+        let dynamic_offset = shared_end.next_multiple_of(16);
+        if let Some(dynamic) = &dynamic_name {
+            scope.shared.insert(dynamic.clone(), dynamic_offset);
+        }
+        let instrs = statements
+            .iter()
+            .map(|statement| decode(statement, &scope))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.dynamic_name = module_dynamic;
+        self.kernels.push(Kernel {
+            name,
+            params,
+            param_bytes: param_end,
+            instrs,
+            regs: scope.regs.len() as u16,
+            preds: scope.preds.len() as u16,
+            shared_bytes: if dynamic_name.is_some() {
+                dynamic_offset
+            } else {
+                shared_end
+            },
+            dynamic_shared: dynamic_name.is_some(),
+        });
+        Ok(())
+    }
+
+    /// `.reg .type %r<N>` or `.reg .type %a, %b`.
+    fn registers(&self, tokens: &[Tok], scope: &mut Scope) -> Result<(), EmuError> {
+        let Some(Tok::Word(ty)) = tokens.get(1) else {
+            return self.fail(".reg without a type");
+        };
+        let pred = ty == ".pred";
+        if !pred && ty.strip_prefix('.').and_then(Ty::parse).is_none() {
+            return self.unsupported(format!("registers of type {ty}"));
+        }
+        let mut names = Vec::new();
+        let mut rest = &tokens[2..];
+        while let [Tok::Word(name), tail @ ..] = rest {
+            match tail {
+                [Tok::Punct('<'), Tok::Num(count), Tok::Punct('>'), more @ ..] => {
+                    let Some(count) = parse_int(count) else {
+                        return self.fail("bad register count");
+                    };
+                    if count > 4096 {
+                        return self.unsupported("more than 4096 registers in one declaration");
+                    }
+                    names.extend((0..count).map(|i| format!("{name}{i}")));
+                    rest = more;
+                }
+                more => {
+                    names.push(name.clone());
+                    rest = more;
+                }
+            }
+            if let [Tok::Punct(','), more @ ..] = rest {
+                rest = more;
+            }
+        }
+        if !rest.is_empty() {
+            return self.fail("malformed .reg declaration");
+        }
+        for name in names {
+            let file = if pred {
+                &mut scope.preds
+            } else {
+                &mut scope.regs
+            };
+            let index = file.len();
+            if index >= usize::from(u16::MAX) {
+                return self.unsupported("too many registers");
+            }
+            file.entry(name).or_insert(index as u16);
+        }
+        Ok(())
+    }
+}

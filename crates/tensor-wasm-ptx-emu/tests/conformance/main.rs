@@ -1,0 +1,96 @@
+//! The conformance run of the PTX interpreter (its own `main`, so the summary is always
+//! printed): the instructions our PTX uses, every builtin `.ptx` against the CPU backend,
+//! every blueprint × dtype against `run_cpu` over random shapes and every schedule, and the
+//! mutation check. Prints how many kernels and launches it exercised.
+
+mod blueprints;
+mod builtins;
+mod harness;
+mod mutations;
+mod nvrtc;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tensor_wasm_gpu::BuiltinKernel;
+use tensor_wasm_jit::PtxTarget;
+use tensor_wasm_ptx_emu::Module;
+
+use harness::{Modules, COUNTERS};
+
+/// The opcodes (with modifiers) of every instruction line of `ptx`.
+pub(crate) fn opcodes(ptx: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in ptx.lines() {
+        let line = line.split("//").next().unwrap_or("").trim();
+        let line = line.rsplit(':').next().unwrap_or("").trim();
+        let line = match line.strip_prefix('@') {
+            Some(guarded) => guarded.split_once(' ').map_or("", |(_, rest)| rest).trim(),
+            None => line,
+        };
+        let Some(word) = line.split_whitespace().next() else {
+            continue;
+        };
+        if word.starts_with('.')
+            || word.starts_with('{')
+            || word.starts_with('}')
+            || !line.ends_with(';')
+        {
+            continue;
+        }
+        out.insert(word.trim_end_matches(';').to_owned());
+    }
+    out
+}
+
+fn main() {
+    let started = Instant::now();
+    let blueprints = blueprints::all();
+    let mut used = BTreeSet::new();
+    for blueprint in &blueprints {
+        for target in [
+            PtxTarget::default(),
+            PtxTarget::for_device((9, 0), 13000).unwrap(),
+        ] {
+            let ptx = blueprint.emit_ptx(&target);
+            Module::parse(&ptx).unwrap_or_else(|e| panic!("{blueprint} for {target}: {e}"));
+            used.extend(opcodes(&ptx));
+        }
+    }
+    for kernel in BuiltinKernel::ALL {
+        Module::parse(kernel.ptx()).unwrap_or_else(|e| panic!("{kernel:?}: {e}"));
+        used.extend(opcodes(kernel.ptx()));
+    }
+    println!(
+        "instructions used by {} blueprints and {} builtins: {}",
+        blueprints.len(),
+        BuiltinKernel::ALL.len(),
+        used.iter().cloned().collect::<Vec<_>>().join(" ")
+    );
+
+    let modules = Modules::new();
+    let (heavy, light): (Vec<_>, Vec<_>) = blueprints.into_iter().partition(blueprints::is_heavy);
+    let mutants = std::thread::scope(|scope| {
+        let light_run = scope.spawn(|| {
+            builtins::run();
+            nvrtc::run_all();
+            blueprints::run(&light, &modules);
+            mutations::run()
+        });
+        blueprints::run(&heavy, &modules);
+        blueprints::run_random_kinds(24);
+        light_run.join().expect("the light half passed")
+    });
+    let kernels = COUNTERS.kernels.lock().unwrap().len();
+    println!(
+        "ptx-emu conformance: {kernels} kernels, {} launches, {} threads, {} instructions \
+         interpreted; {}/{} mutants caught; {:.1} s",
+        COUNTERS.launches.load(Ordering::Relaxed),
+        COUNTERS.threads.load(Ordering::Relaxed),
+        COUNTERS.instructions.load(Ordering::Relaxed),
+        mutants.0,
+        mutants.1,
+        started.elapsed().as_secs_f64()
+    );
+}
