@@ -20,16 +20,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use cudarc::driver::{
-    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, DriverError, PushKernelArg,
-};
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 
+use crate::cuda::{driver_config, param_sizes, push_params, Param};
 use crate::validate;
 use crate::{BuiltinKernel, CudaDeviceInfo, GpuError, KernelArg, KernelProgram, LaunchConfig};
-
-/// Most parameters read from a loaded function (CUDA allows at most 32 764 bytes of them).
-const MAX_PARAMS: usize = 4096;
 
 /// What a [`RawCudaKernel`] runs, which decides how its launches are validated.
 enum Source {
@@ -255,21 +251,8 @@ impl RawCudaKernel {
         )?;
         before()?;
         let mut builder = stream.launch_builder(&self.function);
-        for param in &params {
-            match param {
-                Param::I32(v) => builder.arg(v),
-                Param::U32(v) => builder.arg(v),
-                Param::I64(v) => builder.arg(v),
-                Param::U64(v) => builder.arg(v),
-                Param::F32(v) => builder.arg(v),
-                Param::F64(v) => builder.arg(v),
-            };
-        }
-        let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (config.grid[0], config.grid[1], config.grid[2]),
-            block_dim: (config.block[0], config.block[1], config.block[2]),
-            shared_mem_bytes: config.shared_bytes,
-        };
+        push_params(&mut builder, &params);
+        let cfg = driver_config(config);
         // SAFETY: `params` match the layout the driver reported for the function (count and
         // size of every parameter), so the driver reads exactly `params`, which outlive this
         // call. Every address is `memory`'s base plus the offset of a buffer that validation
@@ -315,17 +298,6 @@ impl LaunchTimer {
             end: event()?,
         })
     }
-}
-
-/// One kernel parameter, by value.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Param {
-    I32(i32),
-    U32(u32),
-    I64(i64),
-    U64(u64),
-    F32(f32),
-    F64(f64),
 }
 
 /// Validates a launch of `source` over `memory_len` bytes at `base` and returns its
@@ -382,33 +354,6 @@ fn checked_params(
             })
         })
         .collect()
-}
-
-/// The size of each parameter of `function`, from `cuFuncGetParamInfo` (CUDA 12.4+).
-fn param_sizes(ctx: &Arc<CudaContext>, function: &CudaFunction) -> Result<Vec<usize>, GpuError> {
-    ctx.bind_to_thread()
-        .map_err(|error| GpuError::cuda("binding the context", error))?;
-    let mut sizes = Vec::new();
-    loop {
-        if sizes.len() > MAX_PARAMS {
-            return Err(GpuError::InvalidArgument(format!(
-                "kernel has more than {MAX_PARAMS} parameters"
-            )));
-        }
-        let (mut offset, mut size) = (0usize, 0usize);
-        // SAFETY: the function handle is alive (held by `function`); `offset` and `size` are
-        // valid places for the two size_t values the driver writes.
-        let queried = unsafe {
-            sys::cuFuncGetParamInfo(function.cu_function(), sizes.len(), &mut offset, &mut size)
-        }
-        .result();
-        match queried {
-            Ok(()) => sizes.push(size),
-            // Past the last parameter.
-            Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE)) => return Ok(sizes),
-            Err(error) => return Err(GpuError::cuda("reading the kernel's parameters", error)),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use std::sync::PoisonError;
 
-use cudarc::driver::{CudaFunction, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchArgs, PushKernelArg};
 
 use super::events::PendingLaunch;
 use super::lane::Lane;
@@ -15,9 +15,9 @@ use crate::kernel::LoadedFunction;
 use crate::validate::BuiltinCall;
 use crate::{Completion, GpuError, KernelArg, LaunchConfig};
 
-/// One scalar kernel parameter, by value.
-#[derive(Clone, Copy)]
-pub(super) enum Param {
+/// One scalar kernel parameter, by value (the backend's launches and `raw_launch`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Param {
     I32(i32),
     U32(u32),
     I64(i64),
@@ -106,21 +106,8 @@ impl CudaBackend {
         lane.context.make_current()?;
         let event = lane.context.event()?;
         let mut builder = lane.stream.launch_builder(function);
-        for param in params {
-            match param {
-                Param::I32(v) => builder.arg(v),
-                Param::U32(v) => builder.arg(v),
-                Param::I64(v) => builder.arg(v),
-                Param::U64(v) => builder.arg(v),
-                Param::F32(v) => builder.arg(v),
-                Param::F64(v) => builder.arg(v),
-            };
-        }
-        let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (config.grid[0], config.grid[1], config.grid[2]),
-            block_dim: (config.block[0], config.block[1], config.block[2]),
-            shared_mem_bytes: config.shared_bytes,
-        };
+        push_params(&mut builder, params);
+        let cfg = driver_config(config);
         // SAFETY: the parameters match the function's layout (builtins: their PTX signature,
         // checked by the `ptx` tests; tenant kernels and programs: the sizes
         // `cuFuncGetParamInfo` reported), so the driver reads exactly `params`, which outlive
@@ -157,5 +144,28 @@ impl CudaBackend {
             signal.finish(outcome);
         }
         Ok(Completion::pending(signal))
+    }
+}
+
+/// Adds `params` to a launch, in order, each by reference (they outlive the launch call).
+pub(crate) fn push_params<'a>(builder: &mut LaunchArgs<'a>, params: &'a [Param]) {
+    for param in params {
+        match param {
+            Param::I32(v) => builder.arg(v),
+            Param::U32(v) => builder.arg(v),
+            Param::I64(v) => builder.arg(v),
+            Param::U64(v) => builder.arg(v),
+            Param::F32(v) => builder.arg(v),
+            Param::F64(v) => builder.arg(v),
+        };
+    }
+}
+
+/// cudarc's launch configuration for ours.
+pub(crate) fn driver_config(config: &LaunchConfig) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
+        grid_dim: (config.grid[0], config.grid[1], config.grid[2]),
+        block_dim: (config.block[0], config.block[1], config.block[2]),
+        shared_mem_bytes: config.shared_bytes,
     }
 }

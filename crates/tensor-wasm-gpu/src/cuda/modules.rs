@@ -234,7 +234,10 @@ impl CudaBackend {
 }
 
 /// The size of each parameter of `function`, from `cuFuncGetParamInfo` (CUDA 12.4+).
-fn param_sizes(ctx: &Arc<CudaContext>, function: &CudaFunction) -> Result<Vec<usize>, GpuError> {
+pub(crate) fn param_sizes(
+    ctx: &Arc<CudaContext>,
+    function: &CudaFunction,
+) -> Result<Vec<usize>, GpuError> {
     ctx.bind_to_thread()
         .map_err(|error| GpuError::cuda("binding the context", error))?;
     let mut sizes = Vec::new();
