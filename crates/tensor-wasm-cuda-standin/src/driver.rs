@@ -6,6 +6,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::Instant;
 
 use tensor_wasm_ptx_emu::{launch, Allocation, Launch, Module};
 
@@ -113,7 +114,8 @@ pub(crate) struct Driver {
     /// The primary context and its retain count.
     primary: Option<(usize, u32)>,
     streams: HashMap<usize, usize>,
-    events: HashMap<usize, usize>,
+    /// Each event's context and when it was last recorded.
+    events: HashMap<usize, (usize, Option<Instant>)>,
     modules: HashMap<usize, (usize, Arc<Module>)>,
     functions: HashMap<usize, (Arc<Module>, String)>,
     pub memory: Allocations,
@@ -184,7 +186,7 @@ impl Driver {
         }
         self.contexts.remove(&ctx).ok_or(code::INVALID_CONTEXT)?;
         self.streams.retain(|_, owner| *owner != ctx);
-        self.events.retain(|_, owner| *owner != ctx);
+        self.events.retain(|_, (owner, _)| *owner != ctx);
         if current() == ctx {
             set_current(0);
         }
@@ -260,12 +262,34 @@ impl Driver {
     pub fn create_event(&mut self) -> Outcome<usize> {
         let ctx = self.current_checked()?;
         let event = self.handle();
-        self.events.insert(event, ctx);
+        self.events.insert(event, (ctx, None));
         Ok(event)
     }
 
     pub fn event_context(&self, event: usize) -> Outcome<usize> {
-        self.events.get(&event).copied().ok_or(code::INVALID_HANDLE)
+        self.events
+            .get(&event)
+            .map(|&(ctx, _)| ctx)
+            .ok_or(code::INVALID_HANDLE)
+    }
+
+    /// Notes when `event` was recorded (launches have completed by then).
+    pub fn stamp_event(&mut self, event: usize) {
+        if let Some((_, stamp)) = self.events.get_mut(&event) {
+            *stamp = Some(Instant::now());
+        }
+    }
+
+    /// Host milliseconds between the records of `start` and `end`: the interpreter's wall
+    /// time, never a GPU time.
+    pub fn elapsed_ms(&self, start: usize, end: usize) -> Outcome<f32> {
+        let stamp = |event: usize| match self.events.get(&event) {
+            Some(&(_, Some(stamp))) => Ok(stamp),
+            // Never recorded, or no such event.
+            _ => Err(code::INVALID_HANDLE),
+        };
+        let (start, end) = (stamp(start)?, stamp(end)?);
+        Ok(end.saturating_duration_since(start).as_secs_f32() * 1000.0)
     }
 
     pub fn destroy_event(&mut self, event: usize) -> Outcome<()> {

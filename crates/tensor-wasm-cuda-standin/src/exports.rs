@@ -244,7 +244,9 @@ pub unsafe extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> u32 {
         if driver.stream_context(stream as usize)? != ctx {
             return Err(code::INVALID_HANDLE);
         }
-        driver.report(ctx, FaultAt::EventRecord)
+        driver.report(ctx, FaultAt::EventRecord)?;
+        driver.stamp_event(event as usize);
+        Ok(())
     });
     traced("cuEventRecord", outcome)
 }
@@ -268,14 +270,15 @@ pub unsafe extern "C" fn cuEventQuery(event: Handle) -> u32 {
     event_done("cuEventQuery", event)
 }
 
-/// Elapsed time between two events: always 0 ms (nothing measured here is a GPU time).
+/// Elapsed time between two events: host time between their records, which spans the
+/// interpreter's work (nothing measured here is a GPU time).
 unsafe fn elapsed(name: &str, ms: *mut f32, start: Handle, end: Handle) -> u32 {
     let driver = driver();
     let outcome = driver
-        .event_context(start as usize)
-        .and_then(|_| driver.event_context(end as usize))
+        .event_context(end as usize)
         .and_then(|ctx| driver.check(ctx))
-        .and_then(|()| put(ms, 0.0));
+        .and_then(|()| driver.elapsed_ms(start as usize, end as usize))
+        .and_then(|elapsed| put(ms, elapsed));
     traced(name, outcome)
 }
 
@@ -571,6 +574,19 @@ pub unsafe extern "C" fn cuLaunchKernel(
         )
     });
     traced("cuLaunchKernel", outcome)
+}
+
+// ---- for NVRTC ------------------------------------------------------------------------
+
+/// NVRTC opens `libcuda.so.1` when present and asks for the driver's private export tables;
+/// without this symbol it crashes. The stand-in has none to offer.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetExportTable(table: *mut *const c_void, _id: *const c_void) -> u32 {
+    if !table.is_null() {
+        // SAFETY: a non-null out-pointer is valid for one pointer (the API's contract).
+        unsafe { table.write(std::ptr::null()) };
+    }
+    traced("cuGetExportTable", Err(code::NOT_SUPPORTED))
 }
 
 // ---- errors -----------------------------------------------------------------------------
