@@ -420,12 +420,16 @@ impl Driver {
             Err(error) => {
                 eprintln!("tensor-wasm stand-in driver: {error}");
                 let (result, _) = error.cuda_result();
-                if result != code::INVALID_VALUE {
-                    if let Some(context) = self.contexts.get_mut(&ctx) {
-                        context.sticky = Some(result);
-                    }
+                if result == code::INVALID_VALUE {
+                    // A malformed launch is refused at once; nothing ran.
+                    return Err(result);
                 }
-                Err(result)
+                // A fault while the kernel ran: as on a GPU, the launch itself succeeded and
+                // the next synchronization reports the (then sticky) fault.
+                if let Some(context) = self.contexts.get_mut(&ctx) {
+                    context.pending.get_or_insert((FaultAt::Sync, result));
+                }
+                Ok(())
             }
         }
     }

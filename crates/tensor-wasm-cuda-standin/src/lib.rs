@@ -18,8 +18,9 @@
 //! - modules load from PTX text only (cubin and fatbin: `CUDA_ERROR_NOT_SUPPORTED`; a PTX
 //!   `.version` newer than 9.0: `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`);
 //! - `cuLaunchKernel` runs the interpreter over the managed allocations the kernel's pointer
-//!   parameters point into: any access outside them is a sticky `CUDA_ERROR_ILLEGAL_ADDRESS`
-//!   in that context, with the interpreter's report on stderr.
+//!   parameters point into: a fault (an access outside them, a race, ...) is reported, as on a
+//!   GPU, by the next synchronization in that context and is sticky from then on; the
+//!   interpreter's report goes to stderr.
 //!
 //! Environment (read when the library loads, see [`config`]):
 //! - `TENSOR_WASM_STANDIN_FAULT=launch|event-record|sync`: a sticky `CUDA_ERROR_ILLEGAL_ADDRESS`
