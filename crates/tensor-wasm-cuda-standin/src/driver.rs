@@ -449,3 +449,18 @@ fn ptx_version(text: &str) -> Option<(u32, u32)> {
     let (major, minor) = line.strip_prefix(".version")?.trim().split_once('.')?;
     Some((major.parse().ok()?, minor.trim().parse().ok()?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ptx_version;
+
+    #[test]
+    fn the_ptx_version_is_read_from_its_directive() {
+        assert_eq!(
+            ptx_version("// x\n.version 9.5\n.target sm_90"),
+            Some((9, 5))
+        );
+        assert_eq!(ptx_version("  .version 8.0 \n"), Some((8, 0)));
+        assert_eq!(ptx_version(".target sm_90"), None);
+    }
+}

@@ -22,7 +22,7 @@
 //!   GPU, by the next synchronization in that context and is sticky from then on; the
 //!   interpreter's report goes to stderr.
 //!
-//! Environment (read when the library loads, see [`config`]):
+//! Environment (read on the first driver call):
 //! - `TENSOR_WASM_STANDIN_FAULT=launch|event-record|sync`: a sticky `CUDA_ERROR_ILLEGAL_ADDRESS`
 //!   caused by launch number `TENSOR_WASM_STANDIN_FAULT_AT` (1-based, default 1) of kernels whose
 //!   name contains `TENSOR_WASM_STANDIN_FAULT_KERNEL` (default: any), reported by that launch,

@@ -100,3 +100,33 @@ pub(crate) unsafe fn fill(address: u64, value: u8, len: usize) {
     // SAFETY: (the caller's promise) the range lies inside one live allocation.
     unsafe { std::ptr::write_bytes(address as *mut u8, value, len) };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocations_are_page_aligned_zeroed_and_found_by_range() {
+        let mut table = Allocations::default();
+        let base = table.allocate(5000).unwrap();
+        assert_eq!(base % PAGE as u64, 0);
+        assert_eq!(table.bytes(), 2 * PAGE as u64);
+        assert_eq!(table.holding(base + 4999), Some((base, 2 * PAGE)));
+        assert_eq!(table.holding(base + 2 * PAGE as u64), None);
+        assert!(table.contains(base + 10, 100));
+        assert!(!table.contains(base + 10, 2 * PAGE));
+        // SAFETY: all of it lies inside the allocation.
+        unsafe {
+            fill(base, 0xab, 2 * PAGE);
+            fill(base + 3, 0, PAGE + 10);
+        }
+        // SAFETY: the allocation is live and 2 pages long.
+        let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, 2 * PAGE) };
+        assert_eq!(&bytes[..3], &[0xab; 3]);
+        assert!(bytes[3..PAGE + 13].iter().all(|&b| b == 0));
+        assert!(bytes[PAGE + 13..].iter().all(|&b| b == 0xab));
+        assert!(table.free(base));
+        assert!(!table.free(base));
+        assert_eq!(table.bytes(), 0);
+    }
+}
