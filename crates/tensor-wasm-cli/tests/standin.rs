@@ -178,3 +178,73 @@ fn an_injected_device_fault_is_a_device_error_not_a_crash() {
         assert_eq!(calls.get(reported_by), Some(&1), "{at}: {calls:?}");
     }
 }
+
+/// `--gpu-isolation context`: each tenant launches in a CUDA context of its own (guest memory
+/// stays in the primary context).
+#[test]
+fn tenants_with_their_own_context_launch_kernels() {
+    let standin = StandIn::new(&[]);
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start_with_env(
+        Path::new(BIN),
+        data.path(),
+        &["--device", "cuda", "--gpu-isolation", "context"],
+        &standin.env(),
+        "warn",
+        Stdio::inherit(),
+    );
+    let vadd = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+    for n in [1, 4096, 65536] {
+        assert_eq!(
+            server.call(&vadd, "run", json!([n])),
+            (200, json!({"results": [n]}))
+        );
+    }
+    let matmul = server.deploy(&c_guest("matmul"), "name=matmul&style=wasi");
+    let (status, out, _) = server.post(
+        &format!("/functions/{matmul}/invoke"),
+        "text/plain",
+        b"33 17 45",
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&out));
+    assert_eq!(json_of(&out)["mismatches"], 0);
+    server.terminate();
+    let calls = standin.calls("own contexts");
+    assert!(calls.contains_key("cuCtxCreate_v4 0"), "{calls:?}");
+}
+
+/// A snapshot of a function's memory, taken and restored on the CUDA path (guest memory in
+/// managed memory), survives a restart; kernels run after the restore.
+#[test]
+fn snapshots_restore_into_managed_guest_memory() {
+    let standin = StandIn::new(&[]);
+    let data = tempfile::tempdir().unwrap();
+    let server = standin.serve(data.path());
+    let warm = server.deploy(&examples().join("warm.wat"), "name=warm");
+    let out = server.cli(&["snapshot", "create", &warm, "--init", "init"], b"");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let initialised = server.call(&warm, "lookup", json!([7])).1["results"].clone();
+    assert_ne!(initialised, json!([-1]));
+    server.terminate();
+
+    let server = standin.serve(data.path());
+    assert_eq!(
+        server.call(&warm, "init_runs", json!([])).1["results"],
+        json!([1])
+    );
+    assert_eq!(
+        server.call(&warm, "lookup", json!([7])).1["results"],
+        initialised
+    );
+    let vadd = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+    assert_eq!(
+        server.call(&vadd, "run", json!([4096])),
+        (200, json!({"results": [4096]}))
+    );
+    server.terminate();
+    standin.calls("snapshots");
+}
