@@ -215,16 +215,6 @@ pub unsafe extern "C" fn cuStreamSynchronize(stream: Handle) -> u32 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, _flags: c_uint) -> u32 {
-    let driver = driver();
-    let outcome = driver
-        .stream_context(stream as usize)
-        .and_then(|ctx| driver.check(ctx))
-        .and_then(|()| driver.event_context(event as usize).map(drop));
-    traced("cuStreamWaitEvent", outcome)
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn cuEventCreate(event: *mut Handle, _flags: c_uint) -> u32 {
     let outcome = driver()
         .create_event()
@@ -252,44 +242,26 @@ pub unsafe extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> u32 {
 }
 
 /// Events complete at once (launches ran to completion); only a fault is reported.
-fn event_done(name: &str, event: Handle) -> u32 {
+#[no_mangle]
+pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> u32 {
     let mut driver = driver();
     let outcome = driver
         .event_context(event as usize)
         .and_then(|ctx| driver.report(ctx, FaultAt::Sync));
-    traced(name, outcome)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> u32 {
-    event_done("cuEventSynchronize", event)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuEventQuery(event: Handle) -> u32 {
-    event_done("cuEventQuery", event)
+    traced("cuEventSynchronize", outcome)
 }
 
 /// Elapsed time between two events: host time between their records, which spans the
 /// interpreter's work (nothing measured here is a GPU time).
-unsafe fn elapsed(name: &str, ms: *mut f32, start: Handle, end: Handle) -> u32 {
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: Handle, end: Handle) -> u32 {
     let driver = driver();
     let outcome = driver
         .event_context(end as usize)
         .and_then(|ctx| driver.check(ctx))
         .and_then(|()| driver.elapsed_ms(start as usize, end as usize))
         .and_then(|elapsed| put(ms, elapsed));
-    traced(name, outcome)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) -> u32 {
-    elapsed("cuEventElapsedTime", ms, start, end)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: Handle, end: Handle) -> u32 {
-    elapsed("cuEventElapsedTime_v2", ms, start, end)
+    traced("cuEventElapsedTime_v2", outcome)
 }
 
 // ---- memory -----------------------------------------------------------------------------
@@ -377,12 +349,9 @@ pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
     traced("cuMemPrefetchAsync_v2", outcome)
 }
 
-fn memset(stream: Option<Handle>, dptr: u64, value: u8, len: usize) -> Outcome<()> {
+fn memset(stream: Handle, dptr: u64, value: u8, len: usize) -> Outcome<()> {
     let driver = driver();
-    let ctx = match stream {
-        Some(stream) => driver.stream_context(stream as usize)?,
-        None => current(),
-    };
+    let ctx = driver.stream_context(stream as usize)?;
     driver.check(ctx)?;
     if !driver.memory.contains(dptr, len) {
         return Err(code::INVALID_VALUE);
@@ -394,64 +363,7 @@ fn memset(stream: Option<Handle>, dptr: u64, value: u8, len: usize) -> Outcome<(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD8Async(dptr: u64, value: u8, len: usize, stream: Handle) -> u32 {
-    traced("cuMemsetD8Async", memset(Some(stream), dptr, value, len))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemsetD8_v2(dptr: u64, value: u8, len: usize) -> u32 {
-    traced("cuMemsetD8_v2", memset(None, dptr, value, len))
-}
-
-/// Copies `len` bytes; each side named as device memory must lie in one allocation.
-unsafe fn copy(dst: u64, dst_device: bool, src: u64, src_device: bool, len: usize) -> Outcome<()> {
-    let driver = driver();
-    driver.current_checked()?;
-    let ok = |address: u64, on_device: bool| {
-        address != 0 && (!on_device || driver.memory.contains(address, len))
-    };
-    if !ok(dst, dst_device) || !ok(src, src_device) {
-        return Err(code::INVALID_VALUE);
-    }
-    // SAFETY: device sides lie in live allocations (checked above); host sides are the
-    // caller's valid buffers of `len` bytes (the API's contract). `copy` allows overlap.
-    unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
-    Ok(())
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, len: usize) -> u32 {
-    traced("cuMemcpyHtoD_v2", copy(dst, true, src as u64, false, len))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, len: usize) -> u32 {
-    traced("cuMemcpyDtoH_v2", copy(dst as u64, false, src, true, len))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
-    dst: u64,
-    src: *const c_void,
-    len: usize,
-    _stream: Handle,
-) -> u32 {
-    traced(
-        "cuMemcpyHtoDAsync_v2",
-        copy(dst, true, src as u64, false, len),
-    )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
-    dst: *mut c_void,
-    src: u64,
-    len: usize,
-    _stream: Handle,
-) -> u32 {
-    traced(
-        "cuMemcpyDtoHAsync_v2",
-        copy(dst as u64, false, src, true, len),
-    )
+    traced("cuMemsetD8Async", memset(stream, dptr, value, len))
 }
 
 #[no_mangle]
