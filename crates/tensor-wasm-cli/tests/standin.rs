@@ -284,3 +284,27 @@ fn a_faulted_own_context_is_replaced() {
         server.terminate();
     }
 }
+
+/// On an older driver (CUDA 12.4: PTX ISA 8.4 at most) the JIT emits PTX that driver loads:
+/// the stand-in refuses any newer `.version`, as a real driver does.
+#[test]
+fn an_older_driver_gets_ptx_it_can_load() {
+    let standin = StandIn::new(&[("TENSOR_WASM_STANDIN_DRIVER_VERSION", "12040")]);
+    let data = tempfile::tempdir().unwrap();
+    let server = standin.serve(data.path());
+    let blueprints = server.deploy(&c_guest("blueprints"), "name=blueprints&style=wasi");
+    let (status, out, exit) = server.post(
+        &format!("/functions/{blueprints}/invoke"),
+        "text/plain",
+        b"7",
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&out));
+    let result = json_of(&out);
+    let families = result.as_object().unwrap_or_else(|| panic!("{result}"));
+    assert!(families.values().all(|v| v == 0), "{result}");
+    assert_eq!(exit.as_deref(), Some("0"));
+    server.terminate();
+    let calls = standin.calls("driver 12.4");
+    assert!(!calls.contains_key("cuModuleLoadData 222"), "{calls:?}");
+    assert!(calls.contains_key("cuLaunchKernel 0"), "{calls:?}");
+}

@@ -95,8 +95,29 @@ pub(crate) fn error_text(result: u32) -> Option<(&'static CStr, &'static CStr)> 
         .map(|&(_, name, text)| (name, text))
 }
 
-/// The newest PTX ISA version a CUDA 13.0 driver loads.
-const MAX_PTX_VERSION: (u32, u32) = (9, 0);
+/// The newest PTX ISA each driver version loads (from the PTX ISA release notes), newest
+/// driver first.
+const DRIVER_PTX: &[(i32, (u32, u32))] = &[
+    (13000, (9, 0)),
+    (12090, (8, 8)),
+    (12080, (8, 7)),
+    (12050, (8, 5)),
+    (12040, (8, 4)),
+    (12030, (8, 3)),
+    (12020, (8, 2)),
+    (12010, (8, 1)),
+    (12000, (8, 0)),
+    (11080, (7, 8)),
+];
+
+/// The newest PTX ISA the configured driver version loads.
+fn max_ptx_version() -> (u32, u32) {
+    let driver = config().driver_version;
+    DRIVER_PTX
+        .iter()
+        .find(|(first, _)| driver >= *first)
+        .map_or((7, 0), |&(_, isa)| isa)
+}
 
 #[derive(Debug, Default)]
 struct Context {
@@ -309,7 +330,7 @@ impl Driver {
             return Err(code::INVALID_PTX);
         }
         let text = std::str::from_utf8(image).map_err(|_| code::INVALID_PTX)?;
-        if ptx_version(text).is_some_and(|version| version > MAX_PTX_VERSION) {
+        if ptx_version(text).is_some_and(|version| version > max_ptx_version()) {
             return Err(code::UNSUPPORTED_PTX_VERSION);
         }
         let module = Module::parse(text).map_err(|error| {

@@ -58,7 +58,7 @@ pub unsafe extern "C" fn cuInit(_flags: c_uint) -> u32 {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> u32 {
-    traced("cuDriverGetVersion", put(version, 13000))
+    traced("cuDriverGetVersion", put(version, config().driver_version))
 }
 
 #[no_mangle]

@@ -16,7 +16,8 @@
 //!   complete at once;
 //! - managed memory is page-aligned anonymous host memory; device pointers are host addresses;
 //! - modules load from PTX text only (cubin and fatbin: `CUDA_ERROR_NOT_SUPPORTED`; a PTX
-//!   `.version` newer than 9.0: `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`);
+//!   `.version` newer than the driver loads, 9.0 for CUDA 13.0:
+//!   `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`);
 //! - `cuLaunchKernel` runs the interpreter over the managed allocations the kernel's pointer
 //!   parameters point into: a fault (an access outside them, a race, ...) is reported, as on a
 //!   GPU, by the next synchronization in that context and is sticky from then on; the
@@ -30,6 +31,9 @@
 //! - `TENSOR_WASM_STANDIN_OOM=1`: every managed allocation fails with `CUDA_ERROR_OUT_OF_MEMORY`;
 //!   `TENSOR_WASM_STANDIN_MEMORY_BYTES`: the device's memory size (default 16 GiB);
 //! - `TENSOR_WASM_STANDIN_INVALID_PTX=1`: every module load fails with `CUDA_ERROR_INVALID_PTX`;
+//! - `TENSOR_WASM_STANDIN_DRIVER_VERSION`: what `cuDriverGetVersion` reports (default 13000);
+//!   PTX whose `.version` is newer than that driver loads is
+//!   `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`;
 //! - `TENSOR_WASM_STANDIN_SCHEDULE=in-order|reversed|<seed>`: the interpreter's thread order;
 //! - `TENSOR_WASM_STANDIN_TRACE=<file>`: one line per driver call appended to the file
 //!   (`<function> <result code>`), so a test can read which calls ran.
