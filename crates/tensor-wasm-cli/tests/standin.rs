@@ -308,3 +308,66 @@ fn an_older_driver_gets_ptx_it_can_load() {
     assert!(!calls.contains_key("cuModuleLoadData 222"), "{calls:?}");
     assert!(calls.contains_key("cuLaunchKernel 0"), "{calls:?}");
 }
+
+/// With a CUDA context per tenant, a fault in one tenant's context leaves another tenant's
+/// kernels running, and the faulted tenant gets a fresh context for its next invocation.
+/// (The fault is reported at synchronization, the path that replaces the context today; see
+/// `a_faulted_own_context_is_replaced` for the others.)
+#[test]
+fn a_fault_in_one_tenants_context_leaves_another_tenant_running() {
+    let standin = StandIn::new(&[
+        ("TENSOR_WASM_STANDIN_FAULT", "sync"),
+        ("TENSOR_WASM_STANDIN_FAULT_KERNEL", "vector_add"),
+    ]);
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start_with_env(
+        Path::new(BIN),
+        data.path(),
+        &["--device", "cuda", "--gpu-isolation", "context"],
+        &standin.env(),
+        "warn",
+        Stdio::inherit(),
+    );
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url("/tenants"))
+            .set("authorization", &server.admin_auth())
+            .send_json(json!({"name": "bystander"})),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let bystander = format!("Bearer {}", json_of(&body)["token"].as_str().unwrap());
+    let module = std::fs::read(examples().join("vector_add.wat")).unwrap();
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url("/functions?name=vadd"))
+            .set("authorization", &bystander)
+            .set("content-type", "application/wasm")
+            .send_bytes(&module),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let theirs = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let run_theirs = || {
+        let (status, body, _) = Server::reply(
+            Server::agent()
+                .post(&server.url(&format!("/functions/{theirs}/invoke")))
+                .set("authorization", &bystander)
+                .send_json(json!({"export": "run", "args": [4096]})),
+        );
+        (status, json_of(&body))
+    };
+    let ours = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+
+    // The first vector_add launch faults: ours.
+    assert_eq!(
+        server.call(&ours, "run", json!([4096])),
+        (200, json!({"results": [-6]}))
+    );
+    assert_eq!(run_theirs(), (200, json!({"results": [4096]})));
+    assert_eq!(
+        server.call(&ours, "run", json!([4096])),
+        (200, json!({"results": [4096]}))
+    );
+    server.terminate();
+    let calls = standin.calls("fault in one tenant's context");
+    assert_eq!(calls.get("cuEventSynchronize 700"), Some(&1), "{calls:?}");
+}
