@@ -156,4 +156,6 @@ pub fn open_backend_with(
 #[cfg(test)]
 mod program_tests;
 #[cfg(test)]
+mod standin_tests;
+#[cfg(test)]
 mod tests;

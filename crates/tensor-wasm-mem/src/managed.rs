@@ -353,6 +353,29 @@ mod tests {
         }
     }
 
+    /// The device test below, run again as a child process whose `libcuda.so` is the
+    /// stand-in driver (`tensor-wasm-cuda-standin`: host memory as managed memory).
+    #[test]
+    fn managed_buffer_on_the_stand_in_driver() {
+        let dir = tempfile::tempdir().unwrap();
+        tensor_wasm_cuda_standin::install(dir.path()).expect("the stand-in driver is built");
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "managed::tests::managed_buffer_on_a_real_device",
+            ])
+            .env("LD_LIBRARY_PATH", dir.path())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Needs libcuda and a GPU: run with `cargo test -p tensor-wasm-mem -- --ignored`
     /// on a CUDA host. It fails (not skips) where there is no device.
     #[test]

@@ -5,6 +5,7 @@
 //! is only defined in the CLI crate's own tests, which makes cargo build the
 //! binary of the same profile first).
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -44,11 +45,25 @@ impl ServeProcess {
         log: &str,
         stderr: Stdio,
     ) -> ServeProcess {
+        Self::start_with_env(bin, data_dir, extra, &[], log, stderr)
+    }
+
+    /// Like [`ServeProcess::start_logging`] with the environment variables `env` set for the
+    /// server (e.g. `LD_LIBRARY_PATH` for a stand-in driver).
+    pub fn start_with_env(
+        bin: &Path,
+        data_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &OsStr)],
+        log: &str,
+        stderr: Stdio,
+    ) -> ServeProcess {
         let mut child = Command::new(bin)
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", log)
             .stdout(Stdio::piped())
             .stderr(stderr)

@@ -16,6 +16,9 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "crates/tensor-wasm-gpu/",
     // The one call of wasmtime's `Module::deserialize` (artifacts this server wrote).
     "crates/tensor-wasm-runtime/src/engine.rs",
+    // The stand-in CUDA driver (test support): a C ABI needs `#[no_mangle] extern "C"`
+    // functions with raw out-pointers, and its managed memory is raw mappings.
+    "crates/tensor-wasm-cuda-standin/",
 ];
 
 fn root() -> PathBuf {

@@ -1,0 +1,373 @@
+//! The real binary on the CUDA backend without a GPU: `tensor-wasm doctor` and
+//! `serve --device cuda` run as child processes whose `libcuda.so` is the stand-in driver
+//! (`tensor-wasm-cuda-standin`, kernels run in the PTX interpreter), found through
+//! `LD_LIBRARY_PATH`. Each test reads the stand-in's call trace and prints how many driver
+//! calls it exercised.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::json;
+use tensor_wasm_test_support::guests::{c_guest, examples_dir as examples};
+use tensor_wasm_test_support::serve::{json_of, ServeProcess as Server};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
+
+/// A directory holding the stand-in as `libcuda.so`/`libcuda.so.1`, and a trace file.
+struct StandIn {
+    dir: tempfile::TempDir,
+    trace: PathBuf,
+    /// Extra `TENSOR_WASM_STANDIN_*` settings.
+    settings: Vec<(&'static str, String)>,
+}
+
+impl StandIn {
+    fn new(settings: &[(&'static str, &str)]) -> StandIn {
+        let dir = tempfile::tempdir().unwrap();
+        tensor_wasm_cuda_standin::install(dir.path()).expect("the stand-in driver is built");
+        StandIn {
+            trace: dir.path().join("trace"),
+            dir,
+            settings: settings
+                .iter()
+                .map(|&(name, value)| (name, value.to_owned()))
+                .collect(),
+        }
+    }
+
+    fn env(&self) -> Vec<(&str, &OsStr)> {
+        let mut env = vec![
+            ("LD_LIBRARY_PATH", self.dir.path().as_os_str()),
+            ("TENSOR_WASM_STANDIN_TRACE", self.trace.as_os_str()),
+        ];
+        env.extend(
+            self.settings
+                .iter()
+                .map(|(name, value)| (*name, OsStr::new(value.as_str()))),
+        );
+        env
+    }
+
+    fn serve(&self, data_dir: &Path) -> Server {
+        Server::start_with_env(
+            Path::new(BIN),
+            data_dir,
+            &["--device", "cuda"],
+            &self.env(),
+            "warn",
+            Stdio::inherit(),
+        )
+    }
+
+    /// Calls per driver function (with result codes), and prints the total.
+    fn calls(&self, test: &str) -> BTreeMap<String, u64> {
+        let text = std::fs::read_to_string(&self.trace).unwrap_or_default();
+        let mut calls = BTreeMap::new();
+        for line in text.lines() {
+            *calls.entry(line.to_owned()).or_insert(0) += 1;
+        }
+        eprintln!(
+            "{test}: {} driver calls to the stand-in ({} distinct function/result pairs)",
+            text.lines().count(),
+            calls.len()
+        );
+        calls
+    }
+}
+
+#[test]
+fn doctor_says_the_driver_is_the_stand_in() {
+    let standin = StandIn::new(&[]);
+    let out = Command::new(BIN)
+        .arg("doctor")
+        .envs(standin.env())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("cuda:0  TensorWasm stand-in driver (PTX interpreter; not a GPU)"),
+        "{text}"
+    );
+    assert!(text.contains("driver version             13.0"), "{text}");
+    let calls = standin.calls("doctor");
+    assert!(calls.contains_key("cuDeviceGetName 0"), "{calls:?}");
+}
+
+#[test]
+fn guests_launch_kernels_on_the_cuda_backend_over_the_stand_in() {
+    let standin = StandIn::new(&[]);
+    let data = tempfile::tempdir().unwrap();
+    let server = standin.serve(data.path());
+
+    let vadd = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+    assert_eq!(
+        server.call(&vadd, "run", json!([4096])),
+        (200, json!({"results": [4096]}))
+    );
+    // Hostile pointers are refused before any launch.
+    assert_eq!(
+        server.call(&vadd, "out_of_bounds", json!([])),
+        (200, json!({"results": [-1]}))
+    );
+
+    let matmul = server.deploy(&c_guest("matmul"), "name=matmul&style=wasi");
+    for shape in ["16 16 16", "33 17 45", "1 1 1"] {
+        let (status, out, exit) = server.post(
+            &format!("/functions/{matmul}/invoke"),
+            "text/plain",
+            shape.as_bytes(),
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&out));
+        let result = json_of(&out);
+        assert_eq!(result["mismatches"], 0, "{shape}: {result}");
+        assert_eq!(exit.as_deref(), Some("0"));
+    }
+
+    // Every JIT blueprint family: emitted PTX run by the interpreter.
+    let blueprints = server.deploy(&c_guest("blueprints"), "name=blueprints&style=wasi");
+    for scale in ["1", "37"] {
+        let (status, out, exit) = server.post(
+            &format!("/functions/{blueprints}/invoke"),
+            "text/plain",
+            scale.as_bytes(),
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&out));
+        let result = json_of(&out);
+        let families = result.as_object().unwrap_or_else(|| panic!("{result}"));
+        assert_eq!(families.len(), 5, "{result}");
+        assert!(families.values().all(|v| v == 0), "scale {scale}: {result}");
+        assert_eq!(exit.as_deref(), Some("0"));
+    }
+    server.terminate();
+
+    let calls = standin.calls("kernels over the stand-in");
+    assert!(calls.contains_key("cuLaunchKernel 0"), "{calls:?}");
+    assert!(
+        !calls
+            .keys()
+            .any(|call| call.starts_with("cuLaunchKernel ") && call != "cuLaunchKernel 0"),
+        "a launch failed: {calls:?}"
+    );
+}
+
+/// A sticky device fault, reported by the launch, by the completion event's record or by
+/// its synchronization: the guest gets `DEVICE_ERROR` (-6), the server keeps serving, and the
+/// call that reported it is in the trace.
+#[test]
+fn an_injected_device_fault_is_a_device_error_not_a_crash() {
+    for (at, reported_by) in [
+        ("launch", "cuLaunchKernel 700"),
+        ("event-record", "cuEventRecord 700"),
+        ("sync", "cuEventSynchronize 700"),
+    ] {
+        let standin = StandIn::new(&[("TENSOR_WASM_STANDIN_FAULT", at)]);
+        let data = tempfile::tempdir().unwrap();
+        let server = standin.serve(data.path());
+        let vadd = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+        assert_eq!(
+            server.call(&vadd, "run", json!([4096])),
+            (200, json!({"results": [-6]})),
+            "fault reported at {at}"
+        );
+        assert_eq!(server.get("/healthz").0, 200);
+        server.terminate();
+        let calls = standin.calls(&format!("fault reported at {at}"));
+        assert_eq!(calls.get(reported_by), Some(&1), "{at}: {calls:?}");
+    }
+}
+
+/// `--gpu-isolation context`: each tenant launches in a CUDA context of its own (guest memory
+/// stays in the primary context).
+#[test]
+fn tenants_with_their_own_context_launch_kernels() {
+    let standin = StandIn::new(&[]);
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start_with_env(
+        Path::new(BIN),
+        data.path(),
+        &["--device", "cuda", "--gpu-isolation", "context"],
+        &standin.env(),
+        "warn",
+        Stdio::inherit(),
+    );
+    let vadd = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+    for n in [1, 4096, 65536] {
+        assert_eq!(
+            server.call(&vadd, "run", json!([n])),
+            (200, json!({"results": [n]}))
+        );
+    }
+    let matmul = server.deploy(&c_guest("matmul"), "name=matmul&style=wasi");
+    let (status, out, _) = server.post(
+        &format!("/functions/{matmul}/invoke"),
+        "text/plain",
+        b"33 17 45",
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&out));
+    assert_eq!(json_of(&out)["mismatches"], 0);
+    server.terminate();
+    let calls = standin.calls("own contexts");
+    assert!(calls.contains_key("cuCtxCreate_v4 0"), "{calls:?}");
+}
+
+/// A snapshot of a function's memory, taken and restored on the CUDA path (guest memory in
+/// managed memory), survives a restart; kernels run after the restore.
+#[test]
+fn snapshots_restore_into_managed_guest_memory() {
+    let standin = StandIn::new(&[]);
+    let data = tempfile::tempdir().unwrap();
+    let server = standin.serve(data.path());
+    let warm = server.deploy(&examples().join("warm.wat"), "name=warm");
+    let out = server.cli(&["snapshot", "create", &warm, "--init", "init"], b"");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let initialised = server.call(&warm, "lookup", json!([7])).1["results"].clone();
+    assert_ne!(initialised, json!([-1]));
+    server.terminate();
+
+    let server = standin.serve(data.path());
+    assert_eq!(
+        server.call(&warm, "init_runs", json!([])).1["results"],
+        json!([1])
+    );
+    assert_eq!(
+        server.call(&warm, "lookup", json!([7])).1["results"],
+        initialised
+    );
+    let vadd = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+    assert_eq!(
+        server.call(&vadd, "run", json!([4096])),
+        (200, json!({"results": [4096]}))
+    );
+    server.terminate();
+    standin.calls("snapshots");
+}
+
+/// A fault in a tenant's own context is reported (here by the launch, by the completion
+/// event's record, or by its synchronization); the tenant's next invocation gets a fresh
+/// context and succeeds.
+///
+/// Known bug (issue 16, item 4): when the launch or `cuEventRecord` reports the fault, the
+/// lane is not marked faulted, its context is never replaced, and every later launch of the
+/// tenant fails. Run with `cargo test -p tensor-wasm-cli --test standin -- --ignored`.
+#[test]
+#[ignore = "known bug: a fault reported by cuLaunchKernel or cuEventRecord never replaces the tenant's context"]
+fn a_faulted_own_context_is_replaced() {
+    for at in ["sync", "launch", "event-record"] {
+        let standin = StandIn::new(&[("TENSOR_WASM_STANDIN_FAULT", at)]);
+        let data = tempfile::tempdir().unwrap();
+        let server = Server::start_with_env(
+            Path::new(BIN),
+            data.path(),
+            &["--device", "cuda", "--gpu-isolation", "context"],
+            &standin.env(),
+            "warn",
+            Stdio::inherit(),
+        );
+        let vadd = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+        assert_eq!(
+            server.call(&vadd, "run", json!([4096])),
+            (200, json!({"results": [-6]})),
+            "{at}"
+        );
+        assert_eq!(
+            server.call(&vadd, "run", json!([4096])),
+            (200, json!({"results": [4096]})),
+            "after a fault reported at {at}"
+        );
+        server.terminate();
+    }
+}
+
+/// On an older driver (CUDA 12.4: PTX ISA 8.4 at most) the JIT emits PTX that driver loads:
+/// the stand-in refuses any newer `.version`, as a real driver does.
+#[test]
+fn an_older_driver_gets_ptx_it_can_load() {
+    let standin = StandIn::new(&[("TENSOR_WASM_STANDIN_DRIVER_VERSION", "12040")]);
+    let data = tempfile::tempdir().unwrap();
+    let server = standin.serve(data.path());
+    let blueprints = server.deploy(&c_guest("blueprints"), "name=blueprints&style=wasi");
+    let (status, out, exit) = server.post(
+        &format!("/functions/{blueprints}/invoke"),
+        "text/plain",
+        b"7",
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&out));
+    let result = json_of(&out);
+    let families = result.as_object().unwrap_or_else(|| panic!("{result}"));
+    assert!(families.values().all(|v| v == 0), "{result}");
+    assert_eq!(exit.as_deref(), Some("0"));
+    server.terminate();
+    let calls = standin.calls("driver 12.4");
+    assert!(!calls.contains_key("cuModuleLoadData 222"), "{calls:?}");
+    assert!(calls.contains_key("cuLaunchKernel 0"), "{calls:?}");
+}
+
+/// With a CUDA context per tenant, a fault in one tenant's context leaves another tenant's
+/// kernels running, and the faulted tenant gets a fresh context for its next invocation.
+/// (The fault is reported at synchronization, the path that replaces the context today; see
+/// `a_faulted_own_context_is_replaced` for the others.)
+#[test]
+fn a_fault_in_one_tenants_context_leaves_another_tenant_running() {
+    let standin = StandIn::new(&[
+        ("TENSOR_WASM_STANDIN_FAULT", "sync"),
+        ("TENSOR_WASM_STANDIN_FAULT_KERNEL", "vector_add"),
+    ]);
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start_with_env(
+        Path::new(BIN),
+        data.path(),
+        &["--device", "cuda", "--gpu-isolation", "context"],
+        &standin.env(),
+        "warn",
+        Stdio::inherit(),
+    );
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url("/tenants"))
+            .set("authorization", &server.admin_auth())
+            .send_json(json!({"name": "bystander"})),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let bystander = format!("Bearer {}", json_of(&body)["token"].as_str().unwrap());
+    let module = std::fs::read(examples().join("vector_add.wat")).unwrap();
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url("/functions?name=vadd"))
+            .set("authorization", &bystander)
+            .set("content-type", "application/wasm")
+            .send_bytes(&module),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let theirs = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let run_theirs = || {
+        let (status, body, _) = Server::reply(
+            Server::agent()
+                .post(&server.url(&format!("/functions/{theirs}/invoke")))
+                .set("authorization", &bystander)
+                .send_json(json!({"export": "run", "args": [4096]})),
+        );
+        (status, json_of(&body))
+    };
+    let ours = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+
+    // The first vector_add launch faults: ours.
+    assert_eq!(
+        server.call(&ours, "run", json!([4096])),
+        (200, json!({"results": [-6]}))
+    );
+    assert_eq!(run_theirs(), (200, json!({"results": [4096]})));
+    assert_eq!(
+        server.call(&ours, "run", json!([4096])),
+        (200, json!({"results": [4096]}))
+    );
+    server.terminate();
+    let calls = standin.calls("fault in one tenant's context");
+    assert_eq!(calls.get("cuEventSynchronize 700"), Some(&1), "{calls:?}");
+}
