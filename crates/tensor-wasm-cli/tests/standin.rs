@@ -253,11 +253,10 @@ fn snapshots_restore_into_managed_guest_memory() {
 /// event's record, or by its synchronization); the tenant's next invocation gets a fresh
 /// context and succeeds.
 ///
-/// Known bug (issue 16, item 4): when the launch or `cuEventRecord` reports the fault, the
-/// lane is not marked faulted, its context is never replaced, and every later launch of the
-/// tenant fails. Run with `cargo test -p tensor-wasm-cli --test standin -- --ignored`.
+/// Regression test (issue 16, item 4): a fault reported by the launch or by `cuEventRecord`
+/// used to leave the lane unmarked, so its context was never replaced and every later launch
+/// of the tenant failed.
 #[test]
-#[ignore = "known bug: a fault reported by cuLaunchKernel or cuEventRecord never replaces the tenant's context"]
 fn a_faulted_own_context_is_replaced() {
     for at in ["sync", "launch", "event-record"] {
         let standin = StandIn::new(&[("TENSOR_WASM_STANDIN_FAULT", at)]);
@@ -311,8 +310,8 @@ fn an_older_driver_gets_ptx_it_can_load() {
 
 /// With a CUDA context per tenant, a fault in one tenant's context leaves another tenant's
 /// kernels running, and the faulted tenant gets a fresh context for its next invocation.
-/// (The fault is reported at synchronization, the path that replaces the context today; see
-/// `a_faulted_own_context_is_replaced` for the others.)
+/// (The fault is reported at synchronization; `a_faulted_own_context_is_replaced` covers the
+/// launch and the event record too.)
 #[test]
 fn a_fault_in_one_tenants_context_leaves_another_tenant_running() {
     let standin = StandIn::new(&[

@@ -60,6 +60,27 @@ impl Drop for BlockingEvent {
     }
 }
 
+/// Whether CUDA keeps `error` for the whole context: a kernel fault (illegal address or
+/// instruction, trap, timeout, ...) after which every later call in that context fails too.
+/// A real driver may report one at any later call (a launch, an event record), not only at
+/// synchronization.
+pub(super) fn is_sticky(error: &DriverError) -> bool {
+    use sys::CUresult::*;
+    matches!(
+        error.0,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_ECC_UNCORRECTABLE
+    )
+}
+
 /// A launched kernel whose completion the waiter thread reports.
 pub(super) struct PendingLaunch {
     pub(super) event: BlockingEvent,

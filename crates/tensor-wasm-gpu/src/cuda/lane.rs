@@ -7,9 +7,9 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
-use super::events::{wait_for_launches, PendingLaunch};
+use super::events::{is_sticky, wait_for_launches, PendingLaunch};
 use super::modules::ContextState;
 use super::probe::catching_driver_panics;
 use super::CudaBackend;
@@ -68,6 +68,21 @@ impl Lane {
     /// Whether a kernel on this lane failed while running.
     fn faulted(&self) -> bool {
         self.faulted.load(Ordering::Acquire)
+    }
+
+    /// Records a driver error met while submitting work to this lane: a sticky one means the
+    /// lane's context is unusable, exactly as when the waiter sees a kernel fail, so that a
+    /// context lane is replaced on the tenant's next use.
+    pub(super) fn note_submit_error(&self, error: &DriverError) {
+        if is_sticky(error) && !self.faulted.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                // The code's name, not the driver's text: no driver call on this path.
+                error = ?error.0,
+                primary_context = self.context.ctx.is_primary(),
+                "the driver reported a kernel fault while submitting work; CUDA keeps such \
+                 errors for the whole context, so its later work fails too"
+            );
+        }
     }
 
     /// Closes the way to the waiter thread, which reports the launches still queued and ends;

@@ -116,9 +116,12 @@ impl CudaBackend {
         // tenant code is trusted by whoever loaded it), and the returned Completion keeps that
         // memory borrowed until the event recorded below has completed (the only caller,
         // `launch_unscoped`, hands it on under the promise that it is never leaked).
-        unsafe { builder.launch(cfg) }
-            .map_err(|error| GpuError::cuda("launching the kernel", error))?;
+        unsafe { builder.launch(cfg) }.map_err(|error| {
+            lane.note_submit_error(&error);
+            GpuError::cuda("launching the kernel", error)
+        })?;
         if let Err(error) = event.record(&lane.stream) {
+            lane.note_submit_error(&error);
             // The kernel may be running and no event tracks it: wait for the stream before the
             // borrow of guest memory ends with this error.
             let _ = lane.stream.synchronize();
