@@ -36,11 +36,19 @@ impl GpuError {
 }
 
 /// `CUDA_ERROR_X (driver description)`; the name comes from the enum itself, so this works even
-/// when the driver cannot describe the error.
+/// when the driver cannot describe the error. It never panics: cudarc resolves
+/// `cuGetErrorString` on first use and panics when the driver lacks it, and this runs on error
+/// paths outside any other guard (a launch that failed, a completion event that could not be
+/// recorded), where a panic would skip their cleanup.
 pub(crate) fn driver_error_text(error: cudarc::driver::DriverError) -> String {
     let name = format!("{:?}", error.0);
-    match error.error_string() {
-        Ok(description) => format!("{name} ({})", description.to_string_lossy()),
-        Err(_) => name,
+    let described = std::panic::catch_unwind(|| {
+        error
+            .error_string()
+            .map(|description| description.to_string_lossy().into_owned())
+    });
+    match described {
+        Ok(Ok(description)) => format!("{name} ({description})"),
+        Ok(Err(_)) | Err(_) => name,
     }
 }
