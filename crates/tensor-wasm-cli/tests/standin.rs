@@ -327,33 +327,9 @@ fn a_fault_in_one_tenants_context_leaves_another_tenant_running() {
         "warn",
         Stdio::inherit(),
     );
-    let (status, body, _) = Server::reply(
-        Server::agent()
-            .post(&server.url("/tenants"))
-            .set("authorization", &server.admin_auth())
-            .send_json(json!({"name": "bystander"})),
-    );
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let bystander = format!("Bearer {}", json_of(&body)["token"].as_str().unwrap());
-    let module = std::fs::read(examples().join("vector_add.wat")).unwrap();
-    let (status, body, _) = Server::reply(
-        Server::agent()
-            .post(&server.url("/functions?name=vadd"))
-            .set("authorization", &bystander)
-            .set("content-type", "application/wasm")
-            .send_bytes(&module),
-    );
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let theirs = json_of(&body)["id"].as_str().unwrap().to_owned();
-    let run_theirs = || {
-        let (status, body, _) = Server::reply(
-            Server::agent()
-                .post(&server.url(&format!("/functions/{theirs}/invoke")))
-                .set("authorization", &bystander)
-                .send_json(json!({"export": "run", "args": [4096]})),
-        );
-        (status, json_of(&body))
-    };
+    let bystander = Tenant::create(&server, "bystander");
+    let theirs = bystander.deploy(&server, &examples().join("vector_add.wat"));
+    let run_theirs = || bystander.call(&server, &theirs, "run", json!([4096]));
     let ours = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
 
     // The first vector_add launch faults: ours.
@@ -369,4 +345,103 @@ fn a_fault_in_one_tenants_context_leaves_another_tenant_running() {
     server.terminate();
     let calls = standin.calls("fault in one tenant's context");
     assert_eq!(calls.get("cuEventSynchronize 700"), Some(&1), "{calls:?}");
+}
+
+/// A tenant other than the default one, with its token.
+struct Tenant {
+    auth: String,
+}
+
+impl Tenant {
+    fn create(server: &Server, name: &str) -> Tenant {
+        let (status, body, _) = Server::reply(
+            Server::agent()
+                .post(&server.url("/tenants"))
+                .set("authorization", &server.admin_auth())
+                .send_json(json!({ "name": name })),
+        );
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        Tenant {
+            auth: format!("Bearer {}", json_of(&body)["token"].as_str().unwrap()),
+        }
+    }
+
+    /// Deploys the module at `path` as this tenant and returns the function id.
+    fn deploy(&self, server: &Server, path: &Path) -> String {
+        let module = std::fs::read(path).unwrap();
+        let (status, body, _) = Server::reply(
+            Server::agent()
+                .post(&server.url("/functions?name=vadd"))
+                .set("authorization", &self.auth)
+                .set("content-type", "application/wasm")
+                .send_bytes(&module),
+        );
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        json_of(&body)["id"].as_str().unwrap().to_owned()
+    }
+
+    fn call(
+        &self,
+        server: &Server,
+        id: &str,
+        export: &str,
+        args: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        let (status, body, _) = Server::reply(
+            Server::agent()
+                .post(&server.url(&format!("/functions/{id}/invoke")))
+                .set("authorization", &self.auth)
+                .send_json(json!({ "export": export, "args": args })),
+        );
+        (status, json_of(&body))
+    }
+}
+
+/// At the default isolation level every tenant gets a CUDA stream of its own in the one
+/// shared (primary) context. Three calls by three tenants create exactly two more streams
+/// than three calls by one tenant (whatever else a call creates), and no context.
+#[test]
+fn tenants_get_stream_lanes_of_their_own_through_the_server() {
+    let streams_and_contexts = |tenants: usize| {
+        let standin = StandIn::new(&[]);
+        let data = tempfile::tempdir().unwrap();
+        let server = standin.serve(data.path());
+        let vadd = server.deploy(&examples().join("vector_add.wat"), "name=vadd");
+        for _ in tenants..=3 {
+            assert_eq!(
+                server.call(&vadd, "run", json!([4096])),
+                (200, json!({"results": [4096]}))
+            );
+        }
+        for n in 1..tenants {
+            let other = Tenant::create(&server, &format!("tenant-{n}"));
+            let theirs = other.deploy(&server, &examples().join("vector_add.wat"));
+            assert_eq!(
+                other.call(&server, &theirs, "run", json!([4096])),
+                (200, json!({"results": [4096]}))
+            );
+        }
+        server.terminate();
+        let calls = standin.calls(&format!("stream lanes, {tenants} tenant(s), 3 calls"));
+        let count = |prefix: &str| -> u64 {
+            calls
+                .iter()
+                .filter(|(call, _)| call.starts_with(prefix))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        (count("cuStreamCreate "), count("cuCtxCreate"))
+    };
+    let (one_tenant, one_contexts) = streams_and_contexts(1);
+    let (three_tenants, three_contexts) = streams_and_contexts(3);
+    assert_eq!(
+        three_tenants,
+        one_tenant + 2,
+        "one stream lane per extra tenant"
+    );
+    assert_eq!(
+        (one_contexts, three_contexts),
+        (0, 0),
+        "no context of their own"
+    );
 }
