@@ -115,8 +115,44 @@ fn params_args() -> [KernelArg; 6] {
     ]
 }
 
-/// A backend on the stand-in driver, or `None` (skipped) on any other driver.
+/// A `tracing` subscriber that wants every event and formats its fields into nothing. With no
+/// subscriber, `tracing` skips a log line's field expressions; with this one the backend's log
+/// lines run, driver calls in their fields included.
+struct EveryEvent;
+
+impl tracing::Subscriber for EveryEvent {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Format;
+        impl tracing::field::Visit for Format {
+            fn record_debug(&mut self, _: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                let _ = format!("{value:?}");
+            }
+        }
+        event.record(&mut Format);
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A backend on the stand-in driver, or `None` (skipped) on any other driver. Installs
+/// [`EveryEvent`] as this process's subscriber first.
 fn stand_in_backend(isolation: GpuIsolation) -> Option<CudaBackend> {
+    // Only the first call of the process installs it; later ones find it there.
+    let _ = tracing::subscriber::set_global_default(EveryEvent);
     let backend = CudaBackend::open(0, isolation).expect("a CUDA driver");
     match backend.device() {
         crate::Device::Cuda(info) if info.name == tensor_wasm_cuda_standin::DEVICE_NAME => {
@@ -145,6 +181,14 @@ fn standin_the_backend_refuses_bad_tenant_code_and_arguments() {
     let error = gpu.load_ptx(&a, PARAMS_PTX, "missing").unwrap_err();
     assert!(matches!(error, GpuError::Cuda(_)), "{error:?}");
 
+    // More parameters than a tenant kernel may have (4096; CUDA allows 32 764 bytes of them).
+    let params: Vec<String> = (0..4097).map(|i| format!(".param .u8 p{i}")).collect();
+    let many = format!(
+        ".version 8.0\n.target sm_80\n.address_size 64\n\n.visible .entry many({})\n{{\n\tret;\n}}\n",
+        params.join(", ")
+    );
+    invalid(gpu.load_ptx(&a, &many, "many").unwrap_err());
+
     let kernel = gpu.load_ptx(&a, PARAMS_PTX, "params").unwrap();
     assert!(
         format!("{kernel:?}").contains("[4, 8, 8, 4, 4, 8]"),
@@ -160,8 +204,11 @@ fn standin_the_backend_refuses_bad_tenant_code_and_arguments() {
     // Every kind of scalar parameter reaches the driver.
     run(&a, &args).unwrap().unwrap();
     invalid(run(&a, &args[..5]).unwrap_err());
-    // Tenant code runs for the tenant it was loaded for only.
+    // Tenant code runs for the tenant it was loaded for only, on the backend that loaded it.
     invalid(run(&b, &args).unwrap_err());
+    let other = stand_in_backend(GpuIsolation::StreamPerTenant).unwrap();
+    let error = launch(&other, &a, &kernel, &config, &args, &mut [], |_| ()).unwrap_err();
+    invalid(error);
 
     // Guest memory the driver does not know (not managed memory) is refused before launch.
     let vector_add = gpu.load_builtin(BuiltinKernel::VectorAdd).unwrap();
@@ -178,7 +225,12 @@ fn standin_the_backend_refuses_bad_tenant_code_and_arguments() {
         |_| (),
     )
     .unwrap_err();
-    assert!(matches!(error, GpuError::NotAvailable(_)), "{error:?}");
+    assert!(
+        error
+            .to_string()
+            .contains("not memory the CUDA driver knows"),
+        "{error:?}"
+    );
 
     // A cubin (NVRTC's, when NVRTC loads) reaches the driver, which runs PTX only.
     let crate::Device::Cuda(info) = gpu.device() else {
@@ -227,4 +279,26 @@ fn standin_a_sticky_fault_gets_an_own_context_tenant_a_fresh_context() {
     .unwrap()
     .unwrap();
     println!("{at}: {error}");
+}
+
+#[test]
+#[ignore = "needs the stand-in CUDA driver (the_cuda_tests_pass_on_the_stand_in_driver runs it)"]
+fn standin_raw_kernels_name_themselves_and_refuse_a_foreign_timer() {
+    use crate::{LaunchTimer, RawCudaKernel};
+    if stand_in_backend(GpuIsolation::StreamPerTenant).is_none() {
+        return;
+    }
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let kernel = RawCudaKernel::builtin(&ctx, BuiltinKernel::Scale).unwrap();
+    assert_eq!(kernel.entry(), BuiltinKernel::Scale.descriptor());
+    assert!(format!("{kernel:?}").contains("param_sizes"), "{kernel:?}");
+    let other = cudarc::driver::CudaContext::new_non_primary(0, 0).unwrap();
+    let timer = LaunchTimer::new(&other).unwrap();
+    assert!(format!("{timer:?}").starts_with("LaunchTimer"));
+    let stream = ctx.new_stream().unwrap();
+    let config = LaunchConfig::linear(1, 1);
+    let error = kernel
+        .launch_timed(&stream, &timer, &config, &[], &mut [])
+        .unwrap_err();
+    assert!(matches!(error, GpuError::InvalidArgument(_)), "{error:?}");
 }
