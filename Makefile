@@ -142,6 +142,15 @@ tail-latency:
 	TAIL_LATENCY_COMMAND="make tail-latency ($(CARGO) bench -p tensor-wasm-bench --bench tail_latency)" \
 	  $(CARGO) bench -p tensor-wasm-bench --bench tail_latency
 
+.PHONY: cuda-coverage
+## Line coverage of the CUDA backend (tensor-wasm-gpu's cuda.rs, cuda/*.rs, raw_launch.rs) from
+## the gpu crate's tests, their run on the stand-in driver included (cargo-llvm-cov, pinned, in
+## .tools; its own target dir target/llvm-cov-target). Prints it per file, writes
+## bench-results/coverage/cuda-<date>.txt, fails below 85 % for cuda.rs + cuda/*.rs.
+## Not part of `make test`.
+cuda-coverage:
+	@scripts/cuda-coverage.sh
+
 .PHONY: gpu-suite gpu-suite-dry-run
 GPU_SUITE_DIR ?= .gpu-suite
 
