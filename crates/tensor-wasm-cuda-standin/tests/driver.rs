@@ -5,6 +5,7 @@
 // cudarc's launches and raw allocations are `unsafe`; the tidy allow-list covers this crate.
 #![allow(unsafe_code)]
 
+use std::io::Write as _;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -113,7 +114,12 @@ fn launches_write_managed_memory() {
         trace.contains(&String::from("cuLaunchKernel 0")),
         "{trace:?}"
     );
-    eprintln!("{} driver calls", trace.len());
+    // Past the harness's capture, so that `make test` shows it.
+    let _ = writeln!(
+        std::io::stderr(),
+        "stand-in: the driver test made {} driver calls",
+        trace.len()
+    );
 }
 
 #[test]

@@ -39,16 +39,42 @@ impl GpuError {
 /// when the driver cannot describe the error. It never panics: cudarc resolves
 /// `cuGetErrorString` on first use and panics when the driver lacks it, and this runs on error
 /// paths outside any other guard (a launch that failed, a completion event that could not be
-/// recorded), where a panic would skip their cleanup.
+/// recorded, `raw_launch`'s wait before its stream synchronisation), where a panic would skip
+/// their cleanup.
 pub(crate) fn driver_error_text(error: cudarc::driver::DriverError) -> String {
-    let name = format!("{:?}", error.0);
-    let described = std::panic::catch_unwind(|| {
+    error_text(format!("{:?}", error.0), move || {
         error
             .error_string()
+            .ok()
             .map(|description| description.to_string_lossy().into_owned())
-    });
-    match described {
-        Ok(Ok(description)) => format!("{name} ({description})"),
-        Ok(Err(_)) | Err(_) => name,
+    })
+}
+
+/// `name (description)`, or `name` alone when `describe` has no description or panics.
+fn error_text(
+    name: String,
+    describe: impl FnOnce() -> Option<String> + std::panic::UnwindSafe,
+) -> String {
+    match std::panic::catch_unwind(describe) {
+        Ok(Some(description)) => format!("{name} ({description})"),
+        Ok(None) | Err(_) => name,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    /// Regression test (issue 16, item 4): a driver whose `cuGetErrorString` cannot be
+    /// resolved makes cudarc panic; the error text must still come back, with the code's name.
+    #[test]
+    fn an_error_the_driver_cannot_describe_still_gets_its_name() {
+        let panicking = || -> Option<String> { panic!("cuGetErrorString: undefined symbol") };
+        assert_eq!(
+            error_text("CUDA_ERROR_ILLEGAL_ADDRESS".into(), panicking),
+            "CUDA_ERROR_ILLEGAL_ADDRESS"
+        );
+        assert_eq!(error_text("A".into(), || None), "A");
+        assert_eq!(error_text("A".into(), || Some("why".into())), "A (why)");
     }
 }
