@@ -23,7 +23,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 
-use crate::cuda::{driver_config, param_sizes, push_params, Param};
+use crate::cuda::{driver_config, param_sizes, params_for_layout, push_params, Param};
 use crate::validate;
 use crate::{BuiltinKernel, CudaDeviceInfo, GpuError, KernelArg, KernelProgram, LaunchConfig};
 
@@ -322,38 +322,7 @@ fn checked_params(
             program.validate(config, args, memory_len)?;
         }
     }
-    if args.len() != param_sizes.len() {
-        return Err(GpuError::InvalidArgument(format!(
-            "kernel `{entry}` takes {} parameters (sizes in bytes: {param_sizes:?}), got {} \
-             arguments",
-            param_sizes.len(),
-            args.len()
-        )));
-    }
-    args.iter()
-        .zip(param_sizes)
-        .enumerate()
-        .map(|(index, (arg, &size))| {
-            if arg.param_size() != size {
-                return Err(GpuError::InvalidArgument(format!(
-                    "kernel `{entry}` argument {index} is {} ({} bytes) but the parameter is \
-                     {size} bytes",
-                    arg.type_name(),
-                    arg.param_size()
-                )));
-            }
-            Ok(match *arg {
-                KernelArg::I32(v) => Param::I32(v),
-                KernelArg::U32(v) => Param::U32(v),
-                KernelArg::I64(v) => Param::I64(v),
-                KernelArg::U64(v) => Param::U64(v),
-                KernelArg::F32(v) => Param::F32(v),
-                KernelArg::F64(v) => Param::F64(v),
-                // In bounds: the buffer checks passed, so base + offset <= base + memory_len.
-                KernelArg::Buffer { offset, .. } => Param::U64(base + offset),
-            })
-        })
-        .collect()
+    params_for_layout(entry, param_sizes, args, base)
 }
 
 #[cfg(test)]

@@ -54,39 +54,7 @@ impl CudaBackend {
         args: &[KernelArg],
         base: u64,
     ) -> Result<Vec<Param>, GpuError> {
-        let entry = function.entry();
-        if args.len() != function.param_sizes.len() {
-            return Err(GpuError::InvalidArgument(format!(
-                "kernel `{entry}` takes {} parameters (sizes in bytes: {:?}), got {} arguments",
-                function.param_sizes.len(),
-                function.param_sizes,
-                args.len()
-            )));
-        }
-        args.iter()
-            .zip(&function.param_sizes)
-            .enumerate()
-            .map(|(index, (arg, &size))| {
-                if arg.param_size() != size {
-                    return Err(GpuError::InvalidArgument(format!(
-                        "kernel `{entry}` argument {index} is {} ({} bytes) but the parameter \
-                         is {size} bytes",
-                        arg.type_name(),
-                        arg.param_size()
-                    )));
-                }
-                Ok(match *arg {
-                    KernelArg::I32(v) => Param::I32(v),
-                    KernelArg::U32(v) => Param::U32(v),
-                    KernelArg::I64(v) => Param::I64(v),
-                    KernelArg::U64(v) => Param::U64(v),
-                    KernelArg::F32(v) => Param::F32(v),
-                    KernelArg::F64(v) => Param::F64(v),
-                    // In bounds: `check_buffers` passed, so base + offset <= base + memory.len().
-                    KernelArg::Buffer { offset, .. } => Param::U64(base + offset),
-                })
-            })
-            .collect()
+        params_for_layout(function.entry(), &function.param_sizes, args, base)
     }
 
     /// Submits `function` (loaded in the lane's context) with `params` to `lane`'s stream and
@@ -171,4 +139,48 @@ pub(crate) fn driver_config(config: &LaunchConfig) -> cudarc::driver::LaunchConf
         block_dim: (config.block[0], config.block[1], config.block[2]),
         shared_mem_bytes: config.shared_bytes,
     }
+}
+
+/// The parameters of a launch of `entry`, each buffer as its address in memory at `base` and
+/// each scalar by value, after checking `args` against the parameter sizes the driver reports
+/// (count and size of each). Buffers must already be checked against the memory.
+pub(crate) fn params_for_layout(
+    entry: &str,
+    param_sizes: &[usize],
+    args: &[KernelArg],
+    base: u64,
+) -> Result<Vec<Param>, GpuError> {
+    if args.len() != param_sizes.len() {
+        return Err(GpuError::InvalidArgument(format!(
+            "kernel `{entry}` takes {} parameters (sizes in bytes: {param_sizes:?}), got {} \
+             arguments",
+            param_sizes.len(),
+            args.len()
+        )));
+    }
+    args.iter()
+        .zip(param_sizes)
+        .enumerate()
+        .map(|(index, (arg, &size))| {
+            if arg.param_size() != size {
+                return Err(GpuError::InvalidArgument(format!(
+                    "kernel `{entry}` argument {index} is {} ({} bytes) but the parameter is \
+                     {size} bytes",
+                    arg.type_name(),
+                    arg.param_size()
+                )));
+            }
+            Ok(match *arg {
+                KernelArg::I32(v) => Param::I32(v),
+                KernelArg::U32(v) => Param::U32(v),
+                KernelArg::I64(v) => Param::I64(v),
+                KernelArg::U64(v) => Param::U64(v),
+                KernelArg::F32(v) => Param::F32(v),
+                KernelArg::F64(v) => Param::F64(v),
+                // In bounds: the caller checked every buffer against the memory, so
+                // base + offset <= base + memory length.
+                KernelArg::Buffer { offset, .. } => Param::U64(base + offset),
+            })
+        })
+        .collect()
 }
