@@ -103,3 +103,56 @@ pub fn install(dir: &Path) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Like [`install`], but the installed driver lacks the exported functions named in `missing`:
+/// a copy of the library whose dynamic symbol table spells each of those names with its first
+/// letter replaced by `X`, so the loader's
+/// `dlsym` finds no function of that name (the names keep their length, the hash tables stay
+/// as they were and only the string comparison fails). This is how a test meets a driver
+/// older than the functions the backend calls, such as one without `cuGetErrorString`.
+///
+/// # Errors
+/// The library is not built, is not a 64-bit ELF file, does not export one of `missing`, or
+/// cannot be written.
+pub fn install_without(dir: &Path, missing: &[&str]) -> io::Result<()> {
+    let mut image = std::fs::read(library_path()?)?;
+    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    let names =
+        dynamic_string_table(&image).ok_or_else(|| invalid("not an ELF64 library".into()))?;
+    for name in missing {
+        let needle = format!("\0{name}\0");
+        let at = image[names.clone()]
+            .windows(needle.len())
+            .position(|window| window == needle.as_bytes())
+            .ok_or_else(|| invalid(format!("the stand-in does not export {name}")))?;
+        image[names.start + at + 1] = b'X';
+    }
+    let library = dir.join("libcuda.so.1");
+    std::fs::write(&library, &image)?;
+    let link = dir.join("libcuda.so");
+    if link.symlink_metadata().is_ok() {
+        std::fs::remove_file(&link)?;
+    }
+    std::os::unix::fs::symlink(&library, &link)
+}
+
+/// The byte range of the string table of an ELF64 little-endian image's dynamic symbol table
+/// (`.dynstr`: the section that the `SHT_DYNSYM` section links to).
+fn dynamic_string_table(image: &[u8]) -> Option<std::ops::Range<usize>> {
+    const SHT_DYNSYM: u32 = 11;
+    let bytes = |at: usize, n: usize| image.get(at..at.checked_add(n)?);
+    let u16_at = |at| Some(u16::from_le_bytes(bytes(at, 2)?.try_into().ok()?));
+    let u32_at = |at| Some(u32::from_le_bytes(bytes(at, 4)?.try_into().ok()?));
+    let u64_at = |at| usize::try_from(u64::from_le_bytes(bytes(at, 8)?.try_into().ok()?)).ok();
+    if bytes(0, 6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let (table, entry, count) = (u64_at(0x28)?, usize::from(u16_at(0x3a)?), u16_at(0x3c)?);
+    let header = |index: usize| table.checked_add(index.checked_mul(entry)?);
+    let dynsym = (0..usize::from(count))
+        .find(|&i| header(i).and_then(|at| u32_at(at + 4)) == Some(SHT_DYNSYM))?;
+    let strings = header(usize::try_from(u32_at(header(dynsym)? + 0x28)?).ok()?)?;
+    let (offset, size) = (u64_at(strings + 0x18)?, u64_at(strings + 0x20)?);
+    bytes(offset, size)?;
+    Some(offset..offset + size)
+}

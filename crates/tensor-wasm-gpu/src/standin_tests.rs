@@ -16,10 +16,12 @@ use crate::{launch, Backend, BuiltinKernel, GpuError, GpuIsolation, KernelArg, L
 use crate::{TenantKey, TenantLaneStats};
 
 /// Runs this test binary's ignored tests whose names contain `filter` (all of them for `""`)
-/// as a child process on the stand-in driver installed in `dir`, with `settings` in its
-/// environment; panics unless they pass.
+/// as a child process on the stand-in driver in `dir` (installed there unless a test put a
+/// variant of it there first), with `settings` in its environment; panics unless they pass.
 fn run_ignored_on_stand_in(dir: &Path, filter: &str, settings: &[(&str, &str)]) -> Output {
-    tensor_wasm_cuda_standin::install(dir).expect("the stand-in driver is built");
+    if !dir.join("libcuda.so.1").exists() {
+        tensor_wasm_cuda_standin::install(dir).expect("the stand-in driver is built");
+    }
     // The stand-in first; NVRTC (when the caller's path has it) after.
     let mut library_path = OsString::from(dir);
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
@@ -28,7 +30,7 @@ fn run_ignored_on_stand_in(dir: &Path, filter: &str, settings: &[(&str, &str)]) 
     }
     let mut child = Command::new(std::env::current_exe().unwrap());
     child
-        .args(["--ignored", "--test-threads=1", filter])
+        .args(["--ignored", "--test-threads=1", "--show-output", filter])
         .env("LD_LIBRARY_PATH", library_path);
     for (name, value) in settings {
         child.env(name, value);
@@ -86,6 +88,30 @@ fn a_sticky_fault_at_launch_event_record_or_sync_fails_that_launch_only() {
         assert!(stdout.contains("1 passed"), "{at}: {stdout}");
         assert!(!stdout.contains("skipped"), "{at}: {stdout}");
     }
+}
+
+/// Regression test (issue 16, item 4, the second known bug): a driver that cannot describe its
+/// errors (no `cuGetErrorString`: cudarc panics when it first calls a function the library
+/// lacks) must not turn a failed launch into a panic that skips the failed launch's cleanup.
+/// The failed launch still fails with the error's name, and the tenant's next launch runs on a
+/// fresh context. Before `driver_error_text` caught that panic, the child process failed here.
+#[test]
+fn a_driver_without_error_strings_still_fails_one_launch_only() {
+    let dir = tempfile::tempdir().unwrap();
+    tensor_wasm_cuda_standin::install_without(dir.path(), &["cuGetErrorString"])
+        .expect("the stand-in driver is built");
+    let out = run_ignored_on_stand_in(
+        dir.path(),
+        "standin_a_sticky_fault_",
+        &[("TENSOR_WASM_STANDIN_FAULT", "launch")],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("1 passed"), "{stdout}");
+    // The error text is the code's name alone: the driver had no description to give.
+    assert!(
+        stdout.contains("launch: CUDA error: CUDA_ERROR_ILLEGAL_ADDRESS during"),
+        "{stdout}"
+    );
 }
 
 /// Tenant PTX: `params(i32, i64, f64, u32, f32, u64)` does nothing; it takes one parameter
