@@ -165,3 +165,16 @@ gpu-suite: examples
 ## directory, then scripts/gpu-suite/check_results.py (not part of `make test`).
 gpu-suite-dry-run: gpu-suite
 	bash scripts/gpu-suite/dry-run.sh $(GPU_SUITE_DIR)
+
+.PHONY: soak
+SOAK_MINUTES ?= 10
+SOAK_CRASH_ROUNDS ?= 500
+## Long hardening checks (not part of `make test`): $(SOAK_MINUTES) minutes of mixed load
+## (deploys, invocations, slow and abandoned streams, async jobs, snapshots, hostile guests,
+## client disconnects) on the release server while a second tenant's latency is sampled
+## (scripts/soak.py; run file in bench-results/soak/, fails when a bound breaks), then the
+## crash-consistency test with $(SOAK_CRASH_ROUNDS) SIGKILL rounds (`make test` runs 50).
+soak: examples
+	$(CARGO) build --release -p tensor-wasm-cli --bin tensor-wasm
+	python3 scripts/soak.py target/release/tensor-wasm --minutes $(SOAK_MINUTES)
+	TENSOR_WASM_CRASH_ROUNDS=$(SOAK_CRASH_ROUNDS) $(CARGO) test -p tensor-wasm-cli --test crash -- --nocapture
