@@ -25,6 +25,12 @@ use crate::{ApiError, AppState, ErrorCode};
 /// Longest stderr tail sent in the `x-stderr-tail` header (escaped).
 const STDERR_HEADER_BYTES: usize = 1024;
 
+/// How long after an invocation's deadline the client gets its
+/// `invocation_timeout` at the latest, whatever the guest is stuck in (a CUDA
+/// kernel cannot be stopped: the invocation keeps its slot, quota and memory
+/// until the kernel ends, but the client is answered).
+pub(crate) const DEADLINE_GRACE: Duration = Duration::from_millis(100);
+
 pub(crate) async fn healthz() -> Json<Json_> {
     Json(json!({"status": "ok"}))
 }
@@ -102,6 +108,29 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(ApiError::from)
 }
 
+/// Waits for `work`, an invocation with deadline `timeout`, at most until
+/// [`DEADLINE_GRACE`] past that deadline; then answers `invocation_timeout`
+/// and leaves the work running on its own (it holds its guards until the
+/// guest has stopped).
+pub(crate) async fn within_deadline<T>(
+    timeout: Duration,
+    work: impl std::future::Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout(timeout.saturating_add(DEADLINE_GRACE), work).await {
+        Ok(outcome) => outcome,
+        Err(_elapsed) => {
+            tracing::warn!(
+                timeout_ms = timeout.as_millis() as u64,
+                "an invocation is still running past its deadline; answered as a timeout"
+            );
+            Err(RuntimeError::Timeout {
+                timeout_ms: timeout.as_millis() as u64,
+            }
+            .into())
+        }
+    }
+}
+
 /// [`Runtime::try_invoke_export_inline`] on this async thread; a panic in
 /// the attempt is a 500, as it is from a blocking task.
 fn inline(
@@ -138,6 +167,7 @@ pub(crate) async fn invoke(
         return Err(RuntimeError::FunctionNotFound(id).into());
     }
     let (style, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
+    let timeout = state.inner.runtime.timeout_of(&id)?;
     let runtime: Runtime = state.inner.runtime.clone();
     let quota = |e| quota_error(&tenant, e);
     tenant.check_rate().map_err(quota)?;
@@ -163,19 +193,25 @@ pub(crate) async fn invoke(
                 tokio::task::consume_budget().await;
                 return Ok(Json(json!({ "results": results? })).into_response());
             }
-            let results = blocking(move || {
-                let _held = (permit, guards);
-                runtime.invoke_export(&id, &call.export, &call.args)
-            })
+            let results = within_deadline(
+                timeout,
+                blocking(move || {
+                    let _held = (permit, guards);
+                    runtime.invoke_export(&id, &call.export, &call.args)
+                }),
+            )
             .await?;
             Ok(Json(json!({ "results": results })).into_response())
         }
         None => {
             let stdin = bytes.to_vec();
-            let output = blocking(move || {
-                let _held = (permit, guards);
-                runtime.invoke_command(&id, stdin)
-            })
+            let output = within_deadline(
+                timeout,
+                blocking(move || {
+                    let _held = (permit, guards);
+                    runtime.invoke_command(&id, stdin)
+                }),
+            )
             .await?;
             Ok(command_response(output, wants_json(&headers)))
         }

@@ -124,6 +124,11 @@ pub struct ServeArgs {
     /// row, that function's calls go there directly).
     #[arg(long, env = "TENSOR_WASM_NO_INLINE_CALLS")]
     no_inline_calls: bool,
+    /// Largest linear memory an inline call may have or grow to: larger modules
+    /// (initial size), multi-memory modules and tables over 65,536 elements are
+    /// never run inline; a call growing past it is run again on a blocking thread.
+    #[arg(long, env = "TENSOR_WASM_INLINE_MAX_MEMORY_BYTES", default_value_t = 8 << 20)]
+    inline_max_memory_bytes: u64,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, env = "TENSOR_WASM_SHUTDOWN_GRACE_S", default_value_t = 30)]
     shutdown_grace_s: u64,
@@ -158,6 +163,7 @@ impl ServeArgs {
             allow_raw_ptx: self.allow_raw_ptx,
             gpu_isolation: self.gpu_isolation,
             inline_calls: !self.no_inline_calls,
+            inline_max_memory_bytes: self.inline_max_memory_bytes,
             default_timeout: Duration::from_millis(self.default_timeout_ms),
             max_timeout: Duration::from_millis(self.max_timeout_ms),
             default_memory_limit_bytes: self.default_memory_limit_bytes,

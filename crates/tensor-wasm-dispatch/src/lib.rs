@@ -9,7 +9,9 @@
 //!
 //! The dispatcher is executor-agnostic: [`KernelDispatcher::acquire`] is a
 //! future and [`KernelDispatcher::acquire_blocking`] parks the calling thread
-//! (guest code runs on blocking threads, so host calls from guests use it).
+//! (guest code runs on blocking threads, so host calls from guests use it);
+//! [`KernelDispatcher::acquire_blocking_until`] and [`DispatchFuture::wait_until`]
+//! give up at a deadline (an invocation's), so no host call waits past it.
 //!
 //! ```
 //! use tensor_wasm_dispatch::{DispatchConfig, KernelDispatcher};
@@ -34,7 +36,7 @@ use std::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-pub use block_on::block_on;
+pub use block_on::{block_on, block_on_until};
 pub use metrics::DispatchMetrics;
 
 /// Limits of a dispatcher.
@@ -64,6 +66,9 @@ pub enum DispatchError {
     /// The dispatcher was shut down.
     #[error("kernel dispatcher is shut down")]
     Closed,
+    /// The caller's deadline passed while it waited for a permit.
+    #[error("the deadline passed while waiting for a kernel dispatch permit")]
+    DeadlinePassed,
 }
 
 struct Shared {
@@ -211,6 +216,16 @@ impl KernelDispatcher {
         block_on(self.acquire())
     }
 
+    /// [`KernelDispatcher::acquire_blocking`] that gives up at `deadline` with
+    /// [`DispatchError::DeadlinePassed`] (leaving the queue as if it had never waited).
+    pub fn acquire_blocking_until(
+        &self,
+        deadline: Instant,
+    ) -> Result<DispatchPermit, DispatchError> {
+        let mut acquire = std::pin::pin!(self.acquire());
+        block_on_until(&mut acquire, deadline).unwrap_or(Err(DispatchError::DeadlinePassed))
+    }
+
     /// Wraps a launched kernel's completion: the permit is held until it
     /// resolves and launch-to-completion latency is recorded.
     pub fn track<F>(&self, permit: DispatchPermit, completion: F) -> DispatchFuture<F> {
@@ -265,6 +280,17 @@ impl<F: Future + Unpin> Future for DispatchFuture<F> {
 impl<F: Future + Unpin> DispatchFuture<F> {
     /// Blocks the calling thread until the kernel completes.
     pub fn wait(self) -> F::Output {
+        block_on(self)
+    }
+
+    /// Blocks until the kernel completes; if `deadline` passes first, calls `on_deadline` with
+    /// the completion once (to cancel it) and goes on waiting for it: the permit is held, and
+    /// this returns, only once the kernel has stopped.
+    pub fn wait_until(mut self, deadline: Instant, on_deadline: impl FnOnce(&mut F)) -> F::Output {
+        if let Some(out) = block_on_until(&mut self, deadline) {
+            return out;
+        }
+        on_deadline(&mut self.completion);
         block_on(self)
     }
 }
@@ -339,6 +365,52 @@ mod tests {
         assert_eq!(d.queued(), 0);
         drop(held);
         assert!(d.acquire_blocking().is_ok());
+    }
+
+    #[test]
+    fn a_blocking_waiter_gives_up_at_its_deadline() {
+        let d = KernelDispatcher::new(DispatchConfig {
+            max_in_flight: 1,
+            max_queued: 4,
+        });
+        let held = d.acquire_blocking().unwrap();
+        let start = Instant::now();
+        let deadline = start + std::time::Duration::from_millis(50);
+        assert_eq!(
+            d.acquire_blocking_until(deadline).unwrap_err(),
+            DispatchError::DeadlinePassed
+        );
+        assert!(start.elapsed() >= std::time::Duration::from_millis(50));
+        assert_eq!(d.queued(), 0, "the waiter left the queue");
+        drop(held);
+        assert!(
+            d.acquire_blocking_until(start).is_ok(),
+            "a free permit is never late"
+        );
+    }
+
+    #[test]
+    fn wait_until_calls_back_at_the_deadline_and_still_waits_for_the_kernel() {
+        let d = KernelDispatcher::new(DispatchConfig::default());
+        let permit = d.acquire_blocking().unwrap();
+        // A "kernel" that finishes only once cancelled.
+        let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = cancelled.clone();
+        let kernel = std::future::poll_fn(move |cx| {
+            if flag.load(Ordering::Acquire) {
+                std::task::Poll::Ready("stopped")
+            } else {
+                cx.waker().wake_by_ref();
+                std::task::Poll::Pending
+            }
+        });
+        let deadline = Instant::now() + std::time::Duration::from_millis(20);
+        let out = d
+            .track(permit, Box::pin(kernel))
+            .wait_until(deadline, |_| cancelled.store(true, Ordering::Release));
+        assert_eq!(out, "stopped");
+        assert!(Instant::now() >= deadline);
+        assert_eq!(d.in_flight(), 0);
     }
 
     #[test]

@@ -4,6 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -15,6 +16,9 @@ use crate::GpuError;
 pub(crate) struct Signal {
     state: Mutex<SignalState>,
     finished: Condvar,
+    /// Set by [`Completion::cancel`]; the work checks it where it can stop (the CPU backend,
+    /// between slices).
+    cancel_requested: AtomicBool,
 }
 
 #[derive(Default)]
@@ -42,6 +46,11 @@ impl Signal {
         if let Some(waker) = waker {
             waker.wake();
         }
+    }
+
+    /// Whether the completion's owner asked the work to stop early.
+    pub(crate) fn cancel_requested(&self) -> bool {
+        self.cancel_requested.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> MutexGuard<'_, SignalState> {
@@ -130,6 +139,16 @@ impl<'m> Completion<'m> {
     /// Whether the kernel has finished; never blocks.
     pub fn is_done(&self) -> bool {
         self.signal.is_finished()
+    }
+
+    /// Asks the kernel to stop early; never blocks. The CPU backend stops a launch at its next
+    /// slice (well under a millisecond of work) and the completion then ends with
+    /// [`GpuError::Cancelled`], unless the kernel finished first; the guest memory it wrote so
+    /// far keeps what was written. A CUDA kernel cannot be stopped: it runs to its end and the
+    /// completion reports its outcome. Either way, wait on the completion (or drop it) as
+    /// usual: the memory is only released once the kernel has really stopped.
+    pub fn cancel(&self) {
+        self.signal.cancel_requested.store(true, Ordering::Release);
     }
 }
 
@@ -285,6 +304,21 @@ mod tests {
         let (outcome, wakes) = block_on(completion, || unreachable!("ready at once"));
         assert_eq!(outcome, Ok(()));
         assert_eq!(wakes, 0);
+    }
+
+    #[test]
+    fn cancel_is_seen_by_the_work_and_does_not_finish_it() {
+        let signal = Signal::new();
+        let completion = Completion::pending(signal.clone());
+        assert!(!signal.cancel_requested());
+        completion.cancel();
+        assert!(signal.cancel_requested());
+        assert!(!completion.is_done(), "only the work finishes a completion");
+        signal.finish(Err(GpuError::Cancelled("stopped".into())));
+        assert_eq!(
+            completion.wait(),
+            Err(GpuError::Cancelled("stopped".into()))
+        );
     }
 
     #[test]

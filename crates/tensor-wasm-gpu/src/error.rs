@@ -17,6 +17,10 @@ pub enum GpuError {
     /// The CUDA driver reported an error; the text starts with the `CUresult` name.
     #[error("CUDA error: {0}")]
     Cuda(String),
+    /// The launch was cancelled ([`crate::Completion::cancel`]) and stopped before it finished;
+    /// what it wrote to guest memory so far stays there.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
     /// CUDA C++ did not compile ([`crate::compile_cuda`]): the source has an error, or the
     /// kernel entry is missing. `log` is NVRTC's log (or says which entry is missing), meant
     /// for whoever wrote the source.

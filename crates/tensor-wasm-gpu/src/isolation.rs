@@ -10,7 +10,8 @@
 //! is forgotten (work already submitted to it finishes normally, and kernels loaded in it keep
 //! it alive until they are dropped).
 //!
-//! The CPU backend has no streams or contexts: it accepts the key and ignores it, level included.
+//! The CPU backend has no streams or contexts: the key only picks the queue its launches wait in
+//! (tenants take turns for its workers); the level a key names is ignored.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -242,7 +242,8 @@ impl fmt::Debug for Kernel {
 /// first). Tenant PTX and cubin kernels belong to the tenant they were loaded for and
 /// are refused for any other. Builtins and programs are the same code for everyone and may be
 /// launched for any tenant; they run in the launching tenant's lane. The CPU backend has no
-/// streams or contexts and ignores the key.
+/// streams or contexts: the key picks the queue a launch waits in, and tenants take turns for
+/// its workers.
 pub trait Backend: Send + Sync + fmt::Debug {
     /// The device this backend runs on.
     fn device(&self) -> &Device;

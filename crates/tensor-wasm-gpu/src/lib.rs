@@ -28,8 +28,9 @@
 //!   each tenant a lane of its own at the tenant's [`GpuIsolation`] level: the one the key
 //!   names ([`TenantKey::with_isolation`]), else the one the backend was opened with
 //!   ([`open_backend_with`]): a stream in one shared context (the default), or a context of
-//!   the tenant's own. Lanes of both kinds coexist in one backend. The CPU backend ignores the
-//!   key.
+//!   the tenant's own. Lanes of both kinds coexist in one backend. On the CPU backend the key
+//!   picks the queue a launch waits in: tenants take turns for its workers, in short slices,
+//!   and [`Completion::cancel`] stops a launch at its next slice.
 //!
 //! Every launch is validated before anything runs: the launch configuration against CUDA's
 //! limits, every buffer argument against guest memory, and then the kernel's own rules (the

@@ -7,8 +7,8 @@ use crate::{Backend, Completion, GpuError, Kernel, KernelArg, LaunchConfig, Tena
 /// has finished.
 ///
 /// `tenant` picks the lane the kernel runs in on a CUDA backend (its stream, or its context, at
-/// the [`GpuIsolation`](crate::GpuIsolation) level the key names or else the backend's); the CPU
-/// backend ignores it.
+/// the [`GpuIsolation`](crate::GpuIsolation) level the key names or else the backend's); on the
+/// CPU backend it picks the queue the launch waits in (tenants take turns for the workers).
 ///
 /// `wait` gets `&mut Completion`: wait on it blocking with [`Completion::wait_mut`], or use it
 /// as a future (`&mut Completion` is `Future + Unpin`), for example through a runtime's

@@ -70,6 +70,14 @@ pub struct RuntimeConfig {
     /// thread under a budget of one to two epoch ticks
     /// ([`crate::Runtime::try_invoke_export_inline`]).
     pub inline_calls: bool,
+    /// The most linear memory an inline call may have: modules with a larger
+    /// initial memory, more than one memory or a table of more than
+    /// [`crate::INLINE_MAX_TABLE_ELEMENTS`] elements never run inline, and an
+    /// inline call growing memory past it is cut short and run again on a
+    /// blocking thread. Bounds the work one uninterruptible instruction
+    /// (`memory.fill`, `memory.copy`) and the pooled-slot reset can do on an
+    /// async thread.
+    pub inline_max_memory_bytes: u64,
 }
 
 impl RuntimeConfig {
@@ -94,6 +102,7 @@ impl RuntimeConfig {
             kernel_cache: KernelCacheConfig::default(),
             gpu_isolation: GpuIsolation::default(),
             inline_calls: true,
+            inline_max_memory_bytes: 8 << 20,
         }
     }
 

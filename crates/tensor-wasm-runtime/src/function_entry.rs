@@ -25,6 +25,10 @@ pub(crate) struct Prepared {
     /// Whether the module imports nothing: a call can touch nothing but its
     /// own fresh instance, so an attempt cut short can be run again unseen.
     pub(crate) self_contained: bool,
+    /// Whether the module is small enough in its worst case to be tried
+    /// inline: one memory at most, initially within the inline memory cap,
+    /// tables within [`crate::INLINE_MAX_TABLE_ELEMENTS`].
+    pub(crate) fits_inline: bool,
 }
 
 /// A deployed function: its record and what loading and calling it leave behind.

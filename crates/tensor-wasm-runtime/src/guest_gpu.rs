@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 use tensor_wasm_dispatch::{DispatchError, KernelDispatcher};
@@ -13,7 +14,7 @@ use tensor_wasm_jit::{Blueprint, CacheKey, CompiledBlueprint, CompiledKernel, Ke
 use wasmtime::{Caller, Extern, Linker};
 
 use crate::abi::{self, code, AbiError};
-use crate::invocation_state::InvocationState;
+use crate::invocation_state::{DeadlineExceeded, InvocationState};
 
 /// What every instance shares: the backend, the dispatcher and compiled kernels.
 ///
@@ -32,6 +33,8 @@ pub(crate) struct GpuShared {
     pub backend: Arc<dyn Backend>,
     pub dispatcher: KernelDispatcher,
     cache: Arc<KernelCache>,
+    /// Kernel seconds by tenant (`RuntimeMetrics::kernel_seconds`).
+    kernel_seconds: prometheus::CounterVec,
     /// Loaded blueprint kernels by canonical descriptor.
     blueprints: RwLock<HashMap<String, Kernel>>,
     /// GPU isolation levels set for single tenants (by tenant id); a tenant
@@ -46,11 +49,13 @@ impl GpuShared {
         backend: Arc<dyn Backend>,
         dispatcher: KernelDispatcher,
         cache: Arc<KernelCache>,
+        kernel_seconds: prometheus::CounterVec,
     ) -> Self {
         GpuShared {
             backend,
             dispatcher,
             cache,
+            kernel_seconds,
             blueprints: RwLock::new(HashMap::new()),
             tenant_isolation: RwLock::new(HashMap::new()),
         }
@@ -199,18 +204,24 @@ pub(crate) struct GuestGpu {
     /// level set for it when the instance was created: its kernels load and
     /// launch in that tenant's GPU lane (stream or context).
     tenant: TenantKey,
+    /// The invocation's deadline: no host call waits past it (a launch waits
+    /// for a dispatch permit and for its kernel until then, and cancels a
+    /// CPU kernel there).
+    deadline: Instant,
 }
 
 impl GuestGpu {
     /// GPU state of an instance of a function without a tenant (the empty
-    /// tenant id: one lane shared by every such function).
-    pub(crate) fn new(shared: Arc<GpuShared>, raw_ptx: bool) -> Self {
+    /// tenant id: one lane shared by every such function), for an invocation
+    /// ending at `deadline`.
+    pub(crate) fn new(shared: Arc<GpuShared>, raw_ptx: bool, deadline: Instant) -> Self {
         GuestGpu {
             shared,
             kernels: Vec::new(),
             last_error: String::new(),
             raw_ptx,
             tenant: TenantKey::default(),
+            deadline,
         }
     }
 
@@ -240,10 +251,21 @@ impl GuestGpu {
 }
 
 /// Why a host call failed: an error code for the guest, or a condition that
-/// ends the invocation (the dispatcher is saturated: the client gets 429).
+/// ends the invocation (the dispatcher is saturated: the client gets 429; the
+/// invocation's deadline passed in the host call: `invocation_timeout`).
 enum Failure {
     Abi(AbiError),
     Saturated(DispatchError),
+    Deadline,
+}
+
+impl From<DispatchError> for Failure {
+    fn from(e: DispatchError) -> Self {
+        match e {
+            DispatchError::DeadlinePassed => Failure::Deadline,
+            other => Failure::Saturated(other),
+        }
+    }
 }
 
 impl From<AbiError> for Failure {
@@ -288,6 +310,7 @@ fn with_gpu(
             Ok(e.code)
         }
         Err(Failure::Saturated(e)) => Err(wasmtime::Error::new(e)),
+        Err(Failure::Deadline) => Err(wasmtime::Error::new(DeadlineExceeded)),
     }
 }
 
@@ -373,20 +396,38 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
                 };
                 let args = abi::parse_args(mem, args_ptr, args_len)?;
                 let shared = gpu.shared.clone();
-                let permit = shared
-                    .dispatcher
-                    .acquire_blocking()
-                    .map_err(Failure::Saturated)?;
-                tensor_wasm_gpu::launch(
+                let deadline = gpu.deadline;
+                let permit = shared.dispatcher.acquire_blocking_until(deadline)?;
+                // At the deadline the kernel is cancelled: a CPU kernel stops at
+                // its next slice; a CUDA kernel cannot be stopped and is waited
+                // for (the memory it uses stays this instance's until then; the
+                // API answers the client at the deadline meanwhile).
+                let launched = Instant::now();
+                let outcome = tensor_wasm_gpu::launch(
                     &*shared.backend,
                     &gpu.tenant,
                     &kernel,
                     &config,
                     &args,
                     mem,
-                    |completion| shared.dispatcher.track(permit, completion).wait(),
-                )??;
-                Ok(code::OK)
+                    |completion| {
+                        shared
+                            .dispatcher
+                            .track(permit, completion)
+                            .wait_until(deadline, |completion| completion.cancel())
+                    },
+                )?;
+                // Charged whatever the outcome: the device was busy for the tenant.
+                shared
+                    .kernel_seconds
+                    .with_label_values(&[gpu.tenant.as_str()])
+                    .inc_by(launched.elapsed().as_secs_f64());
+                match outcome {
+                    Err(GpuError::Cancelled(_)) => Err(Failure::Deadline),
+                    Err(e) => Err(e.into()),
+                    Ok(()) if Instant::now() >= deadline => Err(Failure::Deadline),
+                    Ok(()) => Ok(code::OK),
+                }
             })
         },
     )?;
@@ -454,6 +495,7 @@ mod tests {
                 )
                 .unwrap(),
             ),
+            prometheus::CounterVec::new(prometheus::Opts::new("k", "k"), &["tenant"]).unwrap(),
         ))
     }
 
@@ -464,16 +506,18 @@ mod tests {
             GpuIsolation::ContextPerTenant,
         ] {
             let shared = cpu_shared(default);
-            let plain = GuestGpu::new(shared.clone(), false).with_tenant("tn-plain");
+            let plain =
+                GuestGpu::new(shared.clone(), false, Instant::now()).with_tenant("tn-plain");
             assert_eq!(plain.tenant.isolation(), None, "the backend's level");
             assert_eq!(shared.tenant_isolation("tn-plain"), default);
 
             shared.set_tenant_isolation("tn-own", Some(GpuIsolation::ContextPerTenant));
             shared.set_tenant_isolation("tn-stream", Some(GpuIsolation::StreamPerTenant));
-            let own = GuestGpu::new(shared.clone(), false).with_tenant("tn-own");
+            let own = GuestGpu::new(shared.clone(), false, Instant::now()).with_tenant("tn-own");
             assert_eq!(own.tenant.as_str(), "tn-own");
             assert_eq!(own.tenant.isolation(), Some(GpuIsolation::ContextPerTenant));
-            let stream = GuestGpu::new(shared.clone(), false).with_tenant("tn-stream");
+            let stream =
+                GuestGpu::new(shared.clone(), false, Instant::now()).with_tenant("tn-stream");
             assert_eq!(
                 stream.tenant.isolation(),
                 Some(GpuIsolation::StreamPerTenant)
@@ -484,7 +528,7 @@ mod tests {
             );
             // Other tenants are untouched.
             assert_eq!(
-                GuestGpu::new(shared.clone(), false)
+                GuestGpu::new(shared.clone(), false, Instant::now())
                     .with_tenant("tn-plain")
                     .tenant
                     .isolation(),
@@ -495,7 +539,7 @@ mod tests {
             // instance created before keeps the key it was created with.
             shared.set_tenant_isolation("tn-own", None);
             assert_eq!(shared.tenant_isolation("tn-own"), default);
-            let later = GuestGpu::new(shared.clone(), false).with_tenant("tn-own");
+            let later = GuestGpu::new(shared.clone(), false, Instant::now()).with_tenant("tn-own");
             assert_eq!(later.tenant.isolation(), None);
             assert_eq!(own.tenant.isolation(), Some(GpuIsolation::ContextPerTenant));
         }
@@ -504,9 +548,9 @@ mod tests {
     #[test]
     fn guest_gpu_state_carries_the_tenant() {
         let shared = cpu_shared(GpuIsolation::default());
-        let untenanted = GuestGpu::new(shared.clone(), false);
+        let untenanted = GuestGpu::new(shared.clone(), false, Instant::now());
         assert_eq!(untenanted.tenant, TenantKey::default());
-        let owned = GuestGpu::new(shared, true).with_tenant("tn-0123456789abcdef");
+        let owned = GuestGpu::new(shared, true, Instant::now()).with_tenant("tn-0123456789abcdef");
         assert_eq!(owned.tenant.as_str(), "tn-0123456789abcdef");
         assert!(owned.raw_ptx);
     }

@@ -7,6 +7,8 @@
 //! (`guest_gpu`, `stream`) and the invocation paths (`runtime`, `snapshot`)
 //! build on this module instead of reaching into `runtime`.
 
+use std::time::Instant;
+
 use tensor_wasm_dispatch::DispatchError;
 use wasmtime::{ResourceLimiter, Store, Trap};
 use wasmtime_wasi::p1::WasiP1Ctx;
@@ -19,6 +21,9 @@ use crate::store::FunctionLimits;
 
 /// Per-store state of one invocation.
 pub(crate) struct InvocationState {
+    /// When the invocation must end: the epoch deadline stops guest code, and
+    /// host calls that can block (kernel launches, `emit_chunk`) give up here.
+    pub(crate) deadline: Instant,
     limiter: InvocationLimiter,
     wasi: Option<WasiP1Ctx>,
     pub(crate) gpu: Option<GuestGpu>,
@@ -29,10 +34,24 @@ pub(crate) struct InvocationState {
 struct InvocationLimiter {
     memory_limit: usize,
     hit: Option<String>,
+    /// An inline call's caps (memory bytes); `None` off the async threads.
+    inline_memory_cap: Option<usize>,
+    /// Whether an inline call tried to pass its caps (it is then run again on
+    /// a blocking thread, not failed).
+    inline_cap_hit: bool,
 }
 
 /// Table elements any instance may have; generous for real programs, bounded for hostile ones.
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+/// Table elements an inline call's instance may have (a larger table is more
+/// to initialise and reset on an async thread).
+pub const INLINE_MAX_TABLE_ELEMENTS: usize = 1 << 16;
+
+/// The trap that cuts an inline call short at its caps.
+#[derive(Debug, thiserror::Error)]
+#[error("an inline call may not grow past its caps; it runs again on a blocking thread")]
+pub(crate) struct InlineCapExceeded;
 
 impl ResourceLimiter for InvocationLimiter {
     fn memory_growing(
@@ -41,6 +60,10 @@ impl ResourceLimiter for InvocationLimiter {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        if self.inline_memory_cap.is_some_and(|cap| desired > cap) {
+            self.inline_cap_hit = true;
+            return Err(wasmtime::Error::new(InlineCapExceeded));
+        }
         if desired <= self.memory_limit {
             return Ok(true);
         }
@@ -59,6 +82,10 @@ impl ResourceLimiter for InvocationLimiter {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        if self.inline_memory_cap.is_some() && desired > INLINE_MAX_TABLE_ELEMENTS {
+            self.inline_cap_hit = true;
+            return Err(wasmtime::Error::new(InlineCapExceeded));
+        }
         if desired <= MAX_TABLE_ELEMENTS {
             return Ok(true);
         }
@@ -77,13 +104,17 @@ impl InvocationState {
     /// module imports them); no stream until the caller connects one.
     pub(crate) fn new(
         memory_limit_bytes: u64,
+        deadline: Instant,
         wasi: Option<WasiP1Ctx>,
         gpu: Option<GuestGpu>,
     ) -> Self {
         InvocationState {
+            deadline,
             limiter: InvocationLimiter {
                 memory_limit: usize::try_from(memory_limit_bytes).unwrap_or(usize::MAX),
                 hit: None,
+                inline_memory_cap: None,
+                inline_cap_hit: false,
             },
             wasi,
             gpu,
@@ -98,11 +129,28 @@ impl InvocationState {
             .expect("stores of modules importing WASI always carry a WASI context")
     }
 
+    /// Caps this (inline) call: no memory past `memory_bytes`, no table past
+    /// [`INLINE_MAX_TABLE_ELEMENTS`]; passing them cuts the call short.
+    pub(crate) fn cap_for_inline(&mut self, memory_bytes: u64) {
+        self.limiter.inline_memory_cap = Some(usize::try_from(memory_bytes).unwrap_or(usize::MAX));
+    }
+
+    /// Whether this inline call was cut short at its caps.
+    pub(crate) fn inline_cap_hit(&self) -> bool {
+        self.limiter.inline_cap_hit
+    }
+
     /// The limiter the store consults when the guest grows memory or tables.
     pub(crate) fn limiter(&mut self) -> &mut dyn ResourceLimiter {
         &mut self.limiter
     }
 }
+
+/// A host call gave up because the invocation's deadline passed (it ends as
+/// a timeout, like guest code past its epoch deadline).
+#[derive(Debug, thiserror::Error)]
+#[error("the invocation's deadline passed during a host call")]
+pub(crate) struct DeadlineExceeded;
 
 /// A WASI context for export-style functions: no stdin, output only logged.
 pub(crate) fn quiet_wasi(name: &str, stderr_cap: usize) -> WasiP1Ctx {
@@ -124,6 +172,11 @@ pub(crate) fn classify(
     }
     if let Some(busy) = err.downcast_ref::<DispatchError>() {
         return RuntimeError::Busy(busy.to_string());
+    }
+    if err.downcast_ref::<DeadlineExceeded>().is_some() {
+        return RuntimeError::Timeout {
+            timeout_ms: limits.timeout_ms,
+        };
     }
     if err.downcast_ref::<crate::stream::ClientGone>().is_some() {
         return RuntimeError::ClientGone;

@@ -40,6 +40,7 @@ mod values;
 pub use config::{GuestMemory, RuntimeConfig};
 pub use engine::{build_engine, engine_fingerprint, EngineParts, ModuleSource};
 pub use error::{Result, RuntimeError};
+pub use invocation_state::INLINE_MAX_TABLE_ELEMENTS;
 pub use metrics::{Outcome, RuntimeMetrics};
 pub use runtime::{CommandOutput, DeploySpec, FunctionInfo, Runtime};
 pub use snapshot::{RestoreMode, MAX_SNAPSHOTS_PER_FUNCTION};

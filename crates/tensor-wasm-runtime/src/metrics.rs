@@ -1,8 +1,8 @@
 //! Prometheus metrics of the runtime: invocations, instantiation, compilation.
 
 use prometheus::{
-    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, Opts, Registry,
+    exponential_buckets, CounterVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, Opts, Registry,
 };
 use tensor_wasm_dispatch::DispatchMetrics;
 use tensor_wasm_jit::KernelCacheMetrics;
@@ -69,6 +69,9 @@ pub struct RuntimeMetrics {
     pub(crate) inline_done: IntCounter,
     pub(crate) inline_overran: IntCounter,
     inline_calls: IntCounterVec,
+    /// Kernel time charged to each tenant: launch to completion of its
+    /// kernels, overruns past a deadline included (a CUDA kernel runs on).
+    pub(crate) kernel_seconds: CounterVec,
     /// Metrics of the kernel dispatcher.
     pub dispatch: DispatchMetrics,
     /// Metrics of the compiled-kernel cache.
@@ -165,6 +168,13 @@ impl RuntimeMetrics {
             inline_done: inline_calls.with_label_values(&["done"]),
             inline_overran: inline_calls.with_label_values(&["overran"]),
             inline_calls,
+            kernel_seconds: CounterVec::new(
+                Opts::new(
+                    "tensor_wasm_tenant_kernel_seconds_total",
+                    "Kernel time of a tenant: launch to completion of its kernels, past deadlines too.",
+                ),
+                &["tenant"],
+            )?,
             dispatch: DispatchMetrics::register(registry)?,
             kernel_cache: KernelCacheMetrics::register(registry)?,
         };
@@ -180,6 +190,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.snapshot_restore_seconds.clone()))?;
         registry.register(Box::new(metrics.snapshot_bytes.clone()))?;
         registry.register(Box::new(metrics.inline_calls.clone()))?;
+        registry.register(Box::new(metrics.kernel_seconds.clone()))?;
         for mode in ["lazy", "eager"] {
             metrics.snapshot_restores.with_label_values(&[mode]);
         }
@@ -202,6 +213,11 @@ impl RuntimeMetrics {
     /// Instances started from a snapshot in `mode` (`lazy` or `eager`) so far.
     pub fn snapshot_restores(&self, mode: &str) -> u64 {
         self.snapshot_restores.with_label_values(&[mode]).get()
+    }
+
+    /// Kernel seconds charged to `tenant` so far.
+    pub fn tenant_kernel_seconds(&self, tenant: &str) -> f64 {
+        self.kernel_seconds.with_label_values(&[tenant]).get()
     }
 
     /// Snapshots captured so far.

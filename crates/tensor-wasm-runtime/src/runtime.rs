@@ -119,6 +119,7 @@ impl Runtime {
             config.backend.clone(),
             KernelDispatcher::with_metrics(config.dispatch.clone(), metrics.dispatch.clone()),
             Arc::new(kernel_cache),
+            metrics.kernel_seconds.clone(),
         ));
         tracing::info!(
             device = %config.backend.device(),

@@ -4,14 +4,16 @@
 //! |---|---|---|
 //! | `input_len` | `() -> i64` | bytes of request input in total |
 //! | `read_input` | `(ptr, len) -> i32` | copies the next input bytes; 0 at the end |
-//! | `emit_chunk` | `(ptr, len) -> i32` | sends a chunk to the client; blocks while the client is slow (bounded buffer) |
+//! | `emit_chunk` | `(ptr, len) -> i32` | sends a chunk to the client; blocks while the client is slow (bounded buffer), never past the invocation's deadline |
 //! | `flush` | `() -> i32` | 0; chunks are sent as emitted |
 //!
 //! Results: 0 (or a count) on success; `INVALID_ARGUMENT` (-1) for ranges
 //! outside memory; `NOT_AVAILABLE` (-2) outside a streaming invocation;
 //! `LIMIT_EXCEEDED` (-5) over the per-chunk or per-invocation cap;
 //! `CLIENT_GONE` (-7) once the client has disconnected — the guest should stop;
-//! any further `emit_chunk` then ends the invocation.
+//! any further `emit_chunk` then ends the invocation. A client that stays
+//! connected but stops reading holds `emit_chunk` at most until the
+//! invocation's deadline, which then ends the invocation as a timeout.
 //!
 //! WASI commands stream their stdout the same way, with no import of their
 //! own ([`Runtime::invoke_command_streaming`](crate::Runtime::invoke_command_streaming)):
@@ -19,13 +21,15 @@
 //! per chunk, as WASI splits writes) is a chunk, sent as it is written, under
 //! the same buffer and caps. A write once the client is gone stops the guest
 //! (`ClientGone`); output past the per-invocation cap stops it too
-//! (`OutputTooLarge`).
+//! (`OutputTooLarge`); a write still waiting for the client at the
+//! invocation's deadline ends it as a timeout.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::mpsc::{self, OwnedPermit};
@@ -34,7 +38,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
 
 use crate::abi::{self, code};
-use crate::invocation_state::InvocationState;
+use crate::invocation_state::{DeadlineExceeded, InvocationState};
 
 /// Import module name.
 pub const MODULE: &str = "tw:stream";
@@ -105,13 +109,16 @@ pub struct CommandExit {
 
 impl StreamIo {
     /// Splits off the input (a WASI command's stdin) and turns the rest into
-    /// the command's stdout.
-    pub(crate) fn into_stdout(self) -> (Vec<u8>, StdoutChannel) {
+    /// the command's stdout, whose writes wait for the client until `deadline`
+    /// at most.
+    pub(crate) fn into_stdout(self, deadline: Instant) -> (Vec<u8>, StdoutChannel) {
         let stdout = StdoutChannel {
             tx: self.tx,
             shared: Arc::new(StdoutShared {
                 written: AtomicU64::new(0),
                 client_gone: AtomicBool::new(false),
+                deadline_passed: AtomicBool::new(false),
+                deadline,
                 limits: self.limits,
             }),
         };
@@ -124,6 +131,9 @@ impl StreamIo {
 struct StdoutShared {
     written: AtomicU64,
     client_gone: AtomicBool,
+    /// A write waited for the client until the invocation's deadline.
+    deadline_passed: AtomicBool,
+    deadline: Instant,
     limits: StreamLimits,
 }
 
@@ -206,6 +216,9 @@ impl ChannelWriter {
         if self.shared.client_gone.load(Ordering::Acquire) {
             return Err(StreamError::Trap(wasmtime::Error::new(ClientGone)));
         }
+        if self.shared.deadline_passed.load(Ordering::Acquire) {
+            return Err(StreamError::Trap(wasmtime::Error::new(DeadlineExceeded)));
+        }
         Ok(if self.permit.is_some() {
             self.shared.limits.max_chunk_bytes
         } else {
@@ -243,7 +256,14 @@ impl ChannelWriter {
 #[wasmtime_wasi::async_trait]
 impl Pollable for ChannelWriter {
     async fn ready(&mut self) {
-        std::future::poll_fn(|cx| self.poll_permit(cx)).await;
+        // wasmtime-wasi runs this in a tokio context with a timer.
+        let deadline = tokio::time::Instant::from_std(self.shared.deadline);
+        let shared = self.shared.clone();
+        let permit = std::future::poll_fn(|cx| self.poll_permit(cx));
+        if tokio::time::timeout_at(deadline, permit).await.is_err() {
+            // The client stopped reading: the next write ends the invocation.
+            shared.deadline_passed.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -340,6 +360,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
                 return Ok(code::INVALID_ARGUMENT);
             };
             let (mem, state) = memory.data_and_store_mut(&mut caller);
+            let deadline = state.deadline;
             let Some(io) = state.stream.as_mut() else {
                 return Ok(code::NOT_AVAILABLE);
             };
@@ -354,13 +375,22 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
             {
                 return Ok(code::LIMIT_EXCEEDED);
             }
-            io.emitted += chunk.len() as u64;
-            // Blocks while the buffer is full: back-pressure from the client.
-            if io.tx.blocking_send(chunk.to_vec()).is_err() {
-                io.client_gone = true;
-                return Ok(code::CLIENT_GONE);
+            // Waits while the buffer is full (back-pressure from the client),
+            // but not past the deadline: a client that stopped reading must not
+            // hold the instance, its thread and its tenant's quota for ever.
+            let mut reserve = std::pin::pin!(io.tx.reserve());
+            match tensor_wasm_dispatch::block_on_until(&mut reserve, deadline) {
+                None => Err(wasmtime::Error::new(DeadlineExceeded)),
+                Some(Err(_closed)) => {
+                    io.client_gone = true;
+                    Ok(code::CLIENT_GONE)
+                }
+                Some(Ok(permit)) => {
+                    permit.send(chunk.to_vec());
+                    io.emitted += chunk.len() as u64;
+                    Ok(code::OK)
+                }
             }
-            Ok(code::OK)
         },
     )?;
     linker.func_wrap(
@@ -458,6 +488,51 @@ mod tests {
             matches!(result, Err(RuntimeError::ClientGone)),
             "{result:?}"
         );
+    }
+
+    /// Regression test (issue 17, item 1): a client that stays connected but
+    /// stopped reading held `emit_chunk` (and the instance, its thread and
+    /// the tenant's quota) for ever. It must end at the invocation's deadline,
+    /// as a timeout.
+    #[test]
+    fn emit_chunk_to_a_reader_that_stopped_ends_at_the_deadline() {
+        const EMITTER: &str = r#"(module
+          (import "tw:stream" "emit_chunk" (func $emit (param i32 i32) (result i32)))
+          (memory (export "memory") 1)
+          (func (export "flood") (result i32)
+            (loop $more
+              (br_if $more (i32.eqz (call $emit (i32.const 0) (i32.const 4096)))))
+            (i32.const -1)))"#;
+        let dir = tempfile::tempdir().unwrap();
+        let rt = runtime(dir.path());
+        let timeout_ms = 300;
+        let spec = DeploySpec {
+            timeout_ms: Some(timeout_ms),
+            ..DeploySpec::export("emitter")
+        };
+        let id = rt.deploy(EMITTER.as_bytes(), spec).unwrap().record.id;
+        // The reader takes nothing and stays connected: the buffer fills at once.
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(2);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let start = std::time::Instant::now();
+        std::thread::spawn(move || {
+            let io = StreamIo::new(Vec::new(), tx, StreamLimits::default());
+            let _ = done_tx.send(rt.invoke_export_streaming(&id, "flood", &[], io));
+        });
+        let result = done_rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("emit_chunk still blocked 10 s after a 300 ms deadline");
+        let took = start.elapsed();
+        assert!(
+            matches!(result, Err(RuntimeError::Timeout { timeout_ms: 300 })),
+            "{result:?}"
+        );
+        // Generous for a loaded machine; the bound itself is deadline + a park wake-up.
+        assert!(
+            took < std::time::Duration::from_millis(timeout_ms + 1000),
+            "ended after {took:?}"
+        );
+        drop(rx);
     }
 
     #[test]

@@ -586,3 +586,64 @@ fn inline_calls_can_be_turned_off() {
         .try_invoke_export_inline(&calc.record.id, "add", &[json!(1), json!(1)])
         .is_none());
 }
+
+/// Regression test (issue 17, item 2): an inline call runs on an async
+/// thread, where one `memory.fill` over a large memory is a single
+/// uninterruptible operation. Only modules small in their worst case run
+/// inline: a call growing memory past the inline cap (8 MiB by default) is cut
+/// short and left to the blocking pool, and modules starting above the cap
+/// are never tried.
+#[test]
+fn inline_calls_may_not_grow_past_the_inline_cap() {
+    /// Grows memory by `pages`, fills all of it, returns its size in pages.
+    const GROWER: &str = r#"(module
+      (memory (export "memory") 1)
+      (func (export "grow") (param $pages i32) (result i32)
+        (if (i32.lt_s (memory.grow (local.get $pages)) (i32.const 0))
+          (then (return (i32.const -1))))
+        (memory.fill (i32.const 0) (i32.const 7)
+          (i32.mul (memory.size) (i32.const 65536)))
+        (memory.size)))"#;
+    /// Starts with 12.5 MiB of memory.
+    const BIG_MEMORY: &str = r#"(module
+      (memory (export "memory") 200)
+      (func (export "fill") (result i32)
+        (memory.fill (i32.const 0) (i32.const 1) (i32.const 13107200))
+        (i32.const 1)))"#;
+
+    let dir = tempfile::tempdir().unwrap();
+    let registry = prometheus::Registry::new();
+    // Functions may have 16 MiB here; inline calls 8 MiB.
+    let rt = open_runtime(RuntimeConfig::for_tests(dir.path()), &registry);
+    assert_eq!(rt.config().inline_max_memory_bytes, 8 << 20);
+    let overran = || counter(&registry, "tensor_wasm_inline_calls_total", "overran");
+    let grow = rt
+        .deploy(GROWER.as_bytes(), DeploySpec::export("grow"))
+        .unwrap();
+    let grow = &grow.record.id;
+    assert_eq!(
+        rt.invoke_export(grow, "grow", &[json!(191)]).unwrap(),
+        vec![json!(192)]
+    );
+    // Within the cap: inline as before.
+    let small = rt.try_invoke_export_inline(grow, "grow", &[json!(10)]);
+    assert_eq!(small.unwrap().unwrap(), vec![json!(11)]);
+    // Past it (12 MiB): cut short, no outcome; the blocking path answers.
+    assert!(rt
+        .try_invoke_export_inline(grow, "grow", &[json!(191)])
+        .is_none());
+    assert_eq!(overran(), 1);
+    assert_eq!(
+        rt.invoke_export(grow, "grow", &[json!(191)]).unwrap(),
+        vec![json!(192)]
+    );
+
+    // A module starting above the cap is never tried inline.
+    let big = rt
+        .deploy(BIG_MEMORY.as_bytes(), DeploySpec::export("big"))
+        .unwrap();
+    let big = &big.record.id;
+    assert_eq!(rt.invoke_export(big, "fill", &[]).unwrap(), vec![json!(1)]);
+    assert!(rt.try_invoke_export_inline(big, "fill", &[]).is_none());
+    assert_eq!(overran(), 1, "not tried, so not an overrun");
+}

@@ -85,7 +85,8 @@ pub(crate) fn query_all_devices() -> Result<Vec<CudaDeviceInfo>, String> {
     devices.map_err(|error| match error {
         GpuError::NotAvailable(reason)
         | GpuError::Cuda(reason)
-        | GpuError::InvalidArgument(reason) => reason,
+        | GpuError::InvalidArgument(reason)
+        | GpuError::Cancelled(reason) => reason,
         GpuError::Compile { log } => log,
     })
 }

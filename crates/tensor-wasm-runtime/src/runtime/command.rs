@@ -118,7 +118,10 @@ impl Runtime {
         }
         let prepared = self.prepared(&entry)?;
         let _slot = self.take_slot()?;
-        let (stdin, stdout) = io.into_stdout();
+        // The invocation's deadline (the store's starts a moment later).
+        let deadline =
+            std::time::Instant::now() + std::time::Duration::from_millis(record.limits.timeout_ms);
+        let (stdin, stdout) = io.into_stdout(deadline);
         let (mut store, stderr, run) = self.run_start(&prepared, record, stdin, stdout.clone());
         let exit_code = match run {
             Ok(code) => code,

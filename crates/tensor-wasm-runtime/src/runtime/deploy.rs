@@ -118,6 +118,14 @@ impl Runtime {
         Ok((entry.record.style, entry.record.limits.memory_limit_bytes))
     }
 
+    /// The deadline of one invocation of function `id` (its `timeout_ms`).
+    pub fn timeout_of(&self, id: &str) -> Result<std::time::Duration> {
+        let entry = self.entry(id)?;
+        Ok(std::time::Duration::from_millis(
+            entry.record.limits.timeout_ms,
+        ))
+    }
+
     /// The functions `tenant` owns, oldest first.
     pub fn functions_of(&self, tenant: &str) -> Vec<FunctionRecord> {
         let mut records = self.functions();

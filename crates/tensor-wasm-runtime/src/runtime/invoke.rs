@@ -5,11 +5,12 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use serde_json::Value as Json;
-use wasmtime::Val;
+use wasmtime::{Store, Val};
 
+use super::load::InlineBudget;
 use crate::error::{Result, RuntimeError};
 use crate::function_entry::{FunctionEntry, Prepared};
-use crate::invocation_state::{classify, quiet_wasi};
+use crate::invocation_state::{classify, quiet_wasi, InvocationState};
 use crate::store::InvocationStyle;
 use crate::values::{args_from_json, results_to_json};
 use crate::Runtime;
@@ -38,7 +39,15 @@ impl Runtime {
     /// may block. Only calls that can be cut short and run again unseen are
     /// tried: an export-call function already loaded, importing nothing (the
     /// call touches only its own fresh instance), in pooled guest memory, not
-    /// started from a snapshot. The attempt, instantiation included, has an
+    /// started from a snapshot, and small in its worst case: one memory at
+    /// most, of at most
+    /// [`RuntimeConfig::inline_max_memory_bytes`](crate::RuntimeConfig::inline_max_memory_bytes)
+    /// (8 MiB by default) initially and during the call (a call growing past
+    /// it is cut short and run again on a blocking thread), tables of at most
+    /// [`INLINE_MAX_TABLE_ELEMENTS`](crate::INLINE_MAX_TABLE_ELEMENTS)
+    /// elements: one uninterruptible instruction (`memory.fill`) and the
+    /// reset of the instance's pooled slot stay that small on the caller's
+    /// thread. The attempt, instantiation included, has an
     /// epoch deadline two ticks away: at least one whole tick
     /// ([`RuntimeConfig::epoch_tick`](crate::RuntimeConfig::epoch_tick), 5 ms
     /// by default) and at most two; or the function's own deadline when that
@@ -66,7 +75,7 @@ impl Runtime {
             return None;
         }
         let prepared = entry.prepared.get()?.clone();
-        if !prepared.self_contained {
+        if !prepared.self_contained || !prepared.fits_inline {
             return None;
         }
         if entry.inline_overruns.load(Ordering::Relaxed) >= INLINE_OVERRUNS_TO_SKIP {
@@ -81,7 +90,26 @@ impl Runtime {
         let own_ticks = self.deadline_ticks(&entry.record.limits);
         let ticks = own_ticks.min(INLINE_DEADLINE_TICKS);
         let start = Instant::now();
-        let result = self.call_export(&entry, &prepared, export, args, None, Some(ticks));
+        let budget = InlineBudget {
+            ticks,
+            max_memory_bytes: self.inner.config.inline_max_memory_bytes,
+        };
+        let mut cut_at_caps = false;
+        let result = self.call_export(
+            &entry,
+            &prepared,
+            export,
+            args,
+            None,
+            Some((budget, &mut cut_at_caps)),
+        );
+        if cut_at_caps {
+            // The call needs more than an inline call may have: a strike, and
+            // the blocking pool runs it again from a fresh instance.
+            entry.inline_overruns.fetch_add(1, Ordering::Relaxed);
+            self.inner.metrics.inline_overran.inc();
+            return None;
+        }
         if let Err(RuntimeError::Timeout { .. }) = result {
             // Either way a strike: calls that run into a deadline belong on
             // the blocking pool.
@@ -149,8 +177,9 @@ impl Runtime {
         self.call_export(&entry, &prepared, export, args, stream, None)
     }
 
-    /// Instantiates export-call function `entry` (deadline in epoch ticks,
-    /// `None`: its own timeout) and calls `export` with `args`.
+    /// Instantiates export-call function `entry` and calls `export` with
+    /// `args`: under its own limits, or as an inline attempt under `inline`'s
+    /// budget (whose flag is set when the call was cut short at its caps).
     fn call_export(
         &self,
         entry: &FunctionEntry,
@@ -158,7 +187,7 @@ impl Runtime {
         export: &str,
         args: &[Json],
         stream: Option<crate::stream::StreamIo>,
-        deadline_ticks: Option<u64>,
+        inline: Option<(InlineBudget, &mut bool)>,
     ) -> Result<Vec<Json>> {
         let record = &entry.record;
         let ty = prepared
@@ -170,25 +199,48 @@ impl Runtime {
         let wasi = prepared
             .needs_wasi
             .then(|| quiet_wasi(&record.name, self.inner.config.stderr_tail_bytes));
-        let (mut store, instance) =
-            self.instantiate_with_deadline(prepared, record, wasi, deadline_ticks);
+        let (budget, cut_at_caps) = match inline {
+            Some((budget, cut)) => (Some(budget), Some(cut)),
+            None => (None, None),
+        };
+        let (mut store, instance) = self.instantiate_with_deadline(prepared, record, wasi, budget);
         store.data_mut().stream = stream;
-        let instance = instance.map_err(|e| classify(e, &mut store, &record.limits))?;
+        let result = self.run_export(entry, prepared, export, ty, &params, &mut store, instance);
+        if let Some(cut) = cut_at_caps {
+            *cut = store.data().inline_cap_hit();
+        }
+        result
+    }
+
+    /// Runs `export` in the instance just created in `store`.
+    #[allow(clippy::too_many_arguments)]
+    fn run_export(
+        &self,
+        entry: &FunctionEntry,
+        prepared: &Prepared,
+        export: &str,
+        ty: &wasmtime::FuncType,
+        params: &[Val],
+        store: &mut Store<InvocationState>,
+        instance: wasmtime::Result<wasmtime::Instance>,
+    ) -> Result<Vec<Json>> {
+        let record = &entry.record;
+        let instance = instance.map_err(|e| classify(e, store, &record.limits))?;
         if let Some(snapshot) = &record.start_from_snapshot {
             // The snapshot holds the state after `_initialize` and the init export.
-            self.restore_snapshot(entry, prepared, snapshot, &mut store, &instance)?;
+            self.restore_snapshot(entry, prepared, snapshot, &mut *store, &instance)?;
         } else if prepared.has_initialize {
-            if let Some(init) = instance.get_func(&mut store, "_initialize") {
-                init.call(&mut store, &[], &mut [])
-                    .map_err(|e| classify(e, &mut store, &record.limits))?;
+            if let Some(init) = instance.get_func(&mut *store, "_initialize") {
+                init.call(&mut *store, &[], &mut [])
+                    .map_err(|e| classify(e, &mut *store, &record.limits))?;
             }
         }
         let func = instance
-            .get_func(&mut store, export)
+            .get_func(&mut *store, export)
             .ok_or_else(|| RuntimeError::UnknownExport(export.to_owned()))?;
         let mut results = vec![Val::I32(0); ty.results().len()];
-        func.call(&mut store, &params, &mut results)
-            .map_err(|e| classify(e, &mut store, &record.limits))?;
+        func.call(&mut *store, params, &mut results)
+            .map_err(|e| classify(e, &mut *store, &record.limits))?;
         Ok(results_to_json(&results))
     }
 }

@@ -20,6 +20,18 @@ use crate::Runtime;
 /// Import module name of WASI preview 1.
 const WASI_P1: &str = "wasi_snapshot_preview1";
 
+/// Bytes in a wasm page.
+const WASM_PAGE_BYTES: u64 = 64 << 10;
+
+/// What an inline attempt may use: an epoch deadline of `ticks`, and at most
+/// `max_memory_bytes` of linear memory (tables: at most
+/// [`crate::INLINE_MAX_TABLE_ELEMENTS`] elements).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct InlineBudget {
+    pub(super) ticks: u64,
+    pub(super) max_memory_bytes: u64,
+}
+
 impl Runtime {
     /// Loads every stored function (from artifacts where possible) so the first
     /// invocations do not pay for it. Returns how many failed to load.
@@ -109,6 +121,15 @@ impl Runtime {
             .filter_map(|index| index.parse().ok())
             .collect();
         state_globals.sort_unstable();
+        // Small in the worst case: what an inline call may start with.
+        let resources = module.resources_required();
+        let fits_inline = resources.num_memories <= 1
+            && resources.max_initial_memory_size.is_none_or(|pages| {
+                pages.saturating_mul(WASM_PAGE_BYTES) <= self.inner.config.inline_max_memory_bytes
+            })
+            && resources
+                .max_initial_table_size
+                .is_none_or(|elements| elements <= crate::INLINE_MAX_TABLE_ELEMENTS as u64);
         Ok(Prepared {
             pre,
             needs_wasi,
@@ -117,6 +138,7 @@ impl Runtime {
             has_initialize,
             state_globals,
             self_contained: module.imports().len() == 0,
+            fits_inline,
         })
     }
 
@@ -146,24 +168,41 @@ impl Runtime {
         self.instantiate_with_deadline(prepared, record, wasi, None)
     }
 
-    /// [`Runtime::instantiate`] with the epoch deadline in ticks (`None`: the
-    /// function's own timeout). The deadline covers instantiation too.
+    /// [`Runtime::instantiate`] for an inline attempt under `inline`'s budget
+    /// (`None`: the function's own limits). The deadline covers instantiation
+    /// too.
     pub(super) fn instantiate_with_deadline(
         &self,
         prepared: &Prepared,
         record: &FunctionRecord,
         wasi: Option<WasiP1Ctx>,
-        deadline_ticks: Option<u64>,
+        inline: Option<InlineBudget>,
     ) -> (Store<InvocationState>, wasmtime::Result<wasmtime::Instance>) {
+        let deadline_ticks = inline.map(|budget| budget.ticks);
         let limits = &record.limits;
         let start = Instant::now();
+        let ticks = deadline_ticks.unwrap_or_else(|| self.deadline_ticks(limits));
+        // The same deadline as wall time, for host calls (which epochs cannot stop).
+        let deadline = start
+            + match deadline_ticks {
+                Some(ticks) => self
+                    .inner
+                    .config
+                    .epoch_tick
+                    .saturating_mul(u32::try_from(ticks).unwrap_or(u32::MAX)),
+                None => Duration::from_millis(limits.timeout_ms),
+            };
         let gpu = prepared.needs_gpu.then(|| {
-            GuestGpu::new(self.inner.gpu.clone(), limits.raw_ptx).with_tenant(&record.tenant)
+            GuestGpu::new(self.inner.gpu.clone(), limits.raw_ptx, deadline)
+                .with_tenant(&record.tenant)
         });
-        let state = InvocationState::new(limits.memory_limit_bytes, wasi, gpu);
+        let mut state = InvocationState::new(limits.memory_limit_bytes, deadline, wasi, gpu);
+        if let Some(budget) = inline {
+            state.cap_for_inline(budget.max_memory_bytes);
+        }
         let mut store = Store::new(&self.inner.engine, state);
         store.limiter(|s| s.limiter());
-        store.set_epoch_deadline(deadline_ticks.unwrap_or_else(|| self.deadline_ticks(limits)));
+        store.set_epoch_deadline(ticks);
         store.epoch_deadline_trap();
         if self.inner.config.fuel_enabled {
             store

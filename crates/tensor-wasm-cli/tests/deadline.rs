@@ -1,0 +1,168 @@
+//! Invocation deadlines inside host calls, end to end over real HTTP: a kernel launch that
+//! would run for minutes ends at the invocation's deadline, and another tenant's small kernel
+//! is served meanwhile (issue 17, item 1). A test binary of its own, so no other test of this
+//! crate shares the CPU with it.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tensor_wasm_test_support::guests::examples_dir as examples;
+use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess as Server};
+use tensor_wasm_test_support::wait::wait_until;
+
+/// Cargo builds this binary (same profile) before the tests and names it here.
+const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
+
+/// The attack of issue 17: one built-in `matmul` with m = n = k = 4096 whose inputs and output
+/// are one 64 MiB buffer (aliased, so the CPU backend runs it as one task: about a minute of
+/// one core). Argument records and the descriptor live past the buffer.
+const ALIASED_MATMUL: &str = r#"(module
+  (import "wasi:cuda" "kernel_from_blueprint" (func $kernel (param i32 i32) (result i32)))
+  (import "wasi:cuda" "launch"
+    (func $launch (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1025)
+  (data (i32.const 67108992) "matmul")
+  (func $record (param $at i32) (param $tag i32) (param $aux i32) (param $value i64)
+    (i32.store (local.get $at) (local.get $tag))
+    (i32.store offset=4 (local.get $at) (local.get $aux))
+    (i64.store offset=8 (local.get $at) (local.get $value)))
+  (func (export "run") (result i32)
+    (local $k i32)
+    (local.set $k (call $kernel (i32.const 67108992) (i32.const 6)))
+    (if (i32.lt_s (local.get $k) (i32.const 0)) (then (return (local.get $k))))
+    (call $record (i32.const 67108864) (i32.const 7) (i32.const 67108864) (i64.const 0))
+    (call $record (i32.const 67108880) (i32.const 7) (i32.const 67108864) (i64.const 0))
+    (call $record (i32.const 67108896) (i32.const 7) (i32.const 67108864) (i64.const 0))
+    (call $record (i32.const 67108912) (i32.const 2) (i32.const 0) (i64.const 4096))
+    (call $record (i32.const 67108928) (i32.const 2) (i32.const 0) (i64.const 4096))
+    (call $record (i32.const 67108944) (i32.const 2) (i32.const 0) (i64.const 4096))
+    (call $launch (local.get $k) (i32.const 256) (i32.const 256) (i32.const 1)
+      (i32.const 16) (i32.const 16) (i32.const 1) (i32.const 0)
+      (i32.const 67108864) (i32.const 96))))"#;
+
+/// The invocation deadline of the attacking function.
+const TIMEOUT_MS: u64 = 500;
+
+/// How late after its deadline an invocation may answer here. The server's bound is 100 ms
+/// (the runtime stops a CPU kernel at its next slice, about a millisecond, and the API answers
+/// at the deadline + 100 ms whatever happens); this test runs on shared 2-core machines next to
+/// compilers, so it allows more and prints what it measured.
+const LATE_TOLERANCE: Duration = Duration::from_millis(400);
+
+/// `POST /functions/{id}/invoke` with `token`: status, JSON answer and how long it took.
+fn invoke(
+    server: &Server,
+    token: &str,
+    id: &str,
+    export: &str,
+    args: Value,
+) -> (u16, Value, Duration) {
+    let start = Instant::now();
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url(&format!("/functions/{id}/invoke")))
+            .set("authorization", &format!("Bearer {token}"))
+            .send_json(json!({"export": export, "args": args})),
+    );
+    (status, json_of(&body), start.elapsed())
+}
+
+#[test]
+fn a_kernel_launch_ends_at_the_invocation_deadline_and_other_tenants_keep_their_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(Path::new(BIN), dir.path(), &["--device", "cpu"]);
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url("/tenants"))
+            .set("authorization", &server.admin_auth())
+            .send_json(json!({"name": "quiet"})),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let quiet = json_of(&body)["token"].as_str().unwrap().to_owned();
+
+    let (status, body, _) = server.post(
+        &format!("/functions?name=attack&timeout_ms={TIMEOUT_MS}"),
+        "application/wasm",
+        ALIASED_MATMUL.as_bytes(),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let attack = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let vadd_wat = std::fs::read(examples().join("vector_add.wat")).unwrap();
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url("/functions?name=vadd"))
+            .set("authorization", &format!("Bearer {quiet}"))
+            .set("content-type", "application/wasm")
+            .send_bytes(&vadd_wat),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let vadd = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let mut unloaded = Duration::ZERO;
+    for _ in 0..5 {
+        let (status, answer, took) = invoke(&server, &quiet, &vadd, "run", json!([4096]));
+        assert_eq!((status, answer), (200, json!({"results": [4096]})));
+        unloaded = unloaded.max(took);
+    }
+
+    // Two attacks at once, by the default tenant.
+    let attacks: Vec<_> = (0..2)
+        .map(|_| {
+            let (base, token, attack) = (server.base.clone(), server.token.clone(), attack.clone());
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                let (status, body, _) = Server::reply(
+                    Server::agent()
+                        .post(&format!("{base}/functions/{attack}/invoke"))
+                        .set("authorization", &format!("Bearer {token}"))
+                        .send_json(json!({"export": "run", "args": []})),
+                );
+                (status, json_of(&body), start.elapsed())
+            })
+        })
+        .collect();
+    wait_until(
+        Duration::from_secs(5),
+        "both attacking kernels are running",
+        || server.metric("tensor_wasm_dispatch_in_flight") == Some(2.0),
+    );
+    // The quiet tenant's small kernel, timed while both big ones run.
+    let mut loaded = Vec::new();
+    for _ in 0..5 {
+        let (status, answer, took) = invoke(&server, &quiet, &vadd, "run", json!([4096]));
+        assert_eq!((status, answer), (200, json!({"results": [4096]})));
+        loaded.push(took);
+    }
+    let mut late = Vec::new();
+    for attack in attacks {
+        let (status, body, took) = attack.join().unwrap();
+        assert_eq!(
+            (status, error_code(&body)),
+            (504, "invocation_timeout"),
+            "{body}"
+        );
+        late.push(took.saturating_sub(Duration::from_millis(TIMEOUT_MS)));
+    }
+    eprintln!(
+        "deadline {TIMEOUT_MS} ms: attacks answered {late:?} after it; quiet vector_add \
+         unloaded max {unloaded:?}, under attack {loaded:?}"
+    );
+    for overshoot in &late {
+        assert!(
+            *overshoot <= LATE_TOLERANCE,
+            "an attack answered {overshoot:?} after its deadline"
+        );
+    }
+    let slowest = loaded.iter().max().copied().unwrap_or_default();
+    assert!(
+        slowest < Duration::from_millis(TIMEOUT_MS),
+        "the quiet tenant's vector_add took {slowest:?} under attack (unloaded {unloaded:?})"
+    );
+
+    // The server keeps serving, and the kernels are gone: nothing is left in flight.
+    wait_until(Duration::from_secs(5), "no kernel left in flight", || {
+        server.metric("tensor_wasm_dispatch_in_flight") == Some(0.0)
+    });
+    let (status, answer, _) = invoke(&server, &quiet, &vadd, "run", json!([4096]));
+    assert_eq!((status, answer), (200, json!({"results": [4096]})));
+}

@@ -1,0 +1,330 @@
+//! The CPU backend's worker pool, fair between tenants.
+//!
+//! A launch is a job split into tasks (disjoint parts of its work). A worker runs one *slice* of
+//! a task at a time (see `cpu/kernels.rs`: about 0.1 ms) and puts an unfinished task back
+//! at the end of its tenant's queue. Tasks are queued per tenant and workers take them
+//! round-robin between the tenants that have work queued, so one tenant's large kernels cannot
+//! hold every worker while another tenant's small kernel waits: it waits at most one slice per
+//! worker. A job whose completion was cancelled ends at its next slice with
+//! [`GpuError::Cancelled`]; its queued tasks are dropped as they come up.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use super::kernels::{Cursor, GuestMemory, Work};
+use crate::completion::Signal;
+use crate::{GpuError, KernelArg, KernelProgram, LaunchConfig};
+
+/// What one launch on the pool computes.
+pub(super) enum JobWork {
+    /// A builtin, split into parts, each run slice by slice.
+    Builtin(Work),
+    /// A host-described program, run whole by one task (one slice).
+    Program {
+        program: Arc<dyn KernelProgram>,
+        config: LaunchConfig,
+        args: Vec<KernelArg>,
+    },
+}
+
+impl JobWork {
+    /// Runs the next slice of `part`; `true` once the part is done.
+    ///
+    /// # Safety
+    /// `memory` must be the base of the `memory_len` bytes of guest memory the launch was
+    /// validated against, valid for reads and writes for the whole call; `cursor` is this
+    /// part's, only moved on by this function; no other thread may access the bytes this part
+    /// writes, nor write the bytes it reads, while it runs (a program's single task may touch
+    /// all of guest memory, so nothing else may).
+    unsafe fn run_slice(
+        &self,
+        memory: GuestMemory,
+        memory_len: usize,
+        part: &Range<usize>,
+        cursor: &mut Option<Cursor>,
+    ) -> Result<bool, GpuError> {
+        match self {
+            JobWork::Builtin(work) => {
+                let cursor = cursor.get_or_insert_with(|| work.cursor(part));
+                // SAFETY: forwarded from this function's contract.
+                Ok(unsafe { work.run_slice(memory, part, cursor) })
+            }
+            JobWork::Program {
+                program,
+                config,
+                args,
+            } => {
+                // SAFETY: the caller promises `memory_len` bytes at `memory`, valid for reads
+                // and writes and touched by no other thread while this runs (a program job has
+                // one task), so this is the only reference to them.
+                let memory = unsafe { std::slice::from_raw_parts_mut(memory.0, memory_len) };
+                program.run_cpu(config, args, memory).map(|()| true)
+            }
+        }
+    }
+}
+
+/// One launch on the pool: its work, shared by its tasks.
+pub(super) struct CpuJob {
+    /// The tenant whose queue the job's tasks wait in.
+    pub(super) tenant: Arc<str>,
+    pub(super) work: JobWork,
+    pub(super) memory: GuestMemory,
+    pub(super) memory_len: usize,
+    pub(super) tasks_left: AtomicUsize,
+    pub(super) failure: Mutex<Option<GpuError>>,
+    pub(super) signal: Arc<Signal>,
+}
+
+/// One part of a job, and where it resumes.
+pub(super) struct Task {
+    pub(super) job: Arc<CpuJob>,
+    pub(super) part: Range<usize>,
+    pub(super) cursor: Option<Cursor>,
+}
+
+impl Task {
+    /// Runs one slice; gives the task back when it has more to do.
+    fn run_slice(mut self) -> Option<Task> {
+        let job = self.job.clone();
+        if job.signal.cancel_requested() {
+            finish_part(
+                &job,
+                Some(GpuError::Cancelled(String::from(
+                    "the launch was cancelled before it finished (its invocation's deadline \
+                     passed)",
+                ))),
+            );
+            return None;
+        }
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: the job was validated against the `memory_len` bytes of guest memory at
+            // `job.memory`, which its Completion (never leaked, by the contract of
+            // `launch_unscoped`) keeps borrowed until `tasks_left` reaches zero in
+            // `finish_part`; `partition` gave this task a part disjoint from every other
+            // task's, a job whose output aliases an input has one task only, and so does a
+            // program job; this task's slices run one at a time (it is in one queue or on one
+            // worker, never both).
+            unsafe {
+                job.work
+                    .run_slice(job.memory, job.memory_len, &self.part, &mut self.cursor)
+            }
+        }));
+        match outcome {
+            Ok(Ok(false)) => return Some(self),
+            Ok(Ok(true)) => finish_part(&job, None),
+            Ok(Err(error)) => finish_part(&job, Some(error)),
+            Err(_) => finish_part(
+                &job,
+                Some(GpuError::Cuda(String::from(
+                    "CPU kernel panicked (internal error)",
+                ))),
+            ),
+        }
+        None
+    }
+}
+
+/// Records that one task of `job` is over (with `error`, if it failed); the last one finishes
+/// the job's completion.
+fn finish_part(job: &CpuJob, error: Option<GpuError>) {
+    if let Some(error) = error {
+        let mut failure = job.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        failure.get_or_insert(error);
+    }
+    if job.tasks_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let failure = job
+            .failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        job.signal.finish(failure.map_or(Ok(()), Err));
+    }
+}
+
+/// A fixed set of worker threads taking tasks round-robin from per-tenant queues.
+pub(super) struct WorkerPool {
+    shared: Arc<PoolShared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct PoolShared {
+    queue: Mutex<PoolQueue>,
+    available: Condvar,
+}
+
+/// Queued tasks by tenant, and the order in which tenants get the next free worker.
+#[derive(Default)]
+struct PoolQueue {
+    by_tenant: HashMap<Arc<str>, VecDeque<Task>>,
+    /// Tenants with queued tasks, each once: the front one is served next, then goes to the
+    /// back if it still has tasks queued.
+    turns: VecDeque<Arc<str>>,
+    shutting_down: bool,
+}
+
+impl PoolQueue {
+    fn push(&mut self, task: Task) {
+        let queue = self.by_tenant.entry(task.job.tenant.clone()).or_default();
+        if queue.is_empty() {
+            self.turns.push_back(task.job.tenant.clone());
+        }
+        queue.push_back(task);
+    }
+
+    fn pop(&mut self) -> Option<Task> {
+        let tenant = self.turns.pop_front()?;
+        let queue = self.by_tenant.get_mut(&tenant)?;
+        let task = queue.pop_front();
+        if queue.is_empty() {
+            self.by_tenant.remove(&tenant);
+        } else {
+            self.turns.push_back(tenant);
+        }
+        task
+    }
+}
+
+impl PoolShared {
+    fn lock(&self) -> MutexGuard<'_, PoolQueue> {
+        // Tasks run outside the lock, so a poisoned queue is still consistent.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts `unfinished` back at the end of its tenant's queue, then takes the next task in
+    /// turn (waiting for one); `None` once the pool shuts down and nothing is left.
+    fn next_task(&self, unfinished: Option<Task>) -> Option<Task> {
+        let mut queue = self.lock();
+        if let Some(task) = unfinished {
+            queue.push(task);
+        }
+        loop {
+            if let Some(task) = queue.pop() {
+                return Some(task);
+            }
+            if queue.shutting_down {
+                return None;
+            }
+            queue = self
+                .available
+                .wait(queue)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+impl WorkerPool {
+    pub(super) fn start(size: usize) -> Result<Self, GpuError> {
+        let shared = Arc::new(PoolShared::default());
+        let mut workers = Vec::with_capacity(size);
+        for index in 0..size {
+            let worker_shared = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("tensor-wasm-cpu-{index}"))
+                .spawn(move || {
+                    let mut unfinished = None;
+                    while let Some(task) = worker_shared.next_task(unfinished.take()) {
+                        unfinished = task.run_slice();
+                    }
+                });
+            match spawned {
+                Ok(handle) => workers.push(handle),
+                Err(error) if workers.is_empty() => {
+                    return Err(GpuError::NotAvailable(format!(
+                        "cannot start CPU kernel worker threads: {error}"
+                    )))
+                }
+                Err(error) => {
+                    tracing::warn!(%error, started = workers.len(), "fewer CPU kernel workers than cores");
+                    break;
+                }
+            }
+        }
+        Ok(Self { shared, workers })
+    }
+
+    /// Worker threads.
+    pub(super) fn size(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub(super) fn submit(&self, tasks: impl IntoIterator<Item = Task>) {
+        let mut queue = self.shared.lock();
+        for task in tasks {
+            queue.push(task);
+        }
+        drop(queue);
+        self.shared.available.notify_all();
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        // Workers finish every queued task before they exit, so no Completion is left waiting.
+        self.shared.lock().shutting_down = true;
+        self.shared.available.notify_all();
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(tenant: &str) -> Task {
+        Task {
+            job: Arc::new(CpuJob {
+                tenant: Arc::from(tenant),
+                work: JobWork::Builtin(Work::new(
+                    crate::validate::BuiltinCall::Scale {
+                        x: 0,
+                        out: 0,
+                        alpha: 1.0,
+                        n: 0,
+                    },
+                    &LaunchConfig::linear(1, 1),
+                )),
+                memory: GuestMemory(std::ptr::null_mut()),
+                memory_len: 0,
+                tasks_left: AtomicUsize::new(1),
+                failure: Mutex::new(None),
+                signal: Signal::new(),
+            }),
+            part: 0..0,
+            cursor: None,
+        }
+    }
+
+    /// Tenants take turns: a tenant with many queued tasks gets one per turn, as does a tenant
+    /// that queued a single task after it.
+    #[test]
+    fn tenants_are_served_round_robin() {
+        let mut queue = PoolQueue::default();
+        for _ in 0..3 {
+            queue.push(task("big"));
+        }
+        queue.push(task("small"));
+        let order: Vec<String> = std::iter::from_fn(|| queue.pop())
+            .map(|t| t.job.tenant.to_string())
+            .collect();
+        assert_eq!(order, ["big", "small", "big", "big"]);
+        assert!(queue.by_tenant.is_empty() && queue.turns.is_empty());
+
+        // A task put back after its slice goes behind the other tenant's waiting task.
+        queue.push(task("small"));
+        queue.push(task("big"));
+        let first = queue.pop().unwrap();
+        assert_eq!(&*first.job.tenant, "small");
+        queue.push(first);
+        assert_eq!(&*queue.pop().unwrap().job.tenant, "big");
+        assert_eq!(&*queue.pop().unwrap().job.tenant, "small");
+        assert!(queue.pop().is_none());
+    }
+}
