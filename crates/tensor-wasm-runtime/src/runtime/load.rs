@@ -156,6 +156,16 @@ impl Runtime {
         deadline_ticks: Option<u64>,
     ) -> (Store<InvocationState>, wasmtime::Result<wasmtime::Instance>) {
         let limits = &record.limits;
+        if limits.raw_ptx && self.raw_ptx_withheld(&record.tenant) {
+            // Checked here, where every instance starts, so a revoked
+            // capability stops invocations, async jobs and snapshots alike.
+            let store = Store::new(
+                &self.inner.engine,
+                InvocationState::new(limits.memory_limit_bytes, None, None),
+            );
+            let withheld = crate::error::RawPtxWithheld(record.tenant.clone());
+            return (store, Err(wasmtime::Error::new(withheld)));
+        }
         let start = Instant::now();
         let gpu = prepared.needs_gpu.then(|| {
             GuestGpu::new(self.inner.gpu.clone(), limits.raw_ptx).with_tenant(&record.tenant)
