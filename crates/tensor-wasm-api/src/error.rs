@@ -70,6 +70,8 @@ error_codes! {
         "The token may not use this route: a tenant token on an admin route, or the admin token on a function route.";
     QuotaSizeExceeded => "quota_size_exceeded", 403,
         "A size quota refuses the request (e.g. a module larger than the tenant's `max_module_bytes`).";
+    RawPtxNotGranted => "raw_ptx_not_granted", 403,
+        "The tenant does not hold the raw-kernel capability (`raw_ptx`), which only the admin grants: deploys asking for it and invocations of its raw-kernel functions are refused.";
     NotFound => "not_found", 404,
         "No such function, snapshot, job, tenant or token (another tenant's ids included).";
     RouteNotFound => "route_not_found", 404,
@@ -229,6 +231,9 @@ impl From<RuntimeError> for ApiError {
                 ApiError::new(ErrorCode::SnapshotCorrupt, message)
             }
             RuntimeError::Conflict(_) => ApiError::new(ErrorCode::Conflict, message),
+            RuntimeError::RawPtxNotGranted(_) => {
+                ApiError::new(ErrorCode::RawPtxNotGranted, message)
+            }
             RuntimeError::Storage { .. }
             | RuntimeError::CorruptRecord { .. }
             | RuntimeError::Engine(_) => ApiError::internal(err),

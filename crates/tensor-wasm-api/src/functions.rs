@@ -125,6 +125,9 @@ pub(crate) async fn create_function(
     };
     let tenant = caller.tenant()?.clone();
     tenant.check_rate().map_err(|e| quota_error(&tenant, e))?;
+    if options.raw_ptx == Some(true) {
+        require_raw_ptx(&state, &tenant)?;
+    }
     // A per-module size check: the guard holds nothing.
     drop(
         tenant
@@ -199,33 +202,81 @@ pub(crate) async fn delete_function(
     }
 }
 
+/// 403 `raw_ptx_not_granted` unless the admin granted `tenant` the
+/// raw-kernel capability; a server without `--allow-raw-ptx` answers its own
+/// 400 (from the runtime) whatever the tenant holds.
+fn require_raw_ptx(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
+    if tenant.raw_ptx() || !state.inner.runtime.config().allow_raw_ptx {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        ErrorCode::RawPtxNotGranted,
+        format!(
+            "tenant {} does not hold the raw-kernel capability (`raw_ptx`); only the admin \
+             grants it (PATCH /tenants/{{id}} with {{\"raw_ptx\": true}})",
+            tenant.id()
+        ),
+    ))
+}
+
+/// `Some` of whatever the field holds, `null` included, so that an absent
+/// field and an explicit `null` differ.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Json_>, D::Error> {
+    Json_::deserialize(d).map(Some)
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct UpdateFunction {
-    /// A snapshot id, `"latest"`, or `null` for fresh instances (required: an empty body
-    /// must not silently switch snapshots off).
-    start_from_snapshot: serde_json::Value,
+    /// A snapshot id, `"latest"`, or `null` for fresh instances. Absent: unchanged.
+    #[serde(default, deserialize_with = "present")]
+    start_from_snapshot: Option<Json_>,
+    /// The raw-kernel capability of the function (granting needs the
+    /// tenant's). Absent: unchanged.
+    #[serde(default)]
+    raw_ptx: Option<bool>,
 }
 
-/// `PATCH /functions/{id}`: today only `start_from_snapshot` can change.
+/// `PATCH /functions/{id}`: `start_from_snapshot` and `raw_ptx`; a body must
+/// name at least one (an empty body must not silently switch snapshots off).
 pub(crate) async fn update_function(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    owned(&state, caller.tenant()?, &id)?;
+    let tenant = caller.tenant()?.clone();
+    owned(&state, &tenant, &id)?;
     let request: UpdateFunction = parse_json(&body(bytes)?)?;
     let target = match request.start_from_snapshot {
-        serde_json::Value::Null => None,
-        serde_json::Value::String(s) => Some(s),
-        _ => {
+        None => None,
+        Some(Json_::Null) => Some(None),
+        Some(Json_::String(s)) => Some(Some(s)),
+        Some(_) => {
             return Err(ApiError::bad_request(
                 "start_from_snapshot must be a snapshot id, \"latest\" or null",
             ))
         }
     };
+    if target.is_none() && request.raw_ptx.is_none() {
+        return Err(ApiError::bad_request(
+            "name `start_from_snapshot` and/or `raw_ptx` (a snapshot id, \"latest\" or null; \
+             true or false)",
+        ));
+    }
+    if request.raw_ptx == Some(true) {
+        require_raw_ptx(&state, &tenant)?;
+    }
     let runtime = state.inner.runtime.clone();
-    let info = blocking(move || runtime.set_start_from_snapshot(&id, target.as_deref())).await?;
+    let info = blocking(move || {
+        if let Some(raw_ptx) = request.raw_ptx {
+            runtime.set_raw_ptx(&id, raw_ptx)?;
+        }
+        match target {
+            Some(target) => runtime.set_start_from_snapshot(&id, target.as_deref()),
+            None => runtime.function(&id),
+        }
+    })
+    .await?;
     Ok(Json(info).into_response())
 }

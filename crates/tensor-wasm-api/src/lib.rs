@@ -137,6 +137,7 @@ impl AppState {
         // from the tenant admin routes (which keep it in sync).
         for tenant in tenants.list() {
             tenants::sync_gpu_isolation(&runtime, &tenant.id, tenant.gpu_isolation);
+            tenants::sync_raw_ptx(&runtime, &tenant.id, tenant.raw_ptx);
         }
         let slots = Arc::new(Semaphore::new(runtime.config().max_instances as usize));
         let metrics_token = config.metrics_token.clone();

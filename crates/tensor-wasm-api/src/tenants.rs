@@ -33,6 +33,12 @@ pub(crate) fn runtime_gpu_isolation(
     }
 }
 
+/// Tells the runtime whether tenant `id` holds the raw-kernel capability
+/// (its raw-kernel functions start only while it does).
+pub(crate) fn sync_raw_ptx(runtime: &tensor_wasm_runtime::Runtime, id: &str, granted: bool) {
+    runtime.set_tenant_raw_ptx(id, granted);
+}
+
 /// Tells the runtime the GPU isolation level tenant `id` recorded (see
 /// [`runtime_gpu_isolation`]).
 pub(crate) fn sync_gpu_isolation(
@@ -51,6 +57,9 @@ pub(crate) struct CreateTenant {
     quotas: QuotasPatch,
     #[serde(default)]
     gpu_isolation: Option<GpuIsolation>,
+    /// The raw-kernel capability (admin only, like every route here).
+    #[serde(default)]
+    raw_ptx: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -60,6 +69,9 @@ pub(crate) struct UpdateTenant {
     name: Option<String>,
     #[serde(default)]
     quotas: QuotasPatch,
+    /// Grants (`true`) or revokes (`false`) the raw-kernel capability.
+    #[serde(default)]
+    raw_ptx: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -101,14 +113,22 @@ pub(crate) async fn create_tenant(
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
     let mut quotas = Quotas::default();
     quotas.apply(&req.quotas);
-    let (info, token) = state
+    let (mut info, token) = state
         .inner
         .tenants
         .create_tenant(&req.name, quotas, req.gpu_isolation.unwrap_or_default())
         .map_err(tenant_error)?;
+    if req.raw_ptx {
+        info = state
+            .inner
+            .tenants
+            .set_raw_ptx(&info.id, true)
+            .map_err(tenant_error)?;
+    }
     // Before the token is returned, so no function of the tenant can have
     // been instantiated at another level.
     sync_gpu_isolation(&state.inner.runtime, &info.id, info.gpu_isolation);
+    sync_raw_ptx(&state.inner.runtime, &info.id, info.raw_ptx);
     let location = format!("/tenants/{}", info.id);
     let body = json!({ "tenant": info, "token": token.secret, "token_id": token.info.id });
     Ok((
@@ -159,11 +179,24 @@ pub(crate) async fn update_tenant(
     caller.require_admin()?;
     let req: UpdateTenant = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
-    let info = state
+    let mut info = state
         .inner
         .tenants
         .update(&id, &req.quotas, req.name.as_deref())
         .map_err(tenant_error)?;
+    if let Some(granted) = req.raw_ptx {
+        // Withheld from the runtime before the record says so: a revoke
+        // stops new instances as soon as the admin sees it answered.
+        if !granted {
+            sync_raw_ptx(&state.inner.runtime, &id, false);
+        }
+        info = state
+            .inner
+            .tenants
+            .set_raw_ptx(&id, granted)
+            .map_err(tenant_error)?;
+        sync_raw_ptx(&state.inner.runtime, &id, info.raw_ptx);
+    }
     Ok(Json(
         serde_json::to_value(info).map_err(ApiError::internal)?,
     ))

@@ -568,3 +568,120 @@ async fn existing_tenants_gpu_isolation_reaches_the_runtime_at_start() {
         GpuIsolation::StreamPerTenant
     );
 }
+
+/// The raw-kernel capability is the admin's to grant and revoke (issue 17,
+/// item 3): a tenant cannot deploy or PATCH its way to raw PTX, nor grant
+/// itself the capability; once the admin revokes it, the tenant's raw-kernel
+/// functions get no new instance while its other functions keep working.
+#[tokio::test]
+async fn raw_ptx_is_a_capability_only_the_admin_grants() {
+    let s = EnforcedApp::with(
+        |c| c.allow_raw_ptx = true,
+        tensor_wasm_api::ApiConfig::default(),
+    );
+    let (id, t) = s.tenant("kernels", json!({})).await;
+    let refused = |r: &tensor_wasm_test_support::app::Reply| {
+        (r.status, r.code()) == (StatusCode::FORBIDDEN, "raw_ptx_not_granted".to_owned())
+    };
+
+    // The tenant alone: no raw PTX at deploy, by PATCH, or by granting itself.
+    let r = s.deploy(&t, "calc.wat", "name=raw&raw_ptx=true").await;
+    assert!(refused(&r), "{} {}", r.status, r.text());
+    let plain = s.deploy_id(&t, "calc.wat", "name=plain").await;
+    let r = s
+        .as_token(
+            &t,
+            Method::PATCH,
+            &format!("/functions/{plain}"),
+            json!({"raw_ptx": true}),
+        )
+        .await;
+    assert!(refused(&r), "{} {}", r.status, r.text());
+    let r = s
+        .as_token(
+            &t,
+            Method::PATCH,
+            &format!("/tenants/{id}"),
+            json!({"raw_ptx": true}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::FORBIDDEN, "forbidden")
+    );
+    assert_eq!(
+        s.runtime.functions_of(&id).len(),
+        1,
+        "nothing raw was stored"
+    );
+
+    // The admin grants it: deploy and PATCH now succeed.
+    let tenant_uri = format!("/tenants/{id}");
+    let grant = |granted: bool| {
+        s.as_token(
+            &s.admin,
+            Method::PATCH,
+            &tenant_uri,
+            json!({"raw_ptx": granted}),
+        )
+    };
+    let r = grant(true).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["raw_ptx"], true);
+    let r = s.deploy(&t, "calc.wat", "name=raw&raw_ptx=true").await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    assert_eq!(r.json()["limits"]["raw_ptx"], true);
+    let raw = r.json()["id"].as_str().unwrap().to_owned();
+    let r = s
+        .as_token(
+            &t,
+            Method::PATCH,
+            &format!("/functions/{plain}"),
+            json!({"raw_ptx": true}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["limits"]["raw_ptx"], true);
+    for f in [&raw, &plain] {
+        let r = s.invoke(&t, f, "add", json!([2, 3])).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+
+    // Revoked: its raw-kernel functions no longer start; a function the
+    // tenant turns back into a plain one does.
+    let r = grant(false).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["raw_ptx"], false);
+    for f in [&raw, &plain] {
+        let r = s.invoke(&t, f, "add", json!([2, 3])).await;
+        assert!(refused(&r), "{} {}", r.status, r.text());
+    }
+    let r = s
+        .as_token(
+            &t,
+            Method::PATCH,
+            &format!("/functions/{plain}"),
+            json!({"raw_ptx": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let r = s.invoke(&t, &plain, "add", json!([2, 3])).await;
+    assert_eq!(r.json(), json!({"results": [5]}));
+
+    // Granted at creation by the admin.
+    let r = s
+        .as_token(
+            &s.admin,
+            Method::POST,
+            "/tenants",
+            json!({"name": "trusted", "raw_ptx": true}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    assert_eq!(r.json()["tenant"]["raw_ptx"], true);
+    let trusted = r.json()["token"].as_str().unwrap().to_owned();
+    let r = s
+        .deploy(&trusted, "calc.wat", "name=raw&raw_ptx=true")
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+}

@@ -58,6 +58,11 @@ pub enum RuntimeError {
     /// The request conflicts with the current state (a snapshot in use, a cap reached).
     #[error("{0}")]
     Conflict(String),
+    /// The function's tenant does not hold the raw-kernel capability (never
+    /// granted, or revoked): no deploy asking for it, no new instance of a
+    /// raw-kernel function of that tenant.
+    #[error("{0}")]
+    RawPtxNotGranted(String),
     /// Every instance slot, or the kernel dispatcher and its queue, is full.
     #[error("{0}")]
     Busy(String),
@@ -84,6 +89,24 @@ impl RuntimeError {
         }
     }
 }
+
+/// Why an instance of a raw-kernel function was not created (its tenant's
+/// capability is withheld); carried through wasmtime's error to `classify`.
+#[derive(Debug)]
+pub(crate) struct RawPtxWithheld(pub(crate) String);
+
+impl std::fmt::Display for RawPtxWithheld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "tenant {} does not hold the raw-kernel capability (the admin grants it with \
+             PATCH /tenants/{{id}} {{\"raw_ptx\": true}}); its raw-kernel functions do not start",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for RawPtxWithheld {}
 
 /// Result alias of this crate.
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

@@ -181,6 +181,9 @@ pub(crate) fn classify(
     if err.downcast_ref::<crate::stream::ClientGone>().is_some() {
         return RuntimeError::ClientGone;
     }
+    if let Some(withheld) = err.downcast_ref::<crate::error::RawPtxWithheld>() {
+        return RuntimeError::RawPtxNotGranted(withheld.to_string());
+    }
     match err.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => RuntimeError::Timeout {
             timeout_ms: limits.timeout_ms,

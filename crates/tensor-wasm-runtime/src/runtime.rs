@@ -19,7 +19,7 @@ mod load;
 pub use command::CommandOutput;
 pub use deploy::{DeploySpec, FunctionInfo};
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -52,6 +52,9 @@ pub(crate) struct Inner {
     in_flight: AtomicU32,
     /// Serialises changes of function records after deploy (snapshot settings, deletes).
     pub(crate) record_lock: Mutex<()>,
+    /// Tenants whose raw-kernel functions may not be deployed or start
+    /// (see [`Runtime::set_tenant_raw_ptx`]).
+    pub(crate) raw_ptx_withheld: RwLock<HashSet<String>>,
     pub(crate) metrics: RuntimeMetrics,
     gpu: Arc<GpuShared>,
     pub(crate) memory_creator: Option<Arc<TensorWasmMemoryCreator>>,
@@ -145,6 +148,7 @@ impl Runtime {
                 modules: Mutex::new(HashMap::new()),
                 in_flight: AtomicU32::new(0),
                 record_lock: Mutex::new(()),
+                raw_ptx_withheld: RwLock::new(HashSet::new()),
                 metrics,
                 gpu,
                 memory_creator: parts.memory_creator,
@@ -200,6 +204,34 @@ impl Runtime {
         self.inner.gpu.tenant_isolation(tenant)
     }
 
+    /// Whether `tenant` holds the raw-kernel capability: with `false`, its
+    /// functions may not be deployed with `raw_ptx`, and its raw-kernel
+    /// functions already deployed get no new instance (invocations fail with
+    /// [`RuntimeError::RawPtxNotGranted`]) until it is granted again. A tenant
+    /// never named here is not restricted (the function's own `raw_ptx`, with
+    /// `allow_raw_ptx`, decides): the API names every tenant, from its record.
+    pub fn set_tenant_raw_ptx(&self, tenant: &str, granted: bool) {
+        let mut withheld = self
+            .inner
+            .raw_ptx_withheld
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if granted {
+            withheld.remove(tenant);
+        } else {
+            withheld.insert(tenant.to_owned());
+        }
+    }
+
+    /// Whether [`Runtime::set_tenant_raw_ptx`] withholds `tenant`'s capability.
+    pub(crate) fn raw_ptx_withheld(&self, tenant: &str) -> bool {
+        self.inner
+            .raw_ptx_withheld
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(tenant)
+    }
+
     /// The engine (for benches comparing against raw wasmtime).
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
@@ -248,6 +280,7 @@ impl Runtime {
                 | RuntimeError::UnknownExport(_)
                 | RuntimeError::WrongStyle(_)
                 | RuntimeError::FunctionNotFound(_)
+                | RuntimeError::RawPtxNotGranted(_)
                 | RuntimeError::Busy(_),
             ) => Outcome::Rejected,
             Err(_) => Outcome::Error,

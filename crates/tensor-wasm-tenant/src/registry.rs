@@ -47,6 +47,9 @@ pub struct TenantInfo {
     pub created_at_ms: u64,
     /// Its tokens, revoked ones included.
     pub tokens: Vec<TokenInfo>,
+    /// Whether it may deploy and run raw-kernel (raw PTX, CUDA C++)
+    /// functions; granted and revoked by the admin only.
+    pub raw_ptx: bool,
 }
 
 /// Who presented a bearer token.
@@ -145,6 +148,7 @@ fn info_of(record: &StoredTenant) -> TenantInfo {
         gpu_isolation: record.gpu_isolation,
         created_at_ms: record.created_at_ms,
         tokens: record.tokens.iter().map(StoredToken::info).collect(),
+        raw_ptx: record.raw_ptx,
     }
 }
 
@@ -192,6 +196,7 @@ impl TenantRegistry {
                 record.created_at_ms,
                 metrics.series(&record.id),
             ));
+            tenant.set_raw_ptx(record.raw_ptx);
             for token in record.tokens.iter().filter(|t| !t.revoked) {
                 match parse_hash(&token.sha256) {
                     Some(hash) => {
@@ -313,6 +318,7 @@ impl TenantRegistry {
             gpu_isolation: isolation,
             created_at_ms: now_ms(),
             tokens: vec![stored_token],
+            raw_ptx: false,
         };
         self.store.put(&record)?;
         let tenant = Arc::new(Tenant::new(
@@ -390,6 +396,28 @@ impl TenantRegistry {
         let info = info_of(&record);
         records.tenants.insert(id.to_owned(), record);
         tracing::info!(tenant = %id, "tenant updated");
+        Ok(info)
+    }
+
+    /// Grants (`true`) or revokes (`false`) the raw-kernel capability of a
+    /// tenant: whether its functions may load raw PTX or CUDA C++. Durable
+    /// when it returns; holders of the tenant's `Arc<Tenant>` see it at once
+    /// ([`Tenant::raw_ptx`]). Only the admin may call this (the API checks).
+    pub fn set_raw_ptx(&self, id: &str, granted: bool) -> Result<TenantInfo, TenantError> {
+        let mut records = self.records();
+        let current = records
+            .tenants
+            .get(id)
+            .ok_or_else(|| TenantError::NotFound(id.to_owned()))?;
+        let mut record = current.clone();
+        record.raw_ptx = granted;
+        self.store.put(&record)?;
+        if let Some(tenant) = read(&self.live).get(id) {
+            tenant.set_raw_ptx(granted);
+        }
+        let info = info_of(&record);
+        records.tenants.insert(id.to_owned(), record);
+        tracing::info!(tenant = %id, granted, "raw-kernel capability changed");
         Ok(info)
     }
 

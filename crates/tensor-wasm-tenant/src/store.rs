@@ -60,6 +60,10 @@ pub struct StoredTenant {
     /// Its tokens, revoked ones included.
     #[serde(default)]
     pub tokens: Vec<StoredToken>,
+    /// Whether the admin granted the raw-kernel capability (raw PTX and CUDA
+    /// C++ functions); only the admin sets it. Absent in older records: not granted.
+    #[serde(default)]
+    pub raw_ptx: bool,
 }
 
 /// The administrator's credentials as persisted.
@@ -295,6 +299,7 @@ mod tests {
                 revoked: false,
                 sha256: hex::encode([7u8; 32]),
             }],
+            raw_ptx: false,
         }
     }
 

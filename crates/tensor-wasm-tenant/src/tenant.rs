@@ -21,6 +21,8 @@ pub struct Tenant {
     id: String,
     isolation: GpuIsolation,
     created_at_ms: u64,
+    /// The raw-kernel capability (see [`Tenant::raw_ptx`]).
+    raw_ptx: AtomicBool,
     profile: RwLock<Profile>,
     meter: Arc<Meter>,
 }
@@ -77,6 +79,7 @@ impl Tenant {
             id,
             isolation,
             created_at_ms,
+            raw_ptx: AtomicBool::new(false),
             profile: RwLock::new(Profile { name, quotas }),
             meter: Arc::new(meter),
         }
@@ -105,6 +108,18 @@ impl Tenant {
     /// Creation time, milliseconds since the Unix epoch.
     pub fn created_at_ms(&self) -> u64 {
         self.created_at_ms
+    }
+
+    /// Whether the admin granted the tenant the raw-kernel capability: its
+    /// functions may load raw PTX or CUDA C++, which can address any device
+    /// memory. Not granted by default; only the admin changes it
+    /// ([`TenantRegistry::set_raw_ptx`](crate::TenantRegistry::set_raw_ptx)).
+    pub fn raw_ptx(&self) -> bool {
+        self.raw_ptx.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_raw_ptx(&self, granted: bool) {
+        self.raw_ptx.store(granted, Ordering::Release);
     }
 
     /// Whether the tenant was deleted from the registry. Holders of an

@@ -17,7 +17,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 use tensor_wasm_api::{default_tenant, router, ApiConfig, AppState, AuthMode};
-use tensor_wasm_runtime::{FsFunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
+use tensor_wasm_runtime::{FsFunctionStore, FunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
 use tensor_wasm_tenant::{FsTenantStore, Tenant, TenantMetrics, TenantRegistry};
 use tower::ServiceExt;
 
@@ -212,9 +212,29 @@ pub struct EnforcedApp {
 impl EnforcedApp {
     /// `RuntimeConfig::for_tests` and `ApiConfig::default()`, marked ready.
     pub fn new() -> EnforcedApp {
+        Self::with(|_| {}, ApiConfig::default())
+    }
+
+    /// Tuned runtime configuration and the given API configuration, marked ready.
+    pub fn with(tune: impl FnOnce(&mut RuntimeConfig), api: ApiConfig) -> EnforcedApp {
+        Self::over_store(tune, api, |fs| fs)
+    }
+
+    /// Like [`EnforcedApp::with`], with the runtime's function store wrapped
+    /// by `wrap` (e.g. a store that holds writes until a test lets them go).
+    pub fn over_store(
+        tune: impl FnOnce(&mut RuntimeConfig),
+        api: ApiConfig,
+        wrap: impl FnOnce(Arc<dyn FunctionStore>) -> Arc<dyn FunctionStore>,
+    ) -> EnforcedApp {
         let dir = tempfile::tempdir().expect("temporary directory");
         let registry = prometheus::Registry::new();
-        let runtime = open_runtime(RuntimeConfig::for_tests(dir.path()), &registry);
+        let mut config = RuntimeConfig::for_tests(dir.path());
+        tune(&mut config);
+        let fs: Arc<dyn FunctionStore> =
+            Arc::new(FsFunctionStore::open(&config.data_dir).expect("function store"));
+        let metrics = RuntimeMetrics::register(&registry).expect("runtime metrics");
+        let runtime = Runtime::open(config, wrap(fs), metrics).expect("runtime starts");
         let tenants = Arc::new(
             TenantRegistry::open(
                 Arc::new(FsTenantStore::open(dir.path()).expect("tenant store")),
@@ -229,7 +249,7 @@ impl EnforcedApp {
         let state = AppState::new(
             runtime.clone(),
             registry,
-            ApiConfig::default(),
+            api,
             tenants.clone(),
             AuthMode::Enforced,
         )

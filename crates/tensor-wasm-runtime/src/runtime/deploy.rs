@@ -207,12 +207,8 @@ impl Runtime {
                 cfg.max_memory_limit_bytes
             )));
         }
-        if spec.raw_ptx && !cfg.allow_raw_ptx {
-            return Err(RuntimeError::InvalidConfig(
-                "raw PTX is disabled on this server (the operator grants it with --allow-raw-ptx; \
-                 raw PTX can address any device memory)"
-                    .into(),
-            ));
+        if spec.raw_ptx {
+            self.check_raw_ptx_grant(&spec.tenant)?;
         }
         if spec.fuel.is_some() && !cfg.fuel_enabled {
             return Err(RuntimeError::InvalidConfig(
@@ -227,6 +223,55 @@ impl Runtime {
             fuel: spec.fuel,
             raw_ptx: spec.raw_ptx,
         })
+    }
+
+    /// Grants or withdraws the raw-kernel capability of function `id`
+    /// (`FunctionLimits::raw_ptx`); granting needs `allow_raw_ptx` and a
+    /// tenant whose capability is not withheld
+    /// ([`Runtime::set_tenant_raw_ptx`]). Instances started afterwards see it.
+    pub fn set_raw_ptx(&self, id: &str, raw_ptx: bool) -> Result<FunctionInfo> {
+        {
+            let _lock = self.inner.record_lock.lock().expect("lock");
+            let entry = self.entry(id)?;
+            if raw_ptx != entry.record.limits.raw_ptx {
+                if raw_ptx {
+                    self.check_raw_ptx_grant(&entry.record.tenant)?;
+                }
+                let mut record = entry.record.clone();
+                record.limits.raw_ptx = raw_ptx;
+                self.inner.store.put_function(&record)?;
+                let replacement = FunctionEntry::new(record);
+                if let Some(prepared) = entry.prepared.get() {
+                    let _ = replacement.prepared.set(prepared.clone());
+                }
+                self.inner
+                    .functions
+                    .write()
+                    .expect("lock")
+                    .insert(id.to_owned(), Arc::new(replacement));
+            }
+        }
+        self.function(id)
+    }
+
+    /// Whether a function of `tenant` may be given the raw-kernel
+    /// capability: the server allows it (`allow_raw_ptx`) and the tenant's
+    /// capability is not withheld.
+    fn check_raw_ptx_grant(&self, tenant: &str) -> Result<()> {
+        if !self.inner.config.allow_raw_ptx {
+            return Err(RuntimeError::InvalidConfig(
+                "raw PTX is disabled on this server (the operator grants it with --allow-raw-ptx; \
+                 raw PTX can address any device memory)"
+                    .into(),
+            ));
+        }
+        if self.raw_ptx_withheld(tenant) {
+            return Err(RuntimeError::RawPtxNotGranted(format!(
+                "tenant {tenant} does not hold the raw-kernel capability; the admin grants it \
+                 with PATCH /tenants/{{id}} {{\"raw_ptx\": true}}"
+            )));
+        }
+        Ok(())
     }
 
     /// Deletes a function; `false` if it did not exist.

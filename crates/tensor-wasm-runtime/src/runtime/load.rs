@@ -180,6 +180,16 @@ impl Runtime {
     ) -> (Store<InvocationState>, wasmtime::Result<wasmtime::Instance>) {
         let deadline_ticks = inline.map(|budget| budget.ticks);
         let limits = &record.limits;
+        if limits.raw_ptx && self.raw_ptx_withheld(&record.tenant) {
+            // Checked here, where every instance starts, so a revoked
+            // capability stops invocations, async jobs and snapshots alike.
+            let store = Store::new(
+                &self.inner.engine,
+                InvocationState::new(limits.memory_limit_bytes, None, None),
+            );
+            let withheld = crate::error::RawPtxWithheld(record.tenant.clone());
+            return (store, Err(wasmtime::Error::new(withheld)));
+        }
         let start = Instant::now();
         let ticks = deadline_ticks.unwrap_or_else(|| self.deadline_ticks(limits));
         // The same deadline as wall time, for host calls (which epochs cannot stop).
