@@ -31,6 +31,7 @@ mod guest_gpu;
 mod instrument;
 mod invocation_state;
 mod metrics;
+mod quarantine;
 mod runtime;
 mod snapshot;
 mod store;
@@ -41,6 +42,7 @@ pub use config::{GuestMemory, RuntimeConfig};
 pub use engine::{build_engine, engine_fingerprint, EngineParts, ModuleSource};
 pub use error::{Result, RuntimeError};
 pub use metrics::{Outcome, RuntimeMetrics};
+pub use quarantine::{inspect as inspect_quarantine, QuarantinedRecord, QUARANTINE_DIR};
 pub use runtime::{CommandOutput, DeploySpec, FunctionInfo, Runtime};
 pub use snapshot::{RestoreMode, MAX_SNAPSHOTS_PER_FUNCTION};
 pub use store::{
