@@ -1,5 +1,5 @@
 //! The `tensor-wasm` binary: run the server (`serve`), describe this host's kernel devices
-//! (`doctor`), or talk to a server (`deploy`, `invoke`, `job`, `functions`, `delete`,
+//! and check a data directory (`doctor`), or talk to a server (`deploy`, `invoke`, `job`, `functions`, `delete`,
 //! `snapshot`).
 //!
 //! Output goes to stdout through `writeln!`, never `println!`: a reader that goes away
@@ -13,6 +13,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 /// TensorWasm: a serverless runtime for WebAssembly functions.
@@ -28,8 +29,13 @@ enum Command {
     /// Run the HTTP server.
     Serve(serve::ServeArgs),
     /// Show the kernel devices this host has (or why CUDA is unavailable) and
-    /// which backend `serve --device auto` would use.
-    Doctor,
+    /// which backend `serve --device auto` would use. With --data-dir, also list the
+    /// function records in quarantine (exit status 1 when there are any).
+    Doctor {
+        /// A server's data directory to check (read only; the server may be running).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
     /// Deploy a module (.wasm binary or .wat text) and print the new function.
     Deploy {
         /// Path of the module.
@@ -148,20 +154,43 @@ enum SnapshotCommand {
     },
 }
 
-fn doctor() -> anyhow::Result<ExitCode> {
+fn doctor(data_dir: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
     let discovery = tensor_wasm_gpu::discover();
     let mut out = std::io::stdout().lock();
     writeln!(out, "{discovery}")?;
     let backend = tensor_wasm_gpu::open_backend(tensor_wasm_gpu::DeviceChoice::Auto)?;
     writeln!(out, "serve --device auto would use: {}", backend.device())?;
-    Ok(ExitCode::SUCCESS)
+    let Some(dir) = data_dir else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let quarantined = tensor_wasm_runtime::inspect_quarantine(dir)
+        .with_context(|| format!("checking the data directory {}", dir.display()))?;
+    if quarantined.is_empty() {
+        writeln!(
+            out,
+            "data directory {}: no quarantined records",
+            dir.display()
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(
+        out,
+        "data directory {}: {} function record(s) in quarantine (their modules and \
+         snapshots are kept; repair a record and move it back to functions/, or remove it):",
+        dir.display(),
+        quarantined.len()
+    )?;
+    for record in &quarantined {
+        writeln!(out, "  {}: {}", record.path.display(), record.reason)?;
+    }
+    Ok(ExitCode::FAILURE)
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Doctor => doctor(),
+        Command::Doctor { data_dir } => doctor(data_dir.as_deref()),
         Command::Deploy {
             file,
             name,

@@ -1066,3 +1066,78 @@ fn sigterm_ends_open_streams_with_a_final_event_and_records_jobs() {
     assert_eq!(failed["error"]["code"], "shutting_down", "{failed}");
     server.terminate();
 }
+
+/// Hardening item 10: a function record this build cannot read (here: a newer format, as
+/// after a downgrade) is quarantined at startup; its module stays, the gauge says so and
+/// `doctor --data-dir` fails until it is dealt with.
+#[test]
+fn an_unreadable_function_record_is_quarantined_and_its_module_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let calc = server.deploy(&examples().join("calc.wat"), "name=calc");
+    let upper = server.deploy(&examples().join("upper.wat"), "name=upper&style=wasi");
+    assert_eq!(server.metric("tensor_wasm_quarantined_records"), Some(0.0));
+    server.terminate();
+
+    let out = Command::new(BIN)
+        .args(["doctor", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    let record_path = dir.path().join(format!("functions/{calc}.json"));
+    let mut record: Value = serde_json::from_slice(&std::fs::read(&record_path).unwrap()).unwrap();
+    let module = dir.path().join(format!(
+        "modules/{}.wasm",
+        record["module_sha256"].as_str().unwrap()
+    ));
+    assert!(module.exists());
+    record["format"] = json!(2);
+    std::fs::write(&record_path, serde_json::to_vec(&record).unwrap()).unwrap();
+
+    let server = start(dir.path(), &[]);
+    assert!(
+        module.exists(),
+        "startup removed the unreadable record's module"
+    );
+    assert_eq!(server.metric("tensor_wasm_quarantined_records"), Some(1.0));
+    assert_eq!(server.get(&format!("/functions/{calc}")).0, 404);
+    let (status, out, _) = server.post(&format!("/functions/{upper}/invoke"), "text/plain", b"ok");
+    assert_eq!(
+        (status, out.as_slice()),
+        (200, &b"OK"[..]),
+        "the rest serves"
+    );
+    server.terminate();
+
+    let out = Command::new(BIN)
+        .args(["doctor", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("{calc}.json")), "{text}");
+    assert!(text.contains("format 2"), "{text}");
+
+    // Repaired and moved back: the function is served again from its kept module.
+    let quarantined = dir
+        .path()
+        .join(tensor_wasm_runtime::QUARANTINE_DIR)
+        .join(format!("{calc}.json"));
+    record["format"] = json!(1);
+    std::fs::write(&record_path, serde_json::to_vec(&record).unwrap()).unwrap();
+    std::fs::remove_file(quarantined).unwrap();
+    let server = start(dir.path(), &[]);
+    assert_eq!(server.metric("tensor_wasm_quarantined_records"), Some(0.0));
+    assert_eq!(
+        server.call(&calc, "add", json!([2, 3])),
+        (200, json!({"results": [5]}))
+    );
+    server.terminate();
+}

@@ -17,6 +17,8 @@ pub enum Step {
     Rename,
     /// `fsync` of a directory (the path is the directory).
     SyncDir,
+    /// Creating a directory (the path is the directory).
+    CreateDir,
     /// Removing leftover temporary files (the path is the directory or the file).
     Cleanup,
 }
@@ -29,6 +31,7 @@ impl fmt::Display for Step {
             Step::SyncFile => "fsync of the file",
             Step::Rename => "renaming into place",
             Step::SyncDir => "fsync of the directory",
+            Step::CreateDir => "creating the directory",
             Step::Cleanup => "removing temporary files",
         })
     }

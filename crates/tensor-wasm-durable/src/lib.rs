@@ -21,6 +21,8 @@
 //! - [`DurableFile`] streams: write through [`std::io::Write`] or the [`std::fs::File`]
 //!   (positioned writes, sparse files), then [`DurableFile::commit`].
 //! - [`sync_dir`] makes a removal or rename in a directory durable.
+//! - [`create_dir_all`] creates a directory and its missing parents durably, so that a
+//!   record written afterwards never refers to a directory a crash can take back.
 //!
 //! # Example
 //!
@@ -114,6 +116,46 @@ pub fn sync_dir(dir: impl AsRef<Path>) -> Result<(), DurableError> {
             .map_err(|e| DurableError::new(Step::SyncDir, dir, e))?;
     }
     Ok(())
+}
+
+/// Creates `dir` and its missing parents, then `fsync`s every directory it created and the
+/// parent of the topmost one: after it returns, the new directories survive a crash.
+/// Does nothing (no `fsync`) when `dir` already exists.
+///
+/// # Errors
+/// [`Step::CreateDir`] with the directory that could not be created, or
+/// [`Step::SyncDir`] with the directory that could not be synced.
+pub fn create_dir_all(dir: impl AsRef<Path>) -> Result<(), DurableError> {
+    let dir = dir.as_ref();
+    if dir.is_dir() {
+        return Ok(());
+    }
+    // The missing directories, deepest first.
+    let mut missing = Vec::new();
+    let mut cursor = Some(dir);
+    while let Some(d) = cursor {
+        if d.as_os_str().is_empty() || d.is_dir() {
+            break;
+        }
+        missing.push(d);
+        cursor = d.parent();
+    }
+    for d in missing.iter().rev() {
+        match fs::create_dir(d) {
+            Ok(()) => {}
+            // Another writer created it meanwhile: it still needs the syncs below.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.is_dir() => {}
+            Err(e) => return Err(DurableError::new(Step::CreateDir, *d, e)),
+        }
+    }
+    for d in &missing {
+        sync_dir(d)?;
+    }
+    let top = missing.last().expect("dir did not exist");
+    match top.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
+        _ => sync_dir("."),
+    }
 }
 
 /// Removes the temporary files this crate's writers left in `dir` (after a crash), and

@@ -198,3 +198,61 @@ fn sync_dir_reports_a_missing_directory() {
     assert_eq!(err.step(), Step::SyncDir);
     assert!(err.to_string().contains("gone"), "{err}");
 }
+
+#[test]
+fn create_dir_all_makes_every_missing_level_and_accepts_an_existing_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("snapshots").join("fn-1").join("inner");
+    create_dir_all(&deep).unwrap();
+    assert!(deep.is_dir());
+    create_dir_all(&deep).unwrap();
+    // A file in the way is an error naming the step.
+    let blocked = dir.path().join("file");
+    fs::write(&blocked, b"x").unwrap();
+    let err = create_dir_all(blocked.join("below")).unwrap_err();
+    assert_eq!(err.step(), Step::CreateDir);
+}
+
+#[test]
+fn concurrent_create_dir_all_of_one_directory_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = Arc::new(dir.path().join("a").join("b").join("c"));
+    let barrier = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (target, barrier) = (target.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                create_dir_all(target.as_path())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap().unwrap();
+    }
+    assert!(target.is_dir());
+}
+
+/// Two stores staging in one directory (the function and tenant stores share `tmp/`) get
+/// different temporary files even for destinations with the same name, and a temporary
+/// name already taken (a crashed process with the same id) is skipped, never truncated.
+#[test]
+fn stores_sharing_a_staging_dir_never_share_a_temp_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let staging = dir.path().join("tmp");
+    fs::create_dir(&staging).unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    let options = WriteOptions::new().staging_dir(&staging);
+    let mut first = DurableFile::create(a.join("x.json"), &options).unwrap();
+    let mut second = DurableFile::create(b.join("x.json"), &options).unwrap();
+    assert_ne!(first.temp_path(), second.temp_path());
+    first.write_all(b"first").unwrap();
+    second.write_all(b"second").unwrap();
+    first.commit().unwrap();
+    second.commit().unwrap();
+    assert_eq!(fs::read(a.join("x.json")).unwrap(), b"first");
+    assert_eq!(fs::read(b.join("x.json")).unwrap(), b"second");
+    assert!(names(&staging).is_empty());
+}

@@ -31,6 +31,7 @@ mod guest_gpu;
 mod instrument;
 mod invocation_state;
 mod metrics;
+mod quarantine;
 mod runtime;
 mod snapshot;
 mod store;
@@ -42,6 +43,7 @@ pub use engine::{build_engine, engine_fingerprint, EngineParts, ModuleSource};
 pub use error::{Result, RuntimeError};
 pub use invocation_state::INLINE_MAX_TABLE_ELEMENTS;
 pub use metrics::{Outcome, RuntimeMetrics};
+pub use quarantine::{inspect as inspect_quarantine, QuarantinedRecord, QUARANTINE_DIR};
 pub use runtime::{CommandOutput, DeploySpec, FunctionInfo, Runtime};
 pub use snapshot::{RestoreMode, MAX_SNAPSHOTS_PER_FUNCTION};
 pub use store::{

@@ -59,6 +59,8 @@ pub struct RuntimeMetrics {
     pub(crate) compile_seconds: Histogram,
     pub(crate) module_loads: IntCounterVec,
     pub(crate) cached_modules: IntGauge,
+    /// Function records kept aside because this build cannot read them.
+    pub(crate) quarantined_records: IntGauge,
     pub(crate) snapshot_captures: IntCounter,
     pub(crate) snapshot_capture_seconds: Histogram,
     pub(crate) snapshot_restores: IntCounterVec,
@@ -165,6 +167,10 @@ impl RuntimeMetrics {
                 "tensor_wasm_cached_modules",
                 "Compiled modules held in memory.",
             )?,
+            quarantined_records: IntGauge::new(
+                "tensor_wasm_quarantined_records",
+                "Function records in quarantine (unreadable by this build; see `tensor-wasm doctor --data-dir`).",
+            )?,
             inline_done: inline_calls.with_label_values(&["done"]),
             inline_overran: inline_calls.with_label_values(&["overran"]),
             inline_calls,
@@ -184,6 +190,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.compile_seconds.clone()))?;
         registry.register(Box::new(metrics.module_loads.clone()))?;
         registry.register(Box::new(metrics.cached_modules.clone()))?;
+        registry.register(Box::new(metrics.quarantined_records.clone()))?;
         registry.register(Box::new(metrics.snapshot_captures.clone()))?;
         registry.register(Box::new(metrics.snapshot_capture_seconds.clone()))?;
         registry.register(Box::new(metrics.snapshot_restores.clone()))?;

@@ -131,6 +131,15 @@ impl Runtime {
             "runtime engine ready"
         );
 
+        let quarantined = store.quarantined()?;
+        metrics.quarantined_records.set(quarantined.len() as i64);
+        for record in &quarantined {
+            tracing::error!(
+                record = %record.path.display(),
+                reason = %record.reason,
+                "a function record is in quarantine; run `tensor-wasm doctor --data-dir`"
+            );
+        }
         let functions = store
             .functions()?
             .into_iter()

@@ -8,6 +8,7 @@
 //! snapshots/<function id>/<snapshot id>.twsnap   portable snapshot bytes
 //! snapshots/<function id>/<snapshot id>.json     its record (written last)
 //! tmp/                      staging area for atomic writes, emptied on open
+//! quarantine/functions/     records this build cannot read (see `crate::quarantine`)
 //! ```
 //!
 //! Every write goes through `tensor_wasm_durable::write_file`: staged in `tmp/`,
@@ -15,7 +16,8 @@
 //! either absent or complete after a crash.
 //! A deploy writes the module first and the record last: a crash in between
 //! leaves an unreferenced module (collected on the next open), never a function
-//! without its module.
+//! without its module. The collection on open never removes what a quarantined
+//! (unreadable) record might reference.
 
 use std::collections::HashSet;
 use std::fs;
@@ -26,6 +28,7 @@ use sha2::{Digest, Sha256};
 use tensor_wasm_durable::{write_file, DurableError, WriteOptions};
 
 use crate::error::{Result, RuntimeError};
+use crate::quarantine::{self, Protected, QuarantinedRecord};
 
 /// Version of the [`FunctionRecord`] encoding written by this build.
 pub const RECORD_FORMAT: u32 = 1;
@@ -135,6 +138,11 @@ pub trait FunctionStore: Send + Sync + 'static {
     fn delete_function(&self, id: &str) -> Result<bool>;
     /// Every stored function record.
     fn functions(&self) -> Result<Vec<FunctionRecord>>;
+    /// Records the store holds but cannot read (kept aside with everything they might
+    /// reference; see `tensor-wasm doctor --data-dir`).
+    fn quarantined(&self) -> Result<Vec<QuarantinedRecord>> {
+        Ok(Vec::new())
+    }
     /// Stores a snapshot's bytes, then its record; durable when it returns.
     fn put_snapshot(&self, record: &SnapshotRecord, bytes: &[u8]) -> Result<()>;
     /// The bytes of a stored snapshot (`None` if it does not exist).
@@ -199,18 +207,21 @@ pub struct FsFunctionStore {
 }
 
 impl FsFunctionStore {
-    /// Opens (creating if needed) the store under `root`, empties the staging
-    /// area and removes modules no function references.
+    /// Opens (creating if needed) the store under `root`, empties the staging area,
+    /// quarantines records it cannot read and removes modules and snapshots no function
+    /// references (keeping what a quarantined record might reference).
     pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
         let root = root.into();
         for dir in ["modules", "functions", "snapshots", "tmp"] {
             let path = root.join(dir);
-            fs::create_dir_all(&path).map_err(|e| RuntimeError::storage(&path, e))?;
+            tensor_wasm_durable::create_dir_all(&path).map_err(storage_error)?;
         }
         let store = FsFunctionStore { root };
         store.clear_staging()?;
-        store.collect_unreferenced_modules()?;
-        store.collect_orphan_snapshots()?;
+        quarantine::quarantine_unreadable(&store.root)?;
+        let protected = Protected::of(&store.root)?;
+        store.collect_unreferenced_modules(&protected)?;
+        store.collect_orphan_snapshots(&protected)?;
         Ok(store)
     }
 
@@ -228,7 +239,7 @@ impl FsFunctionStore {
         Ok(())
     }
 
-    fn collect_unreferenced_modules(&self) -> Result<()> {
+    fn collect_unreferenced_modules(&self, protected: &Protected) -> Result<()> {
         let referenced: HashSet<String> = self
             .functions()?
             .into_iter()
@@ -240,6 +251,13 @@ impl FsFunctionStore {
             let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
                 continue;
             };
+            if protected.keeps_module(stem) {
+                tracing::warn!(
+                    module = stem,
+                    "keeping a module a quarantined record may use"
+                );
+                continue;
+            }
             if !referenced.contains(stem) {
                 tracing::info!(module = stem, "removing unreferenced module");
                 fs::remove_file(&path).map_err(|e| RuntimeError::storage(&path, e))?;
@@ -250,7 +268,7 @@ impl FsFunctionStore {
 
     /// Removes snapshot directories of deleted functions and snapshot bytes whose record
     /// was never written (a crash between the two writes).
-    fn collect_orphan_snapshots(&self) -> Result<()> {
+    fn collect_orphan_snapshots(&self, protected: &Protected) -> Result<()> {
         let live: HashSet<String> = self.functions()?.into_iter().map(|r| r.id).collect();
         let dir = self.root.join("snapshots");
         for entry in fs::read_dir(&dir).map_err(|e| RuntimeError::storage(&dir, e))? {
@@ -259,6 +277,13 @@ impl FsFunctionStore {
                 .file_name()
                 .and_then(|s| s.to_str())
                 .unwrap_or_default();
+            if !live.contains(name) && protected.keeps_function(name) {
+                tracing::warn!(
+                    function = name,
+                    "keeping snapshots a quarantined record may use"
+                );
+                continue;
+            }
             if !live.contains(name) {
                 tracing::info!(function = name, "removing snapshots of a deleted function");
                 fs::remove_dir_all(&path).map_err(|e| RuntimeError::storage(&path, e))?;
@@ -367,22 +392,23 @@ impl FunctionStore for FsFunctionStore {
                 continue;
             }
             let bytes = fs::read(&path).map_err(|e| RuntimeError::storage(&path, e))?;
-            match serde_json::from_slice::<FunctionRecord>(&bytes) {
-                Ok(record) if record.format == RECORD_FORMAT => records.push(record),
-                Ok(record) => tracing::error!(
+            // Open quarantined the unreadable records; one damaged since is skipped here
+            // and quarantined at the next open.
+            match quarantine::decode_record(&bytes) {
+                Ok(record) => records.push(record),
+                Err(reason) => tracing::error!(
                     path = %path.display(),
-                    format = record.format,
-                    "skipping function record of an unknown format"
-                ),
-                Err(e) => tracing::error!(
-                    path = %path.display(),
-                    error = %e,
-                    "skipping unreadable function record"
+                    reason = %reason,
+                    "skipping a function record this build cannot read"
                 ),
             }
         }
         records.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
         Ok(records)
+    }
+
+    fn quarantined(&self) -> Result<Vec<QuarantinedRecord>> {
+        quarantine::inspect(&self.root)
     }
 
     fn put_snapshot(&self, record: &SnapshotRecord, bytes: &[u8]) -> Result<()> {
@@ -393,7 +419,8 @@ impl FunctionStore for FsFunctionStore {
             )));
         }
         let dir = self.snapshot_dir(&record.function_id);
-        fs::create_dir_all(&dir).map_err(|e| RuntimeError::storage(&dir, e))?;
+        // Durable before the snapshot record (and the function record naming it) exists.
+        tensor_wasm_durable::create_dir_all(&dir).map_err(storage_error)?;
         self.write_atomic(&dir.join(format!("{}.twsnap", record.id)), bytes)?;
         let json = serde_json::to_vec_pretty(record).expect("records serialize");
         self.write_atomic(&dir.join(format!("{}.json", record.id)), &json)
@@ -560,6 +587,46 @@ mod tests {
         let store = FsFunctionStore::open(dir.path()).unwrap();
         fs::write(dir.path().join("functions/fn-garbage.json"), b"{not json").unwrap();
         assert!(store.functions().unwrap().is_empty());
+    }
+
+    #[test]
+    fn open_quarantines_an_unknown_format_and_keeps_its_module_and_snapshots() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsFunctionStore::open(dir.path()).unwrap();
+        let sha = store.put_module(b"newer").unwrap();
+        let orphan = store.put_module(b"orphan").unwrap();
+        let id = new_function_id();
+        store.put_function(&record(&id, &sha)).unwrap();
+        let snap = dir.path().join("snapshots").join(&id);
+        fs::create_dir_all(&snap).unwrap();
+        fs::write(snap.join("snap-x.json"), b"{}").unwrap();
+        drop(store);
+        let path = dir.path().join(format!("functions/{id}.json"));
+        let text = fs::read_to_string(&path).unwrap();
+        fs::write(&path, text.replace("\"format\": 1", "\"format\": 2")).unwrap();
+
+        let store = FsFunctionStore::open(dir.path()).unwrap();
+        assert!(store.functions().unwrap().is_empty());
+        assert!(
+            store.module(&sha).is_ok(),
+            "the quarantined record's module is kept"
+        );
+        assert!(
+            store.module(&orphan).is_err(),
+            "other orphans are still collected"
+        );
+        assert!(snap.join("snap-x.json").exists());
+        let quarantined = store.quarantined().unwrap();
+        assert_eq!(quarantined.len(), 1);
+        assert!(quarantined[0].reason.contains("format 2"));
+        assert!(quarantined[0]
+            .path
+            .starts_with(dir.path().join(crate::QUARANTINE_DIR)));
+        // A second open finds it in quarantine and still keeps the module.
+        drop(store);
+        let store = FsFunctionStore::open(dir.path()).unwrap();
+        assert!(store.module(&sha).is_ok());
+        assert_eq!(store.quarantined().unwrap().len(), 1);
     }
 
     #[test]
