@@ -124,6 +124,12 @@ pub(crate) async fn create_function(
         }
     };
     let tenant = caller.tenant()?.clone();
+    if tenant.is_deleted() {
+        return Err(ApiError::new(
+            ErrorCode::TenantDeleted,
+            format!("tenant {} was deleted", tenant.id()),
+        ));
+    }
     tenant.check_rate().map_err(|e| quota_error(&tenant, e))?;
     if options.raw_ptx == Some(true) {
         require_raw_ptx(&state, &tenant)?;

@@ -685,3 +685,89 @@ async fn raw_ptx_is_a_capability_only_the_admin_grants() {
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
 }
+
+/// A request to the router, spawned: the task is the client, and aborting it
+/// is the client going away.
+fn spawn_request(
+    s: &EnforcedApp,
+    method: Method,
+    uri: String,
+    token: &str,
+    ctype: &str,
+    body: Vec<u8>,
+) -> tokio::task::JoinHandle<StatusCode> {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(header::CONTENT_TYPE, ctype)
+        .body(Body::from(body))
+        .unwrap();
+    let app = s.app.clone();
+    tokio::spawn(async move { app.oneshot(request).await.unwrap().status() })
+}
+
+/// An [`EnforcedApp`] over a [`GatedStore`]; returns the module-write and
+/// the record-delete gates.
+fn gated_app() -> (
+    EnforcedApp,
+    std::sync::Arc<tensor_wasm_test_support::gate::Gate>,
+    std::sync::Arc<tensor_wasm_test_support::gate::Gate>,
+) {
+    use tensor_wasm_test_support::gate::GatedStore;
+    let mut gates = None;
+    let s = EnforcedApp::over_store(
+        |_| {},
+        tensor_wasm_api::ApiConfig::default(),
+        |fs| {
+            let gated = std::sync::Arc::new(GatedStore::new(fs));
+            gates = Some((gated.put_module.clone(), gated.delete_function.clone()));
+            gated
+        },
+    );
+    let (writes, deletes) = gates.unwrap();
+    (s, writes, deletes)
+}
+
+/// Issue 17, item 12: a deploy that reaches its commit while its tenant is
+/// being deleted (the delete has retired the tenant and is sweeping its
+/// functions, held here at its first record delete) is refused with 410
+/// `tenant_deleted` and stores nothing: no record, no module, nothing the
+/// sweep could miss.
+#[tokio::test]
+async fn a_deploy_in_flight_when_its_tenant_is_deleted_leaves_nothing() {
+    let (s, _, deletes) = gated_app();
+    let (id, t) = s.tenant("leaving", json!({})).await;
+    s.deploy_id(&t, "calc.wat", "name=first").await;
+    let count =
+        |s: &EnforcedApp, dir: &str| std::fs::read_dir(s.dir.path().join(dir)).unwrap().count();
+    let modules_before = count(&s, "modules");
+
+    let held = deletes.close();
+    let delete = spawn_request(
+        &s,
+        Method::DELETE,
+        format!("/tenants/{id}"),
+        &s.admin,
+        "application/json",
+        Vec::new(),
+    );
+    deletes.wait_for_waiting(1).await;
+    // The delete is sweeping; the tenant's token still authenticates.
+    let r = s.deploy(&t, "warm.wat", "name=late").await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::GONE, "tenant_deleted"),
+        "{}",
+        r.text()
+    );
+    drop(held);
+    assert_eq!(delete.await.unwrap(), StatusCode::NO_CONTENT);
+    assert!(s.runtime.functions_of(&id).is_empty(), "an orphan function");
+    assert_eq!(count(&s, "functions"), 0, "an orphan record");
+    assert_eq!(
+        count(&s, "modules"),
+        modules_before,
+        "the late deploy stored its module"
+    );
+}
