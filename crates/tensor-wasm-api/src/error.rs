@@ -82,6 +82,8 @@ error_codes! {
         "The request conflicts with the current state (a tenant name taken, the snapshot a function starts from).";
     QuotaCountExceeded => "quota_count_exceeded", 409,
         "A count quota is reached (e.g. the tenant already has `max_functions` functions).";
+    TenantDeleted => "tenant_deleted", 410,
+        "The tenant was deleted while the request was in flight; nothing was created for it.";
     PayloadTooLarge => "payload_too_large", 413,
         "The request body is larger than the server's limit (default 64 MiB).";
     UnsupportedMediaType => "unsupported_media_type", 415,
@@ -231,6 +233,7 @@ impl From<RuntimeError> for ApiError {
                 ApiError::new(ErrorCode::SnapshotCorrupt, message)
             }
             RuntimeError::Conflict(_) => ApiError::new(ErrorCode::Conflict, message),
+            RuntimeError::TenantRetired(_) => ApiError::new(ErrorCode::TenantDeleted, message),
             RuntimeError::RawPtxNotGranted(_) => {
                 ApiError::new(ErrorCode::RawPtxNotGranted, message)
             }

@@ -124,6 +124,12 @@ pub(crate) async fn create_function(
         }
     };
     let tenant = caller.tenant()?.clone();
+    if tenant.is_deleted() {
+        return Err(ApiError::new(
+            ErrorCode::TenantDeleted,
+            format!("tenant {} was deleted", tenant.id()),
+        ));
+    }
     tenant.check_rate().map_err(|e| quota_error(&tenant, e))?;
     if options.raw_ptx == Some(true) {
         require_raw_ptx(&state, &tenant)?;
@@ -134,14 +140,24 @@ pub(crate) async fn create_function(
             .acquire(Resource::ModuleBytes, module.len() as u64)
             .map_err(|e| quota_error(&tenant, e))?,
     );
+    // Both held by the deploy's work, not by this handler: a client that
+    // goes away mid-deploy drops the handler, never the accounting.
+    let deploying = tenant
+        .acquire(Resource::ConcurrentDeploys, 1)
+        .map_err(|e| quota_error(&tenant, e))?;
     let count = tenant
         .acquire(Resource::Functions, 1)
         .map_err(|e| quota_error(&tenant, e))?;
     let runtime = state.inner.runtime.clone();
     let spec = options.into_spec(tenant.id());
-    let info = blocking(move || runtime.deploy(&module, spec)).await?;
-    // Deployed: the function counts until it is deleted.
-    count.forget_into_usage();
+    let info = blocking(move || {
+        let _deploying = deploying;
+        let info = runtime.deploy(&module, spec)?;
+        // Deployed: the function counts until it is deleted.
+        count.forget_into_usage();
+        Ok(info)
+    })
+    .await?;
     let location = format!("/functions/{}", info.record.id);
     Ok((
         StatusCode::CREATED,
@@ -194,8 +210,17 @@ pub(crate) async fn delete_function(
     owned(&state, &tenant, &id)?;
     let runtime = state.inner.runtime.clone();
     let key = id.clone();
-    if blocking(move || runtime.delete(&key)).await? {
-        tenant.release(Resource::Functions, 1);
+    let owner = tenant.clone();
+    let deleted = blocking(move || {
+        // Released with the work, so a client gone mid-delete changes nothing.
+        let deleted = runtime.delete(&key)?;
+        if deleted {
+            owner.release(Resource::Functions, 1);
+        }
+        Ok(deleted)
+    })
+    .await?;
+    if deleted {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(RuntimeError::FunctionNotFound(id).into())

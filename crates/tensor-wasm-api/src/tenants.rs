@@ -211,23 +211,34 @@ pub(crate) async fn delete_tenant(
     if !is_valid_tenant_id(&id) || state.inner.tenants.info(&id).is_none() {
         return Err(tenant_not_found(&id));
     }
-    // The tenant's functions go with it.
+    // The tenant's functions go with it. Retired first: a deploy of the
+    // tenant still in flight either committed before (and the sweep finds
+    // it) or is refused with 410 `tenant_deleted`, storing nothing.
     let runtime = state.inner.runtime.clone();
     let owner = id.clone();
-    tokio::task::spawn_blocking(move || {
+    let swept = tokio::task::spawn_blocking(move || {
+        runtime.retire_tenant(&owner);
         for f in runtime.functions_of(&owner) {
             runtime.delete(&f.id)?;
         }
         Ok::<(), tensor_wasm_runtime::RuntimeError>(())
     })
     .await
-    .map_err(ApiError::internal)?
-    .map_err(ApiError::from)?;
-    if state.inner.tenants.delete(&id).map_err(tenant_error)? {
-        state.inner.runtime.set_tenant_gpu_isolation(&id, None);
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(tenant_not_found(&id))
+    .map_err(ApiError::internal)
+    .and_then(|r| r.map_err(ApiError::from));
+    let deleted = swept.and_then(|()| state.inner.tenants.delete(&id).map_err(tenant_error));
+    match deleted {
+        Ok(true) => {
+            state.inner.runtime.set_tenant_gpu_isolation(&id, None);
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Ok(false) => Err(tenant_not_found(&id)),
+        Err(e) => {
+            // The tenant is still there: it may deploy again (its
+            // functions swept so far stay deleted).
+            state.inner.runtime.reinstate_tenant(&id);
+            Err(e)
+        }
     }
 }
 

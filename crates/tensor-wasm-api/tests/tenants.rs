@@ -685,3 +685,227 @@ async fn raw_ptx_is_a_capability_only_the_admin_grants() {
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
 }
+
+/// A request to the router, spawned: the task is the client, and aborting it
+/// is the client going away.
+fn spawn_request(
+    s: &EnforcedApp,
+    method: Method,
+    uri: String,
+    token: &str,
+    ctype: &str,
+    body: Vec<u8>,
+) -> tokio::task::JoinHandle<StatusCode> {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(header::CONTENT_TYPE, ctype)
+        .body(Body::from(body))
+        .unwrap();
+    let app = s.app.clone();
+    tokio::spawn(async move { app.oneshot(request).await.unwrap().status() })
+}
+
+/// An [`EnforcedApp`] over a [`GatedStore`]; returns the module-write and
+/// the record-delete gates.
+fn gated_app() -> (
+    EnforcedApp,
+    std::sync::Arc<tensor_wasm_test_support::gate::Gate>,
+    std::sync::Arc<tensor_wasm_test_support::gate::Gate>,
+) {
+    use tensor_wasm_test_support::gate::GatedStore;
+    let mut gates = None;
+    let s = EnforcedApp::over_store(
+        |_| {},
+        tensor_wasm_api::ApiConfig::default(),
+        |fs| {
+            let gated = std::sync::Arc::new(GatedStore::new(fs));
+            gates = Some((gated.put_module.clone(), gated.delete_function.clone()));
+            gated
+        },
+    );
+    let (writes, deletes) = gates.unwrap();
+    (s, writes, deletes)
+}
+
+/// Issue 17, item 12: a deploy that reaches its commit while its tenant is
+/// being deleted (the delete has retired the tenant and is sweeping its
+/// functions, held here at its first record delete) is refused with 410
+/// `tenant_deleted` and stores nothing: no record, no module, nothing the
+/// sweep could miss.
+#[tokio::test]
+async fn a_deploy_in_flight_when_its_tenant_is_deleted_leaves_nothing() {
+    let (s, _, deletes) = gated_app();
+    let (id, t) = s.tenant("leaving", json!({})).await;
+    s.deploy_id(&t, "calc.wat", "name=first").await;
+    let count =
+        |s: &EnforcedApp, dir: &str| std::fs::read_dir(s.dir.path().join(dir)).unwrap().count();
+    let modules_before = count(&s, "modules");
+
+    let held = deletes.close();
+    let delete = spawn_request(
+        &s,
+        Method::DELETE,
+        format!("/tenants/{id}"),
+        &s.admin,
+        "application/json",
+        Vec::new(),
+    );
+    deletes.wait_for_waiting(1).await;
+    // The delete is sweeping; the tenant's token still authenticates.
+    let r = s.deploy(&t, "warm.wat", "name=late").await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::GONE, "tenant_deleted"),
+        "{}",
+        r.text()
+    );
+    drop(held);
+    assert_eq!(delete.await.unwrap(), StatusCode::NO_CONTENT);
+    assert!(s.runtime.functions_of(&id).is_empty(), "an orphan function");
+    assert_eq!(count(&s, "functions"), 0, "an orphan record");
+    assert_eq!(
+        count(&s, "modules"),
+        modules_before,
+        "the late deploy stored its module"
+    );
+}
+
+/// Issue 17, item 5: the function count is taken and given back by the
+/// deploy's and the delete's work, not by their connections. A client that
+/// goes away while its deploy is storing the module still ends with the
+/// function counted (so a quota of 1 refuses a second one), and one that goes
+/// away mid-delete still gets the count back.
+#[tokio::test]
+async fn the_function_count_follows_the_work_not_the_connection() {
+    let (s, writes, deletes) = gated_app();
+    let (id, t) = s
+        .tenant(
+            "leaver",
+            json!({"max_functions": 1, "requests_per_second": 0}),
+        )
+        .await;
+    let tenant = s.tenants.lookup(&id).unwrap();
+    let example = tensor_wasm_test_support::guests::example;
+
+    let held = writes.close();
+    let client = spawn_request(
+        &s,
+        Method::POST,
+        "/functions?name=gone".into(),
+        &t,
+        "application/wasm",
+        example("calc.wat"),
+    );
+    writes.wait_for_waiting(1).await;
+    client.abort();
+    assert!(client.await.unwrap_err().is_cancelled());
+    drop(held);
+    wait_until_async(
+        Duration::from_secs(30),
+        "the abandoned deploy stored its function",
+        || s.runtime.functions_of(&id).len() == 1,
+    )
+    .await;
+    wait_until_async(
+        Duration::from_secs(30),
+        "the deploy slot is given back",
+        || tenant.usage(Resource::ConcurrentDeploys) == 0,
+    )
+    .await;
+    assert_eq!(
+        tenant.usage(Resource::Functions),
+        1,
+        "the function is counted"
+    );
+    let r = s.deploy(&t, "calc.wat", "name=second").await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::CONFLICT, "quota_count_exceeded"),
+        "a quota of 1 holds exactly"
+    );
+
+    let f = s.runtime.functions_of(&id)[0].id.clone();
+    let held = deletes.close();
+    let client = spawn_request(
+        &s,
+        Method::DELETE,
+        format!("/functions/{f}"),
+        &t,
+        "application/json",
+        Vec::new(),
+    );
+    deletes.wait_for_waiting(1).await;
+    client.abort();
+    assert!(client.await.unwrap_err().is_cancelled());
+    drop(held);
+    wait_until_async(
+        Duration::from_secs(30),
+        "the abandoned delete removed the function",
+        || s.runtime.functions_of(&id).is_empty(),
+    )
+    .await;
+    wait_until_async(Duration::from_secs(30), "the count is given back", || {
+        tenant.usage(Resource::Functions) == 0
+    })
+    .await;
+    s.deploy_id(&t, "calc.wat", "name=again").await;
+    assert_eq!(tenant.usage(Resource::Functions), 1);
+}
+
+/// Issue 17, item 5: deploys (compiles) of one tenant in progress at once are
+/// bounded by its `max_concurrent_deploys`: the one over it is refused at
+/// once with 429 `quota_exhausted`, and the slots come back when the deploys end.
+#[tokio::test]
+async fn concurrent_deploys_per_tenant_are_bounded() {
+    let (s, writes, _) = gated_app();
+    let (id, t) = s
+        .tenant(
+            "builder",
+            json!({"max_concurrent_deploys": 2, "requests_per_second": 0}),
+        )
+        .await;
+    let tenant = s.tenants.lookup(&id).unwrap();
+    let example = tensor_wasm_test_support::guests::example;
+    let held = writes.close();
+    let running: Vec<_> = (0..2)
+        .map(|i| {
+            spawn_request(
+                &s,
+                Method::POST,
+                format!("/functions?name=slow{i}"),
+                &t,
+                "application/wasm",
+                example("calc.wat"),
+            )
+        })
+        .collect();
+    writes.wait_for_waiting(2).await;
+    assert_eq!(tenant.usage(Resource::ConcurrentDeploys), 2);
+    let third = tokio::time::timeout(
+        Duration::from_secs(20),
+        s.deploy(&t, "calc.wat", "name=third"),
+    )
+    .await
+    .expect("the deploy over the bound is answered at once, not queued");
+    assert_eq!(
+        (third.status, third.code().as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, "quota_exhausted"),
+        "{}",
+        third.text()
+    );
+    assert!(
+        third.text().contains("max_concurrent_deploys"),
+        "{}",
+        third.text()
+    );
+    assert!(third.headers.contains_key(header::RETRY_AFTER));
+    drop(held);
+    for deploy in running {
+        assert_eq!(deploy.await.unwrap(), StatusCode::CREATED);
+    }
+    assert_eq!(tenant.usage(Resource::ConcurrentDeploys), 0);
+    s.deploy_id(&t, "calc.wat", "name=third").await;
+    assert_eq!(s.runtime.functions_of(&id).len(), 3);
+}

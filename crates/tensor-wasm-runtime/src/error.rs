@@ -63,6 +63,10 @@ pub enum RuntimeError {
     /// raw-kernel function of that tenant.
     #[error("{0}")]
     RawPtxNotGranted(String),
+    /// The tenant was deleted ([`crate::Runtime::retire_tenant`]): nothing
+    /// new may be created for it.
+    #[error("tenant {0} was deleted")]
+    TenantRetired(String),
     /// Every instance slot, or the kernel dispatcher and its queue, is full.
     #[error("{0}")]
     Busy(String),

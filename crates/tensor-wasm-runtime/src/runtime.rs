@@ -55,6 +55,10 @@ pub(crate) struct Inner {
     /// Tenants whose raw-kernel functions may not be deployed or start
     /// (see [`Runtime::set_tenant_raw_ptx`]).
     pub(crate) raw_ptx_withheld: RwLock<HashSet<String>>,
+    /// Deleted tenants ([`Runtime::retire_tenant`]). A deploy stores its
+    /// module and record holding the read side, so retiring (the write
+    /// side) waits for deploys committing now and refuses every later one.
+    pub(crate) retired_tenants: RwLock<HashSet<String>>,
     pub(crate) metrics: RuntimeMetrics,
     gpu: Arc<GpuShared>,
     pub(crate) memory_creator: Option<Arc<TensorWasmMemoryCreator>>,
@@ -158,6 +162,7 @@ impl Runtime {
                 in_flight: AtomicU32::new(0),
                 record_lock: Mutex::new(()),
                 raw_ptx_withheld: RwLock::new(HashSet::new()),
+                retired_tenants: RwLock::new(HashSet::new()),
                 metrics,
                 gpu,
                 memory_creator: parts.memory_creator,
@@ -241,6 +246,31 @@ impl Runtime {
             .contains(tenant)
     }
 
+    /// Marks `tenant` deleted: from the return on, no function of it is
+    /// deployed ([`RuntimeError::TenantRetired`]), and every deploy of it
+    /// that committed before is in [`Runtime::functions_of`], so one sweep
+    /// after this call finds all of them. Tenant ids are never reused; the
+    /// set lives as long as the runtime (one id per deleted tenant).
+    pub fn retire_tenant(&self, tenant: &str) {
+        self.inner
+            .retired_tenants
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(tenant.to_owned());
+        // Its functions go; nothing of it can start any more.
+        self.set_tenant_raw_ptx(tenant, true);
+    }
+
+    /// Undoes [`Runtime::retire_tenant`] (a tenant delete that failed after
+    /// retiring it).
+    pub fn reinstate_tenant(&self, tenant: &str) {
+        self.inner
+            .retired_tenants
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(tenant);
+    }
+
     /// The engine (for benches comparing against raw wasmtime).
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
@@ -290,6 +320,7 @@ impl Runtime {
                 | RuntimeError::WrongStyle(_)
                 | RuntimeError::FunctionNotFound(_)
                 | RuntimeError::RawPtxNotGranted(_)
+                | RuntimeError::TenantRetired(_)
                 | RuntimeError::Busy(_),
             ) => Outcome::Rejected,
             Err(_) => Outcome::Error,

@@ -647,3 +647,33 @@ fn inline_calls_may_not_grow_past_the_inline_cap() {
     assert!(rt.try_invoke_export_inline(big, "fill", &[]).is_none());
     assert_eq!(overran(), 1, "not tried, so not an overrun");
 }
+
+/// Issue 17, item 12: once a tenant is retired, no deploy of it stores
+/// anything (module or record), while other tenants deploy as before.
+#[test]
+fn a_retired_tenant_gets_no_new_functions() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = open(dir.path());
+    let spec = |tenant: &str| DeploySpec {
+        tenant: tenant.to_owned(),
+        ..DeploySpec::export("calc")
+    };
+    rt.deploy(&example("calc.wat"), spec("tn-00000000000000aa"))
+        .unwrap();
+    rt.retire_tenant("tn-00000000000000aa");
+    let modules = |dir: &Path| std::fs::read_dir(dir.join("modules")).unwrap().count();
+    let before = modules(dir.path());
+    let refused = rt.deploy(&example("warm.wat"), spec("tn-00000000000000aa"));
+    assert!(
+        matches!(refused, Err(RuntimeError::TenantRetired(_))),
+        "{refused:?}"
+    );
+    assert_eq!(rt.functions_of("tn-00000000000000aa").len(), 1);
+    assert_eq!(modules(dir.path()), before, "no module stored for it");
+    rt.deploy(&example("warm.wat"), spec("tn-00000000000000bb"))
+        .unwrap();
+    // A delete that failed after retiring gives the tenant back.
+    rt.reinstate_tenant("tn-00000000000000aa");
+    rt.deploy(&example("warm.wat"), spec("tn-00000000000000aa"))
+        .unwrap();
+}

@@ -29,6 +29,8 @@ pub struct Quotas {
     /// Requests that may arrive at once after an idle period (the bucket size).
     /// A value of 0 with a non-zero rate acts as 1. Default 2000.
     pub burst: u32,
+    /// Deploys (compiles) in progress at once. Default 2.
+    pub max_concurrent_deploys: u32,
 }
 
 impl Default for Quotas {
@@ -42,6 +44,7 @@ impl Default for Quotas {
             max_concurrent_invocations: 32,
             requests_per_second: 1000,
             burst: 2000,
+            max_concurrent_deploys: 2,
         }
     }
 }
@@ -69,6 +72,8 @@ pub struct QuotasPatch {
     pub requests_per_second: Option<u32>,
     /// New [`Quotas::burst`].
     pub burst: Option<u32>,
+    /// New [`Quotas::max_concurrent_deploys`].
+    pub max_concurrent_deploys: Option<u32>,
 }
 
 impl QuotasPatch {
@@ -90,6 +95,7 @@ impl Quotas {
             max_concurrent_invocations,
             requests_per_second,
             burst,
+            max_concurrent_deploys,
         } = *patch;
         set(&mut self.max_functions, max_functions);
         set(&mut self.max_module_bytes, max_module_bytes);
@@ -102,6 +108,7 @@ impl Quotas {
         );
         set(&mut self.requests_per_second, requests_per_second);
         set(&mut self.burst, burst);
+        set(&mut self.max_concurrent_deploys, max_concurrent_deploys);
     }
 
     /// The limit that applies to `resource`.
@@ -113,6 +120,7 @@ impl Quotas {
             Resource::GuestMemoryBytes => self.max_guest_memory_bytes,
             Resource::GpuMemoryBytes => self.max_gpu_memory_bytes,
             Resource::ConcurrentInvocations => u64::from(self.max_concurrent_invocations),
+            Resource::ConcurrentDeploys => u64::from(self.max_concurrent_deploys),
         }
     }
 }
@@ -166,17 +174,21 @@ pub enum Resource {
     GpuMemoryBytes,
     /// Invocations running at once.
     ConcurrentInvocations,
+    /// Deploys in progress at once (held by the deploy's work, not its
+    /// connection).
+    ConcurrentDeploys,
 }
 
 impl Resource {
     /// Every resource, in discriminant order.
-    pub const ALL: [Resource; 6] = [
+    pub const ALL: [Resource; 7] = [
         Resource::Functions,
         Resource::ModuleBytes,
         Resource::LiveInstances,
         Resource::GuestMemoryBytes,
         Resource::GpuMemoryBytes,
         Resource::ConcurrentInvocations,
+        Resource::ConcurrentDeploys,
     ];
 
     /// The name of the quota that limits this resource, as used in errors and
@@ -189,6 +201,7 @@ impl Resource {
             Resource::GuestMemoryBytes => "max_guest_memory_bytes",
             Resource::GpuMemoryBytes => "max_gpu_memory_bytes",
             Resource::ConcurrentInvocations => "max_concurrent_invocations",
+            Resource::ConcurrentDeploys => "max_concurrent_deploys",
         }
     }
 }
@@ -238,6 +251,7 @@ mod tests {
         assert_eq!(q.max_concurrent_invocations, 32);
         assert_eq!(q.requests_per_second, 1000);
         assert_eq!(q.burst, 2000);
+        assert_eq!(q.max_concurrent_deploys, 2);
     }
 
     #[test]

@@ -33,6 +33,7 @@ fn small_quotas() -> Quotas {
         max_concurrent_invocations: 2,
         requests_per_second: 10,
         burst: 5,
+        max_concurrent_deploys: 2,
     }
 }
 
@@ -60,6 +61,7 @@ fn summed_resources_enforce_their_limit_and_release_on_drop() {
             2,
             QuotaKind::Concurrency,
         ),
+        (Resource::ConcurrentDeploys, 1, 2, QuotaKind::Concurrency),
     ];
     for (resource, step, limit, kind) in cases {
         let mut guards = Vec::new();

@@ -3,6 +3,8 @@
 //!
 //! - [`app`]: the API router in-process over a fresh runtime
 //!   ([`app::InsecureApp`], [`app::EnforcedApp`]) and request helpers;
+//! - [`gate`]: a function store that holds a deploy's or a delete's write
+//!   until the test lets it go ([`gate::GatedStore`]);
 //! - [`serve`]: the real `tensor-wasm serve` binary on a loopback port
 //!   ([`serve::ServeProcess`]);
 //! - [`wait`]: bounded polling for a state ([`wait::wait_until`]) instead of
@@ -36,6 +38,7 @@
 //! ```
 
 pub mod app;
+pub mod gate;
 pub mod guests;
 pub mod pace;
 pub mod serve;

@@ -157,6 +157,18 @@ impl Runtime {
         let prepared = self.prepare(&module)?;
         check_shape(&module, spec.style, &limits)?;
 
+        // The commit: module, record and catalogue entry under the read side
+        // of the retired set, so a tenant delete either sees this function
+        // in its sweep or this deploy sees the tenant retired (and stores
+        // nothing).
+        let retired = self
+            .inner
+            .retired_tenants
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if retired.contains(&spec.tenant) {
+            return Err(RuntimeError::TenantRetired(spec.tenant));
+        }
         let stored_sha = self.inner.store.put_module(&binary)?;
         debug_assert_eq!(stored_sha, sha);
         let record = FunctionRecord {
@@ -183,6 +195,7 @@ impl Runtime {
             .write()
             .expect("lock")
             .insert(info.record.id.clone(), Arc::new(entry));
+        drop(retired);
         tracing::info!(function = %info.record.id, name = %info.record.name, "deployed");
         Ok(info)
     }

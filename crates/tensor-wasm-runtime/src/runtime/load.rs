@@ -185,7 +185,7 @@ impl Runtime {
             // capability stops invocations, async jobs and snapshots alike.
             let store = Store::new(
                 &self.inner.engine,
-                InvocationState::new(limits.memory_limit_bytes, None, None),
+                InvocationState::new(limits.memory_limit_bytes, Instant::now(), None, None),
             );
             let withheld = crate::error::RawPtxWithheld(record.tenant.clone());
             return (store, Err(wasmtime::Error::new(withheld)));
