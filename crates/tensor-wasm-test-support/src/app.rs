@@ -212,7 +212,15 @@ pub struct EnforcedApp {
 impl EnforcedApp {
     /// `RuntimeConfig::for_tests` and `ApiConfig::default()`, marked ready.
     pub fn new() -> EnforcedApp {
+        Self::with_api(|_, _| {})
+    }
+
+    /// Like [`EnforcedApp::new`], with the API settings `tune` makes (it
+    /// gets the data directory, e.g. for `jobs_dir`).
+    pub fn with_api(tune: impl FnOnce(&std::path::Path, &mut ApiConfig)) -> EnforcedApp {
         let dir = tempfile::tempdir().expect("temporary directory");
+        let mut api = ApiConfig::default();
+        tune(dir.path(), &mut api);
         let registry = prometheus::Registry::new();
         let runtime = open_runtime(RuntimeConfig::for_tests(dir.path()), &registry);
         let tenants = Arc::new(
@@ -229,7 +237,7 @@ impl EnforcedApp {
         let state = AppState::new(
             runtime.clone(),
             registry,
-            ApiConfig::default(),
+            api,
             tenants.clone(),
             AuthMode::Enforced,
         )
