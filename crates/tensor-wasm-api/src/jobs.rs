@@ -2,9 +2,9 @@
 //! with a job id at once; `GET /jobs/{id}` tells status, result or error and
 //! timings; `DELETE /jobs/{id}` cancels.
 //!
-//! Jobs are tenant-scoped (another tenant's job id answers 404), bounded per
-//! tenant (`MAX_ACTIVE_PER_TENANT` queued or running), kept for a retention
-//! period after they finish, and durable: each state change is written to
+//! Jobs are tenant-scoped (another tenant's job id answers 404) and bounded
+//! ([`JobLimits`]: jobs queued or running and finished jobs kept per tenant,
+//! retention, request and result sizes), and durable: each state change is written to
 //! `<data_dir>/jobs/<id>.json` by `tensor_wasm_durable::write_file` (temp file,
 //! fsync, rename, directory fsync) before it is acknowledged, and a job that
 //! was queued or running when the server stopped comes back as `failed: server
@@ -16,11 +16,10 @@
 //! interrupted from outside its store: it runs to completion (or its
 //! deadline) and its outcome is discarded; the job reads `cancelled`.
 
-use std::collections::HashMap;
-use std::fs;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod board;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -35,10 +34,7 @@ use crate::auth::Caller;
 use crate::error::quota_error;
 use crate::{ApiError, AppState, ErrorCode};
 
-/// Queued or running jobs one tenant may have.
-pub const MAX_ACTIVE_PER_TENANT: usize = 64;
-/// How long finished jobs are kept.
-pub const RETENTION: Duration = Duration::from_secs(3600);
+pub use board::{JobBoard, JobLimits};
 
 /// Where a job is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,153 +95,6 @@ fn is_valid_job_id(id: &str) -> bool {
     id.len() == 28 && id.starts_with("job-") && id[4..].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// Jobs in memory, each change persisted before it is visible.
-#[derive(Debug)]
-pub struct JobBoard {
-    dir: Option<PathBuf>,
-    jobs: Mutex<HashMap<String, Job>>,
-}
-
-impl JobBoard {
-    /// Jobs kept only in memory (tests, embedding).
-    pub fn in_memory() -> Self {
-        JobBoard {
-            dir: None,
-            jobs: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Opens `<data_dir>/jobs`: unfinished jobs of an earlier run become
-    /// `failed: server restarted`; finished ones past retention are removed.
-    pub fn open(data_dir: &Path) -> std::io::Result<Self> {
-        let dir = data_dir.join("jobs");
-        fs::create_dir_all(&dir)?;
-        let board = JobBoard {
-            dir: Some(dir.clone()),
-            jobs: Mutex::new(HashMap::new()),
-        };
-        for entry in fs::read_dir(&dir)? {
-            let path = entry?.path();
-            if path.extension().and_then(|e| e.to_str()) != Some("json") {
-                let _ = fs::remove_file(&path); // leftovers of interrupted writes
-                continue;
-            }
-            let Ok(mut job) = fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<Job>(&b).map_err(|e| e.to_string()))
-            else {
-                tracing::error!(path = %path.display(), "skipping unreadable job record");
-                continue;
-            };
-            if job.status.is_active() {
-                job.status = JobStatus::Failed;
-                job.error = Some(
-                    json!({"code": "server_restarted", "message": "failed: server restarted"}),
-                );
-                job.finished_at_ms = Some(now_ms());
-                board.persist(&job)?;
-            }
-            board.lock().insert(job.id.clone(), job);
-        }
-        board.sweep();
-        Ok(board)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Job>> {
-        self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn persist(&self, job: &Job) -> std::io::Result<()> {
-        let Some(dir) = &self.dir else {
-            return Ok(());
-        };
-        let bytes = serde_json::to_vec_pretty(job).expect("jobs serialize");
-        let dest = dir.join(format!("{}.json", job.id));
-        tensor_wasm_durable::write_file(dest, &bytes, &tensor_wasm_durable::WriteOptions::new())?;
-        Ok(())
-    }
-
-    /// Removes finished jobs past retention.
-    pub fn sweep(&self) {
-        let cutoff = now_ms().saturating_sub(RETENTION.as_millis() as u64);
-        let mut jobs = self.lock();
-        let expired: Vec<String> = jobs
-            .values()
-            .filter(|j| !j.status.is_active() && j.finished_at_ms.is_some_and(|f| f < cutoff))
-            .map(|j| j.id.clone())
-            .collect();
-        for id in expired {
-            jobs.remove(&id);
-            if let Some(dir) = &self.dir {
-                let _ = fs::remove_file(dir.join(format!("{id}.json")));
-            }
-        }
-    }
-
-    /// A job of `tenant`, if it exists.
-    pub fn get(&self, tenant: &str, id: &str) -> Option<Job> {
-        self.lock().get(id).filter(|j| j.tenant == tenant).cloned()
-    }
-
-    fn active_of(&self, tenant: &str) -> usize {
-        self.lock()
-            .values()
-            .filter(|j| j.tenant == tenant && j.status.is_active())
-            .count()
-    }
-
-    /// Jobs queued or running, of every tenant.
-    pub fn unfinished(&self) -> usize {
-        self.lock()
-            .values()
-            .filter(|j| j.status.is_active())
-            .count()
-    }
-
-    /// Records every queued or running job as failed with `code` and
-    /// `message` (persisted before it returns); returns how many. A job
-    /// task still running afterwards cannot change them back.
-    pub fn fail_unfinished(&self, code: ErrorCode, message: &str) -> usize {
-        let ids: Vec<String> = self
-            .lock()
-            .values()
-            .filter(|j| j.status.is_active())
-            .map(|j| j.id.clone())
-            .collect();
-        let mut failed = 0;
-        for id in ids {
-            self.update(&id, |j| {
-                if j.status.is_active() {
-                    j.status = JobStatus::Failed;
-                    j.error = Some(json!({"code": code, "message": message}));
-                    j.finished_at_ms = Some(now_ms());
-                    failed += 1;
-                }
-            });
-        }
-        failed
-    }
-
-    fn insert(&self, job: Job) -> std::io::Result<()> {
-        self.persist(&job)?;
-        self.lock().insert(job.id.clone(), job);
-        Ok(())
-    }
-
-    /// Applies `change` to job `id` and persists it; returns the new record.
-    fn update(&self, id: &str, change: impl FnOnce(&mut Job)) -> Option<Job> {
-        let mut jobs = self.lock();
-        let job = jobs.get_mut(id)?;
-        change(job);
-        let snapshot = job.clone();
-        drop(jobs);
-        if let Err(e) = self.persist(&snapshot) {
-            tracing::error!(job = id, error = %e, "could not persist a job update");
-        }
-        Some(snapshot)
-    }
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AsyncCall {
@@ -263,6 +112,18 @@ pub(crate) async fn invoke_async(
     let tenant = caller.tenant()?.clone();
     let memory = crate::routes::owned_export_function(&state, &tenant, &id, "invoke-async")?;
     let body = crate::routes::body(bytes)?;
+    // The arguments are kept with the job (memory and disk) until it is
+    // forgotten: bounded before they are parsed.
+    let max_request = state.inner.jobs.limits().max_request_bytes;
+    if body.len() > max_request {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "an async call's body is {} bytes, more than the {max_request} allowed (max_job_request_bytes)",
+                body.len()
+            ),
+        ));
+    }
     let call: AsyncCall = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
     tenant.check_rate().map_err(|e| quota_error(&tenant, e))?;
@@ -277,17 +138,6 @@ pub(crate) async fn invoke_async(
     }
     let board = &state.inner.jobs;
     board.sweep();
-    if board.active_of(tenant.id()) >= MAX_ACTIVE_PER_TENANT {
-        let mut e = ApiError::new(
-            ErrorCode::QuotaExhausted,
-            format!(
-                "tenant {}: {MAX_ACTIVE_PER_TENANT} jobs are already queued or running",
-                tenant.id()
-            ),
-        );
-        e.retry_after_s = Some(1);
-        return Err(e);
-    }
     let job = Job {
         id: new_job_id(),
         tenant: tenant.id().to_owned(),
@@ -302,7 +152,22 @@ pub(crate) async fn invoke_async(
         finished_at_ms: None,
         cancel_requested: false,
     };
-    board.insert(job.clone()).map_err(ApiError::internal)?;
+    match board.admit(job.clone()) {
+        Ok(()) => {}
+        Err(board::Refused::TooManyActive) => {
+            let limit = board.limits().max_active_per_tenant;
+            let mut e = ApiError::new(
+                ErrorCode::QuotaExhausted,
+                format!(
+                    "tenant {}: {limit} jobs are already queued or running (max_active_jobs)",
+                    tenant.id()
+                ),
+            );
+            e.retry_after_s = Some(1);
+            return Err(e);
+        }
+        Err(board::Refused::Io(e)) => return Err(ApiError::internal(e)),
+    }
 
     let task_state = state.clone();
     let job_id = job.id.clone();
@@ -359,6 +224,7 @@ async fn run_job(
         return;
     }
     let runtime = state.inner.runtime.clone();
+    let max_result = board.limits().max_result_bytes;
     let result = crate::routes::blocking(move || {
         let _held = (permit, guards);
         runtime.invoke_export(&job.function_id, &job.export, &job.args)
@@ -374,6 +240,16 @@ async fn run_job(
             return;
         }
         match result {
+            Ok(results) if json_len(&results) > max_result => {
+                j.status = JobStatus::Failed;
+                j.error = Some(json!({
+                    "code": ErrorCode::OutputTooLarge,
+                    "message": format!(
+                        "the results are {} bytes as JSON, more than the {max_result} a job keeps (max_job_result_bytes)",
+                        json_len(&results)
+                    ),
+                }));
+            }
             Ok(results) => {
                 j.status = JobStatus::Succeeded;
                 j.results = Some(results);
@@ -384,6 +260,10 @@ async fn run_job(
             }
         }
     });
+}
+
+fn json_len(values: &[Value]) -> usize {
+    serde_json::to_vec(values).map_or(usize::MAX, |v| v.len())
 }
 
 fn job_not_found(id: &str) -> ApiError {
@@ -436,7 +316,7 @@ pub(crate) async fn cancel_job(
 mod tests {
     use super::*;
 
-    fn job(status: JobStatus) -> Job {
+    pub(super) fn job(status: JobStatus) -> Job {
         Job {
             id: new_job_id(),
             tenant: "tn-0123456789abcdef".into(),
@@ -456,7 +336,7 @@ mod tests {
     #[test]
     fn unfinished_jobs_survive_a_restart_as_failed() {
         let dir = tempfile::tempdir().unwrap();
-        let board = JobBoard::open(dir.path()).unwrap();
+        let board = JobBoard::open(dir.path(), JobLimits::default()).unwrap();
         let (queued, running, done) = (
             job(JobStatus::Queued),
             job(JobStatus::Running),
@@ -472,7 +352,7 @@ mod tests {
         std::fs::write(dir.path().join("jobs/half.partial"), b"{").unwrap();
         drop(board);
 
-        let board = JobBoard::open(dir.path()).unwrap();
+        let board = JobBoard::open(dir.path(), JobLimits::default()).unwrap();
         for j in [&queued, &running] {
             let after = board.get(&j.tenant, &j.id).unwrap();
             assert_eq!(after.status, JobStatus::Failed);
@@ -489,7 +369,7 @@ mod tests {
     #[test]
     fn shutdown_records_unfinished_jobs_as_failed_durably() {
         let dir = tempfile::tempdir().unwrap();
-        let board = JobBoard::open(dir.path()).unwrap();
+        let board = JobBoard::open(dir.path(), JobLimits::default()).unwrap();
         let (queued, running, done) = (
             job(JobStatus::Queued),
             job(JobStatus::Running),
@@ -507,7 +387,7 @@ mod tests {
         drop(board);
 
         // After the restart they keep the shutdown's record, not "server restarted".
-        let board = JobBoard::open(dir.path()).unwrap();
+        let board = JobBoard::open(dir.path(), JobLimits::default()).unwrap();
         for j in [&queued, &running] {
             let after = board.get(&j.tenant, &j.id).unwrap();
             assert_eq!(after.status, JobStatus::Failed);
@@ -520,9 +400,11 @@ mod tests {
     #[test]
     fn finished_jobs_expire_after_retention() {
         let dir = tempfile::tempdir().unwrap();
-        let board = JobBoard::open(dir.path()).unwrap();
+        let board = JobBoard::open(dir.path(), JobLimits::default()).unwrap();
         let old = Job {
-            finished_at_ms: Some(now_ms() - RETENTION.as_millis() as u64 - 1000),
+            finished_at_ms: Some(
+                now_ms() - JobLimits::default().retention.as_millis() as u64 - 1000,
+            ),
             ..job(JobStatus::Succeeded)
         };
         board.insert(old.clone()).unwrap();

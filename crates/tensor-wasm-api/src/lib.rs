@@ -53,7 +53,7 @@ use tokio::sync::Semaphore;
 
 pub use auth::{AuthMode, Caller};
 pub use error::{ApiError, ErrorCode};
-pub use jobs::{Job, JobStatus};
+pub use jobs::{Job, JobLimits, JobStatus};
 pub use metrics::{HttpMetrics, HttpRequestLabels, ROUTE_TEMPLATES};
 pub use openapi::OPENAPI_JSON;
 
@@ -69,6 +69,8 @@ pub struct ApiConfig {
     /// Data directory whose `jobs/` keeps asynchronous jobs durable; `None`
     /// keeps them in memory.
     pub jobs_dir: Option<std::path::PathBuf>,
+    /// Bounds on asynchronous jobs.
+    pub jobs: JobLimits,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -76,6 +78,7 @@ impl std::fmt::Debug for ApiConfig {
         f.debug_struct("ApiConfig")
             .field("max_body_bytes", &self.max_body_bytes)
             .field("queue_timeout", &self.queue_timeout)
+            .field("jobs", &self.jobs)
             .field(
                 "metrics_token",
                 &self.metrics_token.as_ref().map(|_| "<redacted>"),
@@ -91,6 +94,7 @@ impl Default for ApiConfig {
             queue_timeout: Duration::from_secs(10),
             metrics_token: None,
             jobs_dir: None,
+            jobs: JobLimits::default(),
         }
     }
 }
@@ -144,10 +148,10 @@ impl AppState {
         Ok(AppState {
             inner: Arc::new(StateInner {
                 jobs: match &config.jobs_dir {
-                    Some(dir) => jobs::JobBoard::open(dir).map_err(|e| {
+                    Some(dir) => jobs::JobBoard::open(dir, config.jobs.clone()).map_err(|e| {
                         prometheus::Error::Msg(format!("opening the job store: {e}"))
                     })?,
-                    None => jobs::JobBoard::in_memory(),
+                    None => jobs::JobBoard::in_memory(config.jobs.clone()),
                 },
                 runtime,
                 tenants,

@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tensor_wasm_tenant::Resource;
 use tensor_wasm_tenant::Tenant;
-use tensor_wasm_test_support::app::EnforcedApp;
+use tensor_wasm_test_support::app::{EnforcedApp, Reply};
 use tensor_wasm_test_support::guests::{ECHO_COMMAND, FLOOD_COMMAND};
 use tensor_wasm_test_support::wait::{assert_holds_for_async, wait_for_async, wait_until_async};
 use tower::ServiceExt;
@@ -309,6 +309,134 @@ async fn async_jobs_run_detached_are_scoped_and_cancellable() {
         (r.status, r.code().as_str()),
         (StatusCode::BAD_REQUEST, "unknown_export")
     );
+}
+
+/// Submits an async call of `export` with `args`; returns the reply.
+async fn submit(s: &EnforcedApp, token: &str, id: &str, export: &str, args: Value) -> Reply {
+    s.as_token(
+        token,
+        axum::http::Method::POST,
+        &format!("/functions/{id}/invoke-async"),
+        json!({"export": export, "args": args}),
+    )
+    .await
+}
+
+/// Job records on disk.
+fn job_files(s: &EnforcedApp) -> usize {
+    std::fs::read_dir(s.dir.path().join("jobs"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension() == Some("json".as_ref()))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_jobs_are_bounded_per_tenant_in_memory_and_on_disk() {
+    let s = EnforcedApp::with_api(|dir, api| {
+        api.jobs_dir = Some(dir.to_owned());
+        api.jobs.max_retained_per_tenant = 3;
+    });
+    let (_, t) = s.tenant("busy", json!({})).await;
+    let (_, other) = s.tenant("quiet", json!({})).await;
+    let calc = s.deploy_id(&t, "calc.wat", "name=calc").await;
+    let other_calc = s.deploy_id(&other, "calc.wat", "name=calc").await;
+
+    let r = submit(&s, &other, &other_calc, "add", json!([1, 1])).await;
+    let kept = r.json()["job_id"].as_str().unwrap().to_owned();
+    wait_finished(&s, &other, &kept).await;
+    let mut jobs = Vec::new();
+    for i in 0..6 {
+        let r = submit(&s, &t, &calc, "add", json!([i, 1])).await;
+        assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+        let job = r.json()["job_id"].as_str().unwrap().to_owned();
+        assert_eq!(wait_finished(&s, &t, &job).await["results"], json!([i + 1]));
+        jobs.push(job);
+    }
+
+    // The three newest stay; the older ones are gone from memory and disk.
+    for (i, job) in jobs.iter().enumerate() {
+        let r = s
+            .as_token(
+                &t,
+                axum::http::Method::GET,
+                &format!("/jobs/{job}"),
+                Value::Null,
+            )
+            .await;
+        let expected = if i < 3 {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::OK
+        };
+        assert_eq!(r.status, expected, "job {i}: {}", r.text());
+        let file = s.dir.path().join(format!("jobs/{job}.json"));
+        assert_eq!(file.exists(), i >= 3, "job {i}'s record on disk");
+    }
+    // Another tenant's jobs do not count against this one's bound.
+    assert_eq!(get_job(&s, &other, &kept).await["status"], "succeeded");
+    assert_eq!(job_files(&s), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_call_bodies_and_results_are_bounded() {
+    let s = EnforcedApp::with_api(|_, api| {
+        api.jobs.max_request_bytes = 256;
+        api.jobs.max_result_bytes = 8;
+    });
+    let (_, t) = s.tenant("jobs", json!({})).await;
+    let calc = s.deploy_id(&t, "calc.wat", "name=calc").await;
+
+    let padded = json!(["1", format!("{:>300}", "")]);
+    let r = submit(&s, &t, &calc, "mul64", padded).await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+        "{}",
+        r.text()
+    );
+
+    // `[42]` fits in 8 bytes, a 19-digit product does not.
+    let r = submit(&s, &t, &calc, "add", json!([40, 2])).await;
+    let small = wait_finished(&s, &t, r.json()["job_id"].as_str().unwrap()).await;
+    assert_eq!(small["results"], json!([42]));
+    let r = submit(&s, &t, &calc, "mul64", json!(["3037000499", "3037000499"])).await;
+    let big = wait_finished(&s, &t, r.json()["job_id"].as_str().unwrap()).await;
+    assert_eq!(
+        (big["status"].as_str(), big["error"]["code"].as_str()),
+        (Some("failed"), Some("output_too_large")),
+        "{big}"
+    );
+    assert!(big.get("results").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_decimal_strings_are_refused_before_they_are_kept() {
+    let s = EnforcedApp::with_api(|dir, api| api.jobs_dir = Some(dir.to_owned()));
+    let (_, t) = s.tenant("digits", json!({})).await;
+    let calc = s.deploy_id(&t, "calc.wat", "name=calc").await;
+
+    // Leading zeros keep the value in range; only the length gives it away.
+    let long = format!("{}3", "0".repeat(100));
+    let r = submit(&s, &t, &calc, "mul64", json!([long, "2"])).await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (StatusCode::BAD_REQUEST, "invalid_arguments"),
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains("at most 40 characters"), "{}", r.text());
+    assert_eq!(job_files(&s), 0, "nothing of the call was kept");
+    let r = s.invoke(&t, &calc, "mul64", json!([long, "2"])).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.text().len() < 400, "the argument is not echoed whole");
+
+    // Up to the bound, leading zeros and all, the string is a number.
+    let fits = format!("{}3", "0".repeat(39));
+    let r = submit(&s, &t, &calc, "mul64", json!([fits, "2"])).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    let done = wait_finished(&s, &t, r.json()["job_id"].as_str().unwrap()).await;
+    assert_eq!(done["results"], json!([6]));
+    assert_eq!(job_files(&s), 1);
 }
 
 async fn deploy_command(s: &EnforcedApp, token: &str, wat: &str) -> String {

@@ -7,6 +7,7 @@
 //! panic on the closed pipe.
 
 mod client;
+mod job_flags;
 mod serve;
 
 use std::io::Write as _;

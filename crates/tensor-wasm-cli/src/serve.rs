@@ -132,6 +132,8 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, env = "TENSOR_WASM_SHUTDOWN_GRACE_S", default_value_t = 30)]
     shutdown_grace_s: u64,
+    #[command(flatten)]
+    jobs: crate::job_flags::JobFlags,
 }
 
 fn init_logging(format: LogFormat) {
@@ -233,6 +235,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         queue_timeout: Duration::from_millis(args.queue_timeout_ms),
         metrics_token: args.metrics_token.clone(),
         jobs_dir: Some(args.data_dir.clone()),
+        jobs: args.jobs.limits(),
     };
     let state = AppState::new(runtime.clone(), registry, api, tenants, auth)?;
 

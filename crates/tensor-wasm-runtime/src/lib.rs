@@ -53,4 +53,4 @@ pub use store::{
 /// How tenants are separated on a CUDA device (see
 /// [`Runtime::set_tenant_gpu_isolation`] and [`RuntimeConfig::gpu_isolation`]).
 pub use tensor_wasm_gpu::GpuIsolation;
-pub use values::{ExportSignature, WasmType};
+pub use values::{ExportSignature, WasmType, MAX_DECIMAL_CHARS};

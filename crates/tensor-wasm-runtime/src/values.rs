@@ -3,7 +3,8 @@
 //! Rules (documented in the README and the OpenAPI spec):
 //! - `i32`: a JSON integer in `-2^31 ..= 2^32-1` (unsigned values keep their bits);
 //! - `i64`: a JSON integer in `-2^63 ..= 2^64-1`, or the same as a decimal string
-//!   (clients whose numbers are doubles cannot carry 64 bits);
+//!   of at most [`MAX_DECIMAL_CHARS`] characters (clients whose numbers are
+//!   doubles cannot carry 64 bits);
 //! - `f32` / `f64`: a JSON number, or `"NaN"`, `"Infinity"`, `"-Infinity"`.
 //!
 //! Results come back as JSON numbers, with non-finite floats as those strings.
@@ -13,6 +14,14 @@ use serde_json::Value as Json;
 use wasmtime::{FuncType, Val, ValType};
 
 use crate::error::{Result, RuntimeError};
+
+/// Longest decimal string an `i64` argument may be (sign and leading zeros
+/// included): 64 bits need 20 digits, and a longer string is refused before
+/// it is parsed or kept (a job stores its arguments).
+pub const MAX_DECIMAL_CHARS: usize = 40;
+
+/// Longest piece of an argument quoted back in an error message.
+const QUOTED_ARG_CHARS: usize = 64;
 
 /// A value type an export may take or return through the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,18 +80,28 @@ pub fn args_from_json(export: &str, ty: &FuncType, args: &[Json]) -> Result<Vec<
         .map(|(i, (param, arg))| {
             value_from_json(&param, arg).ok_or_else(|| {
                 RuntimeError::InvalidArguments(format!(
-                    "argument {i} of `{export}` must be {}, got {arg}",
-                    describe(&param)
+                    "argument {i} of `{export}` must be {}, got {}",
+                    describe(&param),
+                    quoted(arg)
                 ))
             })
         })
         .collect()
 }
 
+/// `arg` as JSON, cut to [`QUOTED_ARG_CHARS`] characters.
+fn quoted(arg: &Json) -> String {
+    let text = arg.to_string();
+    match text.char_indices().nth(QUOTED_ARG_CHARS) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], text.len()),
+        None => text,
+    }
+}
+
 fn describe(ty: &ValType) -> &'static str {
     match ty {
         ValType::I32 => "an i32 (integer in -2147483648..=4294967295)",
-        ValType::I64 => "an i64 (integer, or decimal string, in 64 bits)",
+        ValType::I64 => "an i64 (integer, or decimal string of at most 40 characters, in 64 bits)",
         ValType::F32 => "an f32 (number, \"NaN\", \"Infinity\" or \"-Infinity\")",
         ValType::F64 => "an f64 (number, \"NaN\", \"Infinity\" or \"-Infinity\")",
         _ => "a type the HTTP API cannot pass (v128 or reference)",
@@ -95,7 +114,7 @@ fn integer_bits(arg: &Json, min: i128, max: i128) -> Option<i128> {
             .as_i64()
             .map(i128::from)
             .or_else(|| n.as_u64().map(i128::from))?,
-        Json::String(s) => s.parse::<i128>().ok()?,
+        Json::String(s) if s.len() <= MAX_DECIMAL_CHARS => s.parse::<i128>().ok()?,
         _ => return None,
     };
     (min..=max).contains(&n).then_some(n)
@@ -187,6 +206,24 @@ mod tests {
         let v = args_from_json("f", &t, &[json!(i64::MIN)]).unwrap();
         assert!(matches!(v[0], Val::I64(i64::MIN)));
         assert!(args_from_json("f", &t, &[json!("18446744073709551616")]).is_err());
+    }
+
+    #[test]
+    fn decimal_strings_are_bounded_before_they_are_parsed() {
+        let t = ty(&[ValType::I64]);
+        let at_bound = format!("{}7", "0".repeat(MAX_DECIMAL_CHARS - 1));
+        let v = args_from_json("f", &t, &[json!(at_bound)]).unwrap();
+        assert!(matches!(v[0], Val::I64(7)));
+        // Leading zeros keep the value in range: only the length refuses it.
+        let long = format!("{}7", "0".repeat(MAX_DECIMAL_CHARS));
+        let err = args_from_json("f", &t, &[json!(long)]).unwrap_err();
+        assert!(err.to_string().contains("at most 40 characters"), "{err}");
+        let huge = "1".repeat(1 << 20);
+        let err = args_from_json("f", &t, &[json!(huge)]).unwrap_err();
+        assert!(
+            err.to_string().len() < 400,
+            "the argument is not echoed whole"
+        );
     }
 
     #[test]

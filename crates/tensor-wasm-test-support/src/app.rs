@@ -220,6 +220,12 @@ impl EnforcedApp {
         Self::over_store(tune, api, |fs| fs)
     }
 
+    /// Like [`EnforcedApp::new`], with the API settings `tune` makes (it
+    /// gets the data directory, e.g. for `jobs_dir`).
+    pub fn with_api(tune: impl FnOnce(&std::path::Path, &mut ApiConfig)) -> EnforcedApp {
+        Self::build(|_| {}, tune, |fs| fs)
+    }
+
     /// Like [`EnforcedApp::with`], with the runtime's function store wrapped
     /// by `wrap` (e.g. a store that holds writes until a test lets them go).
     pub fn over_store(
@@ -227,7 +233,17 @@ impl EnforcedApp {
         api: ApiConfig,
         wrap: impl FnOnce(Arc<dyn FunctionStore>) -> Arc<dyn FunctionStore>,
     ) -> EnforcedApp {
+        Self::build(tune, move |_, settings| *settings = api, wrap)
+    }
+
+    fn build(
+        tune: impl FnOnce(&mut RuntimeConfig),
+        tune_api: impl FnOnce(&std::path::Path, &mut ApiConfig),
+        wrap: impl FnOnce(Arc<dyn FunctionStore>) -> Arc<dyn FunctionStore>,
+    ) -> EnforcedApp {
         let dir = tempfile::tempdir().expect("temporary directory");
+        let mut api = ApiConfig::default();
+        tune_api(dir.path(), &mut api);
         let registry = prometheus::Registry::new();
         let mut config = RuntimeConfig::for_tests(dir.path());
         tune(&mut config);
