@@ -80,6 +80,8 @@ error_codes! {
         "The request conflicts with the current state (a tenant name taken, the snapshot a function starts from).";
     QuotaCountExceeded => "quota_count_exceeded", 409,
         "A count quota is reached (e.g. the tenant already has `max_functions` functions).";
+    QuotaStorageExceeded => "quota_storage_exceeded", 409,
+        "The tenant's modules and snapshots would take more than its stored-bytes quota (`max_stored_bytes`, server default 4 GiB); delete functions or snapshots first.";
     PayloadTooLarge => "payload_too_large", 413,
         "The request body is larger than the server's limit (default 64 MiB).";
     UnsupportedMediaType => "unsupported_media_type", 415,
@@ -229,6 +231,9 @@ impl From<RuntimeError> for ApiError {
                 ApiError::new(ErrorCode::SnapshotCorrupt, message)
             }
             RuntimeError::Conflict(_) => ApiError::new(ErrorCode::Conflict, message),
+            RuntimeError::StorageQuotaExceeded { .. } => {
+                ApiError::new(ErrorCode::QuotaStorageExceeded, message)
+            }
             RuntimeError::Storage { .. }
             | RuntimeError::CorruptRecord { .. }
             | RuntimeError::Engine(_) => ApiError::internal(err),

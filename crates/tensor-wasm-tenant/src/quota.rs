@@ -29,6 +29,10 @@ pub struct Quotas {
     /// Requests that may arrive at once after an idle period (the bucket size).
     /// A value of 0 with a non-zero rate acts as 1. Default 2000.
     pub burst: u32,
+    /// Bytes of modules and snapshots the tenant may keep on disk, summed. `None` (the
+    /// default, and absent in JSON): the server's `--max-stored-bytes-per-tenant`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_stored_bytes: Option<u64>,
 }
 
 impl Default for Quotas {
@@ -42,6 +46,7 @@ impl Default for Quotas {
             max_concurrent_invocations: 32,
             requests_per_second: 1000,
             burst: 2000,
+            max_stored_bytes: None,
         }
     }
 }
@@ -69,6 +74,8 @@ pub struct QuotasPatch {
     pub requests_per_second: Option<u32>,
     /// New [`Quotas::burst`].
     pub burst: Option<u32>,
+    /// New [`Quotas::max_stored_bytes`].
+    pub max_stored_bytes: Option<u64>,
 }
 
 impl QuotasPatch {
@@ -90,6 +97,7 @@ impl Quotas {
             max_concurrent_invocations,
             requests_per_second,
             burst,
+            max_stored_bytes,
         } = *patch;
         set(&mut self.max_functions, max_functions);
         set(&mut self.max_module_bytes, max_module_bytes);
@@ -102,6 +110,9 @@ impl Quotas {
         );
         set(&mut self.requests_per_second, requests_per_second);
         set(&mut self.burst, burst);
+        if max_stored_bytes.is_some() {
+            self.max_stored_bytes = max_stored_bytes;
+        }
     }
 
     /// The limit that applies to `resource`.

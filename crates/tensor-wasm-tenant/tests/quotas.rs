@@ -33,6 +33,7 @@ fn small_quotas() -> Quotas {
         max_concurrent_invocations: 2,
         requests_per_second: 10,
         burst: 5,
+        max_stored_bytes: Some(1 << 20),
     }
 }
 
