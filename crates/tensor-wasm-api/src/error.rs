@@ -82,6 +82,8 @@ error_codes! {
         "The request conflicts with the current state (a tenant name taken, the snapshot a function starts from).";
     QuotaCountExceeded => "quota_count_exceeded", 409,
         "A count quota is reached (e.g. the tenant already has `max_functions` functions).";
+    QuotaStorageExceeded => "quota_storage_exceeded", 409,
+        "The tenant's modules and snapshots would take more than its stored-bytes quota (`max_stored_bytes`, server default 4 GiB); delete functions or snapshots first.";
     TenantDeleted => "tenant_deleted", 410,
         "The tenant was deleted while the request was in flight; nothing was created for it.";
     PayloadTooLarge => "payload_too_large", 413,
@@ -236,6 +238,9 @@ impl From<RuntimeError> for ApiError {
             RuntimeError::TenantRetired(_) => ApiError::new(ErrorCode::TenantDeleted, message),
             RuntimeError::RawPtxNotGranted(_) => {
                 ApiError::new(ErrorCode::RawPtxNotGranted, message)
+            }
+            RuntimeError::StorageQuotaExceeded { .. } => {
+                ApiError::new(ErrorCode::QuotaStorageExceeded, message)
             }
             RuntimeError::Storage { .. }
             | RuntimeError::CorruptRecord { .. }

@@ -51,6 +51,7 @@ impl DeployOptions {
             memory_limit_bytes: self.memory_limit_bytes,
             fuel: self.fuel,
             raw_ptx: self.raw_ptx.unwrap_or(false),
+            max_stored_bytes: None,
         }
     }
 }
@@ -149,7 +150,8 @@ pub(crate) async fn create_function(
         .acquire(Resource::Functions, 1)
         .map_err(|e| quota_error(&tenant, e))?;
     let runtime = state.inner.runtime.clone();
-    let spec = options.into_spec(tenant.id());
+    let mut spec = options.into_spec(tenant.id());
+    spec.max_stored_bytes = tenant.quotas().max_stored_bytes;
     let info = blocking(move || {
         let _deploying = deploying;
         let info = runtime.deploy(&module, spec)?;

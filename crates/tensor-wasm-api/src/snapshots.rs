@@ -56,11 +56,17 @@ pub(crate) async fn create_snapshot(
         .check_rate()
         .map_err(|e| crate::error::quota_error(&tenant, e))?;
     let runtime = state.inner.runtime.clone();
+    let max_stored_bytes = tenant.quotas().max_stored_bytes;
     let guards = invocation_guards(&tenant, memory, runtime.is_uvm_backed())?;
     let permit = acquire_slot(&state).await?;
     let record = blocking(move || {
         let _held = (permit, guards);
-        runtime.create_snapshot(&id, &request.init_export, request.activate)
+        runtime.create_snapshot_within(
+            &id,
+            &request.init_export,
+            request.activate,
+            max_stored_bytes,
+        )
     })
     .await?;
     Ok((StatusCode::CREATED, Json(record)).into_response())

@@ -64,6 +64,14 @@ pub struct ServeArgs {
     /// How long an invocation waits for a free slot before 503, in milliseconds.
     #[arg(long, env = "TENSOR_WASM_QUEUE_TIMEOUT_MS", default_value_t = 10_000)]
     queue_timeout_ms: u64,
+    /// Bytes of modules and snapshots one tenant may keep on disk (409 quota_storage_exceeded
+    /// above); a tenant's `max_stored_bytes` quota overrides it.
+    #[arg(
+        long,
+        env = "TENSOR_WASM_MAX_STORED_BYTES_PER_TENANT",
+        default_value_t = 4 << 30
+    )]
+    max_stored_bytes_per_tenant: u64,
     /// Largest stdout of a WASI command in bytes.
     #[arg(long, env = "TENSOR_WASM_MAX_OUTPUT_BYTES", default_value_t = 16 << 20)]
     max_output_bytes: usize,
@@ -174,6 +182,7 @@ impl ServeArgs {
             max_instances: self.max_instances,
             fuel_enabled: self.fuel,
             max_output_bytes: self.max_output_bytes,
+            max_stored_bytes_per_tenant: self.max_stored_bytes_per_tenant,
             ..RuntimeConfig::new(&self.data_dir)
         })
     }

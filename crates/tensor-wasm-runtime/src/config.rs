@@ -66,6 +66,9 @@ pub struct RuntimeConfig {
     /// (`tensor_wasm_gpu::open_backend_with`, as `tensor-wasm serve` does);
     /// the CPU backend has nothing to isolate and ignores it.
     pub gpu_isolation: GpuIsolation,
+    /// Bytes of modules and snapshots one tenant may keep on disk, unless the deploy or
+    /// snapshot request gives the tenant's own limit (see [`crate::StorageLedger`]).
+    pub max_stored_bytes_per_tenant: u64,
     /// Whether export calls of import-free functions may run on the caller's
     /// thread under a budget of one to two epoch ticks
     /// ([`crate::Runtime::try_invoke_export_inline`]).
@@ -103,6 +106,7 @@ impl RuntimeConfig {
             gpu_isolation: GpuIsolation::default(),
             inline_calls: true,
             inline_max_memory_bytes: 8 << 20,
+            max_stored_bytes_per_tenant: 4 << 30,
         }
     }
 

@@ -67,6 +67,16 @@ pub enum RuntimeError {
     /// new may be created for it.
     #[error("tenant {0} was deleted")]
     TenantRetired(String),
+    /// The tenant's modules and snapshots would take more than its stored-bytes quota.
+    #[error(
+        "the tenant's stored-bytes quota is {limit} bytes; {used} are in use and the request \
+         needs {requested} more (delete functions or snapshots first)"
+    )]
+    StorageQuotaExceeded {
+        limit: u64,
+        used: u64,
+        requested: u64,
+    },
     /// Every instance slot, or the kernel dispatcher and its queue, is full.
     #[error("{0}")]
     Busy(String),

@@ -34,6 +34,7 @@ mod metrics;
 mod quarantine;
 mod runtime;
 mod snapshot;
+mod storage_quota;
 mod store;
 pub mod stream;
 mod values;
@@ -46,6 +47,7 @@ pub use metrics::{Outcome, RuntimeMetrics};
 pub use quarantine::{inspect as inspect_quarantine, QuarantinedRecord, QUARANTINE_DIR};
 pub use runtime::{CommandOutput, DeploySpec, FunctionInfo, Runtime};
 pub use snapshot::{RestoreMode, MAX_SNAPSHOTS_PER_FUNCTION};
+pub use storage_quota::{StorageLedger, StorageReservation};
 pub use store::{
     is_valid_function_id, is_valid_snapshot_id, sha256_hex, FsFunctionStore, FunctionLimits,
     FunctionRecord, FunctionStore, InvocationStyle, SnapshotRecord, RECORD_FORMAT,

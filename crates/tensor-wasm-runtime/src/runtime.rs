@@ -38,6 +38,7 @@ use crate::function_entry::FunctionEntry;
 use crate::guest_gpu::GpuShared;
 use crate::invocation_state::InvocationState;
 use crate::metrics::{Outcome, RuntimeMetrics};
+use crate::storage_quota::StorageLedger;
 use crate::store::{FunctionLimits, FunctionStore};
 
 /// What every clone of a [`Runtime`] shares.
@@ -59,6 +60,8 @@ pub(crate) struct Inner {
     /// module and record holding the read side, so retiring (the write
     /// side) waits for deploys committing now and refuses every later one.
     pub(crate) retired_tenants: RwLock<HashSet<String>>,
+    /// Bytes each tenant keeps on disk (modules and snapshots).
+    pub(crate) storage: StorageLedger,
     pub(crate) metrics: RuntimeMetrics,
     gpu: Arc<GpuShared>,
     pub(crate) memory_creator: Option<Arc<TensorWasmMemoryCreator>>,
@@ -144,8 +147,15 @@ impl Runtime {
                 "a function record is in quarantine; run `tensor-wasm doctor --data-dir`"
             );
         }
-        let functions = store
-            .functions()?
+        let records = store.functions()?;
+        let storage = StorageLedger::new();
+        for record in &records {
+            storage.charge(&record.tenant, record.module_size);
+            for snapshot in store.snapshots(&record.id)? {
+                storage.charge(&record.tenant, snapshot.stored_bytes);
+            }
+        }
+        let functions = records
             .into_iter()
             .map(|record| (record.id.clone(), Arc::new(FunctionEntry::new(record))))
             .collect();
@@ -163,6 +173,7 @@ impl Runtime {
                 record_lock: Mutex::new(()),
                 raw_ptx_withheld: RwLock::new(HashSet::new()),
                 retired_tenants: RwLock::new(HashSet::new()),
+                storage,
                 metrics,
                 gpu,
                 memory_creator: parts.memory_creator,
@@ -175,6 +186,11 @@ impl Runtime {
     /// The configuration this runtime runs with.
     pub fn config(&self) -> &RuntimeConfig {
         &self.inner.config
+    }
+
+    /// Bytes each tenant keeps on disk (modules and snapshots).
+    pub fn storage(&self) -> &StorageLedger {
+        &self.inner.storage
     }
 
     /// The runtime's metrics handles.

@@ -83,12 +83,28 @@ impl Runtime {
     /// run time and reference-typed globals; [`RuntimeError::UnknownExport`] /
     /// [`RuntimeError::InvalidArguments`] for a missing or parameterised init export;
     /// [`RuntimeError::Conflict`] beyond [`MAX_SNAPSHOTS_PER_FUNCTION`]; guest failures of
-    /// the init export as for an invocation.
+    /// the init export as for an invocation; [`RuntimeError::StorageQuotaExceeded`] above
+    /// the server's `max_stored_bytes_per_tenant`.
     pub fn create_snapshot(
         &self,
         id: &str,
         init_export: &str,
         activate: bool,
+    ) -> Result<SnapshotRecord> {
+        self.create_snapshot_within(id, init_export, activate, None)
+    }
+
+    /// [`Runtime::create_snapshot`] charged against the tenant's stored-bytes quota
+    /// `max_stored_bytes` (`None`: the server's `max_stored_bytes_per_tenant`).
+    ///
+    /// # Errors
+    /// As [`Runtime::create_snapshot`].
+    pub fn create_snapshot_within(
+        &self,
+        id: &str,
+        init_export: &str,
+        activate: bool,
+        max_stored_bytes: Option<u64>,
     ) -> Result<SnapshotRecord> {
         let entry = self.entry(id)?;
         let record = &entry.record;
@@ -109,12 +125,8 @@ impl Runtime {
                 "the init export `{init_export}` must take no parameters"
             )));
         }
-        if self.inner.store.snapshots(id)?.len() >= MAX_SNAPSHOTS_PER_FUNCTION {
-            return Err(RuntimeError::Conflict(format!(
-                "function {id} already has {MAX_SNAPSHOTS_PER_FUNCTION} snapshots, the most it \
-                 may keep; delete one first"
-            )));
-        }
+        // Early refusal before running init; checked again, atomically, before the write.
+        self.check_snapshot_count(id)?;
         let binary = self.inner.store.module(&record.module_sha256)?;
         if let Some(what) =
             instrument::table_mutation(&binary).map_err(RuntimeError::InvalidModule)?
@@ -181,12 +193,25 @@ impl Runtime {
             let _lock = self.inner.record_lock.lock().expect("lock");
             // The function may have been deleted while init ran.
             self.entry(id)?;
+            // The count and the bytes are checked under the locks the write holds, so
+            // concurrent captures cannot together pass either limit.
+            let quota = max_stored_bytes.unwrap_or(self.inner.config.max_stored_bytes_per_tenant);
+            let reservation = self
+                .inner
+                .storage
+                .reserve(&record.tenant, portable.len() as u64, quota, || {
+                    self.check_snapshot_count(id)
+                })
+                .inspect_err(|_| {
+                    let _ = std::fs::remove_file(&local_path);
+                })?;
             self.inner
                 .store
                 .put_snapshot(&snapshot_record, &portable)
                 .inspect_err(|_| {
                     let _ = std::fs::remove_file(&local_path);
                 })?;
+            reservation.commit();
         }
         let m = &self.inner.metrics;
         m.snapshot_captures.inc();
@@ -208,6 +233,17 @@ impl Runtime {
             self.set_start_from_snapshot(id, Some(&snapshot_record.id))?;
         }
         Ok(snapshot_record)
+    }
+
+    /// [`RuntimeError::Conflict`] when function `id` keeps [`MAX_SNAPSHOTS_PER_FUNCTION`].
+    fn check_snapshot_count(&self, id: &str) -> Result<()> {
+        if self.inner.store.snapshots(id)?.len() >= MAX_SNAPSHOTS_PER_FUNCTION {
+            return Err(RuntimeError::Conflict(format!(
+                "function {id} already has {MAX_SNAPSHOTS_PER_FUNCTION} snapshots, the most it \
+                 may keep; delete one first"
+            )));
+        }
+        Ok(())
     }
 
     /// The snapshots of function `id`, oldest first.
@@ -232,8 +268,18 @@ impl Runtime {
                  another snapshot (or to none) first"
             )));
         }
+        let stored_bytes = self
+            .inner
+            .store
+            .snapshots(id)?
+            .iter()
+            .find(|s| s.id == snapshot_id)
+            .map_or(0, |s| s.stored_bytes);
         let deleted = self.inner.store.delete_snapshot(id, snapshot_id)?;
         if deleted {
+            self.inner
+                .storage
+                .release(&entry.record.tenant, stored_bytes);
             let _ = std::fs::remove_file(self.local_path(snapshot_id));
             tracing::info!(function = %id, snapshot = %snapshot_id, "snapshot deleted");
         }

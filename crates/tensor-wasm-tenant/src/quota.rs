@@ -31,6 +31,10 @@ pub struct Quotas {
     pub burst: u32,
     /// Deploys (compiles) in progress at once. Default 2.
     pub max_concurrent_deploys: u32,
+    /// Bytes of modules and snapshots the tenant may keep on disk, summed. `None` (the
+    /// default, and absent in JSON): the server's `--max-stored-bytes-per-tenant`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_stored_bytes: Option<u64>,
 }
 
 impl Default for Quotas {
@@ -45,6 +49,7 @@ impl Default for Quotas {
             requests_per_second: 1000,
             burst: 2000,
             max_concurrent_deploys: 2,
+            max_stored_bytes: None,
         }
     }
 }
@@ -74,6 +79,8 @@ pub struct QuotasPatch {
     pub burst: Option<u32>,
     /// New [`Quotas::max_concurrent_deploys`].
     pub max_concurrent_deploys: Option<u32>,
+    /// New [`Quotas::max_stored_bytes`].
+    pub max_stored_bytes: Option<u64>,
 }
 
 impl QuotasPatch {
@@ -96,6 +103,7 @@ impl Quotas {
             requests_per_second,
             burst,
             max_concurrent_deploys,
+            max_stored_bytes,
         } = *patch;
         set(&mut self.max_functions, max_functions);
         set(&mut self.max_module_bytes, max_module_bytes);
@@ -109,6 +117,9 @@ impl Quotas {
         set(&mut self.requests_per_second, requests_per_second);
         set(&mut self.burst, burst);
         set(&mut self.max_concurrent_deploys, max_concurrent_deploys);
+        if max_stored_bytes.is_some() {
+            self.max_stored_bytes = max_stored_bytes;
+        }
     }
 
     /// The limit that applies to `resource`.

@@ -34,6 +34,7 @@ fn small_quotas() -> Quotas {
         requests_per_second: 10,
         burst: 5,
         max_concurrent_deploys: 2,
+        max_stored_bytes: Some(1 << 20),
     }
 }
 

@@ -26,6 +26,9 @@ pub struct DeploySpec {
     pub fuel: Option<u64>,
     /// Grant the raw-PTX capability (needs `allow_raw_ptx` on the server).
     pub raw_ptx: bool,
+    /// The tenant's stored-bytes quota (`None`: the server's
+    /// `max_stored_bytes_per_tenant`); the module counts against it.
+    pub max_stored_bytes: Option<u64>,
 }
 
 impl DeploySpec {
@@ -39,6 +42,7 @@ impl DeploySpec {
             memory_limit_bytes: None,
             fuel: None,
             raw_ptx: false,
+            max_stored_bytes: None,
         }
     }
 
@@ -169,6 +173,13 @@ impl Runtime {
         if retired.contains(&spec.tenant) {
             return Err(RuntimeError::TenantRetired(spec.tenant));
         }
+        let quota = spec
+            .max_stored_bytes
+            .unwrap_or(cfg.max_stored_bytes_per_tenant);
+        let reservation =
+            self.inner
+                .storage
+                .reserve(&spec.tenant, binary.len() as u64, quota, || Ok(()))?;
         let stored_sha = self.inner.store.put_module(&binary)?;
         debug_assert_eq!(stored_sha, sha);
         let record = FunctionRecord {
@@ -184,6 +195,7 @@ impl Runtime {
             start_from_snapshot: None,
         };
         self.inner.store.put_function(&record)?;
+        reservation.commit();
         let info = FunctionInfo {
             record,
             exports: exports_of(&module),
@@ -290,12 +302,18 @@ impl Runtime {
     /// Deletes a function; `false` if it did not exist.
     pub fn delete(&self, id: &str) -> Result<bool> {
         let _lock = self.inner.record_lock.lock().expect("lock");
+        let snapshots = self.inner.store.snapshots(id)?;
         if !self.inner.store.delete_function(id)? {
             return Ok(false);
         }
         self.forget_snapshots(id)?;
         let removed = self.inner.functions.write().expect("lock").remove(id);
         if let Some(entry) = removed {
+            let snapshot_bytes: u64 = snapshots.iter().map(|s| s.stored_bytes).sum();
+            self.inner.storage.release(
+                &entry.record.tenant,
+                entry.record.module_size + snapshot_bytes,
+            );
             let sha = &entry.record.module_sha256;
             let still_used = self
                 .inner
