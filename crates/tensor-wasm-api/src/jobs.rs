@@ -6,7 +6,8 @@
 //! tenant (`MAX_ACTIVE_PER_TENANT` queued or running), kept for a retention
 //! period after they finish, and durable: each state change is written to
 //! `<data_dir>/jobs/<id>.json` by `tensor_wasm_durable::write_file` (temp file,
-//! fsync, rename, directory fsync) before it is acknowledged, and a job that
+//! fsync, rename, directory fsync) before it is acknowledged, in the order the
+//! changes were made ([`order::WriteOrder`]), and a job that
 //! was queued or running when the server stopped comes back as `failed: server
 //! restarted` instead of vanishing. A graceful
 //! shutdown waits for unfinished jobs up to its deadline and records those
@@ -30,6 +31,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
+mod order;
 
 use crate::auth::Caller;
 use crate::error::quota_error;
@@ -104,6 +107,7 @@ fn is_valid_job_id(id: &str) -> bool {
 pub struct JobBoard {
     dir: Option<PathBuf>,
     jobs: Mutex<HashMap<String, Job>>,
+    order: order::WriteOrder,
 }
 
 impl JobBoard {
@@ -112,6 +116,7 @@ impl JobBoard {
         JobBoard {
             dir: None,
             jobs: Mutex::new(HashMap::new()),
+            order: order::WriteOrder::default(),
         }
     }
 
@@ -119,10 +124,11 @@ impl JobBoard {
     /// `failed: server restarted`; finished ones past retention are removed.
     pub fn open(data_dir: &Path) -> std::io::Result<Self> {
         let dir = data_dir.join("jobs");
-        fs::create_dir_all(&dir)?;
+        tensor_wasm_durable::create_dir_all(&dir)?;
         let board = JobBoard {
             dir: Some(dir.clone()),
             jobs: Mutex::new(HashMap::new()),
+            order: order::WriteOrder::default(),
         };
         for entry in fs::read_dir(&dir)? {
             let path = entry?.path();
@@ -176,6 +182,7 @@ impl JobBoard {
             .collect();
         for id in expired {
             jobs.remove(&id);
+            self.order.forget(&id);
             if let Some(dir) = &self.dir {
                 let _ = fs::remove_file(dir.join(format!("{id}.json")));
             }
@@ -238,8 +245,10 @@ impl JobBoard {
         let job = jobs.get_mut(id)?;
         change(job);
         let snapshot = job.clone();
+        // Taken under the lock: ticket order is the order of the changes.
+        let ticket = self.order.ticket(id);
         drop(jobs);
-        if let Err(e) = self.persist(&snapshot) {
+        if let Err(e) = ticket.persist(|| self.persist(&snapshot)) {
             tracing::error!(job = id, error = %e, "could not persist a job update");
         }
         Some(snapshot)
