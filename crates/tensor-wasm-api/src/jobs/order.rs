@@ -79,14 +79,15 @@ mod tests {
         let older = order.ticket("job-1");
         let newer = order.ticket("job-1");
         let mut disk = Vec::new();
-        assert!(newer.persist(|| Ok::<_, ()>(disk.push(2))).unwrap());
-        assert!(!older.persist(|| Ok::<_, ()>(disk.push(1))).unwrap());
-        assert_eq!(disk, [2]);
+        let mut write = |n| {
+            disk.push(n);
+            Ok::<_, ()>(())
+        };
+        assert!(newer.persist(|| write(2)).unwrap());
+        assert!(!older.persist(|| write(1)).unwrap());
         // Another job has its own order.
-        assert!(order
-            .ticket("job-2")
-            .persist(|| Ok::<_, ()>(disk.push(3)))
-            .unwrap());
+        assert!(order.ticket("job-2").persist(|| write(3)).unwrap());
+        assert_eq!(disk, [2, 3]);
     }
 
     /// Hardening item 11: many threads update one job at once, round after round; after
