@@ -6,7 +6,8 @@
 //! ([`JobLimits`]: jobs queued or running and finished jobs kept per tenant,
 //! retention, request and result sizes), and durable: each state change is written to
 //! `<data_dir>/jobs/<id>.json` by `tensor_wasm_durable::write_file` (temp file,
-//! fsync, rename, directory fsync) before it is acknowledged, and a job that
+//! fsync, rename, directory fsync) before it is acknowledged, in the order the
+//! changes were made ([`order::WriteOrder`]), and a job that
 //! was queued or running when the server stopped comes back as `failed: server
 //! restarted` instead of vanishing. A graceful
 //! shutdown waits for unfinished jobs up to its deadline and records those
@@ -29,6 +30,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
+mod order;
 
 use crate::auth::Caller;
 use crate::error::quota_error;

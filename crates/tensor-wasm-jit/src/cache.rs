@@ -10,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
 use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
+use sha2::{Digest, Sha256};
 
 /// What identifies one compiled kernel: the kernel's fingerprint (blueprint,
 /// or source + options), the target architecture and the driver version.
@@ -151,8 +152,10 @@ struct Flight {
 /// - With a directory, every compiled kernel is written there (atomically and
 ///   durably, through [`tensor_wasm_durable`]: one `fsync` per file) and
 ///   a miss in memory looks on disk before compiling, so a restart does not
-///   recompile. Files are named by [`CacheKey::file_stem`]; a corrupt file is
-///   ignored and overwritten.
+///   recompile. Files are named by [`CacheKey::file_stem`]: `.ptx`, `.cubin`
+///   and, written last, a `.manifest` with the entry point and the sha256 of
+///   each of the others. A file that fails its checksum (a damaged disk, a torn
+///   copy) is never loaded: the kernel is compiled again and the files rewritten.
 pub struct KernelCache {
     config: KernelCacheConfig,
     entries: RwLock<HashMap<CacheKey, Entry>>,
@@ -180,7 +183,7 @@ impl KernelCache {
     /// removes the temporary files of writes a crash interrupted.
     pub fn new(config: KernelCacheConfig, metrics: KernelCacheMetrics) -> std::io::Result<Self> {
         if let Some(dir) = &config.dir {
-            fs::create_dir_all(dir)?;
+            tensor_wasm_durable::create_dir_all(dir)?;
             if let Err(e) = tensor_wasm_durable::remove_temp_files(dir) {
                 tracing::warn!(error = %e, "could not remove partial kernel cache writes");
             }
@@ -349,41 +352,131 @@ impl KernelCache {
         let stem = key.file_stem();
         Some((
             dir.join(format!("{stem}.ptx")),
-            dir.join(format!("{stem}.entry")),
+            dir.join(format!("{stem}.manifest")),
             dir.join(format!("{stem}.cubin")),
         ))
     }
 
+    /// The kernel stored for `key`, if every file is there and matches its checksum.
     fn read_disk(&self, key: &CacheKey) -> Option<CompiledKernel> {
-        let (ptx, entry, cubin) = self.paths(key)?;
-        let ptx = fs::read_to_string(ptx).ok()?;
-        let entry = fs::read_to_string(entry).ok()?;
-        if entry.is_empty() || !ptx.contains(&format!(".entry {entry}")) {
-            tracing::warn!(key = %key.file_stem(), "ignoring a corrupt kernel cache file");
+        let (ptx_path, manifest_path, cubin_path) = self.paths(key)?;
+        let manifest = Manifest::parse(&fs::read_to_string(manifest_path).ok()?);
+        let damaged = || {
+            tracing::warn!(
+                key = %key.file_stem(),
+                "a kernel cache file fails its checksum; compiling the kernel again"
+            );
+        };
+        let Some(manifest) = manifest else {
+            damaged();
+            return None;
+        };
+        let ptx = fs::read(ptx_path).ok()?;
+        if sha256_hex(&ptx) != manifest.ptx_sha256 {
+            damaged();
             return None;
         }
-        let cubin = fs::read(cubin).ok().map(Arc::<[u8]>::from);
+        let Ok(ptx) = String::from_utf8(ptx) else {
+            damaged();
+            return None;
+        };
+        let cubin = match &manifest.cubin_sha256 {
+            None => None,
+            Some(expected) => {
+                let bytes = fs::read(cubin_path).ok()?;
+                if sha256_hex(&bytes) != *expected {
+                    damaged();
+                    return None;
+                }
+                Some(Arc::<[u8]>::from(bytes))
+            }
+        };
         Some(CompiledKernel {
             ptx: ptx.into(),
-            entry: entry.into(),
+            entry: manifest.entry.into(),
             cubin,
         })
     }
 
     fn write_disk(&self, key: &CacheKey, value: &CompiledKernel) {
-        let Some((ptx, entry, cubin)) = self.paths(key) else {
+        let Some((ptx, manifest, cubin)) = self.paths(key) else {
             return;
         };
         let mut result = write_atomic(&ptx, value.ptx.as_bytes());
         if let Some(bytes) = &value.cubin {
             result = result.and_then(|()| write_atomic(&cubin, bytes));
         }
-        // The entry file goes last: its presence marks a complete set.
-        result = result.and_then(|()| write_atomic(&entry, value.entry.as_bytes()));
+        // The manifest goes last: its presence marks a complete set.
+        let text = Manifest::of(value).render();
+        result = result.and_then(|()| write_atomic(&manifest, text.as_bytes()));
         if let Err(e) = result {
             tracing::warn!(key = %key.file_stem(), error = %e, "could not write the kernel cache");
         }
     }
+}
+
+/// What `<stem>.manifest` records: the entry point and the checksums of the other files.
+///
+/// ```text
+/// entry <name>
+/// ptx <sha256 hex>
+/// cubin <sha256 hex>      (absent when there is no cubin)
+/// ```
+#[derive(Debug, PartialEq, Eq)]
+struct Manifest {
+    entry: String,
+    ptx_sha256: String,
+    cubin_sha256: Option<String>,
+}
+
+impl Manifest {
+    fn of(kernel: &CompiledKernel) -> Self {
+        Manifest {
+            entry: kernel.entry.to_string(),
+            ptx_sha256: sha256_hex(kernel.ptx.as_bytes()),
+            cubin_sha256: kernel.cubin.as_deref().map(sha256_hex),
+        }
+    }
+
+    fn render(&self) -> String {
+        let mut text = format!("entry {}\nptx {}\n", self.entry, self.ptx_sha256);
+        if let Some(cubin) = &self.cubin_sha256 {
+            text.push_str(&format!("cubin {cubin}\n"));
+        }
+        text
+    }
+
+    /// `None` for anything [`Manifest::render`] cannot have written.
+    fn parse(text: &str) -> Option<Self> {
+        let (mut entry, mut ptx, mut cubin) = (None, None, None);
+        for line in text.lines() {
+            let (field, value) = line.split_once(' ')?;
+            let slot = match field {
+                "entry" => &mut entry,
+                "ptx" => &mut ptx,
+                "cubin" => &mut cubin,
+                _ => return None,
+            };
+            if slot.replace(value.to_owned()).is_some() {
+                return None;
+            }
+        }
+        let entry = entry.filter(|e: &String| !e.is_empty())?;
+        let is_digest = |d: &String| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit());
+        let ptx_sha256 = ptx.filter(is_digest)?;
+        if cubin.as_ref().is_some_and(|c| !is_digest(c)) {
+            return None;
+        }
+        Some(Manifest {
+            entry,
+            ptx_sha256,
+            cubin_sha256: cubin,
+        })
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), tensor_wasm_durable::DurableError> {
@@ -539,7 +632,7 @@ mod tests {
             names,
             [
                 format!("{stem}.cubin"),
-                format!("{stem}.entry"),
+                format!("{stem}.manifest"),
                 format!("{stem}.ptx")
             ]
         );
@@ -550,6 +643,56 @@ mod tests {
         let _reopened = cache(16, usize::MAX, Some(dir.path().to_owned()));
         assert!(!leftover.exists());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 3);
+    }
+
+    /// Hardening item 11: damage that the old `.entry` check let through (a cubin, or PTX
+    /// that still names its entry point) fails the manifest's checksum; the kernel is
+    /// compiled again and the rewritten files load after the next restart.
+    #[test]
+    fn damaged_files_fail_their_checksum_and_are_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let stem = key(6).file_stem();
+        let mut k = kernel(6, 4);
+        k.cubin = Some(Arc::from(&b"\x7fELF-cubin-bytes"[..]));
+        let damages: [(&str, &[u8]); 2] = [
+            ("cubin", b"\x7fELF-cubin-bytez"),
+            ("ptx", b".visible .entry k6() { st.global.u32 [0], 1; }"),
+        ];
+        cache(16, usize::MAX, Some(dir.path().to_owned()))
+            .get_or_compile(&key(6), || Ok(k.clone()))
+            .unwrap();
+        for (file, damaged) in damages {
+            fs::write(dir.path().join(format!("{stem}.{file}")), damaged).unwrap();
+            let c = cache(16, usize::MAX, Some(dir.path().to_owned()));
+            let mut compiled = false;
+            let loaded = c
+                .get_or_compile(&key(6), || {
+                    compiled = true;
+                    Ok(k.clone())
+                })
+                .unwrap();
+            assert!(compiled, "a damaged .{file} was loaded");
+            assert_eq!(*loaded, k);
+
+            let c = cache(16, usize::MAX, Some(dir.path().to_owned()));
+            let reloaded = c
+                .get_or_compile(&key(6), || panic!("the rebuilt files must load"))
+                .unwrap();
+            assert_eq!(*reloaded, k);
+        }
+    }
+
+    #[test]
+    fn manifests_round_trip_and_refuse_what_was_not_written() {
+        let mut k = kernel(1, 0);
+        let plain = Manifest::of(&k);
+        assert_eq!(Manifest::parse(&plain.render()), Some(plain));
+        k.cubin = Some(Arc::from(&b"c"[..]));
+        let with_cubin = Manifest::of(&k);
+        assert_eq!(Manifest::parse(&with_cubin.render()), Some(with_cubin));
+        for bad in ["", "entry k1\n", "entry k1\nptx 00\n", "k1"] {
+            assert_eq!(Manifest::parse(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -185,7 +185,10 @@ impl ArtifactCache {
             engine_fingerprint(engine),
             crate::instrument::INSTRUMENTATION_VERSION
         ));
-        fs::create_dir_all(&dir).map_err(|e| RuntimeError::storage(&dir, e))?;
+        tensor_wasm_durable::create_dir_all(&dir).map_err(|e| {
+            let (path, source) = e.into_parts();
+            RuntimeError::storage(path, source)
+        })?;
         if let Err(e) = tensor_wasm_durable::remove_temp_files(&dir) {
             tracing::warn!(error = %e, "could not remove partial artifact writes");
         }

@@ -167,7 +167,9 @@ impl Runtime {
         let local_path = self.local_path(&snapshot_id);
         let written = local_path
             .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
+            .map_or(Ok(()), |dir| {
+                tensor_wasm_durable::create_dir_all(dir).map_err(std::io::Error::from)
+            })
             .map_err(SnapshotError::from)
             .and_then(|()| write_local(&snapshot.meta, &snapshot.memory, &local_path));
         if let Err(e) = written {
@@ -452,7 +454,10 @@ impl Runtime {
                     .snapshot_bytes(&record.id, snapshot_id)?
                     .ok_or_else(|| RuntimeError::SnapshotNotFound(snapshot_id.to_owned()))?;
                 if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir).map_err(|e| RuntimeError::storage(dir, e))?;
+                    tensor_wasm_durable::create_dir_all(dir).map_err(|e| {
+                        let (path, source) = e.into_parts();
+                        RuntimeError::storage(path, source)
+                    })?;
                 }
                 portable_to_local(&bytes, &limits, &sha, &path).map_err(corrupt)?;
                 LocalImage::open(&path, &limits, &sha).map_err(corrupt)?

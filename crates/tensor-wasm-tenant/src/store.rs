@@ -107,7 +107,7 @@ impl FsTenantStore {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, TenantError> {
         let root = dir.as_ref().to_path_buf();
         for sub in [root.clone(), root.join("tenants"), root.join("tmp")] {
-            fs::create_dir_all(&sub).map_err(|e| TenantError::storage(&sub, e))?;
+            tensor_wasm_durable::create_dir_all(&sub).map_err(storage_error)?;
         }
         let tmp = root.join("tmp");
         let leftovers = fs::read_dir(&tmp).map_err(|e| TenantError::storage(&tmp, e))?;

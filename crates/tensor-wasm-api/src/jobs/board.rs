@@ -116,6 +116,7 @@ pub struct JobBoard {
     dir: Option<PathBuf>,
     limits: JobLimits,
     jobs: Mutex<Jobs>,
+    order: super::order::WriteOrder,
 }
 
 impl JobBoard {
@@ -125,6 +126,7 @@ impl JobBoard {
             dir: None,
             limits,
             jobs: Mutex::new(Jobs::default()),
+            order: super::order::WriteOrder::default(),
         }
     }
 
@@ -133,11 +135,12 @@ impl JobBoard {
     /// per-tenant bound are removed.
     pub fn open(data_dir: &Path, limits: JobLimits) -> std::io::Result<Self> {
         let dir = data_dir.join("jobs");
-        fs::create_dir_all(&dir)?;
+        tensor_wasm_durable::create_dir_all(&dir)?;
         let board = JobBoard {
             dir: Some(dir.clone()),
             limits,
             jobs: Mutex::new(Jobs::default()),
+            order: super::order::WriteOrder::default(),
         };
         let mut loaded = Vec::new();
         for entry in fs::read_dir(&dir)? {
@@ -216,6 +219,7 @@ impl JobBoard {
             return;
         };
         for id in ids {
+            self.order.forget(id);
             let _ = fs::remove_file(Self::file(dir, id));
         }
     }
@@ -336,9 +340,11 @@ impl JobBoard {
             of.finished.push_back(after.id.clone());
             gone = jobs.evict(&after.tenant, &self.limits, self.cutoff_ms());
         }
+        // Taken under the lock: ticket order is the order of the changes.
+        let ticket = self.order.ticket(id);
         drop(jobs);
         self.remove_files(&gone);
-        if let Err(e) = self.persist(&after) {
+        if let Err(e) = ticket.persist(|| self.persist(&after)) {
             tracing::error!(job = id, error = %e, "could not persist a job update");
         }
         // Forgotten while it was being written (evicted by another job
