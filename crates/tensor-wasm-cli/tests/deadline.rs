@@ -136,6 +136,17 @@ fn a_kernel_launch_ends_at_the_invocation_deadline_and_other_tenants_keep_their_
     wait_until(Duration::from_secs(5), "no kernel left in flight", || {
         server.metric("tensor_wasm_dispatch_in_flight") == Some(0.0)
     });
+    // The attacker is charged for its kernels' time: two launches of about 0.5 s each.
+    let charged = server
+        .metric(&format!(
+            "tensor_wasm_tenant_kernel_seconds_total{{tenant=\"{}\"}}",
+            server.tenant_id()
+        ))
+        .unwrap_or_default();
+    assert!(
+        charged >= 0.8,
+        "the attacking tenant was charged {charged} s"
+    );
     let (status, answer, _) = invoke(&server, &quiet, &vadd, "run", json!([4096]));
     assert_eq!((status, answer), (200, json!({"results": [4096]})));
 }
