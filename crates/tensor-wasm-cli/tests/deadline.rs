@@ -7,39 +7,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tensor_wasm_test_support::guests::examples_dir as examples;
+use tensor_wasm_test_support::guests::{examples_dir as examples, ALIASED_MATMUL_WAT};
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess as Server};
 use tensor_wasm_test_support::wait::wait_until;
 
 /// Cargo builds this binary (same profile) before the tests and names it here.
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
-
-/// The attack of issue 17: one built-in `matmul` with m = n = k = 4096 whose inputs and output
-/// are one 64 MiB buffer (aliased, so the CPU backend runs it as one task: about a minute of
-/// one core). Argument records and the descriptor live past the buffer.
-const ALIASED_MATMUL: &str = r#"(module
-  (import "wasi:cuda" "kernel_from_blueprint" (func $kernel (param i32 i32) (result i32)))
-  (import "wasi:cuda" "launch"
-    (func $launch (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
-  (memory (export "memory") 1025)
-  (data (i32.const 67108992) "matmul")
-  (func $record (param $at i32) (param $tag i32) (param $aux i32) (param $value i64)
-    (i32.store (local.get $at) (local.get $tag))
-    (i32.store offset=4 (local.get $at) (local.get $aux))
-    (i64.store offset=8 (local.get $at) (local.get $value)))
-  (func (export "run") (result i32)
-    (local $k i32)
-    (local.set $k (call $kernel (i32.const 67108992) (i32.const 6)))
-    (if (i32.lt_s (local.get $k) (i32.const 0)) (then (return (local.get $k))))
-    (call $record (i32.const 67108864) (i32.const 7) (i32.const 67108864) (i64.const 0))
-    (call $record (i32.const 67108880) (i32.const 7) (i32.const 67108864) (i64.const 0))
-    (call $record (i32.const 67108896) (i32.const 7) (i32.const 67108864) (i64.const 0))
-    (call $record (i32.const 67108912) (i32.const 2) (i32.const 0) (i64.const 4096))
-    (call $record (i32.const 67108928) (i32.const 2) (i32.const 0) (i64.const 4096))
-    (call $record (i32.const 67108944) (i32.const 2) (i32.const 0) (i64.const 4096))
-    (call $launch (local.get $k) (i32.const 256) (i32.const 256) (i32.const 1)
-      (i32.const 16) (i32.const 16) (i32.const 1) (i32.const 0)
-      (i32.const 67108864) (i32.const 96))))"#;
 
 /// The invocation deadline of the attacking function.
 const TIMEOUT_MS: u64 = 500;
@@ -84,7 +57,7 @@ fn a_kernel_launch_ends_at_the_invocation_deadline_and_other_tenants_keep_their_
     let (status, body, _) = server.post(
         &format!("/functions?name=attack&timeout_ms={TIMEOUT_MS}"),
         "application/wasm",
-        ALIASED_MATMUL.as_bytes(),
+        ALIASED_MATMUL_WAT.as_bytes(),
     );
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
     let attack = json_of(&body)["id"].as_str().unwrap().to_owned();
@@ -163,6 +136,17 @@ fn a_kernel_launch_ends_at_the_invocation_deadline_and_other_tenants_keep_their_
     wait_until(Duration::from_secs(5), "no kernel left in flight", || {
         server.metric("tensor_wasm_dispatch_in_flight") == Some(0.0)
     });
+    // The attacker is charged for its kernels' time: two launches of about 0.5 s each.
+    let charged = server
+        .metric(&format!(
+            "tensor_wasm_tenant_kernel_seconds_total{{tenant=\"{}\"}}",
+            server.tenant_id()
+        ))
+        .unwrap_or_default();
+    assert!(
+        charged >= 0.8,
+        "the attacking tenant was charged {charged} s"
+    );
     let (status, answer, _) = invoke(&server, &quiet, &vadd, "run", json!([4096]));
     assert_eq!((status, answer), (200, json!({"results": [4096]})));
 }

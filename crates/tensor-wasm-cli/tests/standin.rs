@@ -9,10 +9,11 @@ use std::ffi::OsStr;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tensor_wasm_test_support::guests::{c_guest, examples_dir as examples};
-use tensor_wasm_test_support::serve::{json_of, ServeProcess as Server};
+use tensor_wasm_test_support::guests::{c_guest, examples_dir as examples, ALIASED_MATMUL_WAT};
+use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess as Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
 
@@ -447,4 +448,46 @@ fn tenants_get_stream_lanes_of_their_own_through_the_server() {
         (0, 0),
         "no context of their own"
     );
+}
+
+/// Issue 17, item 1 on CUDA: a kernel cannot be stopped (here a 4096³ matmul in the stand-in's
+/// interpreter, which would run for hours). The client still gets `invocation_timeout` at the
+/// deadline (+ 100 ms), the server keeps serving, and the invocation keeps its quota (and so its
+/// guest memory) while the kernel runs.
+#[test]
+fn an_unstoppable_kernel_is_answered_at_the_deadline_and_keeps_its_memory() {
+    let standin = StandIn::new(&[]);
+    let data = tempfile::tempdir().unwrap();
+    let server = standin.serve(data.path());
+    let (status, body, _) = server.post(
+        "/functions?name=attack&timeout_ms=300",
+        "application/wasm",
+        ALIASED_MATMUL_WAT.as_bytes(),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let attack = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let start = Instant::now();
+    let (status, body) = server.call(&attack, "run", json!([]));
+    let took = start.elapsed();
+    assert_eq!(
+        (status, error_code(&body)),
+        (504, "invocation_timeout"),
+        "{body}"
+    );
+    eprintln!("stand-in: answered {took:?} after a 300 ms deadline's start");
+    // Generous for a loaded machine; the server's bound is the deadline + 100 ms.
+    assert!(
+        took < Duration::from_millis(300 + 1000),
+        "answered after {took:?}"
+    );
+    let tenant = server.tenant_id();
+    let running = server.metric(&format!(
+        "tensor_wasm_tenant_concurrent_invocations{{tenant=\"{tenant}\"}}"
+    ));
+    assert_eq!(
+        running,
+        Some(1.0),
+        "the invocation holds its quota while its kernel runs"
+    );
+    assert_eq!(server.get("/healthz").0, 200);
 }

@@ -535,6 +535,33 @@ mod tests {
         drop(rx);
     }
 
+    /// The same for a WASI command's stdout: a write still waiting for the
+    /// client at the deadline ends the command as a timeout.
+    #[test]
+    fn a_command_writing_to_a_reader_that_stopped_ends_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = runtime(dir.path());
+        let spec = DeploySpec {
+            timeout_ms: Some(300),
+            ..DeploySpec::wasi("flood")
+        };
+        let id = rt.deploy(FLOOD.as_bytes(), spec).unwrap().record.id;
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(2);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let io = StreamIo::new(Vec::new(), tx, StreamLimits::default());
+            let _ = done_tx.send(rt.invoke_command_streaming(&id, io));
+        });
+        let result = done_rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("stdout still blocked 10 s after a 300 ms deadline");
+        assert!(
+            matches!(result, Err(RuntimeError::Timeout { timeout_ms: 300 })),
+            "{result:?}"
+        );
+        drop(rx);
+    }
+
     #[test]
     fn export_functions_are_not_commands() {
         let dir = tempfile::tempdir().unwrap();

@@ -1,9 +1,38 @@
 //! Guest modules shared by the tests: the example modules of the repository's
 //! `examples/` directory, the C guests built from `examples/c/` on demand, and
-//! the inline WASI commands of the streaming tests.
+//! the inline WASI commands of the streaming tests, and the aliased-matmul
+//! attack of the deadline tests.
 
 use std::path::PathBuf;
 use std::process::Command;
+
+/// The attack of issue 17: one built-in `matmul` with m = n = k = 4096 whose inputs and output
+/// are one 64 MiB buffer (aliased, so the CPU backend runs it as one task: about a minute of
+/// one core; hours in the CUDA stand-in's interpreter). Its export `run()` returns the launch's
+/// code. Argument records and the descriptor live past the buffer.
+pub const ALIASED_MATMUL_WAT: &str = r#"(module
+  (import "wasi:cuda" "kernel_from_blueprint" (func $kernel (param i32 i32) (result i32)))
+  (import "wasi:cuda" "launch"
+    (func $launch (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1025)
+  (data (i32.const 67108992) "matmul")
+  (func $record (param $at i32) (param $tag i32) (param $aux i32) (param $value i64)
+    (i32.store (local.get $at) (local.get $tag))
+    (i32.store offset=4 (local.get $at) (local.get $aux))
+    (i64.store offset=8 (local.get $at) (local.get $value)))
+  (func (export "run") (result i32)
+    (local $k i32)
+    (local.set $k (call $kernel (i32.const 67108992) (i32.const 6)))
+    (if (i32.lt_s (local.get $k) (i32.const 0)) (then (return (local.get $k))))
+    (call $record (i32.const 67108864) (i32.const 7) (i32.const 67108864) (i64.const 0))
+    (call $record (i32.const 67108880) (i32.const 7) (i32.const 67108864) (i64.const 0))
+    (call $record (i32.const 67108896) (i32.const 7) (i32.const 67108864) (i64.const 0))
+    (call $record (i32.const 67108912) (i32.const 2) (i32.const 0) (i64.const 4096))
+    (call $record (i32.const 67108928) (i32.const 2) (i32.const 0) (i64.const 4096))
+    (call $record (i32.const 67108944) (i32.const 2) (i32.const 0) (i64.const 4096))
+    (call $launch (local.get $k) (i32.const 256) (i32.const 256) (i32.const 1)
+      (i32.const 16) (i32.const 16) (i32.const 1) (i32.const 0)
+      (i32.const 67108864) (i32.const 96))))"#;
 
 /// The repository's `examples/` directory.
 pub fn examples_dir() -> PathBuf {
