@@ -32,7 +32,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::auth::Caller;
-use crate::error::quota_error;
 use crate::{ApiError, AppState, ErrorCode};
 
 /// Queued or running jobs one tenant may have.
@@ -265,7 +264,6 @@ pub(crate) async fn invoke_async(
     let body = crate::routes::body(bytes)?;
     let call: AsyncCall = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
-    tenant.check_rate().map_err(|e| quota_error(&tenant, e))?;
     {
         let (runtime, id, export, args) = (
             state.inner.runtime.clone(),

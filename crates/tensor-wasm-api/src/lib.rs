@@ -21,11 +21,13 @@
 //! let state = AppState::new(runtime, registry, ApiConfig::default(), tenants, AuthMode::Enforced)?;
 //! state.set_ready(true);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! axum::serve(listener, router(state)).await?;
+//! let limits = tensor_wasm_api::ServeLimits::default();
+//! tensor_wasm_api::serve(listener, router(state), limits, std::future::pending()).await?;
 //! # Ok(()) }
 //! ```
 
 mod auth;
+mod body_deadline;
 pub mod error;
 mod functions;
 mod jobs;
@@ -33,6 +35,7 @@ mod metrics;
 mod openapi;
 mod request_id;
 mod routes;
+mod serve;
 mod shutdown;
 mod snapshots;
 mod stream;
@@ -56,6 +59,7 @@ pub use error::{ApiError, ErrorCode};
 pub use jobs::{Job, JobStatus};
 pub use metrics::{HttpMetrics, HttpRequestLabels, ROUTE_TEMPLATES};
 pub use openapi::OPENAPI_JSON;
+pub use serve::{serve, ServeLimits};
 
 /// Settings of the HTTP layer.
 #[derive(Clone)]
@@ -69,6 +73,9 @@ pub struct ApiConfig {
     /// Data directory whose `jobs/` keeps asynchronous jobs durable; `None`
     /// keeps them in memory.
     pub jobs_dir: Option<std::path::PathBuf>,
+    /// How long a request body may take to arrive, from the request's
+    /// headers on (`408 request_timeout` after).
+    pub body_read_timeout: Duration,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -76,6 +83,7 @@ impl std::fmt::Debug for ApiConfig {
         f.debug_struct("ApiConfig")
             .field("max_body_bytes", &self.max_body_bytes)
             .field("queue_timeout", &self.queue_timeout)
+            .field("body_read_timeout", &self.body_read_timeout)
             .field(
                 "metrics_token",
                 &self.metrics_token.as_ref().map(|_| "<redacted>"),
@@ -91,6 +99,7 @@ impl Default for ApiConfig {
             queue_timeout: Duration::from_secs(10),
             metrics_token: None,
             jobs_dir: None,
+            body_read_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -280,6 +289,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(routes::route_not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(from_fn_with_state(
+            state.clone(),
+            body_deadline::limit_body_read,
+        ))
         .layer(from_fn_with_state(state.clone(), metrics::observe))
         .with_state(state)
 }

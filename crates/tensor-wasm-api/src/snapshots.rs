@@ -52,9 +52,6 @@ pub(crate) async fn create_snapshot(
         parse_json(&bytes)?
     };
     let (_, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
-    tenant
-        .check_rate()
-        .map_err(|e| crate::error::quota_error(&tenant, e))?;
     let runtime = state.inner.runtime.clone();
     let guards = invocation_guards(&tenant, memory, runtime.is_uvm_backed())?;
     let permit = acquire_slot(&state).await?;
