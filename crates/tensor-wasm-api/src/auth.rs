@@ -16,6 +16,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tensor_wasm_tenant::{constant_time_eq, Principal, Tenant};
 
+use crate::error::quota_error;
 use crate::{ApiError, AppState, ErrorCode};
 
 /// How requests are authenticated.
@@ -114,10 +115,16 @@ fn caller_of(
 }
 
 /// Puts the caller in the request extensions and runs the route, or answers
-/// `401` without running it.
+/// `401` without running it. A tenant's request counts against its rate here
+/// (`429` without running the route), before any handler reads the body.
 async fn admit(mut req: Request, next: Next, caller: Result<Caller, &'static str>) -> Response {
     match caller {
         Ok(caller) => {
+            if let Caller::Tenant(tenant) | Caller::Insecure(tenant) = &caller {
+                if let Err(e) = tenant.check_rate() {
+                    return quota_error(tenant, e).into_response();
+                }
+            }
             req.extensions_mut().insert(caller);
             next.run(req).await
         }

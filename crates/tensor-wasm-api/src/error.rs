@@ -78,6 +78,8 @@ error_codes! {
         "No route has this path (see `/openapi.json`).";
     MethodNotAllowed => "method_not_allowed", 405,
         "The route does not accept this method.";
+    RequestTimeout => "request_timeout", 408,
+        "The request body did not arrive within the body-read timeout (`--body-read-timeout-ms`, default 60 s); the connection is closed.";
     Conflict => "conflict", 409,
         "The request conflicts with the current state (a tenant name taken, the snapshot a function starts from).";
     QuotaCountExceeded => "quota_count_exceeded", 409,
@@ -116,6 +118,8 @@ error_codes! {
         "The server is still loading its functions, or is closing its instance slots.";
     ShuttingDown => "shutting_down", 503,
         "The server is shutting down: open streams end and unfinished async jobs fail with this code.";
+    TooManyConnections => "too_many_connections", 503,
+        "The server holds `--max-connections` connections; this one is answered and closed (retry after `Retry-After`).";
     InvocationTimeout => "invocation_timeout", 504,
         "The invocation ran past its deadline (`timeout_ms`, default 30 s).";
 }

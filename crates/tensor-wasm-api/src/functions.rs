@@ -5,7 +5,7 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequest as _, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -82,38 +82,20 @@ pub(crate) async fn create_function(
     Extension(caller): Extension<Caller>,
     query: Result<Query<DeployOptions>, QueryRejection>,
     headers: HeaderMap,
-    bytes: Result<Bytes, BytesRejection>,
+    req: Request,
 ) -> Result<Response, ApiError> {
-    let bytes = body(bytes)?;
-    let (module, options) = match content_type(&headers) {
-        "application/wasm" | "application/octet-stream" | "text/plain" | "text/wat" => {
-            let Query(options) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-            (bytes.to_vec(), options)
-        }
-        "application/json" => {
-            let req: DeployJson = parse_json(&bytes)?;
-            let module = match (req.module_base64, req.wat) {
-                (Some(b64), None) => base64::engine::general_purpose::STANDARD
-                    .decode(b64.trim())
-                    .map_err(|e| ApiError::bad_request(format!("module_base64: {e}")))?,
-                (None, Some(wat)) => wat.into_bytes(),
-                _ => {
-                    return Err(ApiError::bad_request(
-                        "give exactly one of `module_base64` or `wat`",
-                    ))
-                }
-            };
-            let o = req.options;
-            let options = DeployOptions {
-                name: o.name,
-                style: o.style,
-                timeout_ms: o.timeout_ms,
-                memory_limit_bytes: o.memory_limit_bytes,
-                fuel: o.fuel,
-                raw_ptx: o.raw_ptx,
-            };
-            (module, options)
-        }
+    // Everything that can refuse the deploy without its body comes first: a
+    // refused client uploads nothing (the body is read last).
+    let tenant = caller.tenant()?.clone();
+    if tenant.is_deleted() {
+        return Err(ApiError::new(
+            ErrorCode::TenantDeleted,
+            format!("tenant {} was deleted", tenant.id()),
+        ));
+    }
+    let raw_module = match content_type(&headers) {
+        "application/wasm" | "application/octet-stream" | "text/plain" | "text/wat" => true,
+        "application/json" => false,
         other => {
             return Err(ApiError::new(
                 ErrorCode::UnsupportedMediaType,
@@ -124,14 +106,54 @@ pub(crate) async fn create_function(
             ))
         }
     };
-    let tenant = caller.tenant()?.clone();
-    if tenant.is_deleted() {
-        return Err(ApiError::new(
-            ErrorCode::TenantDeleted,
-            format!("tenant {} was deleted", tenant.id()),
-        ));
+    if raw_module {
+        // The module is the body: its declared length (Content-Length) is
+        // the module's size.
+        let declared = http_body::Body::size_hint(req.body()).exact();
+        if let Some(declared) = declared {
+            drop(
+                tenant
+                    .acquire(Resource::ModuleBytes, declared)
+                    .map_err(|e| quota_error(&tenant, e))?,
+            );
+        }
     }
-    tenant.check_rate().map_err(|e| quota_error(&tenant, e))?;
+    // Both held by the deploy's work, not by this handler: a client that
+    // goes away mid-deploy drops the handler, never the accounting.
+    let deploying = tenant
+        .acquire(Resource::ConcurrentDeploys, 1)
+        .map_err(|e| quota_error(&tenant, e))?;
+    let count = tenant
+        .acquire(Resource::Functions, 1)
+        .map_err(|e| quota_error(&tenant, e))?;
+    let bytes = body(Bytes::from_request(req, &state).await)?;
+    let (module, options) = if raw_module {
+        let Query(options) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+        (bytes.to_vec(), options)
+    } else {
+        let req: DeployJson = parse_json(&bytes)?;
+        let module = match (req.module_base64, req.wat) {
+            (Some(b64), None) => base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|e| ApiError::bad_request(format!("module_base64: {e}")))?,
+            (None, Some(wat)) => wat.into_bytes(),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "give exactly one of `module_base64` or `wat`",
+                ))
+            }
+        };
+        let o = req.options;
+        let options = DeployOptions {
+            name: o.name,
+            style: o.style,
+            timeout_ms: o.timeout_ms,
+            memory_limit_bytes: o.memory_limit_bytes,
+            fuel: o.fuel,
+            raw_ptx: o.raw_ptx,
+        };
+        (module, options)
+    };
     if options.raw_ptx == Some(true) {
         require_raw_ptx(&state, &tenant)?;
     }
@@ -141,14 +163,6 @@ pub(crate) async fn create_function(
             .acquire(Resource::ModuleBytes, module.len() as u64)
             .map_err(|e| quota_error(&tenant, e))?,
     );
-    // Both held by the deploy's work, not by this handler: a client that
-    // goes away mid-deploy drops the handler, never the accounting.
-    let deploying = tenant
-        .acquire(Resource::ConcurrentDeploys, 1)
-        .map_err(|e| quota_error(&tenant, e))?;
-    let count = tenant
-        .acquire(Resource::Functions, 1)
-        .map_err(|e| quota_error(&tenant, e))?;
     let runtime = state.inner.runtime.clone();
     let mut spec = options.into_spec(tenant.id());
     spec.max_stored_bytes = tenant.quotas().max_stored_bytes;

@@ -34,7 +34,6 @@ use serde_json::{json, Value};
 mod order;
 
 use crate::auth::Caller;
-use crate::error::quota_error;
 use crate::{ApiError, AppState, ErrorCode};
 
 pub use board::{JobBoard, JobLimits};
@@ -129,7 +128,6 @@ pub(crate) async fn invoke_async(
     }
     let call: AsyncCall = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
-    tenant.check_rate().map_err(|e| quota_error(&tenant, e))?;
     {
         let (runtime, id, export, args) = (
             state.inner.runtime.clone(),

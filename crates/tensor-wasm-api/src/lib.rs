@@ -21,11 +21,13 @@
 //! let state = AppState::new(runtime, registry, ApiConfig::default(), tenants, AuthMode::Enforced)?;
 //! state.set_ready(true);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! axum::serve(listener, router(state)).await?;
+//! let limits = tensor_wasm_api::ServeLimits::default();
+//! tensor_wasm_api::serve(listener, router(state), limits, std::future::pending()).await?;
 //! # Ok(()) }
 //! ```
 
 mod auth;
+mod body_deadline;
 pub mod error;
 mod functions;
 mod jobs;
@@ -33,6 +35,7 @@ mod metrics;
 mod openapi;
 mod request_id;
 mod routes;
+mod serve;
 mod shutdown;
 mod snapshots;
 mod stream;
@@ -56,6 +59,7 @@ pub use error::{ApiError, ErrorCode};
 pub use jobs::{Job, JobLimits, JobStatus};
 pub use metrics::{HttpMetrics, HttpRequestLabels, ROUTE_TEMPLATES};
 pub use openapi::OPENAPI_JSON;
+pub use serve::{serve, ServeLimits};
 
 /// Settings of the HTTP layer.
 #[derive(Clone)]
@@ -71,6 +75,9 @@ pub struct ApiConfig {
     pub jobs_dir: Option<std::path::PathBuf>,
     /// Bounds on asynchronous jobs.
     pub jobs: JobLimits,
+    /// How long a request body may take to arrive, from the request's
+    /// headers on (`408 request_timeout` after).
+    pub body_read_timeout: Duration,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -79,6 +86,7 @@ impl std::fmt::Debug for ApiConfig {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("queue_timeout", &self.queue_timeout)
             .field("jobs", &self.jobs)
+            .field("body_read_timeout", &self.body_read_timeout)
             .field(
                 "metrics_token",
                 &self.metrics_token.as_ref().map(|_| "<redacted>"),
@@ -95,6 +103,7 @@ impl Default for ApiConfig {
             metrics_token: None,
             jobs_dir: None,
             jobs: JobLimits::default(),
+            body_read_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -284,6 +293,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(routes::route_not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(from_fn_with_state(
+            state.clone(),
+            body_deadline::limit_body_read,
+        ))
         .layer(from_fn_with_state(state.clone(), metrics::observe))
         .with_state(state)
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::{FromRequest as _, Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -160,7 +160,7 @@ pub(crate) async fn invoke(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    bytes: Result<Bytes, BytesRejection>,
+    req: Request,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?.clone();
     if !is_valid_function_id(&id) {
@@ -169,12 +169,11 @@ pub(crate) async fn invoke(
     let (style, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
     let timeout = state.inner.runtime.timeout_of(&id)?;
     let runtime: Runtime = state.inner.runtime.clone();
-    let quota = |e| quota_error(&tenant, e);
-    tenant.check_rate().map_err(quota)?;
     // Released on every exit path: the guards move into the blocking task and
     // drop when the guest has finished (trap, timeout or client gone alike).
+    // Taken before the body is read: a tenant at its quotas uploads nothing.
     let guards = invocation_guards(&tenant, memory, runtime.is_uvm_backed())?;
-    let bytes = body(bytes)?;
+    let bytes = body(Bytes::from_request(req, &state).await)?;
     let call = match style {
         InvocationStyle::Export => Some(parse_json::<ExportCallRequest>(&bytes)?),
         InvocationStyle::Wasi => None,

@@ -52,9 +52,6 @@ pub(crate) async fn create_snapshot(
         parse_json(&bytes)?
     };
     let (_, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
-    tenant
-        .check_rate()
-        .map_err(|e| crate::error::quota_error(&tenant, e))?;
     let runtime = state.inner.runtime.clone();
     let max_stored_bytes = tenant.quotas().max_stored_bytes;
     let guards = invocation_guards(&tenant, memory, runtime.is_uvm_backed())?;

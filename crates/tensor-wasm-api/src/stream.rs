@@ -36,7 +36,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::auth::Caller;
-use crate::error::quota_error;
 use crate::{ApiError, AppState, ErrorCode};
 
 /// Chunks buffered between guest and client; with 1 MiB chunks at most,
@@ -209,8 +208,6 @@ pub(crate) async fn invoke_stream(
         }
     };
     let input = crate::routes::body(bytes)?.to_vec();
-    let quota = |e| quota_error(&tenant, e);
-    tenant.check_rate().map_err(quota)?;
     let guards =
         crate::routes::invocation_guards(&tenant, memory, state.inner.runtime.is_uvm_backed())?;
     // Refuse bad calls with a proper status before the response starts.

@@ -10,7 +10,9 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use std::path::Path;
 
-use tensor_wasm_api::{default_tenant, router, ApiConfig, AppState, AuthMode};
+use tensor_wasm_api::{
+    default_tenant, router, serve as serve_connections, ApiConfig, AppState, AuthMode, ServeLimits,
+};
 use tensor_wasm_dispatch::DispatchConfig;
 use tensor_wasm_gpu::{open_backend_with, DeviceChoice, GpuIsolation};
 use tensor_wasm_runtime::{FsFunctionStore, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics};
@@ -142,6 +144,26 @@ pub struct ServeArgs {
     shutdown_grace_s: u64,
     #[command(flatten)]
     jobs: crate::job_flags::JobFlags,
+    /// How long a request body may take to arrive, in milliseconds, from the
+    /// request's headers on; then 408 `request_timeout` and the connection closes.
+    #[arg(
+        long,
+        env = "TENSOR_WASM_BODY_READ_TIMEOUT_MS",
+        default_value_t = 60_000
+    )]
+    body_read_timeout_ms: u64,
+    /// How long a connection may take to send a request's headers, in
+    /// milliseconds; then it is closed unanswered (slow-trickle clients).
+    #[arg(
+        long,
+        env = "TENSOR_WASM_HEADER_READ_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    header_read_timeout_ms: u64,
+    /// Connections served at once. Above it, up to 64 more are answered 503
+    /// `too_many_connections` and closed; beyond those, closed unanswered.
+    #[arg(long, env = "TENSOR_WASM_MAX_CONNECTIONS", default_value_t = 1024)]
+    max_connections: usize,
 }
 
 fn init_logging(format: LogFormat) {
@@ -245,6 +267,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics_token: args.metrics_token.clone(),
         jobs_dir: Some(args.data_dir.clone()),
         jobs: args.jobs.limits(),
+        body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
     };
     let state = AppState::new(runtime.clone(), registry, api, tenants, auth)?;
 
@@ -279,12 +302,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let grace = Duration::from_secs(args.shutdown_grace_s);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let app = router(state.clone());
+    let limits = ServeLimits {
+        header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+        max_connections: args.max_connections.max(1),
+    };
     let mut server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stop_rx.await;
-            })
-            .await
+        serve_connections(listener, app, limits, async {
+            let _ = stop_rx.await;
+        })
+        .await
     });
     tokio::select! {
         () = shutdown_signal() => {}

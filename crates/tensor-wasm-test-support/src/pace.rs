@@ -18,3 +18,9 @@ pub fn slow_client_pause(interval: Duration) {
 pub async fn load_tool_back_off(interval: Duration) {
     tokio::time::sleep(interval).await;
 }
+
+/// A client that sends its request slowly on purpose pauses between
+/// writes (a slow-trickle client exercising a server's read timeouts).
+pub async fn slow_client_trickle(interval: Duration) {
+    tokio::time::sleep(interval).await;
+}
