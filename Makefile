@@ -112,6 +112,12 @@ image:
 deploy-check: deps
 	@scripts/deploy-check.sh
 
+.PHONY: api-conformance
+## The OpenAPI document against a real server: schemathesis (pinned, installed
+## into .tools/schemathesis when missing), every check, stateful phase included.
+api-conformance:
+	@scripts/api-conformance.sh
+
 .PHONY: icount icount-baseline perf-doc-check
 GUNGRAUN_RUNNER ?= $(CURDIR)/.tools/bin/gungraun-runner
 ICOUNT_RUN := target/icount/run.jsonl

@@ -30,7 +30,7 @@ fn content_type(headers: &HeaderMap) -> &str {
 }
 
 /// Deploy options: query parameters for a raw module body, fields of the JSON body otherwise.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DeployOptions {
     name: Option<String>,
@@ -75,6 +75,23 @@ struct DeployOptionsJson {
     memory_limit_bytes: Option<u64>,
     fuel: Option<u64>,
     raw_ptx: Option<bool>,
+}
+
+/// The module of a JSON deploy: exactly one of `module_base64` and `wat`
+/// (the rule the OpenAPI document's `DeployRequest.oneOf` states).
+pub(crate) fn module_of_json(
+    module_base64: Option<String>,
+    wat: Option<String>,
+) -> Result<Vec<u8>, ApiError> {
+    match (module_base64, wat) {
+        (Some(b64), None) => base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|e| ApiError::bad_request(format!("module_base64: {e}"))),
+        (None, Some(wat)) => Ok(wat.into_bytes()),
+        _ => Err(ApiError::bad_request(
+            "give exactly one of `module_base64` or `wat`",
+        )),
+    }
 }
 
 pub(crate) async fn create_function(
@@ -131,18 +148,15 @@ pub(crate) async fn create_function(
         let Query(options) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
         (bytes.to_vec(), options)
     } else {
+        // Options go in the JSON body; a query would be ignored, so it is refused.
+        let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+        if query != DeployOptions::default() {
+            return Err(ApiError::bad_request(
+                "with a JSON body, deploy options go in the body, not the query",
+            ));
+        }
         let req: DeployJson = parse_json(&bytes)?;
-        let module = match (req.module_base64, req.wat) {
-            (Some(b64), None) => base64::engine::general_purpose::STANDARD
-                .decode(b64.trim())
-                .map_err(|e| ApiError::bad_request(format!("module_base64: {e}")))?,
-            (None, Some(wat)) => wat.into_bytes(),
-            _ => {
-                return Err(ApiError::bad_request(
-                    "give exactly one of `module_base64` or `wat`",
-                ))
-            }
-        };
+        let module = module_of_json(req.module_base64, req.wat)?;
         let o = req.options;
         let options = DeployOptions {
             name: o.name,
@@ -309,6 +323,7 @@ pub(crate) async fn update_function(
         require_raw_ptx(&state, &tenant)?;
     }
     let runtime = state.inner.runtime.clone();
+    let snapshot_named = target.is_some();
     let info = blocking(move || {
         if let Some(raw_ptx) = request.raw_ptx {
             runtime.set_raw_ptx(&id, raw_ptx)?;
@@ -318,6 +333,15 @@ pub(crate) async fn update_function(
             None => runtime.function(&id),
         }
     })
-    .await?;
+    .await
+    .map_err(|e| {
+        // The function exists (a 404 would say it does not): a body naming a
+        // snapshot it does not have conflicts with its state.
+        if snapshot_named && e.code == ErrorCode::NotFound {
+            ApiError::new(ErrorCode::Conflict, e.message)
+        } else {
+            e
+        }
+    })?;
     Ok(Json(info).into_response())
 }

@@ -95,7 +95,33 @@ pub(crate) fn body(bytes: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiErr
 }
 
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))
+    let bad = |e: serde_json::Error| ApiError::bad_request(format!("invalid JSON: {e}"));
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(bad)?;
+    integral_floats_as_integers(&mut value);
+    serde_json::from_value(value).map_err(bad)
+}
+
+/// JSON Schema (and so the OpenAPI document's `integer`) counts `5.0` as an
+/// integer; serde refuses it for an integer field. Integral floats in range
+/// become integers, so every client's encoding of a whole number is accepted.
+fn integral_floats_as_integers(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            if f.fract() != 0.0 {
+                return;
+            }
+            if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                *value = Value::from(f as u64);
+            } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+                *value = Value::from(f as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_floats_as_integers),
+        Value::Object(fields) => fields.values_mut().for_each(integral_floats_as_integers),
+        _ => {}
+    }
 }
 
 /// Runs blocking runtime work off the async threads.
@@ -330,4 +356,19 @@ fn command_response(output: CommandOutput, json_body: bool) -> Response {
         h.insert("x-stderr-tail", value);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn whole_numbers_written_as_floats_fill_integer_fields() {
+        #[derive(serde::Deserialize)]
+        struct Quota {
+            n: u32,
+            m: i64,
+        }
+        let q: Quota = super::parse_json(br#"{"n": 8472497.0, "m": -3.0}"#).unwrap();
+        assert_eq!((q.n, q.m), (8_472_497, -3));
+        assert!(super::parse_json::<Quota>(br#"{"n": 1.5, "m": 0}"#).is_err());
+    }
 }

@@ -100,7 +100,7 @@ fn parse_body<T: serde::de::DeserializeOwned + Default>(bytes: &[u8]) -> Result<
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))
+    crate::routes::parse_json(bytes)
 }
 
 pub(crate) async fn create_tenant(
@@ -109,8 +109,7 @@ pub(crate) async fn create_tenant(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     caller.require_admin()?;
-    let req: CreateTenant = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+    let req: CreateTenant = crate::routes::parse_json(&body)?;
     let mut quotas = Quotas::default();
     quotas.apply(&req.quotas);
     let (mut info, token) = state
@@ -177,8 +176,7 @@ pub(crate) async fn update_tenant(
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
     caller.require_admin()?;
-    let req: UpdateTenant = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+    let req: UpdateTenant = crate::routes::parse_json(&body)?;
     let mut info = state
         .inner
         .tenants

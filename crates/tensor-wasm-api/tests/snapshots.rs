@@ -99,9 +99,10 @@ async fn snapshot_routes_capture_switch_and_delete() {
             "bad_request",
         ),
         (
+            // The function exists; its state has no such snapshot.
             json!({"start_from_snapshot": "snap-000000000000000000000000"}),
-            StatusCode::NOT_FOUND,
-            "not_found",
+            StatusCode::CONFLICT,
+            "conflict",
         ),
     ] {
         let r = s.as_token(&t, Method::PATCH, &patch, body.clone()).await;

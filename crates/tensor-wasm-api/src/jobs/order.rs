@@ -95,7 +95,7 @@ mod tests {
     #[test]
     fn concurrent_updates_leave_the_newest_state_on_disk() {
         let dir = tempfile::tempdir().unwrap();
-        let board = JobBoard::open(dir.path()).unwrap();
+        let board = JobBoard::open(dir.path(), super::super::JobLimits::default()).unwrap();
         let job = Job {
             id: "job-0123456789abcdef01234567".into(),
             tenant: "tn-0123456789abcdef".into(),
