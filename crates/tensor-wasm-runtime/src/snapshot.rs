@@ -279,9 +279,6 @@ impl Runtime {
                 };
                 self.inner.store.put_function(&record)?;
                 let replacement = FunctionEntry::new(record);
-                if let Some(prepared) = entry.prepared.get() {
-                    let _ = replacement.prepared.set(prepared.clone());
-                }
                 self.inner
                     .functions
                     .write()
