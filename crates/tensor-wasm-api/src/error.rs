@@ -56,6 +56,8 @@ error_codes! {
         "The request is malformed: invalid JSON, an unknown field, a bad query parameter or body.";
     InvalidModule => "invalid_module", 400,
         "The module is not valid WebAssembly (binary or WAT) or does not compile.";
+    UnsupportedFeature => "unsupported_feature", 400,
+        "The module is valid WebAssembly but uses a feature the server refuses (more than one linear memory).";
     InvalidConfig => "invalid_config", 400,
         "A deploy option is well-formed but not allowed (e.g. a limit above the server's maximum).";
     InvalidArguments => "invalid_arguments", 400,
@@ -217,6 +219,9 @@ impl From<RuntimeError> for ApiError {
         match err {
             RuntimeError::InvalidModule(_) => ApiError::new(ErrorCode::InvalidModule, message),
             RuntimeError::InvalidConfig(_) => ApiError::new(ErrorCode::InvalidConfig, message),
+            RuntimeError::UnsupportedFeature(_) => {
+                ApiError::new(ErrorCode::UnsupportedFeature, message)
+            }
             RuntimeError::FunctionNotFound(_) => ApiError::new(ErrorCode::NotFound, message),
             RuntimeError::UnknownExport(_) => ApiError::new(ErrorCode::UnknownExport, message),
             RuntimeError::InvalidArguments(_) => {

@@ -58,6 +58,138 @@ async fn readyz_is_503_until_ready() {
     assert_eq!(h.get("/readyz").await.status, StatusCode::OK);
 }
 
+/// Files under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|e| {
+                if e.path().is_dir() {
+                    files_under(&e.path())
+                } else {
+                    1
+                }
+            })
+            .sum()
+    })
+}
+
+/// The value of the sample `series` (name and labels, exactly as exposed) on `/metrics`.
+async fn metric(h: &InsecureApp, series: &str) -> f64 {
+    let text = h.get("/metrics").await.text();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// Issue 17, item 6: a module that compiled but failed to link stayed in the
+/// compiled-module map and in `artifacts/` forever (100 such deploys left 200
+/// files and `tensor_wasm_cached_modules 100`), and nothing bounded either cache.
+#[tokio::test]
+async fn failed_deploys_leave_nothing_and_module_caches_stay_bounded() {
+    let h = InsecureApp::with(
+        |c| {
+            c.caches = tensor_wasm_runtime::CacheLimits {
+                module_entries: 3,
+                artifact_entries: 4,
+                ..Default::default()
+            }
+        },
+        ApiConfig::default(),
+    );
+    let deploy = |wat: String, query: &'static str| {
+        let h = &h;
+        async move {
+            h.send(
+                Method::POST,
+                &format!("/functions?{query}"),
+                Some("application/wasm"),
+                wat.into_bytes(),
+            )
+            .await
+        }
+    };
+    let constant = |i: usize| format!("(module (func (export \"f\") (result i32) i32.const {i}))");
+    let first = deploy(constant(1000), "name=first").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text());
+    let artifacts = h.dir.path().join("artifacts");
+    let files_before = files_under(&artifacts);
+    assert_eq!(files_before, 2, "one artifact and its sidecar");
+    let cached_before = metric(&h, "tensor_wasm_cached_modules").await;
+    let modules = r#"tensor_wasm_cache_entries{cache="modules"}"#;
+    assert_eq!(metric(&h, modules).await, cached_before);
+
+    // Every one compiles; 90 fail to link (an import nothing provides), 10 fail the
+    // memory check that runs after linking.
+    for i in 0..100 {
+        let (wat, query, code) = if i % 10 == 0 {
+            (
+                format!("(module (memory 300) (func (export \"f\") (result i32) i32.const {i}))"),
+                "name=big&memory_limit_bytes=1048576",
+                "invalid_config",
+            )
+        } else {
+            (
+                format!("(module (import \"env\" \"missing{i}\" (func)) (func (export \"f\")))"),
+                "name=unlinkable",
+                "invalid_module",
+            )
+        };
+        let r = deploy(wat, query).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+        assert_eq!(r.code(), code, "{}", r.text());
+    }
+    assert_eq!(
+        files_under(&artifacts),
+        files_before,
+        "no artifact left behind"
+    );
+    assert_eq!(
+        metric(&h, "tensor_wasm_cached_modules").await,
+        cached_before
+    );
+    assert_eq!(metric(&h, modules).await, cached_before);
+    assert_eq!(
+        h.runtime.functions().len(),
+        1,
+        "only the first deploy stored"
+    );
+
+    // Many working functions: both caches stay within their bounds, and every
+    // function still answers, evicted ones by loading or compiling again.
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        let r = deploy(constant(i), "name=c").await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+        ids.push(r.json()["id"].as_str().unwrap().to_owned());
+    }
+    for round in 0..2 {
+        for (i, id) in ids.iter().enumerate() {
+            let r = h.invoke(id, json!({"export": "f", "args": []})).await;
+            assert_eq!(r.status, StatusCode::OK, "round {round}: {}", r.text());
+            assert_eq!(r.json()["results"], json!([i]), "round {round}");
+            assert!(metric(&h, modules).await <= 3.0);
+            assert!(
+                files_under(&artifacts) <= 8,
+                "4 artifacts with their sidecars"
+            );
+        }
+    }
+    assert!(metric(&h, r#"tensor_wasm_cache_evictions_total{cache="modules"}"#).await > 0.0);
+    assert!(
+        metric(
+            &h,
+            r#"tensor_wasm_cache_evictions_total{cache="artifacts"}"#
+        )
+        .await
+            > 0.0
+    );
+    let bytes = metric(&h, r#"tensor_wasm_cache_bytes{cache="modules"}"#).await;
+    assert!(bytes > 0.0, "{bytes}");
+}
+
 #[tokio::test]
 async fn deploy_list_get_invoke_delete() {
     let h = harness();

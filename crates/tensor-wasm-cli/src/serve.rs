@@ -15,7 +15,9 @@ use tensor_wasm_api::{
 };
 use tensor_wasm_dispatch::DispatchConfig;
 use tensor_wasm_gpu::{open_backend_with, DeviceChoice, GpuIsolation};
-use tensor_wasm_runtime::{FsFunctionStore, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics};
+use tensor_wasm_runtime::{
+    CacheLimits, FsFunctionStore, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics,
+};
 use tensor_wasm_tenant::{FsTenantStore, Resource, TenantMetrics, TenantRegistry};
 
 /// Guest memory choice on the command line.
@@ -139,6 +141,24 @@ pub struct ServeArgs {
     /// never run inline; a call growing past it is run again on a blocking thread.
     #[arg(long, env = "TENSOR_WASM_INLINE_MAX_MEMORY_BYTES", default_value_t = 8 << 20)]
     inline_max_memory_bytes: u64,
+    /// Loaded (compiled and linked) modules kept in memory; the least recently used
+    /// are evicted and loaded again on their next call.
+    #[arg(long, env = "TENSOR_WASM_MODULE_CACHE_ENTRIES", default_value_t = CacheLimits::default().module_entries)]
+    module_cache_entries: usize,
+    /// Bytes of compiled code the loaded modules may hold in memory.
+    #[arg(long, env = "TENSOR_WASM_MODULE_CACHE_BYTES", default_value_t = CacheLimits::default().module_bytes)]
+    module_cache_bytes: u64,
+    /// Precompiled module artifacts kept on disk (`<data-dir>/artifacts`); the least
+    /// recently used are deleted and compiled again from the stored module on demand.
+    #[arg(long, env = "TENSOR_WASM_ARTIFACT_CACHE_ENTRIES", default_value_t = CacheLimits::default().artifact_entries)]
+    artifact_cache_entries: usize,
+    /// Bytes of precompiled module artifacts kept on disk.
+    #[arg(long, env = "TENSOR_WASM_ARTIFACT_CACHE_BYTES", default_value_t = CacheLimits::default().artifact_bytes)]
+    artifact_cache_bytes: u64,
+    /// Loaded JIT blueprint kernels kept for all instances; the least recently used
+    /// are evicted and loaded again (from the kernel cache) on their next use.
+    #[arg(long, env = "TENSOR_WASM_MAX_BLUEPRINT_KERNELS", default_value_t = CacheLimits::default().blueprint_kernels)]
+    max_blueprint_kernels: usize,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, env = "TENSOR_WASM_SHUTDOWN_GRACE_S", default_value_t = 30)]
     shutdown_grace_s: u64,
@@ -205,6 +225,13 @@ impl ServeArgs {
             fuel_enabled: self.fuel,
             max_output_bytes: self.max_output_bytes,
             max_stored_bytes_per_tenant: self.max_stored_bytes_per_tenant,
+            caches: CacheLimits {
+                module_entries: self.module_cache_entries,
+                module_bytes: self.module_cache_bytes,
+                artifact_entries: self.artifact_cache_entries,
+                artifact_bytes: self.artifact_cache_bytes,
+                blueprint_kernels: self.max_blueprint_kernels,
+            },
             ..RuntimeConfig::new(&self.data_dir)
         })
     }

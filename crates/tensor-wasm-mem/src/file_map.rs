@@ -83,7 +83,7 @@ fn invalid_input(message: &'static str) -> io::Error {
 /// If `mmap` itself fails after these checks (for example `file` was not opened for
 /// reading), `dest` is left as zeroed pages and the operating system's error is returned.
 ///
-/// # Why this is safe to call
+/// # What this function guarantees
 /// - `&mut [u8]` makes the caller the only one observing those bytes during the call, and
 ///   changing their values is what a write through it could do too.
 /// - Address and length are page-aligned, so `MAP_FIXED` replaces exactly the pages of
@@ -102,7 +102,8 @@ fn invalid_input(message: &'static str) -> io::Error {
 ///   mapped in their place so that `dest` stays valid memory, and if even that fails the
 ///   process aborts rather than return with a dangling slice.
 ///
-/// # What the caller must ensure: the file does not change while mapped
+/// # Safety
+/// The caller must ensure that the file does not change while it is mapped.
 /// On Linux a private mapping copies a page only when this process writes it; until then
 /// the page shows the file's *current* contents. So, for as long as the mapping lives:
 /// - the file must not be **truncated** below `offset + dest.len()`: touching a page past
@@ -113,7 +114,7 @@ fn invalid_input(message: &'static str) -> io::Error {
 ///   would change without any write to them, under references that Rust assumes stable.
 ///
 /// No check here can rule these out, since any code holding a writable handle to the same
-/// file could do either; this is why general-purpose `mmap` crates make mapping a file
+/// file could do either; this is why this function (like general-purpose `mmap` crates) is
 /// `unsafe`. Map only files that are immutable by construction: TensorWasm's snapshot store
 /// writes an image under a temporary name and renames it into place, and replaces or deletes
 /// images only by rename or unlink, which leave a mapped inode intact; nothing opens an
@@ -132,17 +133,19 @@ fn invalid_input(message: &'static str) -> io::Error {
 /// file.write_all(&vec![7u8; page])?;
 ///
 /// let mut pages = AnonymousPages::new(2 * page)?;
-/// map_file_private_fixed(&file, 0, &mut pages.as_mut_slice()[..page])?;
+/// // SAFETY: the temporary file is private to this example and never written again.
+/// unsafe { map_file_private_fixed(&file, 0, &mut pages.as_mut_slice()[..page]) }?;
 /// assert!(pages.as_slice()[..page].iter().all(|&b| b == 7));
 /// assert!(pages.as_slice()[page..].iter().all(|&b| b == 0));
 ///
 /// // A heap buffer is not this crate's memory, aligned or not.
 /// let mut heap = vec![0u8; 3 * page];
 /// let at = heap.as_ptr().align_offset(page);
-/// assert!(map_file_private_fixed(&file, 0, &mut heap[at..at + page]).is_err());
+/// // SAFETY: as above (and nothing is mapped: the call is refused).
+/// assert!(unsafe { map_file_private_fixed(&file, 0, &mut heap[at..at + page]) }.is_err());
 /// # Ok::<(), std::io::Error>(())
 /// ```
-pub fn map_file_private_fixed(file: &File, offset: u64, dest: &mut [u8]) -> io::Result<()> {
+pub unsafe fn map_file_private_fixed(file: &File, offset: u64, dest: &mut [u8]) -> io::Result<()> {
     if dest.is_empty() {
         return Ok(());
     }
@@ -185,7 +188,7 @@ pub fn map_file_private_fixed(file: &File, offset: u64, dest: &mut [u8]) -> io::
     // read-write mapping of a range that lies inside the regular file (checked above), so
     // every byte of `dest` stays readable and writable until the owner unmaps it. Writes go
     // to private copies; the file is never modified (MAP_PRIVATE). The file staying
-    // unchanged while mapped is the documented caller requirement.
+    // unchanged while mapped is this function's `# Safety` contract, upheld by the caller.
     let mapped = unsafe {
         libc::mmap(
             addr.cast(),
@@ -335,6 +338,13 @@ mod tests {
         file
     }
 
+    /// [`map_file_private_fixed`] on the tests' files.
+    fn map(file: &File, offset: u64, dest: &mut [u8]) -> io::Result<()> {
+        // SAFETY: every file mapped here is a private temporary file that the test never
+        // truncates or writes while a mapping of it lives.
+        unsafe { map_file_private_fixed(file, offset, dest) }
+    }
+
     fn file_contents(file: &mut File) -> Vec<u8> {
         let mut bytes = Vec::new();
         file.rewind().unwrap();
@@ -368,7 +378,7 @@ mod tests {
         pages.as_mut_slice().fill(0xee);
 
         // File pages 1 and 2 over buffer pages 1 and 2.
-        map_file_private_fixed(
+        map(
             &file,
             page as u64,
             &mut pages.as_mut_slice()[page..3 * page],
@@ -406,7 +416,7 @@ mod tests {
         let page = host_page_size();
         let file = patterned_file(2);
         let mut buffer = GuardedHostBuffer::new(2 * page, page).unwrap();
-        map_file_private_fixed(&file, 0, buffer.as_mut_slice()).unwrap();
+        map(&file, 0, buffer.as_mut_slice()).unwrap();
         assert!(buffer.as_slice()[..page].iter().all(|&b| b == 1));
         assert!(buffer.as_slice()[page..].iter().all(|&b| b == 2));
         let base = buffer.as_ptr() as usize;
@@ -425,47 +435,39 @@ mod tests {
 
         // Misaligned address, length or offset.
         assert_eq!(
-            kind(map_file_private_fixed(&file, 0, &mut dest[1..=page])),
+            kind(map(&file, 0, &mut dest[1..=page])),
             io::ErrorKind::InvalidInput
         );
         assert_eq!(
-            kind(map_file_private_fixed(&file, 0, &mut dest[..page - 1])),
+            kind(map(&file, 0, &mut dest[..page - 1])),
             io::ErrorKind::InvalidInput
         );
         assert_eq!(
-            kind(map_file_private_fixed(&file, 1, &mut dest[..page])),
+            kind(map(&file, 1, &mut dest[..page])),
             io::ErrorKind::InvalidInput
         );
         // The file is two pages: three pages, or two from page one, are past its end.
         assert_eq!(
-            kind(map_file_private_fixed(&file, 0, &mut dest[..3 * page])),
+            kind(map(&file, 0, &mut dest[..3 * page])),
             io::ErrorKind::UnexpectedEof
         );
         assert_eq!(
-            kind(map_file_private_fixed(
-                &file,
-                page as u64,
-                &mut dest[..2 * page]
-            )),
+            kind(map(&file, page as u64, &mut dest[..2 * page])),
             io::ErrorKind::UnexpectedEof
         );
         assert_eq!(
-            kind(map_file_private_fixed(
-                &file,
-                u64::MAX - 4095,
-                &mut dest[..page]
-            )),
+            kind(map(&file, u64::MAX - 4095, &mut dest[..page])),
             io::ErrorKind::InvalidInput,
             "offset + length overflows"
         );
         // Not a regular file.
         let device = File::open("/dev/zero").unwrap();
         assert_eq!(
-            kind(map_file_private_fixed(&device, 0, &mut dest[..page])),
+            kind(map(&device, 0, &mut dest[..page])),
             io::ErrorKind::InvalidInput
         );
         // Empty is a no-op, even unaligned.
-        map_file_private_fixed(&file, 1, &mut dest[3..3]).unwrap();
+        map(&file, 1, &mut dest[3..3]).unwrap();
         assert!(pages.as_slice().iter().all(|&b| b == 0xee));
     }
 
@@ -475,7 +477,7 @@ mod tests {
         let file = patterned_file(1);
         let mut heap = vec![0xeeu8; 3 * page];
         let at = heap.as_ptr().align_offset(page);
-        let err = map_file_private_fixed(&file, 0, &mut heap[at..at + page]).unwrap_err();
+        let err = map(&file, 0, &mut heap[at..at + page]).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert!(heap.iter().all(|&b| b == 0xee));
 
@@ -501,7 +503,7 @@ mod tests {
             .unwrap();
         let mut pages = AnonymousPages::new(page).unwrap();
         pages.as_mut_slice().fill(0xee);
-        let err = map_file_private_fixed(&write_only, 0, pages.as_mut_slice()).unwrap_err();
+        let err = map(&write_only, 0, pages.as_mut_slice()).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
         assert!(pages.as_slice().iter().all(|&b| b == 0));
         pages.as_mut_slice()[0] = 1;

@@ -2,9 +2,10 @@
 //!
 //! A TensorWasm guest launches kernels that read and write its own linear
 //! memory. This crate owns that memory. It is one of the places where `unsafe`
-//! is allowed (with `tensor-wasm-gpu` and the one artifact-loading call in the
-//! runtime's `engine.rs`; docs/ARCHITECTURE.md, "Where `unsafe` lives"; the tidy
-//! test enforces the list), and every block says why it is sound.
+//! is allowed (with `tensor-wasm-gpu`, the one artifact-loading call in the
+//! runtime's `engine.rs`, and the callers of the file mapping below;
+//! docs/ARCHITECTURE.md, "Where `unsafe` lives"; the tidy test enforces the
+//! list), and every block says why it is sound.
 //!
 //! * [`GuardedHostBuffer`]: one anonymous mapping, zero-filled and page-aligned,
 //!   followed by a `PROT_NONE` guard region.
@@ -19,10 +20,10 @@
 //!   snapshot formats) turn it off and do not compile wasmtime.
 //! * [`map_file_private_fixed`]: maps a file range copy-on-write over memory of
 //!   this crate (the lazy restore of snapshot images), and [`AnonymousPages`],
-//!   a plain zeroed page-aligned buffer to map into. Safe to call: alignment,
+//!   a plain zeroed page-aligned buffer to map into. An `unsafe fn`: alignment,
 //!   file length and the memory's owner are checked; the one thing left to the
-//!   caller is that the file is not truncated or rewritten while mapped (see
-//!   its docs for why, and what happens otherwise).
+//!   caller, its `# Safety` contract, is that the file is not truncated or
+//!   rewritten while mapped (see its docs for why, and what happens otherwise).
 //! * [`LargestRequestAllocator`]: a forwarding global allocator that lets tests
 //!   bound the largest single allocation.
 //!

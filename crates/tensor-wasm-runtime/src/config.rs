@@ -20,6 +20,34 @@ pub enum GuestMemory {
     Unified,
 }
 
+/// Bounds of the runtime's caches (docs/deploy.md, "Caches"). Each evicts its least
+/// recently used entries; whatever is evicted is rebuilt on its next use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheLimits {
+    /// Loaded (compiled and linked) modules held in memory.
+    pub module_entries: usize,
+    /// Bytes of compiled code those modules hold.
+    pub module_bytes: u64,
+    /// Precompiled module artifacts kept on disk (`<data_dir>/artifacts`).
+    pub artifact_entries: usize,
+    /// Bytes of those artifacts (with their digest sidecars).
+    pub artifact_bytes: u64,
+    /// Loaded blueprint kernels shared by all instances.
+    pub blueprint_kernels: usize,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        CacheLimits {
+            module_entries: 1024,
+            module_bytes: 2 << 30,
+            artifact_entries: 4096,
+            artifact_bytes: 8 << 30,
+            blueprint_kernels: 1024,
+        }
+    }
+}
+
 /// Settings of a [`crate::Runtime`]; every field has a production default.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
@@ -81,6 +109,8 @@ pub struct RuntimeConfig {
     /// (`memory.fill`, `memory.copy`) and the pooled-slot reset can do on an
     /// async thread.
     pub inline_max_memory_bytes: u64,
+    /// Bounds of the loaded-module, artifact and blueprint-kernel caches.
+    pub caches: CacheLimits,
 }
 
 impl RuntimeConfig {
@@ -107,6 +137,7 @@ impl RuntimeConfig {
             inline_calls: true,
             inline_max_memory_bytes: 8 << 20,
             max_stored_bytes_per_tenant: 4 << 30,
+            caches: CacheLimits::default(),
         }
     }
 

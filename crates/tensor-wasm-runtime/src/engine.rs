@@ -5,7 +5,7 @@ use std::fs;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -13,8 +13,10 @@ use sha2::{Digest, Sha256};
 use tensor_wasm_mem::{MemoryBacking, TensorWasmMemoryCreator};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, Module, PoolingAllocationConfig};
 
+use crate::bounded::{BoundedLru, CacheBounds};
 use crate::config::{GuestMemory, RuntimeConfig};
 use crate::error::{Result, RuntimeError};
+use crate::metrics::CacheGauges;
 use crate::store::sha256_hex;
 
 /// The engine and, for unified guest memory, the memory creator behind it.
@@ -33,8 +35,12 @@ pub struct EngineParts {
 /// managed memory when the backend is CUDA).
 pub fn build_engine(config: &RuntimeConfig) -> Result<EngineParts> {
     let mut wasm = Config::new();
+    // One linear memory per module: every memory would be allocated at the
+    // function's limit while quotas count one (deploy refuses such modules first,
+    // with a clearer error).
     wasm.epoch_interruption(true)
-        .consume_fuel(config.fuel_enabled);
+        .consume_fuel(config.fuel_enabled)
+        .wasm_multi_memory(false);
     let memory_creator = match config.effective_guest_memory() {
         GuestMemory::Pooled => {
             let mut pool = PoolingAllocationConfig::default();
@@ -171,14 +177,29 @@ impl ModuleSource {
 /// compile. Because loading one is unchecked native code, only files whose
 /// digest matches the sidecar this server wrote are loaded. Temporary files of
 /// writes a crash interrupted are removed when the cache opens.
+///
+/// The directory is bounded ([`crate::CacheLimits`]): an index of the artifacts
+/// (rebuilt from the directory at open, oldest modification first) evicts the
+/// least recently loaded or stored ones past the entry or byte bound and deletes
+/// their files; an evicted module is compiled again from the stored binary on
+/// its next load.
 #[derive(Debug)]
 pub struct ArtifactCache {
     dir: PathBuf,
+    /// Module sha256 → nothing; sized by the bytes of artifact and sidecar. Files are
+    /// deleted under this lock, so the index and the directory change together.
+    index: Mutex<BoundedLru<String, ()>>,
+    gauges: CacheGauges,
 }
 
 impl ArtifactCache {
-    /// Opens the cache for `engine` under `data_dir`.
-    pub fn open(data_dir: &Path, engine: &Engine) -> Result<Self> {
+    /// Opens the cache for `engine` under `data_dir`, evicting down to `bounds`.
+    pub(crate) fn open(
+        data_dir: &Path,
+        engine: &Engine,
+        bounds: CacheBounds,
+        gauges: CacheGauges,
+    ) -> Result<Self> {
         // Artifacts are of instrumented modules: a new instrumentation is a new directory.
         let dir = data_dir.join("artifacts").join(format!(
             "{}-i{}",
@@ -192,7 +213,68 @@ impl ArtifactCache {
         if let Err(e) = tensor_wasm_durable::remove_temp_files(&dir) {
             tracing::warn!(error = %e, "could not remove partial artifact writes");
         }
-        Ok(ArtifactCache { dir })
+        let cache = ArtifactCache {
+            dir,
+            index: Mutex::new(BoundedLru::new(bounds)),
+            gauges,
+        };
+        cache.index_directory()?;
+        Ok(cache)
+    }
+
+    /// Fills the index from the directory, oldest artifact first, so that the bound
+    /// evicts the oldest when the directory holds more than it allows (a lowered bound).
+    /// Sidecars without their artifact are removed.
+    fn index_directory(&self) -> Result<()> {
+        let entries = fs::read_dir(&self.dir).map_err(|e| RuntimeError::storage(&self.dir, e))?;
+        let mut found = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(sha) = name.strip_suffix(".cwasm.sha256") {
+                if !self.dir.join(format!("{sha}.cwasm")).exists() {
+                    let _ = fs::remove_file(entry.path());
+                }
+                continue;
+            }
+            let Some(sha) = name.strip_suffix(".cwasm") else {
+                continue;
+            };
+            let Ok(meta) = entry.metadata() else { continue };
+            let sidecar = fs::metadata(self.paths(sha).1).map_or(0, |m| m.len());
+            let modified = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+            found.push((modified, sha.to_owned(), meta.len() + sidecar));
+        }
+        found.sort();
+        let mut index = self.index.lock().expect("lock");
+        let mut evicted = 0;
+        for (_, sha, bytes) in found {
+            evicted += self.insert_locked(&mut index, sha, bytes);
+        }
+        self.gauges.observe(&index, evicted);
+        Ok(())
+    }
+
+    /// Inserts into the locked index and deletes the files of what it evicts; returns
+    /// how many were evicted.
+    fn insert_locked(&self, index: &mut BoundedLru<String, ()>, sha: String, bytes: u64) -> usize {
+        let evicted = index.insert(sha, (), bytes);
+        for (sha, ()) in &evicted {
+            self.delete_files(sha);
+        }
+        evicted.len()
+    }
+
+    fn delete_files(&self, module_sha256: &str) {
+        let (artifact, sidecar) = self.paths(module_sha256);
+        for path in [artifact, sidecar] {
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "could not delete artifact")
+                }
+            }
+        }
     }
 
     fn paths(&self, module_sha256: &str) -> (PathBuf, PathBuf) {
@@ -205,37 +287,74 @@ impl ArtifactCache {
     /// Loads the artifact of `module_sha256`, or `None` when there is no usable one.
     pub fn load(&self, engine: &Engine, module_sha256: &str) -> Option<Module> {
         let (artifact, sidecar) = self.paths(module_sha256);
-        let bytes = fs::read(&artifact).ok()?;
-        let expected = fs::read_to_string(&sidecar).ok()?;
-        if sha256_hex(&bytes) != expected.trim() {
-            tracing::warn!(path = %artifact.display(), "artifact digest mismatch; recompiling");
-            return None;
-        }
-        match deserialize_artifact(engine, &bytes) {
-            Ok(module) => Some(module),
+        let loaded = (|| {
+            let bytes = fs::read(&artifact).ok()?;
+            let expected = fs::read_to_string(&sidecar).ok()?;
+            if sha256_hex(&bytes) != expected.trim() {
+                tracing::warn!(path = %artifact.display(), "artifact digest mismatch; recompiling");
+                return None;
+            }
+            match deserialize_artifact(engine, &bytes) {
+                Ok(module) => Some((module, bytes.len() + expected.len())),
+                Err(e) => {
+                    tracing::warn!(path = %artifact.display(), error = %e, "artifact rejected; recompiling");
+                    None
+                }
+            }
+        })();
+        let mut index = self.index.lock().expect("lock");
+        let evicted = match &loaded {
+            // Marks it recently used; a file the index lost track of (a race with an
+            // eviction or a failed deploy's cleanup) is counted again.
+            Some((_, bytes)) if index.get(module_sha256).is_none() => {
+                self.insert_locked(&mut index, module_sha256.to_owned(), *bytes as u64)
+            }
+            Some(_) => 0,
+            // Unusable: forget it (a later store writes a good one).
+            None => {
+                if index.remove(module_sha256).is_some() {
+                    self.delete_files(module_sha256);
+                }
+                0
+            }
+        };
+        self.gauges.observe(&index, evicted);
+        loaded.map(|(module, _)| module)
+    }
+
+    /// Writes the artifact of a freshly compiled module, then its sidecar, each
+    /// durably ([`tensor_wasm_durable::write_file`]), and evicts past the bounds.
+    /// Failures only cost a recompile later, so they are logged, not returned.
+    pub fn store(&self, module_sha256: &str, module: &Module) {
+        let (artifact, sidecar) = self.paths(module_sha256);
+        let result = (|| -> std::result::Result<u64, String> {
+            let bytes = module.serialize().map_err(|e| format!("{e:#}"))?;
+            let digest = sha256_hex(&bytes);
+            let options = tensor_wasm_durable::WriteOptions::new();
+            tensor_wasm_durable::write_file(&artifact, &bytes, &options)
+                .map_err(|e| e.to_string())?;
+            tensor_wasm_durable::write_file(&sidecar, digest.as_bytes(), &options)
+                .map_err(|e| e.to_string())?;
+            Ok((bytes.len() + digest.len()) as u64)
+        })();
+        match result {
+            Ok(bytes) => {
+                let mut index = self.index.lock().expect("lock");
+                let evicted = self.insert_locked(&mut index, module_sha256.to_owned(), bytes);
+                self.gauges.observe(&index, evicted);
+            }
             Err(e) => {
-                tracing::warn!(path = %artifact.display(), error = %e, "artifact rejected; recompiling");
-                None
+                tracing::warn!(path = %artifact.display(), error = %e, "could not write artifact")
             }
         }
     }
 
-    /// Writes the artifact of a freshly compiled module, then its sidecar, each
-    /// durably ([`tensor_wasm_durable::write_file`]). Failures only cost a
-    /// recompile later, so they are logged, not returned.
-    pub fn store(&self, module_sha256: &str, module: &Module) {
-        let (artifact, sidecar) = self.paths(module_sha256);
-        let result = (|| -> std::result::Result<(), String> {
-            let bytes = module.serialize().map_err(|e| format!("{e:#}"))?;
-            let options = tensor_wasm_durable::WriteOptions::new();
-            tensor_wasm_durable::write_file(&artifact, &bytes, &options)
-                .map_err(|e| e.to_string())?;
-            tensor_wasm_durable::write_file(&sidecar, sha256_hex(&bytes).as_bytes(), &options)
-                .map_err(|e| e.to_string())
-        })();
-        if let Err(e) = result {
-            tracing::warn!(path = %artifact.display(), error = %e, "could not write artifact");
-        }
+    /// Deletes the artifact of `module_sha256` (a module no function uses).
+    pub fn remove(&self, module_sha256: &str) {
+        let mut index = self.index.lock().expect("lock");
+        index.remove(module_sha256);
+        self.delete_files(module_sha256);
+        self.gauges.observe(&index, 0);
     }
 }
 
@@ -255,13 +374,73 @@ fn deserialize_artifact(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Modul
 mod tests {
     use super::*;
 
+    fn open_cache(dir: &Path, engine: &Engine, bounds: CacheBounds) -> ArtifactCache {
+        let metrics = crate::RuntimeMetrics::register(&prometheus::Registry::new()).unwrap();
+        ArtifactCache::open(dir, engine, bounds, metrics.artifact_cache).unwrap()
+    }
+
+    fn files_in(cache: &ArtifactCache) -> usize {
+        fs::read_dir(&cache.dir).unwrap().count()
+    }
+
+    #[test]
+    fn artifacts_are_bounded_and_evicted_least_recently_used_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = build_engine(&RuntimeConfig::for_tests(dir.path()))
+            .unwrap()
+            .engine;
+        let cache = open_cache(dir.path(), &engine, CacheBounds::entries(2));
+        let module = Module::new(&engine, "(module (func (export \"f\")))").unwrap();
+        let [a, b, c] = ["aa", "bb", "cc"].map(|s| s.repeat(32));
+        cache.store(&a, &module);
+        cache.store(&b, &module);
+        assert!(
+            cache.load(&engine, &a).is_some(),
+            "a is now the most recent"
+        );
+        cache.store(&c, &module);
+        assert_eq!(files_in(&cache), 4, "two artifacts with their sidecars");
+        assert!(
+            cache.load(&engine, &b).is_none(),
+            "b was evicted, files and all"
+        );
+        assert!(cache.load(&engine, &a).is_some() && cache.load(&engine, &c).is_some());
+        let bytes = cache.gauges.bytes.get();
+        assert!(bytes > 0 && cache.gauges.entries.get() == 2, "{bytes}");
+        assert_eq!(cache.gauges.evictions.get(), 1);
+
+        cache.remove(&a);
+        assert_eq!(files_in(&cache), 2);
+        assert_eq!(cache.gauges.entries.get(), 1);
+
+        // Reopening with a lower bound evicts down to it; a byte bound too small for any
+        // artifact keeps none.
+        cache.store(&a, &module);
+        drop(cache);
+        let cache = open_cache(dir.path(), &engine, CacheBounds::entries(1));
+        assert_eq!(files_in(&cache), 2);
+        drop(cache);
+        let tiny = CacheBounds {
+            max_entries: 10,
+            max_bytes: 16,
+        };
+        let cache = open_cache(dir.path(), &engine, tiny);
+        assert_eq!(files_in(&cache), 0);
+        cache.store(&b, &module);
+        assert_eq!(
+            files_in(&cache),
+            0,
+            "an artifact above the byte bound is not kept"
+        );
+    }
+
     #[test]
     fn artifacts_round_trip_and_tampering_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let engine = build_engine(&RuntimeConfig::for_tests(dir.path()))
             .unwrap()
             .engine;
-        let cache = ArtifactCache::open(dir.path(), &engine).unwrap();
+        let cache = open_cache(dir.path(), &engine, CacheBounds::entries(8));
         let module = Module::new(
             &engine,
             "(module (func (export \"f\") (result i32) i32.const 7))",
@@ -279,6 +458,21 @@ mod tests {
         bytes[last] ^= 0xff;
         fs::write(&artifact, bytes).unwrap();
         assert!(cache.load(&engine, &sha).is_none());
+    }
+
+    #[test]
+    fn the_engine_refuses_more_than_one_memory_in_both_guest_memory_modes() {
+        for guest_memory in [GuestMemory::Pooled, GuestMemory::Unified] {
+            let dir = tempfile::tempdir().unwrap();
+            let config = RuntimeConfig {
+                guest_memory,
+                ..RuntimeConfig::for_tests(dir.path())
+            };
+            let engine = build_engine(&config).unwrap().engine;
+            Module::new(&engine, "(module (memory 1))").expect("one memory compiles");
+            let err = Module::new(&engine, "(module (memory 1) (memory 1))").unwrap_err();
+            assert!(format!("{err:#}").contains("multiple memories"), "{err:#}");
+        }
     }
 
     #[test]

@@ -15,6 +15,10 @@ pub enum RuntimeError {
     /// The deploy request is well-formed but asks for something not allowed.
     #[error("invalid function config: {0}")]
     InvalidConfig(String),
+    /// The module is valid WebAssembly but uses a feature this server refuses
+    /// (more than one linear memory).
+    #[error("unsupported feature: {0}")]
+    UnsupportedFeature(String),
     /// No function with this id exists.
     #[error("function {0} not found")]
     FunctionNotFound(String),

@@ -1,17 +1,19 @@
-//! A deployed function as the runtime holds it in memory: its record, its
-//! [`Prepared`] (compiled and linked) form, loaded once on first use, and
-//! what its inline calls and snapshot restores remember between calls.
+//! A deployed function as the runtime holds it in memory: its record and what
+//! its inline calls and snapshot restores remember between calls; and
+//! [`Prepared`], the compiled and linked form of a module, which the runtime's
+//! bounded loaded-module cache holds by module hash.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use wasmtime::{FuncType, InstancePre};
 
 use crate::invocation_state::InvocationState;
 use crate::store::FunctionRecord;
 
-/// A function compiled and linked, ready to instantiate.
+/// A module compiled and linked, ready to instantiate. Everything here depends on
+/// the module only, so functions deployed from the same module share one.
 pub(crate) struct Prepared {
     pub(crate) pre: InstancePre<InvocationState>,
     pub(crate) needs_wasi: bool,
@@ -34,7 +36,8 @@ pub(crate) struct Prepared {
 /// A deployed function: its record and what loading and calling it leave behind.
 pub(crate) struct FunctionEntry {
     pub(crate) record: FunctionRecord,
-    pub(crate) prepared: OnceLock<Arc<Prepared>>,
+    /// Held while this function's module is loaded into the cache, so that
+    /// concurrent first calls load it once.
     pub(crate) load_lock: Mutex<()>,
     /// The opened local image of `record.start_from_snapshot`, once first used.
     pub(crate) restore: Mutex<Option<Arc<crate::snapshot::Restorable>>>,
@@ -50,7 +53,6 @@ impl FunctionEntry {
     pub(crate) fn new(record: FunctionRecord) -> Self {
         FunctionEntry {
             record,
-            prepared: OnceLock::new(),
             load_lock: Mutex::new(()),
             restore: Mutex::new(None),
             inline_overruns: AtomicU32::new(0),

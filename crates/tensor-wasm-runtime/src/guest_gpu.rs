@@ -15,6 +15,51 @@ use wasmtime::{Caller, Extern, Linker};
 
 use crate::abi::{self, code, AbiError};
 use crate::invocation_state::{DeadlineExceeded, InvocationState};
+use crate::bounded::{BoundedLru, CacheBounds};
+use crate::metrics::CacheGauges;
+
+/// Loaded blueprint kernels by canonical descriptor, at most
+/// [`crate::CacheLimits::blueprint_kernels`] of them. A descriptor is chosen by the
+/// guest, so without a bound any guest could grow the map forever; an evicted
+/// kernel is loaded again (through the kernel cache) on its next use, and
+/// instances holding a handle to it keep their own.
+#[derive(Debug)]
+pub(crate) struct BlueprintKernels {
+    kernels: RwLock<BoundedLru<String, Kernel>>,
+    gauges: CacheGauges,
+}
+
+impl BlueprintKernels {
+    pub(crate) fn new(bounds: CacheBounds, gauges: CacheGauges) -> Self {
+        BlueprintKernels {
+            kernels: RwLock::new(BoundedLru::new(bounds)),
+            gauges,
+        }
+    }
+
+    fn get(&self, descriptor: &str) -> Option<Kernel> {
+        self.kernels
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(descriptor)
+            .cloned()
+    }
+
+    fn insert(&self, descriptor: String, kernel: Kernel) {
+        let mut kernels = self.kernels.write().unwrap_or_else(PoisonError::into_inner);
+        let evicted = kernels.insert(descriptor, kernel, 0);
+        self.gauges.observe(&kernels, evicted.len());
+    }
+
+    /// Kernels held now.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.kernels
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
 
 /// What every instance shares: the backend, the dispatcher and compiled kernels.
 ///
@@ -36,7 +81,7 @@ pub(crate) struct GpuShared {
     /// Kernel seconds by tenant (`RuntimeMetrics::kernel_seconds`).
     kernel_seconds: prometheus::CounterVec,
     /// Loaded blueprint kernels by canonical descriptor.
-    blueprints: RwLock<HashMap<String, Kernel>>,
+    blueprints: BlueprintKernels,
     /// GPU isolation levels set for single tenants (by tenant id); a tenant
     /// not in here gets the backend's level. Read once per instantiation of a
     /// module importing `wasi:cuda`; written when tenants are created,
@@ -50,13 +95,14 @@ impl GpuShared {
         dispatcher: KernelDispatcher,
         cache: Arc<KernelCache>,
         kernel_seconds: prometheus::CounterVec,
+        blueprints: BlueprintKernels,
     ) -> Self {
         GpuShared {
             backend,
             dispatcher,
             cache,
             kernel_seconds,
-            blueprints: RwLock::new(HashMap::new()),
+            blueprints,
             tenant_isolation: RwLock::new(HashMap::new()),
         }
     }
@@ -118,21 +164,12 @@ impl GpuShared {
             )
         })?;
         let canonical = blueprint.descriptor();
-        let loaded = self
-            .blueprints
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&canonical)
-            .cloned();
-        if let Some(kernel) = loaded {
+        if let Some(kernel) = self.blueprints.get(&canonical) {
             return Ok(kernel);
         }
         let program = CompiledBlueprint::with_cache(blueprint, self.cache.clone());
         let kernel = self.backend.load_program(tenant, Arc::new(program))?;
-        self.blueprints
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(canonical, kernel.clone());
+        self.blueprints.insert(canonical, kernel.clone());
         Ok(kernel)
     }
 
@@ -484,6 +521,19 @@ mod tests {
     }
 
     fn cpu_shared(isolation: GpuIsolation) -> Arc<GpuShared> {
+        cpu_shared_with(
+            isolation,
+            BlueprintKernels::new(CacheBounds::entries(16), gauges()),
+        )
+    }
+
+    fn gauges() -> CacheGauges {
+        crate::RuntimeMetrics::register(&prometheus::Registry::new())
+            .unwrap()
+            .blueprint_cache
+    }
+
+    fn cpu_shared_with(isolation: GpuIsolation, blueprints: BlueprintKernels) -> Arc<GpuShared> {
         Arc::new(GpuShared::new(
             tensor_wasm_gpu::open_backend_with(tensor_wasm_gpu::DeviceChoice::Cpu, isolation)
                 .unwrap(),
@@ -496,7 +546,31 @@ mod tests {
                 .unwrap(),
             ),
             prometheus::CounterVec::new(prometheus::Opts::new("k", "k"), &["tenant"]).unwrap(),
+            blueprints,
         ))
+    }
+
+    #[test]
+    fn blueprint_kernels_are_bounded_and_evicted_ones_load_again() {
+        let gauges = gauges();
+        let shared = cpu_shared_with(
+            GpuIsolation::default(),
+            BlueprintKernels::new(CacheBounds::entries(2), gauges.clone()),
+        );
+        let tenant = TenantKey::default();
+        let load = |m: u32| {
+            shared
+                .blueprint_kernel(&tenant, &format!("matmul[{m}x16x16]"))
+                .is_ok()
+        };
+        for m in 1..=5 {
+            assert!(load(m), "matmul[{m}x16x16]");
+            assert!(shared.blueprints.len() <= 2);
+        }
+        assert_eq!(shared.blueprints.len(), 2);
+        assert_eq!((gauges.entries.get(), gauges.evictions.get()), (2, 3));
+        assert!(load(1), "an evicted kernel is loaded again");
+        assert_eq!(gauges.evictions.get(), 4);
     }
 
     #[test]

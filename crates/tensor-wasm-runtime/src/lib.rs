@@ -23,6 +23,7 @@
 //! ```
 
 pub mod abi;
+mod bounded;
 mod config;
 mod engine;
 mod error;
@@ -39,7 +40,8 @@ mod store;
 pub mod stream;
 mod values;
 
-pub use config::{GuestMemory, RuntimeConfig};
+pub use bounded::{BoundedLru, CacheBounds};
+pub use config::{CacheLimits, GuestMemory, RuntimeConfig};
 pub use engine::{build_engine, engine_fingerprint, EngineParts, ModuleSource};
 pub use error::{Result, RuntimeError};
 pub use invocation_state::INLINE_MAX_TABLE_ELEMENTS;

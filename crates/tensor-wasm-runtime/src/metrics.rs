@@ -2,7 +2,7 @@
 
 use prometheus::{
     exponential_buckets, CounterVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, Opts, Registry,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 use tensor_wasm_dispatch::DispatchMetrics;
 use tensor_wasm_jit::KernelCacheMetrics;
@@ -48,6 +48,30 @@ impl Outcome {
     }
 }
 
+/// The size and evictions of one bounded cache (a `cache` label value of
+/// `tensor_wasm_cache_entries`, `tensor_wasm_cache_bytes` and
+/// `tensor_wasm_cache_evictions_total`).
+#[derive(Clone, Debug)]
+pub(crate) struct CacheGauges {
+    pub(crate) entries: IntGauge,
+    pub(crate) bytes: IntGauge,
+    pub(crate) evictions: IntCounter,
+}
+
+impl CacheGauges {
+    /// Sets the size gauges from `cache` and counts `evicted` evictions.
+    pub(crate) fn observe<K: Eq + std::hash::Hash + Clone, V>(
+        &self,
+        cache: &crate::BoundedLru<K, V>,
+        evicted: usize,
+    ) {
+        self.entries.set(cache.len() as i64);
+        self.bytes
+            .set(i64::try_from(cache.bytes()).unwrap_or(i64::MAX));
+        self.evictions.inc_by(evicted as u64);
+    }
+}
+
 /// Handles to every runtime metric.
 #[derive(Clone, Debug)]
 pub struct RuntimeMetrics {
@@ -61,6 +85,15 @@ pub struct RuntimeMetrics {
     pub(crate) cached_modules: IntGauge,
     /// Function records kept aside because this build cannot read them.
     pub(crate) quarantined_records: IntGauge,
+    /// Loaded modules in memory (`cache="modules"`).
+    pub(crate) module_cache: CacheGauges,
+    /// Precompiled artifacts on disk (`cache="artifacts"`).
+    pub(crate) artifact_cache: CacheGauges,
+    /// Loaded blueprint kernels (`cache="blueprint_kernels"`).
+    pub(crate) blueprint_cache: CacheGauges,
+    cache_entries: IntGaugeVec,
+    cache_bytes: IntGaugeVec,
+    cache_evictions: IntCounterVec,
     pub(crate) snapshot_captures: IntCounter,
     pub(crate) snapshot_capture_seconds: Histogram,
     pub(crate) snapshot_restores: IntCounterVec,
@@ -99,7 +132,36 @@ impl RuntimeMetrics {
             ),
             &["result"],
         )?;
+        let cache_entries = IntGaugeVec::new(
+            Opts::new(
+                "tensor_wasm_cache_entries",
+                "Entries held by a bounded cache (modules, artifacts, blueprint_kernels).",
+            ),
+            &["cache"],
+        )?;
+        let cache_bytes = IntGaugeVec::new(
+            Opts::new(
+                "tensor_wasm_cache_bytes",
+                "Bytes held by a bounded cache (compiled code of modules, artifact files).",
+            ),
+            &["cache"],
+        )?;
+        let cache_evictions = IntCounterVec::new(
+            Opts::new(
+                "tensor_wasm_cache_evictions_total",
+                "Entries evicted from a bounded cache by its entry or byte bound.",
+            ),
+            &["cache"],
+        )?;
+        let gauges = |cache: &str| CacheGauges {
+            entries: cache_entries.with_label_values(&[cache]),
+            bytes: cache_bytes.with_label_values(&[cache]),
+            evictions: cache_evictions.with_label_values(&[cache]),
+        };
         let metrics = RuntimeMetrics {
+            module_cache: gauges("modules"),
+            artifact_cache: gauges("artifacts"),
+            blueprint_cache: gauges("blueprint_kernels"),
             invocations,
             outcomes,
             invocation_seconds: Histogram::with_opts(
@@ -181,6 +243,9 @@ impl RuntimeMetrics {
                 ),
                 &["tenant"],
             )?,
+            cache_entries,
+            cache_bytes,
+            cache_evictions,
             dispatch: DispatchMetrics::register(registry)?,
             kernel_cache: KernelCacheMetrics::register(registry)?,
         };
@@ -198,6 +263,9 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.snapshot_bytes.clone()))?;
         registry.register(Box::new(metrics.inline_calls.clone()))?;
         registry.register(Box::new(metrics.kernel_seconds.clone()))?;
+        registry.register(Box::new(metrics.cache_entries.clone()))?;
+        registry.register(Box::new(metrics.cache_bytes.clone()))?;
+        registry.register(Box::new(metrics.cache_evictions.clone()))?;
         for mode in ["lazy", "eager"] {
             metrics.snapshot_restores.with_label_values(&[mode]);
         }
@@ -225,6 +293,17 @@ impl RuntimeMetrics {
     /// Kernel seconds charged to `tenant` so far.
     pub fn tenant_kernel_seconds(&self, tenant: &str) -> f64 {
         self.kernel_seconds.with_label_values(&[tenant]).get()
+    }
+
+    /// Loaded modules held in memory now.
+    pub fn cached_modules(&self) -> i64 {
+        self.cached_modules.get()
+    }
+
+    /// Evictions from the cache named `cache` (`modules`, `artifacts` or
+    /// `blueprint_kernels`) so far.
+    pub fn cache_evictions(&self, cache: &str) -> u64 {
+        self.cache_evictions.with_label_values(&[cache]).get()
     }
 
     /// Snapshots captured so far.

@@ -24,18 +24,19 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use wasmtime::{Engine, Linker, Module};
+use wasmtime::{Engine, Linker};
 
 use tensor_wasm_dispatch::KernelDispatcher;
 use tensor_wasm_gpu::Device;
 use tensor_wasm_jit::{KernelCache, KernelCacheConfig};
 use tensor_wasm_mem::TensorWasmMemoryCreator;
 
+use crate::bounded::{BoundedLru, CacheBounds};
 use crate::config::RuntimeConfig;
 use crate::engine::{build_engine, ArtifactCache, EpochTicker};
 use crate::error::{Result, RuntimeError};
-use crate::function_entry::FunctionEntry;
-use crate::guest_gpu::GpuShared;
+use crate::function_entry::{FunctionEntry, Prepared};
+use crate::guest_gpu::{BlueprintKernels, GpuShared};
 use crate::invocation_state::InvocationState;
 use crate::metrics::{Outcome, RuntimeMetrics};
 use crate::storage_quota::StorageLedger;
@@ -49,7 +50,11 @@ pub(crate) struct Inner {
     pub(crate) store: Arc<dyn FunctionStore>,
     artifacts: ArtifactCache,
     pub(crate) functions: RwLock<HashMap<String, Arc<FunctionEntry>>>,
-    modules: Mutex<HashMap<String, Module>>,
+    /// Loaded modules (compiled, linked, ready to instantiate) by module sha256,
+    /// bounded by [`crate::CacheLimits`]. Every invocation looks its module up here
+    /// under the shared lock (a hash lookup and an atomic store); a module evicted
+    /// while functions still use it is loaded again on their next call.
+    loaded: RwLock<BoundedLru<String, Arc<Prepared>>>,
     in_flight: AtomicU32,
     /// Serialises changes of function records after deploy (snapshot settings, deletes).
     pub(crate) record_lock: Mutex<()>,
@@ -103,7 +108,16 @@ impl Runtime {
     ) -> Result<Self> {
         let parts = build_engine(&config)?;
         let engine = parts.engine;
-        let artifacts = ArtifactCache::open(&config.data_dir, &engine)?;
+        let caches = config.caches;
+        let artifacts = ArtifactCache::open(
+            &config.data_dir,
+            &engine,
+            CacheBounds {
+                max_entries: caches.artifact_entries,
+                max_bytes: caches.artifact_bytes,
+            },
+            metrics.artifact_cache.clone(),
+        )?;
         // Local snapshot images left half-written by a crash: only the temp names
         // `tensor-wasm-durable` gives are removed (a missing directory is fine).
         let _ = tensor_wasm_durable::remove_temp_files(config.data_dir.join("snapshot-cache"));
@@ -130,6 +144,10 @@ impl Runtime {
             KernelDispatcher::with_metrics(config.dispatch.clone(), metrics.dispatch.clone()),
             Arc::new(kernel_cache),
             metrics.kernel_seconds.clone(),
+            BlueprintKernels::new(
+                CacheBounds::entries(caches.blueprint_kernels),
+                metrics.blueprint_cache.clone(),
+            ),
         ));
         tracing::info!(
             device = %config.backend.device(),
@@ -168,7 +186,10 @@ impl Runtime {
                 store,
                 artifacts,
                 functions: RwLock::new(functions),
-                modules: Mutex::new(HashMap::new()),
+                loaded: RwLock::new(BoundedLru::new(CacheBounds {
+                    max_entries: caches.module_entries,
+                    max_bytes: caches.module_bytes,
+                })),
                 in_flight: AtomicU32::new(0),
                 record_lock: Mutex::new(()),
                 raw_ptx_withheld: RwLock::new(HashSet::new()),

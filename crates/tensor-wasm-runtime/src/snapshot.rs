@@ -327,9 +327,6 @@ impl Runtime {
                 };
                 self.inner.store.put_function(&record)?;
                 let replacement = FunctionEntry::new(record);
-                if let Some(prepared) = entry.prepared.get() {
-                    let _ = replacement.prepared.set(prepared.clone());
-                }
                 self.inner
                     .functions
                     .write()
@@ -382,7 +379,7 @@ impl Runtime {
                         .map_err(|e| classify(e, store, &entry.record.limits))?;
                 }
                 let dest = memory.data_mut(&mut *store);
-                if self.restore_mode() == RestoreMode::Lazy && image.map_into(dest).is_ok() {
+                if self.restore_mode() == RestoreMode::Lazy && map_lazily(image, dest) {
                     mode = RestoreMode::Lazy;
                 } else {
                     image.read_into(dest).map_err(|e| corrupt(e.to_string()))?;
@@ -550,4 +547,17 @@ fn module_sha(hex_digest: &str) -> Result<[u8; 32]> {
         ))
     })?;
     Ok(sha)
+}
+
+/// Maps `image` copy-on-write over `dest` ([`LocalImage::map_into`]); false when it cannot
+/// (the caller then reads the image eagerly).
+#[allow(unsafe_code)]
+fn map_lazily(image: &LocalImage, dest: &mut [u8]) -> bool {
+    // SAFETY: local images live under `<data_dir>/snapshot-cache/` and are only ever created
+    // by `write_local` / `portable_to_local` (temporary name, then rename) and removed by
+    // unlink, so an image file is never truncated or rewritten in place while a restored
+    // instance maps it; a replaced or deleted image keeps its inode for the mappings that
+    // still use it. Nothing else writes there: a data directory belongs to one server
+    // (docs/deploy.md).
+    unsafe { image.map_into(dest) }.is_ok()
 }

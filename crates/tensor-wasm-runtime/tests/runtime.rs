@@ -5,7 +5,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tensor_wasm_runtime::{DeploySpec, ModuleSource, Runtime, RuntimeConfig, RuntimeError};
+use tensor_wasm_runtime::{
+    DeploySpec, GuestMemory, ModuleSource, Runtime, RuntimeConfig, RuntimeError,
+};
 use tensor_wasm_test_support::app::open_runtime;
 use tensor_wasm_test_support::guests::example;
 
@@ -123,6 +125,49 @@ fn initial_memory_above_the_limit_is_refused_at_deploy() {
         rt.deploy(wat.as_bytes(), spec),
         Err(RuntimeError::InvalidConfig(_))
     ));
+}
+
+/// Issue 17, item 4: with unified guest memory every memory was allocated at the
+/// function's limit while the quota counted one (8 memories of 128 MiB: 1 GiB of RSS).
+#[test]
+fn modules_with_more_than_one_memory_are_refused_in_both_guest_memory_modes() {
+    let eight = format!(
+        "(module {} (func (export \"f\") (result i32) i32.const 1))",
+        "(memory 1)".repeat(8)
+    );
+    let imported_and_defined = r#"(module
+        (import "env" "m" (memory 1))
+        (memory 1)
+        (func (export "f") (result i32) i32.const 1))"#;
+    for guest_memory in [GuestMemory::Pooled, GuestMemory::Unified] {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = open_with(RuntimeConfig {
+            guest_memory,
+            ..RuntimeConfig::for_tests(dir.path())
+        });
+        for (wat, count) in [(eight.as_str(), "8"), (imported_and_defined, "2")] {
+            match rt.deploy(wat.as_bytes(), DeploySpec::export("multi")) {
+                Err(RuntimeError::UnsupportedFeature(message)) => assert!(
+                    message.contains(&format!("{count} linear memories"))
+                        && message.contains("at most one"),
+                    "{guest_memory:?}: {message}"
+                ),
+                other => panic!("{guest_memory:?}: expected unsupported_feature, got {other:?}"),
+            }
+        }
+        assert!(rt.functions().is_empty(), "{guest_memory:?}");
+        let one = rt
+            .deploy(
+                b"(module (memory 1) (func (export \"f\") (result i32) i32.const 1))",
+                DeploySpec::export("one"),
+            )
+            .unwrap();
+        assert_eq!(
+            rt.invoke_export(&one.record.id, "f", &[]).unwrap(),
+            vec![json!(1)],
+            "{guest_memory:?}"
+        );
+    }
 }
 
 #[test]
@@ -261,7 +306,7 @@ mod kernels {
     //! Guests launching kernels through `wasi:cuda` on the CPU backend.
 
     use super::*;
-    use tensor_wasm_runtime::{abi, GuestMemory};
+    use tensor_wasm_runtime::abi;
 
     fn run_vector_add(rt: &Runtime) {
         let f = rt

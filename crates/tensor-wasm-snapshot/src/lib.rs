@@ -20,12 +20,14 @@
 //! [`SnapshotError`] instead of panicking. The byte layouts are specified in
 //! `docs/snapshot-format.md`.
 //!
-//! This crate contains no `unsafe` code: the copy-on-write file mapping behind
-//! [`LocalImage::map_into`] and the [`AnonymousPages`] buffer it maps into come from
-//! `tensor-wasm-mem` ([`tensor_wasm_mem::map_file_private_fixed`]), which checks alignment,
-//! file length and that the destination is memory it owns. What it leaves to its callers,
-//! that a mapped file is never truncated or rewritten in place, holds here by construction:
-//! [`write_local`] writes under a temporary name and renames into place.
+//! The copy-on-write file mapping behind [`LocalImage::map_into`] and the [`AnonymousPages`]
+//! buffer it maps into come from `tensor-wasm-mem`
+//! ([`tensor_wasm_mem::map_file_private_fixed`]), which checks alignment, file length and
+//! that the destination is memory it owns. What it leaves to its callers, that a mapped file
+//! is never truncated or rewritten in place, cannot be checked, so [`LocalImage::map_into`]
+//! is an `unsafe fn` that passes the same contract on (its only `unsafe`). Images written by
+//! [`write_local`] hold it by construction: written under a temporary name and renamed into
+//! place, replaced or removed only by rename or unlink.
 //!
 //! # Example
 //!

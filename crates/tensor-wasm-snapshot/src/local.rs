@@ -317,19 +317,26 @@ impl LocalImage {
     /// host-backed memory creator. Other memory (heap allocations, wasmtime's pooled memory,
     /// device or shared memory) is refused; use [`LocalImage::read_into`] there. `dest` need
     /// not be zeroed: zero pages are mapped from holes of the file. The mapping is made by
-    /// [`tensor_wasm_mem::map_file_private_fixed`], whose docs explain the one condition it
-    /// cannot check: the image file must not be truncated (that would turn a later touch of a
-    /// page into `SIGBUS`) or rewritten in place while the mapping lives. Images satisfy it by
-    /// construction: [`write_local`] only ever replaces an image by rename, and a replaced or
-    /// deleted image stays intact for the mappings that still use it. Data-page checksums are
-    /// not verified here; call [`LocalImage::verify`] once after conversion when the file
-    /// system is not trusted.
+    /// [`tensor_wasm_mem::map_file_private_fixed`]. Data-page checksums are not verified
+    /// here; call [`LocalImage::verify`] once after conversion when the file system is not
+    /// trusted.
+    ///
+    /// # Safety
+    /// The image file must not be **truncated** (a later first touch of a page past the new
+    /// end raises `SIGBUS`) or **rewritten in place** (pages not yet written through `dest`
+    /// would change under live references) for as long as the mapping lives, that is until
+    /// the owner of `dest` unmaps it. Nothing here can check that. Images written by
+    /// [`write_local`] satisfy it when nothing else writes to the snapshot directory:
+    /// [`write_local`] only ever replaces an image by rename, and a replaced or deleted image
+    /// stays intact for the mappings that still use it. See
+    /// [`tensor_wasm_mem::map_file_private_fixed`] for the full contract.
     ///
     /// # Errors
     /// [`SnapshotError::InvalidInput`] when a requirement above is not met (then `dest` is
     /// untouched); [`SnapshotError::Io`] if the file is shorter than its header says (then
     /// `dest` is untouched) or if `mmap` fails (then `dest[..memory_size]` is zeroed).
-    pub fn map_into(&self, dest: &mut [u8]) -> Result<(), SnapshotError> {
+    #[allow(unsafe_code)]
+    pub unsafe fn map_into(&self, dest: &mut [u8]) -> Result<(), SnapshotError> {
         self.check_dest(dest)?;
         if host_page_size() != IMAGE_PAGE {
             return Err(SnapshotError::InvalidInput(format!(
@@ -342,12 +349,15 @@ impl LocalImage {
                 "destination is not 4 KiB aligned".into(),
             ));
         }
-        map_file_private_fixed(&self.file, self.data_offset, &mut dest[..self.memory_size]).map_err(
-            |e| match e.kind() {
-                std::io::ErrorKind::InvalidInput => SnapshotError::InvalidInput(e.to_string()),
-                _ => SnapshotError::Io(e),
-            },
-        )
+        // SAFETY: the file not changing while mapped is this function's own `# Safety`
+        // contract, passed on to its caller unchanged; everything else is checked there.
+        unsafe {
+            map_file_private_fixed(&self.file, self.data_offset, &mut dest[..self.memory_size])
+        }
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidInput => SnapshotError::InvalidInput(e.to_string()),
+            _ => SnapshotError::Io(e),
+        })
     }
 
     /// Eagerly restores the image into `dest[..memory_size]`: zero pages are written as zeros,
@@ -469,7 +479,10 @@ mod tests {
         let mut heap = vec![0xeeu8; memory.len() + IMAGE_PAGE];
         let at = heap.as_ptr().align_offset(IMAGE_PAGE);
         let dest = &mut heap[at..at + memory.len()];
-        let err = image.map_into(dest).unwrap_err();
+        // SAFETY: the image is a private temporary file nothing writes while mapped (and
+        // nothing is mapped: the call is refused).
+        #[allow(unsafe_code)]
+        let err = unsafe { image.map_into(dest) }.unwrap_err();
         assert!(matches!(err, SnapshotError::InvalidInput(_)), "{err}");
         assert!(dest.iter().all(|&b| b == 0xee), "left untouched");
         image.read_into(dest).unwrap();

@@ -10,6 +10,15 @@ use tensor_wasm_snapshot::{
 
 const MODULE: [u8; 32] = [0x5a; 32];
 
+/// [`LocalImage::map_into`] on the images these tests write.
+#[allow(unsafe_code)]
+fn map_into(image: &LocalImage, dest: &mut [u8]) -> Result<(), SnapshotError> {
+    // SAFETY: every image here lives in a private temporary directory and is written once by
+    // `write_local` or `portable_to_local` (temporary name, then rename) before it is opened;
+    // nothing truncates or rewrites it while a mapping of it lives.
+    unsafe { image.map_into(dest) }
+}
+
 fn meta_for(memory: &[u8]) -> SnapshotMeta {
     let mut meta = SnapshotMeta::new(MODULE, "thumbnail", "acme", memory.len() as u64);
     meta.created_at_ms = 1_700_000_000_000;
@@ -81,7 +90,7 @@ fn local_round_trip_eager_and_lazy() {
     // Destination larger than the image, not zeroed: the tail is left alone.
     let mut lazy = AnonymousPages::new(memory.len() + 8192).unwrap();
     lazy.as_mut_slice().fill(0xee);
-    image.map_into(lazy.as_mut_slice()).unwrap();
+    map_into(&image, lazy.as_mut_slice()).unwrap();
     assert!(lazy.as_slice()[..memory.len()] == memory[..]);
     assert!(lazy.as_slice()[memory.len()..].iter().all(|&b| b == 0xee));
 
@@ -93,7 +102,7 @@ fn local_round_trip_eager_and_lazy() {
     assert!(std::fs::read(&path).unwrap() == before);
     let again = LocalImage::open(&path, &RestoreLimits::default(), &MODULE).unwrap();
     let mut fresh = AnonymousPages::new(memory.len()).unwrap();
-    again.map_into(fresh.as_mut_slice()).unwrap();
+    map_into(&again, fresh.as_mut_slice()).unwrap();
     assert!(fresh.as_slice() == &memory[..]);
 }
 
@@ -108,7 +117,7 @@ fn portable_converts_to_local() {
     assert_eq!(got, meta);
     let image = LocalImage::open(&path, &RestoreLimits::default(), &MODULE).unwrap();
     let mut out = AnonymousPages::new(memory.len()).unwrap();
-    image.map_into(out.as_mut_slice()).unwrap();
+    map_into(&image, out.as_mut_slice()).unwrap();
     assert!(out.as_slice() == &memory[..]);
     // No partial file is left behind.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);

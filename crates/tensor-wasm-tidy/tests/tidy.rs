@@ -16,6 +16,12 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "crates/tensor-wasm-gpu/",
     // The one call of wasmtime's `Module::deserialize` (artifacts this server wrote).
     "crates/tensor-wasm-runtime/src/engine.rs",
+    // `unsafe fn LocalImage::map_into` (a copy-on-write file mapping whose file must not
+    // change while mapped) and its callers, each call with its `// SAFETY:` comment.
+    "crates/tensor-wasm-snapshot/src/local.rs",
+    "crates/tensor-wasm-snapshot/tests/round_trip.rs",
+    "crates/tensor-wasm-snapshot/benches/cold_start.rs",
+    "crates/tensor-wasm-runtime/src/snapshot.rs",
     // The stand-in CUDA driver (test support): a C ABI needs `#[no_mangle] extern "C"`
     // functions with raw out-pointers, and its managed memory is raw mappings.
     "crates/tensor-wasm-cuda-standin/",

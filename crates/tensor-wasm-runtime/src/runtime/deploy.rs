@@ -156,10 +156,20 @@ impl Runtime {
         }
         let binary = wat::parse_bytes(module_bytes)
             .map_err(|e| RuntimeError::InvalidModule(truncate_message(format!("{e}"))))?;
+        check_single_memory(&binary)?;
         let sha = sha256_hex(&binary);
-        let module = self.module_for(&sha, Some(&binary))?;
-        let prepared = self.prepare(&module)?;
-        check_shape(&module, spec.style, &limits)?;
+        // A module is cached (and its artifact written) only once the deploy has
+        // succeeded: a module that compiles but fails to link or to pass the checks
+        // below leaves nothing behind.
+        let (prepared, loaded) = match self.cached_prepared(&sha) {
+            Some(prepared) => (prepared, None),
+            None => {
+                let (module, source) = self.load_module(&sha, Some(&binary))?;
+                (Arc::new(self.prepare(&module)?), Some(source))
+            }
+        };
+        let module = prepared.pre.module();
+        check_shape(module, spec.style, &limits)?;
 
         // The commit: module, record and catalogue entry under the read side
         // of the retired set, so a tenant delete either sees this function
@@ -198,15 +208,17 @@ impl Runtime {
         reservation.commit();
         let info = FunctionInfo {
             record,
-            exports: exports_of(&module),
+            exports: exports_of(module),
         };
         let entry = FunctionEntry::new(info.record.clone());
-        let _ = entry.prepared.set(Arc::new(prepared));
         self.inner
             .functions
             .write()
             .expect("lock")
             .insert(info.record.id.clone(), Arc::new(entry));
+        if let Some(source) = loaded {
+            self.keep_loaded(&info.record.module_sha256, source, &prepared);
+        }
         drop(retired);
         tracing::info!(function = %info.record.id, name = %info.record.name, "deployed");
         Ok(info)
@@ -265,10 +277,8 @@ impl Runtime {
                 let mut record = entry.record.clone();
                 record.limits.raw_ptx = raw_ptx;
                 self.inner.store.put_function(&record)?;
+                // The loaded module stays in the module cache (keyed by its hash).
                 let replacement = FunctionEntry::new(record);
-                if let Some(prepared) = entry.prepared.get() {
-                    let _ = replacement.prepared.set(prepared.clone());
-                }
                 self.inner
                     .functions
                     .write()
@@ -314,19 +324,7 @@ impl Runtime {
                 &entry.record.tenant,
                 entry.record.module_size + snapshot_bytes,
             );
-            let sha = &entry.record.module_sha256;
-            let still_used = self
-                .inner
-                .functions
-                .read()
-                .expect("lock")
-                .values()
-                .any(|e| &e.record.module_sha256 == sha);
-            if !still_used {
-                let mut modules = self.inner.modules.lock().expect("lock");
-                modules.remove(sha);
-                self.inner.metrics.cached_modules.set(modules.len() as i64);
-            }
+            self.forget_module_if_unused(&entry.record.module_sha256);
         }
         tracing::info!(function = %id, "deleted");
         Ok(true)
@@ -343,6 +341,41 @@ fn exports_of(module: &Module) -> Vec<ExportSignature> {
         })
         .filter(|sig| !crate::instrument::is_reserved(&sig.name))
         .collect()
+}
+
+/// Refuses modules with more than one linear memory, imported or defined.
+///
+/// Every memory of an instance is allocated at the function's memory limit
+/// (unified guest memory) while quotas and the limit count one memory per
+/// instance, so a module with N memories would hold N times what it is charged
+/// for. The engine has multi-memory turned off as well; this check runs before
+/// compiling so that the client gets a clear `unsupported_feature` error.
+fn check_single_memory(binary: &[u8]) -> Result<()> {
+    use wasmparser::{Parser, Payload, TypeRef};
+    let invalid = |e: wasmparser::BinaryReaderError| {
+        RuntimeError::InvalidModule(truncate_message(e.to_string()))
+    };
+    let mut memories = 0u64;
+    for payload in Parser::new(0).parse_all(binary) {
+        match payload.map_err(invalid)? {
+            Payload::ImportSection(reader) => {
+                for import in reader.into_imports() {
+                    if matches!(import.map_err(invalid)?.ty, TypeRef::Memory(_)) {
+                        memories += 1;
+                    }
+                }
+            }
+            Payload::MemorySection(reader) => memories += u64::from(reader.count()),
+            _ => {}
+        }
+    }
+    if memories > 1 {
+        return Err(RuntimeError::UnsupportedFeature(format!(
+            "the module has {memories} linear memories (imported and defined); TensorWasm \
+             accepts at most one (the multi-memory proposal is not supported)"
+        )));
+    }
+    Ok(())
 }
 
 /// Deploy-time checks that the module fits its style and limits.

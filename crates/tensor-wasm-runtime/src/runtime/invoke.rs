@@ -74,7 +74,8 @@ impl Runtime {
         {
             return None;
         }
-        let prepared = entry.prepared.get()?.clone();
+        // Only a loaded module runs inline: loading one would block this thread.
+        let prepared = self.cached_prepared(&entry.record.module_sha256)?;
         if !prepared.self_contained || !prepared.fits_inline {
             return None;
         }

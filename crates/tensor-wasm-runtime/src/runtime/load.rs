@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use wasmtime::{ExternType, FuncType, Module, Store};
 use wasmtime_wasi::p1::WasiP1Ctx;
 
+use crate::bounded::BoundedLru;
 use crate::engine::ModuleSource;
 use crate::error::{truncate_message, Result, RuntimeError};
 use crate::function_entry::{FunctionEntry, Prepared};
@@ -54,16 +55,19 @@ impl Runtime {
         failed
     }
 
-    /// The compiled module `sha`: from memory, from an artifact, or compiled
-    /// from `binary` (read from the store when not given).
-    pub(super) fn module_for(&self, sha: &str, binary: Option<&[u8]>) -> Result<Module> {
-        if let Some(module) = self.inner.modules.lock().expect("lock").get(sha) {
-            return Ok(module.clone());
-        }
+    /// The compiled module `sha`: from its artifact, or compiled from `binary` (read
+    /// from the store when not given). Not cached here: the caller caches the
+    /// prepared form and writes an artifact ([`Runtime::keep_loaded`]) once the
+    /// module has proved usable, so a module that fails to link leaves nothing.
+    pub(super) fn load_module(
+        &self,
+        sha: &str,
+        binary: Option<&[u8]>,
+    ) -> Result<(Module, ModuleSource)> {
         let start = Instant::now();
         if let Some(module) = self.inner.artifacts.load(&self.inner.engine, sha) {
-            self.note_module_loaded(sha, &module, ModuleSource::Artifact, start.elapsed());
-            return Ok(module);
+            self.note_module_loaded(sha, ModuleSource::Artifact, start.elapsed());
+            return Ok((module, ModuleSource::Artifact));
         }
         let stored;
         let binary = match binary {
@@ -77,24 +81,71 @@ impl Runtime {
             .map_err(|e| RuntimeError::InvalidModule(truncate_message(e)))?;
         let module = Module::from_binary(&self.inner.engine, &instrumented)
             .map_err(|e| RuntimeError::InvalidModule(truncate_message(format!("{e:#}"))))?;
-        self.inner.artifacts.store(sha, &module);
-        self.note_module_loaded(sha, &module, ModuleSource::Compiled, start.elapsed());
-        Ok(module)
+        self.note_module_loaded(sha, ModuleSource::Compiled, start.elapsed());
+        Ok((module, ModuleSource::Compiled))
     }
 
-    fn note_module_loaded(&self, sha: &str, module: &Module, source: ModuleSource, took: Duration) {
+    fn note_module_loaded(&self, sha: &str, source: ModuleSource, took: Duration) {
         let m = &self.inner.metrics;
         m.compile_seconds.observe(took.as_secs_f64());
         m.module_loads.with_label_values(&[source.as_str()]).inc();
-        let mut modules = self.inner.modules.lock().expect("lock");
-        modules.insert(sha.to_owned(), module.clone());
-        m.cached_modules.set(modules.len() as i64);
         tracing::debug!(
             module = sha,
             source = source.as_str(),
             ?took,
             "module ready"
         );
+    }
+
+    /// The loaded module `sha` if it is in memory, marked as used. On every
+    /// invocation: a shared lock, a hash lookup and an atomic store.
+    pub(crate) fn cached_prepared(&self, sha: &str) -> Option<Arc<Prepared>> {
+        self.inner.loaded.read().expect("lock").get(sha).cloned()
+    }
+
+    /// Keeps a module that proved usable: its artifact on disk (when it was just
+    /// compiled) and its prepared form in memory, evicting the least recently used
+    /// past the bounds.
+    pub(super) fn keep_loaded(&self, sha: &str, source: ModuleSource, prepared: &Arc<Prepared>) {
+        let module = prepared.pre.module();
+        if source == ModuleSource::Compiled {
+            self.inner.artifacts.store(sha, module);
+        }
+        let image = module.image_range();
+        let bytes = (image.end as usize).saturating_sub(image.start as usize) as u64;
+        let mut loaded = self.inner.loaded.write().expect("lock");
+        let evicted = loaded.insert(sha.to_owned(), prepared.clone(), bytes);
+        self.note_loaded_cache(&loaded, evicted.len());
+        drop(loaded);
+        // Evicted modules are dropped here, outside the lock; instances and calls
+        // that still hold them keep them alive until they finish.
+        drop(evicted);
+    }
+
+    /// Forgets module `sha`, in memory and its artifact, unless a function uses it.
+    pub(super) fn forget_module_if_unused(&self, sha: &str) {
+        let used = self
+            .inner
+            .functions
+            .read()
+            .expect("lock")
+            .values()
+            .any(|e| e.record.module_sha256 == sha);
+        if used {
+            return;
+        }
+        let mut loaded = self.inner.loaded.write().expect("lock");
+        let removed = loaded.remove(sha);
+        self.note_loaded_cache(&loaded, 0);
+        drop(loaded);
+        drop(removed);
+        self.inner.artifacts.remove(sha);
+    }
+
+    fn note_loaded_cache(&self, loaded: &BoundedLru<String, Arc<Prepared>>, evicted: usize) {
+        let m = &self.inner.metrics;
+        m.cached_modules.set(loaded.len() as i64);
+        m.module_cache.observe(loaded, evicted);
     }
 
     pub(super) fn prepare(&self, module: &Module) -> Result<Prepared> {
@@ -142,18 +193,20 @@ impl Runtime {
         })
     }
 
-    /// The prepared form of a stored function, loading it on first use.
+    /// The prepared form of a stored function: from the loaded-module cache, or
+    /// loaded now (on first use, or after the cache evicted it).
     pub(crate) fn prepared(&self, entry: &FunctionEntry) -> Result<Arc<Prepared>> {
-        if let Some(p) = entry.prepared.get() {
-            return Ok(p.clone());
+        let sha = &entry.record.module_sha256;
+        if let Some(p) = self.cached_prepared(sha) {
+            return Ok(p);
         }
         let _guard = entry.load_lock.lock().expect("lock");
-        if let Some(p) = entry.prepared.get() {
-            return Ok(p.clone());
+        if let Some(p) = self.cached_prepared(sha) {
+            return Ok(p);
         }
-        let module = self.module_for(&entry.record.module_sha256, None)?;
+        let (module, source) = self.load_module(sha, None)?;
         let prepared = Arc::new(self.prepare(&module)?);
-        let _ = entry.prepared.set(prepared.clone());
+        self.keep_loaded(sha, source, &prepared);
         Ok(prepared)
     }
 
