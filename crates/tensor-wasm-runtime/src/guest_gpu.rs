@@ -14,8 +14,8 @@ use tensor_wasm_jit::{Blueprint, CacheKey, CompiledBlueprint, CompiledKernel, Ke
 use wasmtime::{Caller, Extern, Linker};
 
 use crate::abi::{self, code, AbiError};
-use crate::invocation_state::{DeadlineExceeded, InvocationState};
 use crate::bounded::{BoundedLru, CacheBounds};
+use crate::invocation_state::{DeadlineExceeded, InvocationState};
 use crate::metrics::CacheGauges;
 
 /// Loaded blueprint kernels by canonical descriptor, at most
