@@ -333,6 +333,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         max_connections: args.max_connections.max(1),
     };
+    // Installed before the first request can be answered.
+    let stop_signal = shutdown_signal();
     let mut server = tokio::spawn(async move {
         serve_connections(listener, app, limits, async {
             let _ = stop_rx.await;
@@ -340,7 +342,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
     });
     tokio::select! {
-        () = shutdown_signal() => {}
+        () = stop_signal => {}
         joined = &mut server => {
             // The server stopped by itself: nothing to drain.
             return joined.context("server task")?.context("serving");
@@ -440,23 +442,32 @@ fn write_bootstrap_credentials(tenants: &TenantRegistry, data_dir: &Path) -> any
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM or SIGINT. The handlers are installed when this is called, not
+/// when the future is first polled: call it before the server starts
+/// answering, or a signal arriving in between kills the process outright.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        async move {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = wait(term) => {},
+                () = wait(int) => {},
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
