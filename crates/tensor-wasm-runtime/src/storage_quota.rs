@@ -14,7 +14,8 @@ use std::sync::Mutex;
 
 use crate::error::{Result, RuntimeError};
 
-/// Bytes each tenant keeps on disk, charged and reserved; see the [module](self) docs.
+/// Bytes each tenant keeps on disk: reserved under a lock before a write,
+/// committed after it, released on failure and on deletes.
 #[derive(Debug, Default)]
 pub struct StorageLedger {
     /// Tenant id to bytes charged or reserved.
