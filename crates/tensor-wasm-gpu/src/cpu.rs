@@ -1,5 +1,5 @@
 //! The CPU backend: the builtin kernels ([`kernels`]) and host-described programs
-//! ([`KernelProgram::run_cpu`]) on a fixed pool of worker threads that is fair between tenants
+//! ([`KernelProgram::cpu_steps`]) on a fixed pool of worker threads that is fair between tenants
 //! ([`pool`]); launches are cancellable through their [`Completion`].
 
 mod kernels;
@@ -178,7 +178,8 @@ impl Backend for CpuBackend {
                     args: args.to_vec(),
                 };
                 // SAFETY: the program validated the launch against `memory` above and runs as
-                // one task (its part is unused: `run_cpu` is the whole launch); the completion
+                // one task (its part is unused: the program's steps, or `run_cpu`, are the
+                // whole launch); the completion
                 // is returned under this function's own no-leak contract.
                 return Ok(unsafe { self.submit(tenant, work, vec![Range::default()], memory) });
             }

@@ -288,8 +288,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// returns the program loaded first (on CUDA without asking for PTX or loading a module
     /// again). A program kernel may be launched for any tenant: under
     /// [`GpuIsolation::ContextPerTenant`] it is loaded into each tenant's context on that
-    /// tenant's first launch. The CPU backend runs [`KernelProgram::run_cpu`] on its worker
-    /// pool; a CUDA backend loads [`KernelProgram::ptx`] for its device.
+    /// tenant's first launch. The CPU backend runs [`KernelProgram::cpu_steps`] (or
+    /// [`KernelProgram::run_cpu`]) on its worker pool; a CUDA backend loads [`KernelProgram::ptx`] for its device.
     ///
     /// # Errors
     /// On CUDA: what [`KernelProgram::ptx`] returns; `InvalidArgument` for PTX text with NUL

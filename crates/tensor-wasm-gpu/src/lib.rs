@@ -11,7 +11,7 @@
 //! - [`Backend::load_builtin`] readies a [`BuiltinKernel`] (`vector_add`, `scale`, `matmul`).
 //! - [`Backend::load_program`] readies a [`KernelProgram`]: a kernel host code (the JIT)
 //!   describes with its own bounds validation, a CPU implementation and PTX. The CPU backend
-//!   runs [`KernelProgram::run_cpu`] on its worker pool; a CUDA backend loads
+//!   runs [`KernelProgram::cpu_steps`] (or [`KernelProgram::run_cpu`]) on its worker pool; a CUDA backend loads
 //!   [`KernelProgram::ptx`] for its device, once per [`KernelProgram::fingerprint`].
 //! - [`Backend::load_ptx`] and [`Backend::load_cubin`] load tenant code (CUDA only);
 //!   [`compile_cuda`] turns tenant CUDA C++ into PTX and a cubin with NVRTC, without a GPU
@@ -110,7 +110,7 @@ pub use isolation::{
 };
 pub use kernel::{Backend, BuiltinKernel, Kernel, KernelArg, LaunchConfig};
 pub use nvrtc::{compile_cuda, nvrtc_available, nvrtc_version, CudaBinary};
-pub use program::KernelProgram;
+pub use program::{CpuSteps, KernelProgram};
 pub use raw_launch::{LaunchTimer, RawCudaKernel};
 pub use scoped::launch;
 pub use validate::{MAX_BLOCK_Z, MAX_GRID_X, MAX_GRID_YZ, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};

@@ -17,8 +17,9 @@ use crate::{GpuError, KernelArg, LaunchConfig};
 ///
 /// The program is trusted host code: its `validate` is what keeps its kernel inside guest memory,
 /// so it must refuse every launch whose grid-covered indices could reach a byte outside a buffer
-/// argument. On the CPU backend the whole launch is one call of [`KernelProgram::run_cpu`] on a
-/// worker thread; on a CUDA backend the PTX entry is called with each buffer argument as its
+/// argument. On the CPU backend a launch runs on the worker pool as the steps of
+/// [`KernelProgram::cpu_steps`] (cancellable and fair between tenants between steps), or as one
+/// call of [`KernelProgram::run_cpu`] for a program without steps; on a CUDA backend the PTX entry is called with each buffer argument as its
 /// device address (guest memory base plus offset, a 64-bit parameter) and each scalar by value,
 /// in argument order, after the driver-reported parameter sizes have been checked against the
 /// arguments.
@@ -58,6 +59,26 @@ pub trait KernelProgram: Send + Sync + fmt::Debug {
         memory: &mut [u8],
     ) -> Result<(), GpuError>;
 
+    /// The CPU run of a launch as bounded, resumable steps, or `None` (the default) to run it
+    /// as one [`KernelProgram::run_cpu`] call that nothing can interrupt.
+    ///
+    /// Only called after [`KernelProgram::validate`] accepted the same `config` and `args` for
+    /// `memory_len` bytes; every step then gets that memory. A program whose launches can be
+    /// long should have steps: the CPU backend checks for cancellation (the invocation's
+    /// deadline) and serves other tenants between them.
+    ///
+    /// # Errors
+    /// Whatever the kernel reports; the launch's completion ends with it.
+    fn cpu_steps(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory_len: usize,
+    ) -> Result<Option<Box<dyn CpuSteps>>, GpuError> {
+        let _ = (config, args, memory_len);
+        Ok(None)
+    }
+
     /// (PTX text, entry name) for a device of this compute capability and driver version
     /// (`cuDriverGetVersion`, e.g. 13000 for CUDA 13.0).
     ///
@@ -68,6 +89,19 @@ pub trait KernelProgram: Send + Sync + fmt::Debug {
         compute_capability: (u32, u32),
         driver_version: i32,
     ) -> Result<(Arc<str>, String), GpuError>;
+}
+
+/// A launch of a [`KernelProgram`] on the CPU, computed step by step
+/// ([`KernelProgram::cpu_steps`]).
+pub trait CpuSteps: Send {
+    /// Computes the next step over the guest memory the launch was validated against; `Ok(true)`
+    /// once the whole launch is computed. One step should take well under a millisecond on an
+    /// optimised build: it is how long a cancelled launch, or another tenant, may wait for it.
+    ///
+    /// # Errors
+    /// Whatever the kernel reports; the launch's completion ends with it and no further step
+    /// runs.
+    fn step(&mut self, memory: &mut [u8]) -> Result<bool, GpuError>;
 }
 
 /// Most programs one backend keeps loaded; past it, the oldest is forgotten (kernels already

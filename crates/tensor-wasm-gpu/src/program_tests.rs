@@ -658,3 +658,130 @@ fn cuda_programs_run_for_stream_and_context_tenants_of_one_backend() {
         (1, 1)
     );
 }
+
+/// A program whose CPU run never ends: each step takes a millisecond and leaves work to do.
+#[derive(Debug)]
+struct EndlessProgram {
+    steps: Arc<AtomicUsize>,
+}
+
+struct EndlessSteps(Arc<AtomicUsize>);
+
+impl crate::CpuSteps for EndlessSteps {
+    fn step(&mut self, memory: &mut [u8]) -> Result<bool, GpuError> {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        memory[0] = memory[0].wrapping_add(1);
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(false)
+    }
+}
+
+impl KernelProgram for EndlessProgram {
+    fn name(&self) -> &str {
+        "endless"
+    }
+
+    fn fingerprint(&self) -> [u8; 16] {
+        [9; 16]
+    }
+
+    fn validate(&self, _: &LaunchConfig, _: &[KernelArg], len: usize) -> Result<(), GpuError> {
+        if len == 0 {
+            return Err(GpuError::InvalidArgument(String::from("no memory")));
+        }
+        Ok(())
+    }
+
+    fn run_cpu(&self, _: &LaunchConfig, _: &[KernelArg], _: &mut [u8]) -> Result<(), GpuError> {
+        Err(GpuError::Cuda(String::from(
+            "the CPU backend must run the steps",
+        )))
+    }
+
+    fn cpu_steps(
+        &self,
+        _: &LaunchConfig,
+        _: &[KernelArg],
+        _: usize,
+    ) -> Result<Option<Box<dyn crate::CpuSteps>>, GpuError> {
+        Ok(Some(Box::new(EndlessSteps(self.steps.clone()))))
+    }
+
+    fn ptx(&self, _: (u32, u32), _: i32) -> Result<(Arc<str>, String), GpuError> {
+        Err(GpuError::NotAvailable(String::from("CPU only")))
+    }
+}
+
+/// A program with steps is cancelled between two steps, and while it runs on the only worker,
+/// another tenant's launch gets the worker between its slices instead of waiting for it to end
+/// (never, here).
+#[test]
+fn a_stepped_program_is_cancellable_and_shares_the_pool() {
+    use std::time::{Duration, Instant};
+
+    let backend = CpuBackend::with_workers(1).unwrap();
+    let steps = Arc::new(AtomicUsize::new(0));
+    let endless = backend
+        .load_program(
+            &TenantKey::new("tn-endless"),
+            Arc::new(EndlessProgram {
+                steps: steps.clone(),
+            }),
+        )
+        .unwrap();
+    let negate = backend
+        .load_program(&key(), Arc::new(NegateProgram::new([10; 16])))
+        .unwrap();
+    let mut endless_memory = vec![0u8; 64];
+    let mut small_memory = vec![0u8; 64];
+    put_f32s(&mut small_memory, 0, &[1.5, -2.0]);
+    let small_args = [buffer(0, 8), buffer(32, 8), KernelArg::U32(2)];
+    let outcome = launch(
+        &backend,
+        &TenantKey::new("tn-endless"),
+        &endless,
+        &LaunchConfig::linear(1, 1),
+        &[],
+        &mut endless_memory,
+        |running| {
+            let start = Instant::now();
+            while steps.load(Ordering::SeqCst) < 3 {
+                assert!(start.elapsed() < Duration::from_secs(10), "no step ran");
+                std::thread::yield_now();
+            }
+            let small = launch(
+                &backend,
+                &key(),
+                &negate,
+                &LaunchConfig::linear(1, 256),
+                &small_args,
+                &mut small_memory,
+                |small| {
+                    let start = Instant::now();
+                    (small.wait_mut(), start.elapsed())
+                },
+            )
+            .unwrap();
+            let start = Instant::now();
+            running.cancel();
+            (small, running.wait_mut(), start.elapsed())
+        },
+    )
+    .unwrap();
+    let ((small, small_took), endless, stopping) = outcome;
+    small.unwrap();
+    assert!(
+        small_took < Duration::from_secs(2),
+        "the small launch waited {small_took:?} behind the endless one"
+    );
+    assert_eq!(get_f32s(&small_memory, 32, 2), [-1.5, 2.0]);
+    assert!(
+        matches!(endless, Err(GpuError::Cancelled(_))),
+        "{endless:?}"
+    );
+    assert!(
+        stopping < Duration::from_secs(1),
+        "stopping took {stopping:?}"
+    );
+    assert!(endless_memory[0] > 0, "the steps wrote guest memory");
+}

@@ -5,6 +5,8 @@
 //! was. The per-element order of operations is the GPU's (see each function), so f32 results
 //! are bit-identical except for the payload of NaNs, which the hardware canonicalises.
 
+use std::ops::Range;
+
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
 
 use crate::contract::{conv2d_output_size, BLOCK_1D};
@@ -132,8 +134,17 @@ fn covered(config: &LaunchConfig, per_thread: u64, n: u64) -> usize {
     threads.saturating_mul(per_thread).min(n) as usize
 }
 
+/// Work one step computes: multiply-adds for matmul and conv2d, elements for the rest. About
+/// 0.1 ms on one core of an optimised build (a few ms unoptimised); the CPU backend checks for
+/// cancellation and lets other tenants' work run between steps.
+const STEP_WORK: usize = 1 << 18;
+
+/// Matmul: output columns summed together, their running sums kept between steps.
+const MATMUL_COLUMNS: usize = 256;
+
 impl Blueprint {
-    /// Runs the kernel on the CPU over guest `memory`, after [`Blueprint::validate_launch`].
+    /// Runs the kernel on the CPU over guest `memory`, after [`Blueprint::validate_launch`]:
+    /// every step of [`Blueprint::cpu_run`], one after another.
     ///
     /// Exactness per blueprint (f32 results are bit-identical to the GPU's except NaN payloads):
     /// - element-wise and vector_add: one IEEE operation per element (`fma` fused, everything
@@ -154,21 +165,41 @@ impl Blueprint {
         args: &[KernelArg],
         memory: &mut [u8],
     ) -> Result<(), JitError> {
-        self.validate_launch(config, args, memory.len())?;
-        let shape = self.launch_shape(args)?;
-        match self.dtype() {
-            Dtype::F32 => self.run_typed::<f32>(config, args, &shape, memory),
-            Dtype::I32 => self.run_typed::<i32>(config, args, &shape, memory),
-        }
+        let mut run = self.cpu_run(config, args, memory.len())?;
+        while !run.step(memory)? {}
+        Ok(())
     }
 
-    fn run_typed<T: Element>(
+    /// Plans the CPU run of a launch over `memory_len` bytes of guest memory, after
+    /// [`Blueprint::validate_launch`]; [`CpuRun::step`] then computes it in bounded steps.
+    ///
+    /// # Errors
+    /// Whatever `validate_launch` reports, or an element-wise operation the dtype lacks.
+    pub fn cpu_run(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory_len: usize,
+    ) -> Result<CpuRun, JitError> {
+        self.validate_launch(config, args, memory_len)?;
+        let shape = self.launch_shape(args)?;
+        let typed = match self.dtype() {
+            Dtype::F32 => Typed::F32(self.plan::<f32>(config, args, &shape)?),
+            Dtype::I32 => Typed::I32(self.plan::<i32>(config, args, &shape)?),
+        };
+        Ok(CpuRun {
+            typed,
+            memory_len,
+            step_work: STEP_WORK,
+        })
+    }
+
+    fn plan<T: Element>(
         &self,
         config: &LaunchConfig,
         args: &[KernelArg],
         shape: &Shape,
-        memory: &mut [u8],
-    ) -> Result<(), JitError> {
+    ) -> Result<Stage<T>, JitError> {
         // Validation checked every offset against the memory length, so they fit in usize.
         let buffers: Vec<usize> = args
             .iter()
@@ -177,29 +208,96 @@ impl Blueprint {
                 _ => None,
             })
             .collect();
+        let elementwise = |op: ElementwiseOp, count: usize| {
+            let Some((&out, inputs)) = buffers.split_last() else {
+                return Err(JitError::InvalidLaunch(
+                    "element-wise kernel without buffers".into(),
+                ));
+            };
+            let alpha = args.iter().find_map(T::from_arg);
+            let arity_ok = match op {
+                ElementwiseOp::Relu => inputs.len() == 1,
+                ElementwiseOp::Scale => inputs.len() == 1 && alpha.is_some(),
+                ElementwiseOp::Fma => inputs.len() == 3,
+                _ => inputs.len() == 2,
+            };
+            if !arity_ok {
+                return Err(JitError::InvalidLaunch(format!(
+                    "elementwise[{}] got {} input buffers{}",
+                    op.as_str(),
+                    inputs.len(),
+                    if alpha.is_none() {
+                        " and no scalar"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+            if op == ElementwiseOp::Div && T::ZERO.div(T::ZERO).is_none() {
+                return Err(JitError::InvalidBlueprint(
+                    "division is only defined for f32".into(),
+                ));
+            }
+            Ok(Stage::Elementwise {
+                op,
+                alpha,
+                inputs: inputs.to_vec(),
+                out,
+                count,
+                next: 0,
+            })
+        };
         match (*self.kind(), *shape) {
             (BlueprintKind::Elementwise(op), Shape::Elements { n }) => {
-                let count = covered(config, 1, u64::from(n));
-                let alpha = args.iter().find_map(T::from_arg);
-                elementwise::<T>(op, alpha, &buffers, count, memory)
+                elementwise(op, covered(config, 1, u64::from(n)))
             }
-            (BlueprintKind::VectorAdd { lanes }, Shape::Elements { n }) => {
-                let count = covered(config, u64::from(lanes), u64::from(n));
-                elementwise::<T>(ElementwiseOp::Add, None, &buffers, count, memory)
-            }
+            (BlueprintKind::VectorAdd { lanes }, Shape::Elements { n }) => elementwise(
+                ElementwiseOp::Add,
+                covered(config, u64::from(lanes), u64::from(n)),
+            ),
             (BlueprintKind::Reduce(op), Shape::Rows { rows, cols }) => {
-                let rows = (rows.min(config.grid[0])) as usize;
-                reduce::<T>(op, &buffers, rows, cols as usize, memory);
-                Ok(())
+                let [x, out] = buffers[..] else {
+                    return Err(JitError::InvalidLaunch("reduce takes two buffers".into()));
+                };
+                let identity = match op {
+                    ReduceOp::Sum => T::ZERO,
+                    ReduceOp::Max => T::LOWEST,
+                };
+                Ok(Stage::Reduce {
+                    op,
+                    x,
+                    out,
+                    rows: rows.min(config.grid[0]) as usize,
+                    cols: cols as usize,
+                    row: 0,
+                    col: 0,
+                    partials: vec![identity; REDUCE_THREADS],
+                })
             }
             (BlueprintKind::Matmul(tile), Shape::Matmul { m, n, k }) => {
+                let [a, b, c] = buffers[..] else {
+                    return Err(JitError::InvalidLaunch("matmul takes three buffers".into()));
+                };
                 let rows = (u64::from(config.grid[1]) * u64::from(tile.m)).min(u64::from(m));
                 let cols = (u64::from(config.grid[0]) * u64::from(tile.n)).min(u64::from(n));
-                let dims = [m as usize, n as usize, k as usize];
-                matmul::<T>(&buffers, dims, rows as usize, cols as usize, memory);
-                Ok(())
+                Ok(Stage::Matmul {
+                    a,
+                    b,
+                    c,
+                    n: n as usize,
+                    k: k as usize,
+                    rows: rows as usize,
+                    cols: cols as usize,
+                    i: 0,
+                    j0: 0,
+                    p: 0,
+                    acc: vec![T::ZERO; MATMUL_COLUMNS],
+                })
             }
             (BlueprintKind::Conv2d(params), Shape::Conv2d { n, c, h, w, k }) => {
+                let [input, weight, output] = buffers[..] else {
+                    return Err(JitError::InvalidLaunch("conv2d takes three buffers".into()));
+                };
                 let (p, q) = conv2d_output_size(&params, h, w);
                 let conv = Conv {
                     n: n as usize,
@@ -214,11 +312,14 @@ impl Blueprint {
                     p: p as usize,
                     q: q as usize,
                 };
-                let pixels = covered(config, 1, p * q);
-                let channels = conv.k.min(config.grid[1] as usize);
-                let images = conv.n.min(config.grid[2] as usize);
-                conv2d::<T>(&conv, &buffers, [pixels, channels, images], memory);
-                Ok(())
+                Ok(Stage::Conv {
+                    pixels: covered(config, 1, p * q),
+                    channels: conv.k.min(config.grid[1] as usize),
+                    images: conv.n.min(config.grid[2] as usize),
+                    conv,
+                    buffers: [input, weight, output],
+                    at: [0, 0, 0],
+                })
             }
             _ => Err(JitError::InvalidLaunch(format!(
                 "{self} does not take a shape like {shape:?}"
@@ -227,29 +328,276 @@ impl Blueprint {
     }
 }
 
-/// Element-wise over the first `count` elements: buffers are the inputs then the output.
+/// A validated launch of a blueprint on the CPU, computed in bounded steps
+/// ([`Blueprint::cpu_run`]).
+///
+/// Each [`CpuRun::step`] computes about the same amount of work (a fraction of a millisecond
+/// on an optimised build) and remembers where to resume, so a caller can stop between steps
+/// (a cancelled launch) or run other work in between (fairness). Steps go in the order of one
+/// uninterrupted run, so the result never depends on where a run was paused — aliased buffers
+/// included — and [`Blueprint::run_cpu`] is exactly all steps in a row.
+#[derive(Debug)]
+pub struct CpuRun {
+    typed: Typed,
+    memory_len: usize,
+    step_work: usize,
+}
+
+#[derive(Debug)]
+enum Typed {
+    F32(Stage<f32>),
+    I32(Stage<i32>),
+}
+
+/// Where a launch is, with what it must carry between steps.
+#[derive(Debug)]
+enum Stage<T> {
+    /// Elements `next..count` are left; buffers are the inputs then the output.
+    Elementwise {
+        op: ElementwiseOp,
+        alpha: Option<T>,
+        inputs: Vec<usize>,
+        out: usize,
+        count: usize,
+        next: usize,
+    },
+    /// Rows `row..rows` are left; the current row is folded up to column `col`.
+    Reduce {
+        op: ReduceOp,
+        x: usize,
+        out: usize,
+        rows: usize,
+        cols: usize,
+        row: usize,
+        col: usize,
+        partials: Vec<T>,
+    },
+    /// Output rows `i..rows` are left; the columns `j0..` of row `i` are summed up to `p`
+    /// in `acc`.
+    Matmul {
+        a: usize,
+        b: usize,
+        c: usize,
+        n: usize,
+        k: usize,
+        rows: usize,
+        cols: usize,
+        i: usize,
+        j0: usize,
+        p: usize,
+        acc: Vec<T>,
+    },
+    /// The next output is pixel `at[0]` of channel `at[1]` of image `at[2]`.
+    Conv {
+        conv: Conv,
+        buffers: [usize; 3],
+        pixels: usize,
+        channels: usize,
+        images: usize,
+        at: [usize; 3],
+    },
+}
+
+impl CpuRun {
+    /// Computes the next step over `memory`, the guest memory the run was planned for;
+    /// `Ok(true)` once the whole launch is computed (further calls do nothing).
+    ///
+    /// # Errors
+    /// `InvalidLaunch` when `memory` is not as long as the memory the launch was validated
+    /// against; nothing is written then.
+    pub fn step(&mut self, memory: &mut [u8]) -> Result<bool, JitError> {
+        if memory.len() != self.memory_len {
+            return Err(JitError::InvalidLaunch(format!(
+                "the launch was validated for {} bytes of memory, not {}",
+                self.memory_len,
+                memory.len()
+            )));
+        }
+        Ok(match &mut self.typed {
+            Typed::F32(stage) => stage.step(memory, self.step_work),
+            Typed::I32(stage) => stage.step(memory, self.step_work),
+        })
+    }
+
+    /// The same run with steps of about `work` operations (tests: slicing never changes a
+    /// result).
+    #[cfg(test)]
+    fn with_step_work(mut self, work: usize) -> Self {
+        self.step_work = work.max(1);
+        self
+    }
+}
+
+/// Element `index` of the buffer at byte `offset`.
+fn load<T: Element>(memory: &[u8], offset: usize, index: usize) -> T {
+    let at = offset + 4 * index;
+    T::from_le([memory[at], memory[at + 1], memory[at + 2], memory[at + 3]])
+}
+
+impl<T: Element> Stage<T> {
+    /// Computes about `work` operations; `true` once everything is computed.
+    fn step(&mut self, memory: &mut [u8], work: usize) -> bool {
+        match self {
+            Stage::Elementwise {
+                op,
+                alpha,
+                inputs,
+                out,
+                count,
+                next,
+            } => {
+                let range = *next..(*count).min(next.saturating_add(work));
+                elementwise::<T>(*op, *alpha, inputs, *out, range.clone(), memory);
+                *next = range.end;
+                *next >= *count
+            }
+            Stage::Reduce {
+                op,
+                x,
+                out,
+                rows,
+                cols,
+                row,
+                col,
+                partials,
+            } => {
+                let combine: fn(T, T) -> T = match op {
+                    ReduceOp::Sum => T::add,
+                    ReduceOp::Max => |acc, x| if x > acc { x } else { acc },
+                };
+                let identity = match op {
+                    ReduceOp::Sum => T::ZERO,
+                    ReduceOp::Max => T::LOWEST,
+                };
+                let mut spent = 0;
+                while *row < *rows && spent < work {
+                    let end = (*cols).min(*col + (work - spent));
+                    let values = read::<T>(memory, *x + 4 * (*row * *cols + *col), end - *col);
+                    for (index, value) in (*col..end).zip(values) {
+                        let partial = &mut partials[index % REDUCE_THREADS];
+                        *partial = combine(*partial, value);
+                    }
+                    spent += end - *col;
+                    *col = end;
+                    if *col == *cols {
+                        let mut stride = REDUCE_THREADS / 2;
+                        while stride > 0 {
+                            for t in 0..stride {
+                                partials[t] = combine(partials[t], partials[t + stride]);
+                            }
+                            stride /= 2;
+                        }
+                        write(memory, *out, *row, &partials[..1]);
+                        partials.fill(identity);
+                        *row += 1;
+                        *col = 0;
+                        spent += REDUCE_THREADS;
+                    }
+                }
+                *row >= *rows
+            }
+            Stage::Matmul {
+                a,
+                b,
+                c,
+                n,
+                k,
+                rows,
+                cols,
+                i,
+                j0,
+                p,
+                acc,
+            } => {
+                if *cols == 0 {
+                    return true;
+                }
+                let mut spent = 0;
+                while *i < *rows {
+                    let width = MATMUL_COLUMNS.min(*cols - *j0);
+                    let sums = &mut acc[..width];
+                    // i-p-j order: each output's products still arrive in order of p.
+                    while *p < *k {
+                        let a_ip = load::<T>(memory, *a, *i * *k + *p);
+                        let start = *b + 4 * (*p * *n + *j0);
+                        let b_row = &memory[start..start + 4 * width];
+                        for (sum, b_pj) in sums.iter_mut().zip(b_row.chunks_exact(4)) {
+                            let b_pj = T::from_le([b_pj[0], b_pj[1], b_pj[2], b_pj[3]]);
+                            *sum = sum.add(a_ip.mul(b_pj));
+                        }
+                        *p += 1;
+                        spent += width;
+                        if spent >= work && *p < *k {
+                            return false;
+                        }
+                    }
+                    write(memory, *c, *i * *n + *j0, sums);
+                    sums.fill(T::ZERO);
+                    *p = 0;
+                    *j0 += width;
+                    if *j0 >= *cols {
+                        *j0 = 0;
+                        *i += 1;
+                    }
+                    spent += width;
+                    if spent >= work {
+                        break;
+                    }
+                }
+                *i >= *rows
+            }
+            Stage::Conv {
+                conv,
+                buffers,
+                pixels,
+                channels,
+                images,
+                at,
+            } => {
+                if *pixels == 0 || *channels == 0 {
+                    return true;
+                }
+                let per_pixel = (conv.c * conv.r * conv.s).max(1);
+                let mut spent = 0;
+                while at[2] < *images && spent < work {
+                    let [pq, ko, img] = *at;
+                    let value = conv_pixel::<T>(conv, *buffers, [pq, ko, img], memory);
+                    let index = (img * conv.k + ko) * conv.p * conv.q + pq;
+                    write(memory, buffers[2], index, &[value]);
+                    spent += per_pixel;
+                    *at = if pq + 1 < *pixels {
+                        [pq + 1, ko, img]
+                    } else if ko + 1 < *channels {
+                        [0, ko + 1, img]
+                    } else {
+                        [0, 0, img + 1]
+                    };
+                }
+                at[2] >= *images
+            }
+        }
+    }
+}
+
+/// Element-wise over elements `range`: `inputs` are the input buffers' offsets.
 fn elementwise<T: Element>(
     op: ElementwiseOp,
     alpha: Option<T>,
-    buffers: &[usize],
-    count: usize,
+    inputs: &[usize],
+    out: usize,
+    range: Range<usize>,
     memory: &mut [u8],
-) -> Result<(), JitError> {
-    let Some((&out, inputs)) = buffers.split_last() else {
-        return Err(JitError::InvalidLaunch(
-            "element-wise kernel without buffers".into(),
-        ));
-    };
+) {
+    let count = range.len();
     let inputs: Vec<Vec<T>> = inputs
         .iter()
-        .map(|&offset| read::<T>(memory, offset, count))
+        .map(|&offset| read::<T>(memory, offset + 4 * range.start, count))
         .collect();
+    // `plan` checked the arity, the scalar and that division is defined.
     let result: Vec<T> = match (op, &inputs[..]) {
         (ElementwiseOp::Relu, [x]) => x.iter().map(|&x| max(x, T::ZERO)).collect(),
         (ElementwiseOp::Scale, [x]) => {
-            let Some(alpha) = alpha else {
-                return Err(JitError::InvalidLaunch("scale without alpha".into()));
-            };
+            let alpha = alpha.unwrap_or(T::ZERO);
             x.iter().map(|&x| alpha.mul(x)).collect()
         }
         (ElementwiseOp::Fma, [a, b, c]) => a
@@ -258,12 +606,11 @@ fn elementwise<T: Element>(
             .zip(c)
             .map(|((&a, &b), &c)| a.fma(b, c))
             .collect(),
-        (ElementwiseOp::Div, [a, b]) => {
-            let quotients: Option<Vec<T>> = a.iter().zip(b).map(|(&a, &b)| a.div(b)).collect();
-            quotients.ok_or_else(|| {
-                JitError::InvalidBlueprint("division is only defined for f32".into())
-            })?
-        }
+        (ElementwiseOp::Div, [a, b]) => a
+            .iter()
+            .zip(b)
+            .map(|(&a, &b)| a.div(b).unwrap_or(T::ZERO))
+            .collect(),
         (_, [a, b]) => {
             let combine: fn(T, T) -> T = match op {
                 ElementwiseOp::Add => T::add,
@@ -274,86 +621,16 @@ fn elementwise<T: Element>(
             };
             a.iter().zip(b).map(|(&a, &b)| combine(a, b)).collect()
         }
-        _ => {
-            return Err(JitError::InvalidLaunch(format!(
-                "elementwise[{}] got {} input buffers",
-                op.as_str(),
-                inputs.len()
-            )))
-        }
+        _ => return,
     };
-    write(memory, out, 0, &result);
-    Ok(())
+    write(memory, out, range.start, &result);
 }
 
 /// Threads per reduction block; the tree below assumes this power of two.
 const REDUCE_THREADS: usize = BLOCK_1D as usize;
 
-/// Reduces the first `rows` rows of `x` into `out`, with the GPU's strided-then-tree order.
-fn reduce<T: Element>(
-    op: ReduceOp,
-    buffers: &[usize],
-    rows: usize,
-    cols: usize,
-    memory: &mut [u8],
-) {
-    let [x, out] = buffers[..] else {
-        return;
-    };
-    let (identity, combine): (T, fn(T, T) -> T) = match op {
-        ReduceOp::Sum => (T::ZERO, T::add),
-        ReduceOp::Max => (T::LOWEST, |acc, x| if x > acc { x } else { acc }),
-    };
-    let mut results = Vec::with_capacity(rows);
-    let mut partials = [identity; REDUCE_THREADS];
-    for row in 0..rows {
-        let values = read::<T>(memory, x + 4 * row * cols, cols);
-        partials.fill(identity);
-        for (index, &value) in values.iter().enumerate() {
-            let partial = &mut partials[index % REDUCE_THREADS];
-            *partial = combine(*partial, value);
-        }
-        let mut stride = REDUCE_THREADS / 2;
-        while stride > 0 {
-            for t in 0..stride {
-                partials[t] = combine(partials[t], partials[t + stride]);
-            }
-            stride /= 2;
-        }
-        results.push(partials[0]);
-    }
-    write(memory, out, 0, &results);
-}
-
-/// `c = a · b` for rows `0..rows` and columns `0..cols` of c; `dims` = `[m, n, k]`.
-fn matmul<T: Element>(
-    buffers: &[usize],
-    [_m, n, k]: [usize; 3],
-    rows: usize,
-    cols: usize,
-    memory: &mut [u8],
-) {
-    let [a, b, c] = buffers[..] else {
-        return;
-    };
-    let a = read::<T>(memory, a, rows * k);
-    let b = read::<T>(memory, b, k * n);
-    let mut acc = vec![T::ZERO; cols];
-    for i in 0..rows {
-        acc.fill(T::ZERO);
-        // i-p-j order: for each output element the products still arrive in order of p.
-        for p in 0..k {
-            let a_ip = a[i * k + p];
-            let b_row = &b[p * n..p * n + cols];
-            for (sum, &b_pj) in acc.iter_mut().zip(b_row) {
-                *sum = sum.add(a_ip.mul(b_pj));
-            }
-        }
-        write(memory, c, i * n, &acc);
-    }
-}
-
 /// Dimensions of one convolution launch.
+#[derive(Debug)]
 struct Conv {
     n: usize,
     c: usize,
@@ -368,51 +645,211 @@ struct Conv {
     q: usize,
 }
 
-/// Output pixels `0..pixels` of channels `0..channels` of images `0..images`.
-fn conv2d<T: Element>(
+/// Output pixel `pq` of channel `ko` of image `img`; `buffers` = input, weight, output.
+fn conv_pixel<T: Element>(
     conv: &Conv,
-    buffers: &[usize],
-    [pixels, channels, images]: [usize; 3],
-    memory: &mut [u8],
-) {
-    let [input, weight, output] = buffers[..] else {
-        return;
-    };
-    let image_len = conv.c * conv.h * conv.w;
-    let filter_len = conv.c * conv.r * conv.s;
-    let input = read::<T>(memory, input, conv.n.min(images) * image_len);
-    let weight = read::<T>(memory, weight, conv.k.min(channels) * filter_len);
-    let mut out = vec![T::ZERO; pixels];
-    for img in 0..images {
-        let image = &input[img * image_len..(img + 1) * image_len];
-        for ko in 0..channels {
-            let filter = &weight[ko * filter_len..(ko + 1) * filter_len];
-            for (pq, result) in out.iter_mut().enumerate() {
-                let (p, q) = (pq / conv.q, pq % conv.q);
-                let mut acc = T::ZERO;
-                for ci in 0..conv.c {
-                    for r in 0..conv.r {
-                        let Some(ih) = (p * conv.stride + r).checked_sub(conv.pad) else {
-                            continue;
-                        };
-                        if ih >= conv.h {
-                            continue;
-                        }
-                        let row = &image[(ci * conv.h + ih) * conv.w..][..conv.w];
-                        let taps = &filter[(ci * conv.r + r) * conv.s..][..conv.s];
-                        for (s, &tap) in taps.iter().enumerate() {
-                            let Some(iw) = (q * conv.stride + s).checked_sub(conv.pad) else {
-                                continue;
-                            };
-                            if iw < conv.w {
-                                acc = acc.add(row[iw].mul(tap));
-                            }
-                        }
-                    }
-                }
-                *result = acc;
+    [input, weight, _]: [usize; 3],
+    [pq, ko, img]: [usize; 3],
+    memory: &[u8],
+) -> T {
+    let (p, q) = (pq / conv.q, pq % conv.q);
+    let mut acc = T::ZERO;
+    for ci in 0..conv.c {
+        for r in 0..conv.r {
+            let Some(ih) = (p * conv.stride + r).checked_sub(conv.pad) else {
+                continue;
+            };
+            if ih >= conv.h {
+                continue;
             }
-            write(memory, output, (img * conv.k + ko) * conv.p * conv.q, &out);
+            let row = ((img * conv.c + ci) * conv.h + ih) * conv.w;
+            let taps = ((ko * conv.c + ci) * conv.r + r) * conv.s;
+            for s in 0..conv.s {
+                let Some(iw) = (q * conv.stride + s).checked_sub(conv.pad) else {
+                    continue;
+                };
+                if iw < conv.w {
+                    let x = load::<T>(memory, input, row + iw);
+                    let tap = load::<T>(memory, weight, taps + s);
+                    acc = acc.add(x.mul(tap));
+                }
+            }
         }
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Shape;
+
+    /// Deterministic values with every sign, zero, and non-integers.
+    fn fill(memory: &mut [u8], seed: u32) {
+        let mut state = seed.wrapping_mul(2_654_435_761).max(1);
+        for chunk in memory.chunks_exact_mut(4) {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            let value = (state % 2001) as f32 / 64.0 - 15.0;
+            chunk.copy_from_slice(&value.to_le_bytes());
+        }
+    }
+
+    fn buffer(offset: usize, elements: usize) -> KernelArg {
+        KernelArg::Buffer {
+            offset: offset as u64,
+            len: 4 * elements as u64,
+        }
+    }
+
+    /// Runs `run` to the end with steps of `work`, counting steps.
+    fn run_sliced(
+        blueprint: &Blueprint,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory: &mut [u8],
+        work: usize,
+    ) -> usize {
+        let mut run = blueprint
+            .cpu_run(config, args, memory.len())
+            .unwrap()
+            .with_step_work(work);
+        let mut steps = 1;
+        while !run.step(memory).unwrap() {
+            steps += 1;
+            assert!(steps < 10_000_000, "no progress at a step of {work}");
+        }
+        steps
+    }
+
+    /// Every blueprint kind with a shape that leaves a ragged edge, its launch and memory.
+    fn launches() -> Vec<(Blueprint, LaunchConfig, Vec<KernelArg>, usize)> {
+        let mut cases = Vec::new();
+        let add = |descriptor: &str,
+                   shape: Shape,
+                   args: Vec<KernelArg>,
+                   len: usize,
+                   cases: &mut Vec<_>| {
+            let blueprint: Blueprint = descriptor.parse().unwrap();
+            let config = blueprint.launch_config(&shape).unwrap();
+            cases.push((blueprint, config, args, len));
+        };
+        let n = 1000;
+        add(
+            "vector_add[4]",
+            Shape::Elements { n: n as u32 },
+            vec![
+                buffer(0, n),
+                buffer(4 * n, n),
+                buffer(8 * n, n),
+                KernelArg::U32(n as u32),
+            ],
+            12 * n,
+            &mut cases,
+        );
+        add(
+            "elementwise[fma]",
+            Shape::Elements { n: n as u32 },
+            vec![
+                buffer(0, n),
+                buffer(4 * n, n),
+                buffer(8 * n, n),
+                buffer(12 * n, n),
+                KernelArg::U32(n as u32),
+            ],
+            16 * n,
+            &mut cases,
+        );
+        let (rows, cols) = (3, 777);
+        add(
+            "reduce[sum]",
+            Shape::Rows { rows, cols },
+            vec![
+                buffer(0, (rows * cols) as usize),
+                buffer(4 * (rows * cols) as usize, rows as usize),
+                KernelArg::U32(rows),
+                KernelArg::U32(cols),
+            ],
+            4 * (rows * cols + rows) as usize,
+            &mut cases,
+        );
+        let (m, nn, k) = (37usize, 300usize, 29usize);
+        add(
+            "matmul[16x16x16]",
+            Shape::Matmul {
+                m: m as u32,
+                n: nn as u32,
+                k: k as u32,
+            },
+            vec![
+                buffer(0, m * k),
+                buffer(4 * m * k, k * nn),
+                buffer(4 * (m * k + k * nn), m * nn),
+                KernelArg::U32(m as u32),
+                KernelArg::U32(nn as u32),
+                KernelArg::U32(k as u32),
+            ],
+            4 * (m * k + k * nn + m * nn),
+            &mut cases,
+        );
+        let (images, channels, h, w, kk) = (2usize, 3usize, 9usize, 7usize, 4usize);
+        let (input, weight) = (images * channels * h * w, kk * channels * 9);
+        let output = images * kk * h * w;
+        add(
+            "conv2d[3x3,s1,p1]",
+            Shape::Conv2d {
+                n: images as u32,
+                c: channels as u32,
+                h: h as u32,
+                w: w as u32,
+                k: kk as u32,
+            },
+            vec![
+                buffer(0, input),
+                buffer(4 * input, weight),
+                buffer(4 * (input + weight), output),
+                KernelArg::U32(images as u32),
+                KernelArg::U32(channels as u32),
+                KernelArg::U32(h as u32),
+                KernelArg::U32(w as u32),
+                KernelArg::U32(kk as u32),
+            ],
+            4 * (input + weight + output),
+            &mut cases,
+        );
+        cases
+    }
+
+    /// Pausing a run between steps, at any step size down to one operation, never changes a
+    /// byte of the result: steps resume exactly where the last one stopped.
+    #[test]
+    fn a_run_sliced_at_any_step_size_equals_one_pass() {
+        for (blueprint, config, args, len) in launches() {
+            let mut initial = vec![0u8; len];
+            fill(&mut initial, len as u32);
+            let mut expected = initial.clone();
+            let steps = run_sliced(&blueprint, &config, &args, &mut expected, usize::MAX);
+            assert_eq!(steps, 1, "{blueprint}: one unbounded step");
+            assert_ne!(expected, initial, "{blueprint} computed nothing");
+            for work in [1, 7, 64, 500] {
+                let mut memory = initial.clone();
+                let steps = run_sliced(&blueprint, &config, &args, &mut memory, work);
+                assert!(steps > 1, "{blueprint}: a step of {work} must slice");
+                assert!(
+                    memory == expected,
+                    "{blueprint}: steps of {work} changed the result"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_step_over_memory_of_another_length_is_refused() {
+        let (blueprint, config, args, len) = launches().remove(0);
+        let mut run = blueprint.cpu_run(&config, &args, len).unwrap();
+        let mut shorter = vec![0u8; len - 4];
+        assert!(run.step(&mut shorter).is_err());
+        assert!(shorter.iter().all(|&byte| byte == 0));
     }
 }

@@ -9,7 +9,8 @@
 //! - [`Blueprint::validate_launch`] checks the arguments and launch configuration against the
 //!   blueprint's launch contract ([`Blueprint::params`], [`Blueprint::launch_config`]), so
 //!   that no covered index can reach outside a buffer or the guest memory;
-//! - [`Blueprint::run_cpu`] computes the result on the CPU, or
+//! - [`Blueprint::run_cpu`] computes the result on the CPU (in resumable steps with
+//!   [`Blueprint::cpu_run`]), or
 //! - [`Blueprint::emit_ptx`] produces PTX for a [`PtxTarget`] chosen from the device and driver
 //!   ([`PtxTarget::for_device`]); the kernel additionally guards every global access by the
 //!   shape.
@@ -76,6 +77,7 @@ pub use blueprint::{
 };
 pub use cache::{CacheKey, CompiledKernel, KernelCache, KernelCacheConfig, KernelCacheMetrics};
 pub use contract::{conv2d_output_size, Param, ParamKind, Shape, BLOCK_1D};
+pub use cpu::CpuRun;
 pub use emit::EMITTER_VERSION;
 pub use error::JitError;
 pub use fingerprint::Fingerprint;

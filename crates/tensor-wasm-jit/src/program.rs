@@ -2,9 +2,11 @@
 
 use std::sync::Arc;
 
-use tensor_wasm_gpu::{GpuError, KernelArg, KernelProgram, LaunchConfig};
+use tensor_wasm_gpu::{CpuSteps, GpuError, KernelArg, KernelProgram, LaunchConfig};
 
-use crate::{Blueprint, CacheKey, CompiledKernel, Fingerprint, JitError, KernelCache, PtxTarget};
+use crate::{
+    Blueprint, CacheKey, CompiledKernel, CpuRun, Fingerprint, JitError, KernelCache, PtxTarget,
+};
 
 /// A blueprint ready to hand to `Backend::load_program`: it carries its canonical name and
 /// target-independent fingerprint, and emits PTX for whichever device asks.
@@ -80,6 +82,16 @@ impl KernelProgram for CompiledBlueprint {
         Ok(self.blueprint.run_cpu(config, args, memory)?)
     }
 
+    fn cpu_steps(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory_len: usize,
+    ) -> Result<Option<Box<dyn CpuSteps>>, GpuError> {
+        let run = self.blueprint.cpu_run(config, args, memory_len)?;
+        Ok(Some(Box::new(run)))
+    }
+
     fn ptx(
         &self,
         compute_capability: (u32, u32),
@@ -104,6 +116,12 @@ impl KernelProgram for CompiledBlueprint {
             .get_or_compile(&key, || Ok(emit()))
             .map_err(GpuError::InvalidArgument)?;
         Ok((kernel.ptx.clone(), kernel.entry.to_string()))
+    }
+}
+
+impl CpuSteps for CpuRun {
+    fn step(&mut self, memory: &mut [u8]) -> Result<bool, GpuError> {
+        Ok(CpuRun::step(self, memory)?)
     }
 }
 

@@ -61,6 +61,8 @@ pub(super) enum Cursor {
     Elements(usize),
     /// Matmul: the tile in progress and its accumulators.
     Matmul(Box<MatmulCursor>),
+    /// A host-described program's run, step by step.
+    Steps(Box<dyn crate::CpuSteps>),
 }
 
 /// A matmul part's position: the tile at (`row0`, `col0`), summed up to `p`.

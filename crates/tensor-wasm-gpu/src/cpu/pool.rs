@@ -14,16 +14,21 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::kernels::{Cursor, GuestMemory, Work};
 use crate::completion::Signal;
 use crate::{GpuError, KernelArg, KernelProgram, LaunchConfig};
 
+/// A program's slice: steps run until this much time has passed (at least one step).
+const PROGRAM_SLICE: Duration = Duration::from_micros(200);
+
 /// What one launch on the pool computes.
 pub(super) enum JobWork {
     /// A builtin, split into parts, each run slice by slice.
     Builtin(Work),
-    /// A host-described program, run whole by one task (one slice).
+    /// A host-described program, run by one task: slices of its steps
+    /// ([`KernelProgram::cpu_steps`]), or one slice for a program without steps.
     Program {
         program: Arc<dyn KernelProgram>,
         config: LaunchConfig,
@@ -62,7 +67,24 @@ impl JobWork {
                 // and writes and touched by no other thread while this runs (a program job has
                 // one task), so this is the only reference to them.
                 let memory = unsafe { std::slice::from_raw_parts_mut(memory.0, memory_len) };
-                program.run_cpu(config, args, memory).map(|()| true)
+                if cursor.is_none() {
+                    match program.cpu_steps(config, args, memory_len)? {
+                        Some(steps) => *cursor = Some(Cursor::Steps(steps)),
+                        None => return program.run_cpu(config, args, memory).map(|()| true),
+                    }
+                }
+                let Some(Cursor::Steps(steps)) = cursor else {
+                    return Ok(true);
+                };
+                let started = Instant::now();
+                loop {
+                    if steps.step(memory)? {
+                        return Ok(true);
+                    }
+                    if started.elapsed() >= PROGRAM_SLICE {
+                        return Ok(false);
+                    }
+                }
             }
         }
     }
