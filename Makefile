@@ -12,7 +12,7 @@ run:
 	$(CARGO) run --release -p tensor-wasm-cli -- serve --listen $(LISTEN) --data-dir $(DATA_DIR)
 
 ## Everything CI checks: formatting, clippy, the whole test suite, docs.
-test: deps examples fmt-check clippy unit doc deploy-check icount perf-doc-check
+test: deps examples fmt-check clippy unit doc deploy-check icount perf-doc-check api-conformance
 
 ci: test
 

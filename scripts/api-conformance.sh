@@ -33,9 +33,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# --fuel: the document lets a deploy ask for a fuel budget.
+# --fuel and --allow-raw-ptx: the document lets a deploy ask for a fuel budget
+# and for the raw-PTX capability (granted to the default tenant below).
 RUST_LOG=warn target/debug/tensor-wasm serve --listen 127.0.0.1:0 --data-dir "$WORK/data" \
-  --device cpu --fuel >"$WORK/stdout" 2>"$WORK/serve.log" &
+  --device cpu --fuel --allow-raw-ptx >"$WORK/stdout" 2>"$WORK/serve.log" &
 SERVER_PID=$!
 BASE=
 for _ in $(seq 300); do
@@ -58,7 +59,7 @@ TENSOR_WASM_ADMIN_TOKEN=$(credential admin_token)
 # but a run spent on them would test little else.
 curl -sf -o /dev/null -X PATCH "$BASE/tenants/$(credential tenant_id)" \
   -H "Authorization: Bearer $TENSOR_WASM_ADMIN_TOKEN" -H 'Content-Type: application/json' \
-  -d '{"quotas": {"max_functions": 100000, "requests_per_second": 100000, "burst": 100000}}'
+  -d '{"raw_ptx": true, "quotas": {"max_functions": 100000, "requests_per_second": 100000, "burst": 100000}}'
 
 "$VENV/bin/st" --config-file scripts/api-conformance/schemathesis.toml run \
   crates/tensor-wasm-api/openapi.json --url "$BASE" --checks all \

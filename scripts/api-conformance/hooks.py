@@ -11,11 +11,14 @@ stay invalid, and schema-valid ones can deploy. Nothing else is changed.
 import base64
 
 import schemathesis
+from schemathesis.transport.serialization import Binary
 
-# An export-call module with a parameterless `init` (so snapshots can be
-# captured) and an `add` export.
+# A module for either style: an export-call module with a parameterless `init`
+# (so snapshots can be captured) and an `add` export, and a `_start` that
+# makes it a WASI command too.
 MODULE_WAT = """(module
   (memory (export "memory") 1)
+  (func (export "_start"))
   (global $ready (mut i32) (i32.const 0))
   (func (export "init") (global.set $ready (i32.const 1)))
   (func (export "add") (param i32 i32) (result i32)
@@ -40,7 +43,9 @@ def map_body(context, body):
         if isinstance(body.get("module_base64"), str):
             body = {**body, "module_base64": base64.b64encode(MODULE_WAT.encode()).decode()}
         return body
-    if isinstance(body, (bytes, str)):
+    if isinstance(body, Binary):
         # application/wasm: binary or WAT text.
+        return Binary(MODULE_WAT.encode())
+    if isinstance(body, (bytes, str)):
         return MODULE_WAT.encode()
     return body

@@ -29,7 +29,22 @@ fn content_type(headers: &HeaderMap) -> &str {
         .unwrap_or("")
 }
 
-/// Deploy options: query parameters for a raw module body, fields of the JSON body otherwise.
+/// A deploy option given as a query parameter, a JSON body field, or both with the same value.
+fn either<T: PartialEq + std::fmt::Debug>(
+    name: &str,
+    query: Option<T>,
+    body: Option<T>,
+) -> Result<Option<T>, ApiError> {
+    match (query, body) {
+        (Some(query), Some(body)) if query != body => Err(ApiError::bad_request(format!(
+            "deploy option `{name}` is {query:?} in the query but {body:?} in the body"
+        ))),
+        (query, body) => Ok(body.or(query)),
+    }
+}
+
+/// Deploy options: query parameters for a raw module body; fields of the JSON body or query
+/// parameters (agreeing where both are given) for a JSON body.
 #[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DeployOptions {
@@ -148,23 +163,22 @@ pub(crate) async fn create_function(
         let Query(options) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
         (bytes.to_vec(), options)
     } else {
-        // Options go in the JSON body; a query would be ignored, so it is refused.
+        // Options may be body fields or query parameters; one given in both must agree.
         let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-        if query != DeployOptions::default() {
-            return Err(ApiError::bad_request(
-                "with a JSON body, deploy options go in the body, not the query",
-            ));
-        }
         let req: DeployJson = parse_json(&bytes)?;
         let module = module_of_json(req.module_base64, req.wat)?;
         let o = req.options;
         let options = DeployOptions {
-            name: o.name,
-            style: o.style,
-            timeout_ms: o.timeout_ms,
-            memory_limit_bytes: o.memory_limit_bytes,
-            fuel: o.fuel,
-            raw_ptx: o.raw_ptx,
+            name: either("name", query.name, o.name)?,
+            style: either("style", query.style, o.style)?,
+            timeout_ms: either("timeout_ms", query.timeout_ms, o.timeout_ms)?,
+            memory_limit_bytes: either(
+                "memory_limit_bytes",
+                query.memory_limit_bytes,
+                o.memory_limit_bytes,
+            )?,
+            fuel: either("fuel", query.fuel, o.fuel)?,
+            raw_ptx: either("raw_ptx", query.raw_ptx, o.raw_ptx)?,
         };
         (module, options)
     };

@@ -126,8 +126,7 @@ pub(crate) async fn invoke_async(
             ),
         ));
     }
-    let call: AsyncCall = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+    let call: AsyncCall = crate::routes::parse_json(&body)?;
     {
         let (runtime, id, export, args) = (
             state.inner.runtime.clone(),

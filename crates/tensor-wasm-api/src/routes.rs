@@ -94,11 +94,31 @@ pub(crate) fn body(bytes: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiErr
     })
 }
 
+/// Parses a JSON request body, which is always an object.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let bad = |e: serde_json::Error| ApiError::bad_request(format!("invalid JSON: {e}"));
     let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(bad)?;
+    // serde also builds a struct from an array of its fields in order, which no
+    // client should rely on: the document says every body is an object.
+    if !value.is_object() {
+        return Err(ApiError::bad_request(
+            "invalid JSON: the request body must be a JSON object",
+        ));
+    }
     integral_floats_as_integers(&mut value);
     serde_json::from_value(value).map_err(bad)
+}
+
+/// Deserializes a nested struct only from a JSON object (`#[serde(deserialize_with)]`), not
+/// from the array of its fields that serde would also take.
+pub(crate) fn object_only<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    use serde::Deserialize;
+    let fields = serde_json::Map::deserialize(deserializer)?;
+    T::deserialize(serde_json::Value::Object(fields)).map_err(serde::de::Error::custom)
 }
 
 /// JSON Schema (and so the OpenAPI document's `integer`) counts `5.0` as an
@@ -370,5 +390,24 @@ mod tests {
         let q: Quota = super::parse_json(br#"{"n": 8472497.0, "m": -3.0}"#).unwrap();
         assert_eq!((q.n, q.m), (8_472_497, -3));
         assert!(super::parse_json::<Quota>(br#"{"n": 1.5, "m": 0}"#).is_err());
+    }
+
+    /// serde would build these structs from arrays of their fields; the API takes objects only.
+    #[test]
+    fn bodies_and_nested_structs_must_be_objects() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Inner {
+            #[serde(default)]
+            a: Option<u32>,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        struct Outer {
+            #[serde(default, deserialize_with = "super::object_only")]
+            inner: Option<Inner>,
+        }
+        assert!(super::parse_json::<Inner>(b"[7]").is_err());
+        assert!(super::parse_json::<Outer>(br#"{"inner": [null]}"#).is_err());
+        let outer: Outer = super::parse_json(br#"{"inner": {"a": 7}}"#).unwrap();
+        assert_eq!(outer.inner.and_then(|inner| inner.a), Some(7));
     }
 }

@@ -53,7 +53,7 @@ pub(crate) fn sync_gpu_isolation(
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateTenant {
     name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::routes::object_only")]
     quotas: QuotasPatch,
     #[serde(default)]
     gpu_isolation: Option<GpuIsolation>,
@@ -67,7 +67,7 @@ pub(crate) struct CreateTenant {
 pub(crate) struct UpdateTenant {
     #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::routes::object_only")]
     quotas: QuotasPatch,
     /// Grants (`true`) or revokes (`false`) the raw-kernel capability.
     #[serde(default)]

@@ -264,6 +264,30 @@ async fn deploy_as_json_with_base64_or_wat() {
         .await;
     assert_eq!(r.status, StatusCode::CREATED);
     assert_eq!(r.json()["name"], "function");
+
+    // Options may also be query parameters; one given in both places must agree.
+    let body = json!({"wat": wat, "timeout_ms": 1500}).to_string();
+    for (query, expected) in [
+        ("name=calc2", StatusCode::CREATED),
+        ("timeout_ms=1500&name=calc3", StatusCode::CREATED),
+        ("timeout_ms=1000", StatusCode::BAD_REQUEST),
+    ] {
+        let r = h
+            .send(
+                Method::POST,
+                &format!("/functions?{query}"),
+                Some("application/json"),
+                body.clone().into_bytes(),
+            )
+            .await;
+        assert_eq!(r.status, expected, "{query}: {:?}", r.json());
+        if expected == StatusCode::CREATED {
+            assert_eq!(r.json()["limits"]["timeout_ms"], 1500);
+            assert!(r.json()["name"].as_str().unwrap().starts_with("calc"));
+        } else {
+            assert_eq!(r.json()["error"]["code"], "bad_request");
+        }
+    }
 }
 
 #[tokio::test]

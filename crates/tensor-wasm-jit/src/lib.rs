@@ -65,6 +65,8 @@ mod blueprint;
 mod cache;
 mod contract;
 mod cpu;
+#[cfg(test)]
+mod cpu_tests;
 mod emit;
 mod error;
 mod fingerprint;

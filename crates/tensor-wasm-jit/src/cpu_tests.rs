@@ -1,0 +1,172 @@
+//! Tests of the CPU implementation's stepping: a run paused anywhere computes what one pass
+//! computes.
+
+use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+
+use crate::{Blueprint, Shape};
+
+/// Deterministic values with every sign, zero, and non-integers.
+fn fill(memory: &mut [u8], seed: u32) {
+    let mut state = seed.wrapping_mul(2_654_435_761).max(1);
+    for chunk in memory.chunks_exact_mut(4) {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        let value = (state % 2001) as f32 / 64.0 - 15.0;
+        chunk.copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+fn buffer(offset: usize, elements: usize) -> KernelArg {
+    KernelArg::Buffer {
+        offset: offset as u64,
+        len: 4 * elements as u64,
+    }
+}
+
+/// Runs `run` to the end with steps of `work`, counting steps.
+fn run_sliced(
+    blueprint: &Blueprint,
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    memory: &mut [u8],
+    work: usize,
+) -> usize {
+    let mut run = blueprint
+        .cpu_run(config, args, memory.len())
+        .unwrap()
+        .with_step_work(work);
+    let mut steps = 1;
+    while !run.step(memory).unwrap() {
+        steps += 1;
+        assert!(steps < 10_000_000, "no progress at a step of {work}");
+    }
+    steps
+}
+
+/// Every blueprint kind with a shape that leaves a ragged edge, its launch and memory.
+fn launches() -> Vec<(Blueprint, LaunchConfig, Vec<KernelArg>, usize)> {
+    let mut cases = Vec::new();
+    let add =
+        |descriptor: &str, shape: Shape, args: Vec<KernelArg>, len: usize, cases: &mut Vec<_>| {
+            let blueprint: Blueprint = descriptor.parse().unwrap();
+            let config = blueprint.launch_config(&shape).unwrap();
+            cases.push((blueprint, config, args, len));
+        };
+    let n = 1000;
+    add(
+        "vector_add[4]",
+        Shape::Elements { n: n as u32 },
+        vec![
+            buffer(0, n),
+            buffer(4 * n, n),
+            buffer(8 * n, n),
+            KernelArg::U32(n as u32),
+        ],
+        12 * n,
+        &mut cases,
+    );
+    add(
+        "elementwise[fma]",
+        Shape::Elements { n: n as u32 },
+        vec![
+            buffer(0, n),
+            buffer(4 * n, n),
+            buffer(8 * n, n),
+            buffer(12 * n, n),
+            KernelArg::U32(n as u32),
+        ],
+        16 * n,
+        &mut cases,
+    );
+    let (rows, cols) = (3, 777);
+    add(
+        "reduce[sum]",
+        Shape::Rows { rows, cols },
+        vec![
+            buffer(0, (rows * cols) as usize),
+            buffer(4 * (rows * cols) as usize, rows as usize),
+            KernelArg::U32(rows),
+            KernelArg::U32(cols),
+        ],
+        4 * (rows * cols + rows) as usize,
+        &mut cases,
+    );
+    let (m, nn, k) = (37usize, 300usize, 29usize);
+    add(
+        "matmul[16x16x16]",
+        Shape::Matmul {
+            m: m as u32,
+            n: nn as u32,
+            k: k as u32,
+        },
+        vec![
+            buffer(0, m * k),
+            buffer(4 * m * k, k * nn),
+            buffer(4 * (m * k + k * nn), m * nn),
+            KernelArg::U32(m as u32),
+            KernelArg::U32(nn as u32),
+            KernelArg::U32(k as u32),
+        ],
+        4 * (m * k + k * nn + m * nn),
+        &mut cases,
+    );
+    let (images, channels, h, w, kk) = (2usize, 3usize, 9usize, 7usize, 4usize);
+    let (input, weight) = (images * channels * h * w, kk * channels * 9);
+    let output = images * kk * h * w;
+    add(
+        "conv2d[3x3,s1,p1]",
+        Shape::Conv2d {
+            n: images as u32,
+            c: channels as u32,
+            h: h as u32,
+            w: w as u32,
+            k: kk as u32,
+        },
+        vec![
+            buffer(0, input),
+            buffer(4 * input, weight),
+            buffer(4 * (input + weight), output),
+            KernelArg::U32(images as u32),
+            KernelArg::U32(channels as u32),
+            KernelArg::U32(h as u32),
+            KernelArg::U32(w as u32),
+            KernelArg::U32(kk as u32),
+        ],
+        4 * (input + weight + output),
+        &mut cases,
+    );
+    cases
+}
+
+/// Pausing a run between steps, at any step size down to one operation, never changes a
+/// byte of the result: steps resume exactly where the last one stopped.
+#[test]
+fn a_run_sliced_at_any_step_size_equals_one_pass() {
+    for (blueprint, config, args, len) in launches() {
+        let mut initial = vec![0u8; len];
+        fill(&mut initial, len as u32);
+        let mut expected = initial.clone();
+        let steps = run_sliced(&blueprint, &config, &args, &mut expected, usize::MAX);
+        assert_eq!(steps, 1, "{blueprint}: one unbounded step");
+        assert_ne!(expected, initial, "{blueprint} computed nothing");
+        for work in [1, 7, 64, 500] {
+            let mut memory = initial.clone();
+            let steps = run_sliced(&blueprint, &config, &args, &mut memory, work);
+            assert!(steps > 1, "{blueprint}: a step of {work} must slice");
+            assert!(
+                memory == expected,
+                "{blueprint}: steps of {work} changed the result"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_step_over_memory_of_another_length_is_refused() {
+    let (blueprint, config, args, len) = launches().remove(0);
+    let mut run = blueprint.cpu_run(&config, &args, len).unwrap();
+    let mut shorter = vec![0u8; len - 4];
+    assert!(run.step(&mut shorter).is_err());
+    assert!(shorter.iter().all(|&byte| byte == 0));
+}
