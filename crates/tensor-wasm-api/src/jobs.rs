@@ -225,11 +225,18 @@ async fn run_job(
     }
     let runtime = state.inner.runtime.clone();
     let max_result = board.limits().max_result_bytes;
-    let result = crate::routes::blocking(move || {
+    // A job past its deadline (a kernel that cannot be stopped) fails with
+    // `invocation_timeout` by the deadline + grace, as a direct call is
+    // answered; the work keeps its slot and quotas until the guest stops.
+    let timeout = runtime.timeout_of(&job.function_id).ok();
+    let work = crate::routes::blocking(move || {
         let _held = (permit, guards);
         runtime.invoke_export(&job.function_id, &job.export, &job.args)
-    })
-    .await;
+    });
+    let result = match timeout {
+        Some(timeout) => crate::routes::within_deadline(timeout, work).await,
+        None => work.await,
+    };
     board.update(&job_id, |j| {
         if !j.status.is_active() {
             return;

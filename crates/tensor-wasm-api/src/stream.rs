@@ -90,6 +90,11 @@ struct InvocationStream<F> {
     done: Option<JoinHandle<Result<Outcome, RuntimeError>>>,
     /// Resolves when the server ends open streams (graceful shutdown).
     shutdown: ShutdownFuture,
+    /// The invocation's deadline plus `DEADLINE_GRACE` (routes.rs): a guest still running
+    /// then (a kernel that cannot be stopped) is left to finish on its own and the stream ends
+    /// with `invocation_timeout`.
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timeout: std::time::Duration,
     map: F,
 }
 
@@ -111,6 +116,22 @@ where
                 this.done = None;
                 this.rx.close();
                 if let Some(item) = (this.map)(Frame::ShuttingDown) {
+                    return Poll::Ready(Some(item));
+                }
+                continue;
+            }
+            if !handle.is_finished() && this.deadline.as_mut().poll(cx).is_ready() {
+                // As at shutdown: the guest keeps its slot and quotas until it stops.
+                this.done = None;
+                this.rx.close();
+                tracing::warn!(
+                    timeout_ms = this.timeout.as_millis() as u64,
+                    "a streamed invocation is still running past its deadline; ended as a timeout"
+                );
+                let timeout = RuntimeError::Timeout {
+                    timeout_ms: this.timeout.as_millis() as u64,
+                };
+                if let Some(item) = (this.map)(Frame::End(Err(timeout.into()))) {
                     return Poll::Ready(Some(item));
                 }
                 continue;
@@ -174,6 +195,7 @@ pub(crate) async fn invoke_stream(
         return Err(RuntimeError::FunctionNotFound(id).into());
     }
     let (style, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
+    let timeout = state.inner.runtime.timeout_of(&id)?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let call = match style {
         InvocationStyle::Export => Call::Export {
@@ -238,12 +260,17 @@ pub(crate) async fn invoke_stream(
         }
     });
     let shutdown = Box::pin(state.streams_end());
+    let deadline = Box::pin(tokio::time::sleep(
+        timeout.saturating_add(crate::routes::DEADLINE_GRACE),
+    ));
 
     if wants_sse(&headers) {
         let events = InvocationStream {
             rx,
             done: Some(done),
             shutdown,
+            deadline,
+            timeout,
             map: move |frame| {
                 let event = match frame {
                     Frame::Chunk(bytes) => {
@@ -269,6 +296,8 @@ pub(crate) async fn invoke_stream(
         rx,
         done: Some(done),
         shutdown,
+        deadline,
+        timeout,
         map: |frame| {
             let e = match frame {
                 Frame::Chunk(bytes) => return Some(Ok(Bytes::from(bytes))),

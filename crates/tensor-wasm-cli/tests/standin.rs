@@ -489,5 +489,62 @@ fn an_unstoppable_kernel_is_answered_at_the_deadline_and_keeps_its_memory() {
         Some(1.0),
         "the invocation holds its quota while its kernel runs"
     );
+
+    // A streamed call ends its stream with `invocation_timeout` at the deadline too ...
+    let start = Instant::now();
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url(&format!("/functions/{attack}/invoke-stream?export=run")))
+            .set("authorization", &server.auth())
+            .set("accept", "text/event-stream")
+            .send_bytes(b""),
+    );
+    let took = start.elapsed();
+    let events = String::from_utf8_lossy(&body);
+    assert_eq!(status, 200, "{events}");
+    assert!(
+        events.contains("event: error") && events.contains("invocation_timeout"),
+        "{events}"
+    );
+    eprintln!("stand-in: the stream ended {took:?} after a 300 ms deadline's start");
+    assert!(
+        took < Duration::from_millis(300 + 1000),
+        "the stream ended after {took:?}"
+    );
+
+    // ... and an async job fails with it by then.
+    let (status, body, _) = server.post(
+        &format!("/functions/{attack}/invoke-async"),
+        "application/json",
+        br#"{"export": "run"}"#,
+    );
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let job = json_of(&body)["job_id"].as_str().unwrap().to_owned();
+    let start = Instant::now();
+    let failed = loop {
+        let (status, body) = server.get(&format!("/jobs/{job}"));
+        assert_eq!(status, 200);
+        let job = json_of(&body);
+        if job["status"] != "queued" && job["status"] != "running" {
+            break job;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the job is still {} after 10 s",
+            job["status"]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = start.elapsed();
+    assert_eq!(
+        (&failed["status"], &failed["error"]["code"]),
+        (&json!("failed"), &json!("invocation_timeout")),
+        "{failed}"
+    );
+    eprintln!("stand-in: the job failed {took:?} after its submission (300 ms deadline)");
+    assert!(
+        took < Duration::from_millis(300 + 1000),
+        "the job failed after {took:?}"
+    );
     assert_eq!(server.get("/healthz").0, 200);
 }
