@@ -157,6 +157,7 @@ pub(crate) fn quiet_wasi(name: &str, stderr_cap: usize) -> WasiP1Ctx {
     WasiCtxBuilder::new()
         .stdout(MemoryOutputPipe::new(stderr_cap))
         .stderr(MemoryOutputPipe::new(stderr_cap))
+        .monotonic_clock(crate::wasi_poll::ProcessClock)
         .arg(name)
         .build_p1()
 }

@@ -39,6 +39,7 @@ mod storage_quota;
 mod store;
 pub mod stream;
 mod values;
+mod wasi_poll;
 
 pub use bounded::{BoundedLru, CacheBounds};
 pub use config::{CacheLimits, GuestMemory, RuntimeConfig};

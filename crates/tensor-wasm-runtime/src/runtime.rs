@@ -126,6 +126,8 @@ impl Runtime {
             state.wasi()
         })
         .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        crate::wasi_poll::add_to_linker(&mut linker)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         crate::guest_gpu::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         crate::stream::add_to_linker(&mut linker)

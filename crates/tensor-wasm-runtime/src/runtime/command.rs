@@ -170,6 +170,7 @@ impl Runtime {
             .stdin(MemoryInputPipe::new(stdin))
             .stdout(stdout)
             .stderr(stderr.clone())
+            .monotonic_clock(crate::wasi_poll::ProcessClock)
             .arg(&record.name)
             .build_p1();
         let (mut store, instance) = self.instantiate(prepared, record, Some(wasi));
