@@ -33,6 +33,7 @@ mod functions;
 mod jobs;
 mod metrics;
 mod openapi;
+mod priority;
 mod request_id;
 mod routes;
 mod serve;

@@ -144,14 +144,18 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
     }
 }
 
-/// Runs blocking runtime work off the async threads.
+/// Runs blocking runtime work off the async threads, at the lower priority
+/// of [`crate::priority::lower_blocking_priority`].
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, RuntimeError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(ApiError::internal)?
-        .map_err(ApiError::from)
+    tokio::task::spawn_blocking(move || {
+        crate::priority::lower_blocking_priority();
+        f()
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(ApiError::from)
 }
 
 /// Waits for `work`, an invocation with deadline `timeout`, at most until

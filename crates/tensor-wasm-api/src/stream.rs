@@ -251,6 +251,7 @@ pub(crate) async fn invoke_stream(
     let (tx, rx) = mpsc::channel(BUFFERED_CHUNKS);
     let io = StreamIo::new(input, tx, StreamLimits::default());
     let done = tokio::task::spawn_blocking(move || {
+        crate::priority::lower_blocking_priority();
         let _held = (permit, guards);
         match call {
             Call::Export { export, args } => runtime

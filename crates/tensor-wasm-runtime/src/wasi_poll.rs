@@ -90,7 +90,9 @@ enum Wait {
 /// Replaces wasmtime-wasi's `poll_oneoff` in `linker` (added after it).
 pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    let added = linker.func_wrap(MODULE, "poll_oneoff", poll_oneoff).map(|_| ());
+    let added = linker
+        .func_wrap(MODULE, "poll_oneoff", poll_oneoff)
+        .map(|_| ());
     linker.allow_shadowing(false);
     added
 }
