@@ -168,6 +168,15 @@ pub(crate) async fn invoke_async(
         }
         Err(board::Refused::Io(e)) => return Err(ApiError::internal(e)),
     }
+    // A tenant deleted meanwhile: its delete forgets the jobs admitted before
+    // it, and this one, admitted after, goes the same way (nothing is kept
+    // for a deleted tenant).
+    if state.inner.runtime.is_tenant_retired(tenant.id()) {
+        board.forget_tenant(tenant.id());
+        return Err(
+            tensor_wasm_runtime::RuntimeError::TenantRetired(tenant.id().to_owned()).into(),
+        );
+    }
 
     let task_state = state.clone();
     let job_id = job.id.clone();

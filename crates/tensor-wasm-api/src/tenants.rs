@@ -227,6 +227,7 @@ pub(crate) async fn delete_tenant(
     let deleted = swept.and_then(|()| state.inner.tenants.delete(&id).map_err(tenant_error));
     match deleted {
         Ok(true) => {
+            state.inner.jobs.forget_tenant(&id);
             state.inner.runtime.set_tenant_gpu_isolation(&id, None);
             Ok(StatusCode::NO_CONTENT)
         }

@@ -300,6 +300,15 @@ impl Runtime {
         self.set_tenant_raw_ptx(tenant, true);
     }
 
+    /// Whether [`Runtime::retire_tenant`] retired `tenant`.
+    pub fn is_tenant_retired(&self, tenant: &str) -> bool {
+        self.inner
+            .retired_tenants
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(tenant)
+    }
+
     /// Undoes [`Runtime::retire_tenant`] (a tenant delete that failed after
     /// retiring it).
     pub fn reinstate_tenant(&self, tenant: &str) {

@@ -248,6 +248,28 @@ impl JobBoard {
             .cloned()
     }
 
+    /// Forgets every job of `tenant` (a deleted tenant), files included;
+    /// returns how many. A job of it still running afterwards finds its record
+    /// gone and writes nothing (see [`JobBoard::update`]).
+    pub(crate) fn forget_tenant(&self, tenant: &str) -> usize {
+        let gone: Vec<String> = {
+            let mut jobs = self.lock();
+            jobs.tenants.remove(tenant);
+            let ids: Vec<String> = jobs
+                .by_id
+                .values()
+                .filter(|j| j.tenant == tenant)
+                .map(|j| j.id.clone())
+                .collect();
+            for id in &ids {
+                jobs.by_id.remove(id);
+            }
+            ids
+        };
+        self.remove_files(&gone);
+        gone.len()
+    }
+
     /// Finished jobs `tenant` keeps.
     #[cfg(test)]
     pub(crate) fn retained_of(&self, tenant: &str) -> usize {
@@ -367,6 +389,35 @@ mod tests {
             finished_at_ms: Some(at_ms),
             ..job(JobStatus::Succeeded)
         }
+    }
+
+    /// A deleted tenant's jobs go, finished or not, files included; a job of it
+    /// that finishes afterwards writes nothing back.
+    #[test]
+    fn a_deleted_tenants_jobs_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let board = JobBoard::open(dir.path(), JobLimits::default()).unwrap();
+        let queued = |tenant: &str| Job {
+            tenant: tenant.into(),
+            ..job(JobStatus::Queued)
+        };
+        let (done, running, other) = (queued("tn-gone"), queued("tn-gone"), queued("tn-kept"));
+        for j in [&done, &running, &other] {
+            board.admit(j.clone()).unwrap();
+        }
+        board.update(&done.id, |j| j.status = JobStatus::Succeeded);
+        assert_eq!(board.forget_tenant("tn-gone"), 2);
+        assert!(board.get("tn-gone", &done.id).is_none());
+        assert!(board
+            .update(&running.id, |j| j.status = JobStatus::Failed)
+            .is_none());
+        assert!(board.get("tn-kept", &other.id).is_some());
+        let files: Vec<_> = fs::read_dir(dir.path().join("jobs"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(files, [format!("{}.json", other.id)]);
+        assert_eq!(board.unfinished(), 1);
     }
 
     #[test]
