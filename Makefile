@@ -172,6 +172,13 @@ gpu-suite: examples
 gpu-suite-dry-run: gpu-suite
 	bash scripts/gpu-suite/dry-run.sh $(GPU_SUITE_DIR)
 
+.PHONY: cpu-kernels
+## The CPU backend's kernels next to numpy/OpenBLAS on the same cores, one run: builds the
+## cpu-kernels bench (release), creates .tools/cpu-peer (pinned numpy + threadpoolctl from PyPI)
+## when missing, writes bench-results/cpu-kernels/<date>.json (not part of `make test`).
+cpu-kernels:
+	python3 scripts/cpu_kernels.py
+
 .PHONY: soak
 SOAK_MINUTES ?= 10
 SOAK_CRASH_ROUNDS ?= 500

@@ -111,14 +111,6 @@ fn min<T: Element>(a: T, b: T) -> T {
     }
 }
 
-/// `count` elements starting at byte `offset`.
-fn read<T: Element>(memory: &[u8], offset: usize, count: usize) -> Vec<T> {
-    memory[offset..offset + 4 * count]
-        .chunks_exact(4)
-        .map(|chunk| T::from_le([chunk[0], chunk[1], chunk[2], chunk[3]]))
-        .collect()
-}
-
 /// Writes `values` as elements `first..` of the buffer at byte `offset`.
 fn write<T: Element>(memory: &mut [u8], offset: usize, first: usize, values: &[T]) {
     let start = offset + 4 * first;
@@ -470,12 +462,17 @@ impl<T: Element> Stage<T> {
                     ReduceOp::Max => T::LOWEST,
                 };
                 let mut spent = 0;
+                let mut values = [T::ZERO; BLOCK];
                 while *row < *rows && spent < work {
-                    let end = (*cols).min(*col + (work - spent));
-                    let values = read::<T>(memory, *x + 4 * (*row * *cols + *col), end - *col);
-                    for (index, value) in (*col..end).zip(values) {
-                        let partial = &mut partials[index % REDUCE_THREADS];
-                        *partial = combine(*partial, value);
+                    // Whole blocks, so `col` stays a multiple of the 256 partials.
+                    let end = (*cols).min(*col + BLOCK);
+                    let values = &mut values[..end - *col];
+                    load_into(memory, *x + 4 * (*row * *cols + *col), values);
+                    match op {
+                        ReduceOp::Sum => fold(partials, values, T::add),
+                        ReduceOp::Max => {
+                            fold(partials, values, |acc, x| if x > acc { x } else { acc })
+                        }
                     }
                     spent += end - *col;
                     *col = end;
@@ -579,7 +576,12 @@ impl<T: Element> Stage<T> {
     }
 }
 
-/// Element-wise over elements `range`: `inputs` are the input buffers' offsets.
+/// Elements an element-wise kernel or a reduction loads at a time into arrays on the stack
+/// (4 KiB each, within L1), so a step allocates nothing and its loops vectorise.
+const BLOCK: usize = 1024;
+
+/// Element-wise over elements `range`: `inputs` are the input buffers' offsets. Block by
+/// block, every input of a block is read before its outputs are written.
 fn elementwise<T: Element>(
     op: ElementwiseOp,
     alpha: Option<T>,
@@ -588,42 +590,64 @@ fn elementwise<T: Element>(
     range: Range<usize>,
     memory: &mut [u8],
 ) {
-    let count = range.len();
-    let inputs: Vec<Vec<T>> = inputs
-        .iter()
-        .map(|&offset| read::<T>(memory, offset + 4 * range.start, count))
-        .collect();
-    // `plan` checked the arity, the scalar and that division is defined.
-    let result: Vec<T> = match (op, &inputs[..]) {
-        (ElementwiseOp::Relu, [x]) => x.iter().map(|&x| max(x, T::ZERO)).collect(),
-        (ElementwiseOp::Scale, [x]) => {
-            let alpha = alpha.unwrap_or(T::ZERO);
-            x.iter().map(|&x| alpha.mul(x)).collect()
+    let mut x = [[T::ZERO; BLOCK]; 3];
+    let mut y = [T::ZERO; BLOCK];
+    let mut first = range.start;
+    while first < range.end {
+        let n = BLOCK.min(range.end - first);
+        for (block, &offset) in x.iter_mut().zip(inputs) {
+            load_into(memory, offset + 4 * first, &mut block[..n]);
         }
-        (ElementwiseOp::Fma, [a, b, c]) => a
-            .iter()
-            .zip(b)
-            .zip(c)
-            .map(|((&a, &b), &c)| a.fma(b, c))
-            .collect(),
-        (ElementwiseOp::Div, [a, b]) => a
-            .iter()
-            .zip(b)
-            .map(|(&a, &b)| a.div(b).unwrap_or(T::ZERO))
-            .collect(),
-        (_, [a, b]) => {
-            let combine: fn(T, T) -> T = match op {
-                ElementwiseOp::Add => T::add,
-                ElementwiseOp::Sub => T::sub,
-                ElementwiseOp::Mul => T::mul,
-                ElementwiseOp::Max => max,
-                _ => min,
-            };
-            a.iter().zip(b).map(|(&a, &b)| combine(a, b)).collect()
+        let [a, b, c] = &x;
+        let (a, b, c, y) = (&a[..n], &b[..n], &c[..n], &mut y[..n]);
+        // `plan` checked the arity, the scalar and that division is defined.
+        match op {
+            ElementwiseOp::Add => zip2(y, a, b, T::add),
+            ElementwiseOp::Sub => zip2(y, a, b, T::sub),
+            ElementwiseOp::Mul => zip2(y, a, b, T::mul),
+            ElementwiseOp::Max => zip2(y, a, b, max),
+            ElementwiseOp::Min => zip2(y, a, b, min),
+            ElementwiseOp::Div => zip2(y, a, b, |a, b| a.div(b).unwrap_or(T::ZERO)),
+            ElementwiseOp::Relu => zip2(y, a, a, |a, _| max(a, T::ZERO)),
+            ElementwiseOp::Scale => {
+                let alpha = alpha.unwrap_or(T::ZERO);
+                zip2(y, a, a, |a, _| alpha.mul(a));
+            }
+            ElementwiseOp::Fma => {
+                for (((y, &a), &b), &c) in y.iter_mut().zip(a).zip(b).zip(c) {
+                    *y = a.fma(b, c);
+                }
+            }
         }
-        _ => return,
-    };
-    write(memory, out, range.start, &result);
+        write(memory, out, first, y);
+        first += n;
+    }
+}
+
+/// Folds `values` into `partials` in order, value `i` into partial `i % partials.len()`.
+#[inline(always)]
+fn fold<T: Element>(partials: &mut [T], values: &[T], f: impl Fn(T, T) -> T) {
+    for chunk in values.chunks(partials.len()) {
+        for (partial, &value) in partials.iter_mut().zip(chunk) {
+            *partial = f(*partial, value);
+        }
+    }
+}
+
+/// `y[i] = f(a[i], b[i])`.
+#[inline(always)]
+fn zip2<T: Element>(y: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
+        *y = f(a, b);
+    }
+}
+
+/// Fills `into` with the elements at byte `offset`.
+fn load_into<T: Element>(memory: &[u8], offset: usize, into: &mut [T]) {
+    let bytes = &memory[offset..offset + 4 * into.len()];
+    for (value, chunk) in into.iter_mut().zip(bytes.chunks_exact(4)) {
+        *value = T::from_le([chunk[0], chunk[1], chunk[2], chunk[3]]);
+    }
 }
 
 /// Threads per reduction block; the tree below assumes this power of two.
