@@ -8,12 +8,16 @@
 use std::ops::Range;
 
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::contract::{conv2d_output_size, BLOCK_1D};
 use crate::{Blueprint, BlueprintKind, Dtype, ElementwiseOp, JitError, ReduceOp, Shape};
 
-/// A 32-bit element type with the GPU's arithmetic.
-pub(crate) trait Element: Copy + PartialOrd {
+/// A 32-bit element type with the GPU's arithmetic, viewable in place in guest memory (on a
+/// little-endian host, at a 4-byte-aligned address).
+pub(crate) trait Element:
+    Copy + PartialOrd + FromBytes + IntoBytes + Immutable + KnownLayout
+{
     const ZERO: Self;
     /// Identity of `max`: -inf or `i32::MIN`.
     const LOWEST: Self;
@@ -131,8 +135,8 @@ fn covered(config: &LaunchConfig, per_thread: u64, n: u64) -> usize {
 /// cancellation and lets other tenants' work run between steps.
 const STEP_WORK: usize = 1 << 18;
 
-/// Matmul: output columns summed together, their running sums kept between steps.
-const MATMUL_COLUMNS: usize = 256;
+/// Matmul: output rows summed together, sharing each row of b while it is in L1.
+const MATMUL_ROWS: usize = 4;
 
 impl Blueprint {
     /// Runs the kernel on the CPU over guest `memory`, after [`Blueprint::validate_launch`]:
@@ -281,9 +285,9 @@ impl Blueprint {
                     rows: rows as usize,
                     cols: cols as usize,
                     i: 0,
-                    j0: 0,
                     p: 0,
-                    acc: vec![T::ZERO; MATMUL_COLUMNS],
+                    b_values: Vec::new(),
+                    acc: Vec::new(),
                 })
             }
             (BlueprintKind::Conv2d(params), Shape::Conv2d { n, c, h, w, k }) => {
@@ -364,8 +368,8 @@ enum Stage<T> {
         col: usize,
         partials: Vec<T>,
     },
-    /// Output rows `i..rows` are left; the columns `j0..` of row `i` are summed up to `p`
-    /// in `acc`.
+    /// Output rows `i..rows` are left; rows `i..i + MATMUL_ROWS` are summed up to `p` in
+    /// `acc` (row by row, `cols` each). `b_values` is b, decoded at the first step.
     Matmul {
         a: usize,
         b: usize,
@@ -375,8 +379,8 @@ enum Stage<T> {
         rows: usize,
         cols: usize,
         i: usize,
-        j0: usize,
         p: usize,
+        b_values: Vec<T>,
         acc: Vec<T>,
     },
     /// The next output is pixel `at[0]` of channel `at[1]` of image `at[2]`.
@@ -502,41 +506,49 @@ impl<T: Element> Stage<T> {
                 rows,
                 cols,
                 i,
-                j0,
                 p,
+                b_values,
                 acc,
             } => {
-                if *cols == 0 {
+                if *cols == 0 || *rows == 0 {
                     return true;
                 }
+                if b_values.is_empty() && *k > 0 {
+                    // b as it is when the launch starts, decoded once: every tile reads it.
+                    b_values.resize(*k * *n, T::ZERO);
+                    load_into(memory, *b, b_values);
+                    acc.resize(MATMUL_ROWS * *cols, T::ZERO);
+                }
+                let (cols, n, k) = (*cols, *n, *k);
                 let mut spent = 0;
                 while *i < *rows {
-                    let width = MATMUL_COLUMNS.min(*cols - *j0);
-                    let sums = &mut acc[..width];
-                    // i-p-j order: each output's products still arrive in order of p.
-                    while *p < *k {
-                        let a_ip = load::<T>(memory, *a, *i * *k + *p);
-                        let start = *b + 4 * (*p * *n + *j0);
-                        let b_row = &memory[start..start + 4 * width];
-                        for (sum, b_pj) in sums.iter_mut().zip(b_row.chunks_exact(4)) {
-                            let b_pj = T::from_le([b_pj[0], b_pj[1], b_pj[2], b_pj[3]]);
-                            *sum = sum.add(a_ip.mul(b_pj));
+                    let tile = MATMUL_ROWS.min(*rows - *i);
+                    // i-p-j order: each output's products still arrive in order of p; row p
+                    // of b serves the tile's rows while it is in L1.
+                    while *p < k {
+                        let b_row = &b_values[*p * n..][..cols];
+                        for (r, sums) in acc.chunks_exact_mut(cols).take(tile).enumerate() {
+                            let a_ip = load::<T>(memory, *a, (*i + r) * k + *p);
+                            for (sum, &b_pj) in sums.iter_mut().zip(b_row) {
+                                *sum = sum.add(a_ip.mul(b_pj));
+                            }
                         }
                         *p += 1;
-                        spent += width;
-                        if spent >= work && *p < *k {
+                        spent += cols * tile;
+                        if spent >= work && *p < k {
                             return false;
                         }
                     }
-                    write(memory, *c, *i * *n + *j0, sums);
-                    sums.fill(T::ZERO);
-                    *p = 0;
-                    *j0 += width;
-                    if *j0 >= *cols {
-                        *j0 = 0;
-                        *i += 1;
+                    if k == 0 {
+                        acc.resize(MATMUL_ROWS * cols, T::ZERO);
                     }
-                    spent += width;
+                    for (r, sums) in acc.chunks_exact(cols).take(tile).enumerate() {
+                        write(memory, *c, (*i + r) * n, sums);
+                    }
+                    acc.fill(T::ZERO);
+                    *p = 0;
+                    *i += tile;
+                    spent += cols * tile;
                     if spent >= work {
                         break;
                     }
@@ -590,6 +602,9 @@ fn elementwise<T: Element>(
     range: Range<usize>,
     memory: &mut [u8],
 ) {
+    if elementwise_in_place(op, alpha, inputs, out, range.clone(), memory) {
+        return;
+    }
     let mut x = [[T::ZERO; BLOCK]; 3];
     let mut y = [T::ZERO; BLOCK];
     let mut first = range.start;
@@ -632,6 +647,74 @@ fn fold<T: Element>(partials: &mut [T], values: &[T], f: impl Fn(T, T) -> T) {
             *partial = f(*partial, value);
         }
     }
+}
+
+/// [`elementwise`] straight on guest memory viewed as `T`s, when it can be: a little-endian
+/// host, 4-byte-aligned buffers, and an output that overlaps no input (the common case; the
+/// block path handles the rest). Whether it ran.
+fn elementwise_in_place<T: Element>(
+    op: ElementwiseOp,
+    alpha: Option<T>,
+    inputs: &[usize],
+    out: usize,
+    range: Range<usize>,
+    memory: &mut [u8],
+) -> bool {
+    if cfg!(target_endian = "big") || inputs.len() > 3 {
+        return false;
+    }
+    let bytes = 4 * range.len();
+    let out_start = out + 4 * range.start;
+    let disjoint = |offset: usize| {
+        let start = offset + 4 * range.start;
+        start + bytes <= out_start || start >= out_start + bytes
+    };
+    if !inputs.iter().all(|&offset| disjoint(offset)) {
+        return false;
+    }
+    let (head, rest) = memory.split_at_mut(out_start);
+    let (dst, tail) = rest.split_at_mut(bytes);
+    let Ok(y) = <[T]>::mut_from_bytes(dst) else {
+        return false;
+    };
+    let view = |offset: usize| -> Option<&[T]> {
+        let start = offset + 4 * range.start;
+        let slice = if start + bytes <= out_start {
+            &head[start..start + bytes]
+        } else {
+            let at = start - out_start - bytes;
+            &tail[at..at + bytes]
+        };
+        <[T]>::ref_from_bytes(slice).ok()
+    };
+    let mut views: [&[T]; 3] = [&[], &[], &[]];
+    for (view_of, &offset) in views.iter_mut().zip(inputs) {
+        match view(offset) {
+            Some(values) => *view_of = values,
+            None => return false,
+        }
+    }
+    let [a, b, c] = views;
+    // `plan` checked the arity, the scalar and that division is defined.
+    match op {
+        ElementwiseOp::Add => zip2(y, a, b, T::add),
+        ElementwiseOp::Sub => zip2(y, a, b, T::sub),
+        ElementwiseOp::Mul => zip2(y, a, b, T::mul),
+        ElementwiseOp::Max => zip2(y, a, b, max),
+        ElementwiseOp::Min => zip2(y, a, b, min),
+        ElementwiseOp::Div => zip2(y, a, b, |a, b| a.div(b).unwrap_or(T::ZERO)),
+        ElementwiseOp::Relu => zip2(y, a, a, |a, _| max(a, T::ZERO)),
+        ElementwiseOp::Scale => {
+            let alpha = alpha.unwrap_or(T::ZERO);
+            zip2(y, a, a, |a, _| alpha.mul(a));
+        }
+        ElementwiseOp::Fma => {
+            for (((y, &a), &b), &c) in y.iter_mut().zip(a).zip(b).zip(c) {
+                *y = a.fma(b, c);
+            }
+        }
+    }
+    true
 }
 
 /// `y[i] = f(a[i], b[i])`.

@@ -170,3 +170,36 @@ fn a_step_over_memory_of_another_length_is_refused() {
     assert!(run.step(&mut shorter).is_err());
     assert!(shorter.iter().all(|&byte| byte == 0));
 }
+
+/// The in-place path (aligned memory, no overlap) and the block path (here: memory one byte
+/// off alignment) compute the same bytes, special values included.
+#[test]
+fn the_in_place_and_block_paths_agree() {
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::from_bits(1),
+        -0.0,
+        f32::MAX,
+    ];
+    for (blueprint, config, args, len) in launches() {
+        let mut initial = vec![0u8; len];
+        fill(&mut initial, 7);
+        for (i, chunk) in initial.chunks_exact_mut(4).enumerate().step_by(5) {
+            chunk.copy_from_slice(&specials[i % specials.len()].to_le_bytes());
+        }
+        let mut aligned = vec![0u32; len / 4 + 1];
+        let aligned_bytes: &mut [u8] = zerocopy::IntoBytes::as_mut_bytes(&mut aligned[..]);
+        let aligned_bytes = &mut aligned_bytes[..len];
+        aligned_bytes.copy_from_slice(&initial);
+        run_sliced(&blueprint, &config, &args, aligned_bytes, usize::MAX);
+        let mut shifted = vec![0u8; len + 1];
+        shifted[1..].copy_from_slice(&initial);
+        run_sliced(&blueprint, &config, &args, &mut shifted[1..], usize::MAX);
+        assert!(
+            aligned_bytes == &shifted[1..],
+            "{blueprint}: the two paths differ"
+        );
+    }
+}
