@@ -23,6 +23,14 @@ impl Wake for ThreadWaker {
 /// from an async task (it would block that worker).
 pub fn block_on<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
+    // Most futures here are ready at once (an uncontended permit, a finished kernel): one
+    // poll with a waker that does nothing answers them without allocating a thread waker.
+    if let Poll::Ready(out) = future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        return out;
+    }
     let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
     loop {
@@ -37,6 +45,11 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
 /// passed: `Some(output)`, or `None` at the deadline (the future is left as it is: poll it
 /// again, or drop it to give up). Never call it from an async task.
 pub fn block_on_until<F: Future + Unpin>(future: &mut F, deadline: Instant) -> Option<F::Output> {
+    if let Poll::Ready(out) =
+        std::pin::Pin::new(&mut *future).poll(&mut Context::from_waker(Waker::noop()))
+    {
+        return Some(out);
+    }
     let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
     loop {

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Semaphore, TryAcquireError};
 
 pub use block_on::{block_on, block_on_until};
 pub use metrics::DispatchMetrics;
@@ -94,9 +94,9 @@ impl std::fmt::Debug for KernelDispatcher {
     }
 }
 
-/// Permission to run one kernel; released on drop.
+/// Permission to run one kernel; released on drop (its semaphore permit was forgotten when
+/// it was granted and is added back then, so holding one costs one `Arc`, not two).
 pub struct DispatchPermit {
-    _permit: OwnedSemaphorePermit,
     shared: Arc<Shared>,
 }
 
@@ -108,6 +108,7 @@ impl std::fmt::Debug for DispatchPermit {
 
 impl Drop for DispatchPermit {
     fn drop(&mut self) {
+        self.shared.permits.add_permits(1);
         if let Some(m) = &self.shared.metrics {
             m.in_flight.dec();
         }
@@ -164,12 +165,12 @@ impl KernelDispatcher {
         self.shared.queued.load(Ordering::Acquire)
     }
 
-    fn granted(&self, permit: OwnedSemaphorePermit) -> DispatchPermit {
+    /// A permit taken from the semaphore (and forgotten there: [`DispatchPermit`] gives it back).
+    fn granted(&self) -> DispatchPermit {
         if let Some(m) = &self.shared.metrics {
             m.in_flight.inc();
         }
         DispatchPermit {
-            _permit: permit,
             shared: self.shared.clone(),
         }
     }
@@ -188,10 +189,13 @@ impl KernelDispatcher {
     /// when the queue has room, `Busy` otherwise.
     pub async fn acquire(&self) -> Result<DispatchPermit, DispatchError> {
         let shared = &self.shared;
-        match shared.permits.clone().try_acquire_owned() {
-            Ok(permit) => return Ok(self.granted(permit)),
-            Err(tokio::sync::TryAcquireError::Closed) => return Err(DispatchError::Closed),
-            Err(tokio::sync::TryAcquireError::NoPermits) => {}
+        match shared.permits.try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                return Ok(self.granted());
+            }
+            Err(TryAcquireError::Closed) => return Err(DispatchError::Closed),
+            Err(TryAcquireError::NoPermits) => {}
         }
         let reserved = shared
             .queued
@@ -205,8 +209,11 @@ impl KernelDispatcher {
             m.queued.inc();
         }
         let _slot = QueueSlot(shared);
-        match shared.permits.clone().acquire_owned().await {
-            Ok(permit) => Ok(self.granted(permit)),
+        match shared.permits.acquire().await {
+            Ok(permit) => {
+                permit.forget();
+                Ok(self.granted())
+            }
             Err(_) => Err(DispatchError::Closed),
         }
     }
@@ -229,11 +236,12 @@ impl KernelDispatcher {
     /// Wraps a launched kernel's completion: the permit is held until it
     /// resolves and launch-to-completion latency is recorded.
     pub fn track<F>(&self, permit: DispatchPermit, completion: F) -> DispatchFuture<F> {
+        // The clock is read only when there is a latency histogram to feed.
+        let started = self.shared.metrics.is_some().then(Instant::now);
         DispatchFuture {
             completion,
             permit: Some(permit),
-            started: Instant::now(),
-            metrics: self.shared.metrics.clone(),
+            started,
         }
     }
 
@@ -248,15 +256,15 @@ impl KernelDispatcher {
 pub struct DispatchFuture<F> {
     completion: F,
     permit: Option<DispatchPermit>,
-    started: Instant,
-    metrics: Option<DispatchMetrics>,
+    /// When it was launched; `None` without metrics.
+    started: Option<Instant>,
 }
 
 impl<F> DispatchFuture<F> {
     fn finish(&mut self) {
-        if self.permit.take().is_some() {
-            if let Some(m) = &self.metrics {
-                m.latency.observe(self.started.elapsed().as_secs_f64());
+        if let Some(permit) = self.permit.take() {
+            if let (Some(m), Some(started)) = (&permit.shared.metrics, self.started) {
+                m.latency.observe(started.elapsed().as_secs_f64());
             }
         }
     }
