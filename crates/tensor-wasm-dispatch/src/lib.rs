@@ -29,12 +29,12 @@ mod metrics;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use tokio::sync::{Semaphore, TryAcquireError};
+use tokio::sync::Semaphore;
 
 pub use block_on::{block_on, block_on_until};
 pub use metrics::DispatchMetrics;
@@ -71,11 +71,41 @@ pub enum DispatchError {
     DeadlinePassed,
 }
 
+/// Permits live in `available` (an atomic counter: taking and returning one is one atomic
+/// operation) except while callers wait: then a returned permit is handed to a waiter through
+/// `handoff`, a semaphore that holds no permits otherwise. A waiter announces itself in `queued`
+/// and then tries `available` once more, and a returning permit is added to `available` and
+/// then `queued` is checked again, so neither side can miss the other (both sequentially
+/// consistent).
 struct Shared {
-    permits: Arc<Semaphore>,
+    available: AtomicUsize,
+    handoff: Semaphore,
+    closed: AtomicBool,
     config: DispatchConfig,
     queued: AtomicUsize,
     metrics: Option<DispatchMetrics>,
+}
+
+impl Shared {
+    /// Takes a permit from `available` if there is one.
+    fn take_fast(&self) -> bool {
+        self.available
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| a.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Returns a permit: to a waiter if there is one, else to `available`.
+    fn give_back(&self) {
+        if self.queued.load(Ordering::SeqCst) > 0 {
+            self.handoff.add_permits(1);
+            return;
+        }
+        self.available.fetch_add(1, Ordering::SeqCst);
+        // A caller that started waiting meanwhile may have missed it: hand it over.
+        if self.queued.load(Ordering::SeqCst) > 0 && self.take_fast() {
+            self.handoff.add_permits(1);
+        }
+    }
 }
 
 /// The process-wide admission point for kernel launches. Cheap to clone.
@@ -94,8 +124,7 @@ impl std::fmt::Debug for KernelDispatcher {
     }
 }
 
-/// Permission to run one kernel; released on drop (its semaphore permit was forgotten when
-/// it was granted and is added back then, so holding one costs one `Arc`, not two).
+/// Permission to run one kernel; released on drop.
 pub struct DispatchPermit {
     shared: Arc<Shared>,
 }
@@ -108,7 +137,7 @@ impl std::fmt::Debug for DispatchPermit {
 
 impl Drop for DispatchPermit {
     fn drop(&mut self) {
-        self.shared.permits.add_permits(1);
+        self.shared.give_back();
         if let Some(m) = &self.shared.metrics {
             m.in_flight.dec();
         }
@@ -120,7 +149,7 @@ struct QueueSlot<'a>(&'a Shared);
 
 impl Drop for QueueSlot<'_> {
     fn drop(&mut self) {
-        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+        self.0.queued.fetch_sub(1, Ordering::SeqCst);
         if let Some(m) = &self.0.metrics {
             m.queued.dec();
         }
@@ -142,7 +171,9 @@ impl KernelDispatcher {
         assert!(config.max_in_flight > 0, "max_in_flight must be at least 1");
         KernelDispatcher {
             shared: Arc::new(Shared {
-                permits: Arc::new(Semaphore::new(config.max_in_flight)),
+                available: AtomicUsize::new(config.max_in_flight),
+                handoff: Semaphore::new(0),
+                closed: AtomicBool::new(false),
                 config,
                 queued: AtomicUsize::new(0),
                 metrics,
@@ -157,7 +188,9 @@ impl KernelDispatcher {
 
     /// Kernels admitted and not yet completed.
     pub fn in_flight(&self) -> usize {
-        self.shared.config.max_in_flight - self.shared.permits.available_permits()
+        let free =
+            self.shared.available.load(Ordering::SeqCst) + self.shared.handoff.available_permits();
+        self.shared.config.max_in_flight.saturating_sub(free)
     }
 
     /// Callers waiting for a permit.
@@ -165,7 +198,7 @@ impl KernelDispatcher {
         self.shared.queued.load(Ordering::Acquire)
     }
 
-    /// A permit taken from the semaphore (and forgotten there: [`DispatchPermit`] gives it back).
+    /// A permit just taken ([`DispatchPermit`] gives it back on drop).
     fn granted(&self) -> DispatchPermit {
         if let Some(m) = &self.shared.metrics {
             m.in_flight.inc();
@@ -189,17 +222,21 @@ impl KernelDispatcher {
     /// when the queue has room, `Busy` otherwise.
     pub async fn acquire(&self) -> Result<DispatchPermit, DispatchError> {
         let shared = &self.shared;
-        match shared.permits.try_acquire() {
-            Ok(permit) => {
-                permit.forget();
-                return Ok(self.granted());
-            }
-            Err(TryAcquireError::Closed) => return Err(DispatchError::Closed),
-            Err(TryAcquireError::NoPermits) => {}
+        if shared.closed.load(Ordering::Acquire) {
+            return Err(DispatchError::Closed);
+        }
+        if shared.take_fast() {
+            return Ok(self.granted());
+        }
+        // A permit handed over to a waiter that had meanwhile taken one from `available` (or
+        // given up) is left in `handoff`: take it before queueing.
+        if let Ok(permit) = shared.handoff.try_acquire() {
+            permit.forget();
+            return Ok(self.granted());
         }
         let reserved = shared
             .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
                 (q < shared.config.max_queued).then_some(q + 1)
             });
         if reserved.is_err() {
@@ -209,7 +246,12 @@ impl KernelDispatcher {
             m.queued.inc();
         }
         let _slot = QueueSlot(shared);
-        match shared.permits.acquire().await {
+        // Announced: a permit returned from now on comes through `handoff`; one returned just
+        // before is in `available`.
+        if shared.take_fast() {
+            return Ok(self.granted());
+        }
+        match shared.handoff.acquire().await {
             Ok(permit) => {
                 permit.forget();
                 Ok(self.granted())
@@ -247,7 +289,8 @@ impl KernelDispatcher {
 
     /// Refuses every later acquire with `Closed` and wakes the waiters.
     pub fn close(&self) {
-        self.shared.permits.close();
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.handoff.close();
     }
 }
 
@@ -307,6 +350,46 @@ impl<F: Future + Unpin> DispatchFuture<F> {
 mod tests {
     use super::*;
     use std::sync::Barrier;
+
+    /// Eight threads take and return permits of a dispatcher capped at two, many thousand
+    /// times: never more than two at once, nobody left waiting for a permit that was
+    /// returned (the run ends), and every permit back at the end.
+    #[test]
+    fn permits_under_contention_are_never_lost_or_doubled() {
+        let d = KernelDispatcher::new(DispatchConfig {
+            max_in_flight: 2,
+            max_queued: 64,
+        });
+        let holding = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (d, holding, most) = (d.clone(), holding.clone(), most.clone());
+                std::thread::spawn(move || {
+                    for i in 0..5_000u32 {
+                        let permit = d.acquire_blocking().expect("the queue has room for all");
+                        let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        if i % 64 == 0 {
+                            std::thread::yield_now();
+                        }
+                        holding.fetch_sub(1, Ordering::SeqCst);
+                        drop(permit);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(
+            most.load(Ordering::SeqCst) <= 2,
+            "more than the cap at once"
+        );
+        assert_eq!((d.in_flight(), d.queued()), (0, 0));
+        let both = (d.acquire_blocking(), d.acquire_blocking());
+        assert!(both.0.is_ok() && both.1.is_ok(), "both permits are back");
+    }
 
     #[test]
     fn permits_queue_and_busy_are_exact() {
