@@ -468,10 +468,24 @@ impl<T: Element> Stage<T> {
                 let mut spent = 0;
                 let mut values = [T::ZERO; BLOCK];
                 while *row < *rows && spent < work {
-                    // Whole blocks, so `col` stays a multiple of the 256 partials.
-                    let end = (*cols).min(*col + BLOCK);
-                    let values = &mut values[..end - *col];
-                    load_into(memory, *x + 4 * (*row * *cols + *col), values);
+                    // Whole spans of 256, so `col` stays a multiple of the partials. In place
+                    // when the memory can be viewed as `T`s (little-endian, aligned), else
+                    // through a block on the stack.
+                    let start = *x + 4 * (*row * *cols + *col);
+                    let span = (*cols).min(*col + REDUCE_SPAN) - *col;
+                    let in_place = if cfg!(target_endian = "little") {
+                        <[T]>::ref_from_bytes(&memory[start..start + 4 * span]).ok()
+                    } else {
+                        None
+                    };
+                    let (end, values): (usize, &[T]) = match in_place {
+                        Some(values) => (*col + span, values),
+                        None => {
+                            let values = &mut values[..span.min(BLOCK)];
+                            load_into(memory, start, values);
+                            (*col + values.len(), values)
+                        }
+                    };
                     match op {
                         ReduceOp::Sum => fold(partials, values, T::add),
                         ReduceOp::Max => {
@@ -732,6 +746,9 @@ fn load_into<T: Element>(memory: &[u8], offset: usize, into: &mut [T]) {
         *value = T::from_le([chunk[0], chunk[1], chunk[2], chunk[3]]);
     }
 }
+
+/// Reduce: elements one pass over guest memory folds in place (a multiple of the partials).
+const REDUCE_SPAN: usize = 4 * BLOCK;
 
 /// Threads per reduction block; the tree below assumes this power of two.
 const REDUCE_THREADS: usize = BLOCK_1D as usize;
