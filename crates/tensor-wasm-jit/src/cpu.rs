@@ -629,25 +629,7 @@ fn elementwise<T: Element>(
         }
         let [a, b, c] = &x;
         let (a, b, c, y) = (&a[..n], &b[..n], &c[..n], &mut y[..n]);
-        // `plan` checked the arity, the scalar and that division is defined.
-        match op {
-            ElementwiseOp::Add => zip2(y, a, b, T::add),
-            ElementwiseOp::Sub => zip2(y, a, b, T::sub),
-            ElementwiseOp::Mul => zip2(y, a, b, T::mul),
-            ElementwiseOp::Max => zip2(y, a, b, max),
-            ElementwiseOp::Min => zip2(y, a, b, min),
-            ElementwiseOp::Div => zip2(y, a, b, |a, b| a.div(b).unwrap_or(T::ZERO)),
-            ElementwiseOp::Relu => zip2(y, a, a, |a, _| max(a, T::ZERO)),
-            ElementwiseOp::Scale => {
-                let alpha = alpha.unwrap_or(T::ZERO);
-                zip2(y, a, a, |a, _| alpha.mul(a));
-            }
-            ElementwiseOp::Fma => {
-                for (((y, &a), &b), &c) in y.iter_mut().zip(a).zip(b).zip(c) {
-                    *y = a.fma(b, c);
-                }
-            }
-        }
+        apply(op, alpha, y, [a, b, c]);
         write(memory, out, first, y);
         first += n;
     }
@@ -709,7 +691,14 @@ fn elementwise_in_place<T: Element>(
         }
     }
     let [a, b, c] = views;
-    // `plan` checked the arity, the scalar and that division is defined.
+    apply(op, alpha, y, [a, b, c]);
+    true
+}
+
+/// `y = op(a, b, c)` element by element (unary ops read `a`, binary ones `a` and `b`).
+/// `plan` checked the arity, the scalar and that division is defined.
+#[inline(always)]
+fn apply<T: Element>(op: ElementwiseOp, alpha: Option<T>, y: &mut [T], [a, b, c]: [&[T]; 3]) {
     match op {
         ElementwiseOp::Add => zip2(y, a, b, T::add),
         ElementwiseOp::Sub => zip2(y, a, b, T::sub),
@@ -728,7 +717,6 @@ fn elementwise_in_place<T: Element>(
             }
         }
     }
-    true
 }
 
 /// `y[i] = f(a[i], b[i])`.
