@@ -31,6 +31,12 @@ pub(crate) trait Element:
     fn fma(self, b: Self, c: Self) -> Self;
     /// `self / other`; `None` where the GPU has no defined result (integers).
     fn div(self, other: Self) -> Option<Self>;
+    /// `y[i] = a[i].fma(b[i], c[i])`.
+    fn fma_into(y: &mut [Self], a: &[Self], b: &[Self], c: &[Self]) {
+        for (((y, &a), &b), &c) in y.iter_mut().zip(a).zip(b).zip(c) {
+            *y = a.fma(b, c);
+        }
+    }
 }
 
 impl Element for f32 {
@@ -59,6 +65,9 @@ impl Element for f32 {
     }
     fn fma(self, b: Self, c: Self) -> Self {
         self.mul_add(b, c)
+    }
+    fn fma_into(y: &mut [Self], a: &[Self], b: &[Self], c: &[Self]) {
+        crate::fma::fma_f32(y, a, b, c);
     }
     fn div(self, other: Self) -> Option<Self> {
         Some(self / other)
@@ -711,11 +720,7 @@ fn apply<T: Element>(op: ElementwiseOp, alpha: Option<T>, y: &mut [T], [a, b, c]
             let alpha = alpha.unwrap_or(T::ZERO);
             zip2(y, a, a, |a, _| alpha.mul(a));
         }
-        ElementwiseOp::Fma => {
-            for (((y, &a), &b), &c) in y.iter_mut().zip(a).zip(b).zip(c) {
-                *y = a.fma(b, c);
-            }
-        }
+        ElementwiseOp::Fma => T::fma_into(y, a, b, c),
     }
 }
 

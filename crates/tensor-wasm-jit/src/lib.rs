@@ -70,6 +70,7 @@ mod cpu_tests;
 mod emit;
 mod error;
 mod fingerprint;
+mod fma;
 mod program;
 mod target;
 

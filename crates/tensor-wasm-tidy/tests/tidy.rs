@@ -24,6 +24,8 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "crates/tensor-wasm-runtime/src/snapshot.rs",
     // `setpriority` on the calling thread: blocking work runs below the async threads.
     "crates/tensor-wasm-api/src/priority.rs",
+    // Calling the `#[target_feature(enable = "fma")]` loop after detecting FMA at run time.
+    "crates/tensor-wasm-jit/src/fma.rs",
     // The stand-in CUDA driver (test support): a C ABI needs `#[no_mangle] extern "C"`
     // functions with raw out-pointers, and its managed memory is raw mappings.
     "crates/tensor-wasm-cuda-standin/",
