@@ -226,6 +226,59 @@ def criterion_headline_row(row, cited):
             f"{fmt_goal(goal) if goal else '—'} | {holds} | {link(rel(path))} |")
 
 
+# ---------------------------------------------------------------------- CPU backend kernels
+
+# Issue 18's goals, per kernel family (the peer's operation on the same shapes and cores).
+CPU_KERNEL_GOALS = [
+    (re.compile(r"^(vector_add|elementwise|reduce)\["), 0.8, "memory-bound blueprints"),
+    (re.compile(r"^(builtin )?matmul.*(f32|\^3)$"), 0.35, "f32 matmul"),
+    (re.compile(r"^conv2d\["), 0.35, "conv2d"),
+]
+
+
+def cpu_kernel_goal(kernel):
+    if ":i32 " in kernel and kernel.startswith("matmul"):
+        return None  # i32 matmul: reported, no goal
+    for pattern, goal, _ in CPU_KERNEL_GOALS:
+        if pattern.search(kernel):
+            return goal
+    return None
+
+
+def cpu_kernels_section(out, cited):
+    """The CPU backend against numpy / OpenBLAS, from the newest `make cpu-kernels` run file."""
+    runs = [(p, load(p)) for p in glob.glob(os.path.join(RESULTS, "cpu-kernels", "*.json"))]
+    if not runs:
+        return
+    path, doc = max(runs, key=lambda r: (r[1].get("date", ""), r[0]))
+    cited.setdefault(path, set()).add("CPU kernels")
+    peer = doc.get("peer", {})
+    # Commands as run from the repository root, wherever the checkout was.
+    commands = {k: re.sub(r"\S*/(target/release/|scripts/)", r"\1", v) for k, v in doc["commands"].items()}
+    blas = ", ".join(f"{t.get('internal_api')} {t.get('version')} ({t.get('num_threads')} threads, "
+                     f"{t.get('architecture')})" for t in peer.get("threadpools", []))
+    out.append("## CPU backend kernels vs numpy / OpenBLAS\n")
+    out.append(f"From {link(rel(path), rel(path))} — machine: {doc['machine'].get('cpu')}, "
+               f"{doc['machine'].get('cpus')} cores, {doc['machine'].get('platform')}; date: {doc.get('date')}; "
+               f"commit: `{doc.get('commit')}`; command: `make cpu-kernels` (`{commands['tensor_wasm']}` "
+               f"and `{commands['peer']}`, one after the other). Peer: numpy {peer.get('numpy')}, {blas}.\n")
+    out.append("Each kernel launched as the guest ABI launches it on the CPU backend, against numpy's equivalent "
+               "operation on the same shapes and cores (memory-bound: 16 Mi elements, GB/s of bytes read and "
+               "written; matmul and conv2d: GFLOP/s). Goals from issue 18: memory-bound ≥ 0.8×, f32 matmul and "
+               "conv2d ≥ 0.35×; what was tried is in docs/perf-experiments.md.\n")
+    out.append("| kernel | TensorWasm CPU | numpy / OpenBLAS (operation) | ratio | goal | holds |")
+    out.append("|---|---|---|---|---|---|")
+    for row in doc.get("ratios", []):
+        unit = "GB/s" if row["unit"] == "gb_per_s" else "GFLOP/s"
+        goal = cpu_kernel_goal(row["kernel"])
+        ratio = row.get("ratio")
+        theirs = f"{row['numpy']:.2f} {unit}" if row.get("numpy") else "—"
+        holds = "—" if goal is None or ratio is None else ("yes" if ratio >= goal else "no")
+        out.append(f"| `{row['kernel']}` | {row['tensor_wasm']:.2f} {unit} | {theirs} (`{row['peer']}`) | "
+                   f"{f'{ratio:.2f}×' if ratio else '—'} | {f'≥ {goal}×' if goal else '—'} | {holds} |")
+    out.append("")
+
+
 def headline_section(out, cited):
     out.append("## Headline figures\n")
     out.append("| figure | ours | peer, same run | ours ÷ peer | goal | holds | run file |")
@@ -548,6 +601,7 @@ def render():
         "file it comes from.",
         "",
     ]
+    cpu_kernels_section(out, cited)
     headline_section(out, cited)
     out += [
         "## How we measure",
