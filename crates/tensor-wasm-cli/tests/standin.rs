@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tensor_wasm_test_support::guests::{c_guest, examples_dir as examples, ALIASED_MATMUL_WAT};
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess as Server};
+use tensor_wasm_test_support::wait::wait_for;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
 
@@ -520,22 +521,12 @@ fn an_unstoppable_kernel_is_answered_at_the_deadline_and_keeps_its_memory() {
     );
     assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
     let job = json_of(&body)["job_id"].as_str().unwrap().to_owned();
-    let start = Instant::now();
-    let failed = loop {
+    let (failed, took) = wait_for(Duration::from_secs(10), "the job has finished", || {
         let (status, body) = server.get(&format!("/jobs/{job}"));
         assert_eq!(status, 200);
         let job = json_of(&body);
-        if job["status"] != "queued" && job["status"] != "running" {
-            break job;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the job is still {} after 10 s",
-            job["status"]
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let took = start.elapsed();
+        (job["status"] != "queued" && job["status"] != "running").then_some(job)
+    });
     assert_eq!(
         (&failed["status"], &failed["error"]["code"]),
         (&json!("failed"), &json!("invocation_timeout")),

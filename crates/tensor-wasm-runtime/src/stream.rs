@@ -408,7 +408,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use super::*;
@@ -431,7 +431,8 @@ mod tests {
             (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))))
         (call $proc_exit (i32.const 2))))"#;
 
-    fn runtime(dir: &std::path::Path) -> Runtime {
+    /// A runtime over a fresh store in `dir` (also for other modules' tests).
+    pub(crate) fn runtime(dir: &std::path::Path) -> Runtime {
         let store = Arc::new(FsFunctionStore::open(dir).unwrap());
         let metrics = RuntimeMetrics::register(&prometheus::Registry::new()).unwrap();
         Runtime::open(RuntimeConfig::for_tests(dir), store, metrics).unwrap()

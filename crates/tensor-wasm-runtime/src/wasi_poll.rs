@@ -204,11 +204,7 @@ fn poll_oneoff(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use crate::{
-        DeploySpec, FsFunctionStore, Runtime, RuntimeConfig, RuntimeError, RuntimeMetrics,
-    };
+    use crate::{DeploySpec, Runtime, RuntimeError};
 
     use super::*;
 
@@ -253,9 +249,7 @@ mod tests {
         (i32.const 1)))"#;
 
     fn sleeper(dir: &std::path::Path, timeout_ms: u64) -> (Runtime, String) {
-        let store = Arc::new(FsFunctionStore::open(dir).unwrap());
-        let metrics = RuntimeMetrics::register(&prometheus::Registry::new()).unwrap();
-        let rt = Runtime::open(RuntimeConfig::for_tests(dir), store, metrics).unwrap();
+        let rt = crate::stream::tests::runtime(dir);
         let spec = DeploySpec {
             timeout_ms: Some(timeout_ms),
             ..DeploySpec::export("sleeper")
