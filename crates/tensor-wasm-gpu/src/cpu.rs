@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 
-use self::kernels::{GuestMemory, Work};
+use self::kernels::{Cursor, GuestMemory, Work};
 use self::pool::{CpuJob, JobWork, Task, WorkerPool};
 use crate::completion::Signal;
 use crate::kernel::{KernelKind, ProgramKernel};
@@ -71,7 +71,7 @@ impl CpuBackend {
         &self,
         tenant: &TenantKey,
         work: JobWork,
-        parts: Vec<Range<usize>>,
+        parts: Vec<(Range<usize>, Option<Cursor>)>,
         memory: &'m mut [u8],
     ) -> Completion<'m> {
         if parts.is_empty() {
@@ -87,11 +87,12 @@ impl CpuBackend {
             failure: Mutex::new(None),
             signal: signal.clone(),
         });
-        self.pool.submit(parts.into_iter().map(|part| Task {
-            job: job.clone(),
-            part,
-            cursor: None,
-        }));
+        self.pool
+            .submit(parts.into_iter().map(|(part, cursor)| Task {
+                job: job.clone(),
+                part,
+                cursor,
+            }));
         Completion::pending(signal)
     }
 }
@@ -172,21 +173,44 @@ impl Backend for CpuBackend {
                 let program = &loaded.program;
                 validate::check_buffers(program.name(), args, memory.len())?;
                 program.validate(config, args, memory.len())?;
+                if let Some(parts) =
+                    program.cpu_parts(config, args, memory.len(), self.pool.size())?
+                {
+                    parts.check(memory.len())?;
+                    let tasks = parts
+                        .parts
+                        .into_iter()
+                        .map(|(range, part)| (range, Some(Cursor::Part(part))))
+                        .collect();
+                    let work = JobWork::Parts {
+                        inputs: parts.inputs,
+                    };
+                    // SAFETY: the program validated the launch against `memory` above, and
+                    // `check` put every part's range inside it, disjoint from the other parts'
+                    // and from every input; the completion is returned under this function's
+                    // own no-leak contract.
+                    return Ok(unsafe { self.submit(tenant, work, tasks, memory) });
+                }
                 let work = JobWork::Program {
                     program: program.clone(),
                     config: *config,
                     args: args.to_vec(),
                 };
+                let whole = vec![(Range::default(), None)];
                 // SAFETY: the program validated the launch against `memory` above and runs as
                 // one task (its part is unused: the program's steps, or `run_cpu`, are the
-                // whole launch); the completion
-                // is returned under this function's own no-leak contract.
-                return Ok(unsafe { self.submit(tenant, work, vec![Range::default()], memory) });
+                // whole launch); the completion is returned under this function's own no-leak
+                // contract.
+                return Ok(unsafe { self.submit(tenant, work, whole, memory) });
             }
         };
         let call = validate::plan_builtin(builtin, args, memory.len())?;
         let work = Work::new(call, config);
-        let parts = work.partition(self.pool.size());
+        let parts = work
+            .partition(self.pool.size())
+            .into_iter()
+            .map(|part| (part, None))
+            .collect();
         // SAFETY: `plan_builtin` validated the call against `memory` and `partition` returns
         // disjoint parts; the completion is returned under this function's no-leak contract.
         Ok(unsafe { self.submit(tenant, JobWork::Builtin(work), parts, memory) })

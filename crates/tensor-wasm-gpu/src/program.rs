@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::{GpuError, KernelArg, LaunchConfig};
@@ -79,6 +80,27 @@ pub trait KernelProgram: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// The CPU run of a launch as parts that may run on different cores at once, or `None` (the
+    /// default) to run it as [`KernelProgram::cpu_steps`] on one core.
+    ///
+    /// Only called after [`KernelProgram::validate`] accepted the same `config` and `args` for
+    /// `memory_len` bytes. `workers` is how many cores the backend has; more parts than that
+    /// gain nothing. The backend refuses parts that could race (see [`CpuParts`]) with an
+    /// internal error, so a program offers parts only where outputs and inputs are disjoint.
+    ///
+    /// # Errors
+    /// Whatever the kernel reports; the launch's completion ends with it.
+    fn cpu_parts(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory_len: usize,
+        workers: usize,
+    ) -> Result<Option<CpuParts>, GpuError> {
+        let _ = (config, args, memory_len, workers);
+        Ok(None)
+    }
+
     /// (PTX text, entry name) for a device of this compute capability and driver version
     /// (`cuDriverGetVersion`, e.g. 13000 for CUDA 13.0).
     ///
@@ -102,6 +124,81 @@ pub trait CpuSteps: Send {
     /// Whatever the kernel reports; the launch's completion ends with it and no further step
     /// runs.
     fn step(&mut self, memory: &mut [u8]) -> Result<bool, GpuError>;
+}
+
+/// A launch on the CPU as parts that run at once ([`KernelProgram::cpu_parts`]): every part
+/// reads the `inputs` byte ranges of guest memory and writes its own output range, nothing else.
+/// The backend checks before it runs any part that every range lies inside guest memory and
+/// that no output range overlaps another part's output or any input, so parts cannot race.
+pub struct CpuParts {
+    /// Byte ranges of guest memory every part may read, given to each step in this order.
+    pub inputs: Vec<Range<usize>>,
+    /// Each part with the byte range of guest memory it writes.
+    pub parts: Vec<(Range<usize>, Box<dyn CpuPart>)>,
+}
+
+impl fmt::Debug for CpuParts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let outputs: Vec<&Range<usize>> = self.parts.iter().map(|(range, _)| range).collect();
+        f.debug_struct("CpuParts")
+            .field("inputs", &self.inputs)
+            .field("outputs", &outputs)
+            .finish()
+    }
+}
+
+impl CpuParts {
+    /// Refuses parts that would reach outside `memory_len` bytes or could race: an output range
+    /// overlapping another part's output or any input.
+    ///
+    /// # Errors
+    /// `Cuda` (an internal error of the program that offered the parts).
+    pub(crate) fn check(&self, memory_len: usize) -> Result<(), GpuError> {
+        let overlap = |x: &Range<usize>, y: &Range<usize>| {
+            !x.is_empty() && !y.is_empty() && x.start < y.end && y.start < x.end
+        };
+        let outputs: Vec<&Range<usize>> = self.parts.iter().map(|(range, _)| range).collect();
+        let inside = |range: &Range<usize>| range.start <= range.end && range.end <= memory_len;
+        let fault = if !self
+            .inputs
+            .iter()
+            .chain(outputs.iter().copied())
+            .all(inside)
+        {
+            Some("a range outside guest memory")
+        } else if outputs
+            .iter()
+            .enumerate()
+            .any(|(i, x)| outputs[i + 1..].iter().any(|y| overlap(x, y)))
+        {
+            Some("two parts writing the same bytes")
+        } else if outputs
+            .iter()
+            .any(|x| self.inputs.iter().any(|y| overlap(x, y)))
+        {
+            Some("a part writing bytes the parts read")
+        } else {
+            None
+        };
+        match fault {
+            Some(fault) => Err(GpuError::Cuda(format!(
+                "CPU kernel parts refused: {fault} (internal error)"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One part of a launch on the CPU ([`CpuParts`]), computed step by step.
+pub trait CpuPart: Send {
+    /// Computes the next step from `inputs` (the launch's input ranges, in order) into
+    /// `output` (this part's range); `Ok(true)` once the part is computed. One step should take
+    /// well under a millisecond on an optimised build, as for [`CpuSteps::step`].
+    ///
+    /// # Errors
+    /// Whatever the kernel reports; the launch's completion ends with it and no further step
+    /// of this part runs.
+    fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError>;
 }
 
 /// Most programs one backend keeps loaded; past it, the oldest is forgotten (kernels already
@@ -194,6 +291,43 @@ mod tests {
         assert_eq!(cache.get_or_load([1; 16], loaded(10)), Ok(10));
         assert_eq!(cache.get_or_load([3; 16], loaded(99)), Ok(3));
         assert_eq!(cache.loads(), 4);
+    }
+
+    struct Nothing;
+
+    impl CpuPart for Nothing {
+        fn step(&mut self, _: &[&[u8]], _: &mut [u8]) -> Result<bool, GpuError> {
+            Ok(true)
+        }
+    }
+
+    /// Parts pass the check only with every range inside memory, outputs disjoint from each
+    /// other and from every input; empty ranges overlap nothing.
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)]
+    fn parts_that_could_race_or_reach_outside_memory_are_refused() {
+        let parts = |inputs: Vec<Range<usize>>, outputs: Vec<Range<usize>>| CpuParts {
+            inputs,
+            parts: outputs
+                .into_iter()
+                .map(|range| (range, Box::new(Nothing) as Box<dyn CpuPart>))
+                .collect(),
+        };
+        let refused = |parts: CpuParts, why: &str| match parts.check(100) {
+            Err(GpuError::Cuda(message)) => assert!(message.contains(why), "{message}"),
+            other => panic!("{parts:?}: {other:?}"),
+        };
+        assert_eq!(parts(vec![0..40], vec![40..60, 60..100]).check(100), Ok(()));
+        assert_eq!(
+            parts(vec![0..40, 10..20], vec![40..40, 40..41]).check(100),
+            Ok(())
+        );
+        refused(parts(vec![0..40], vec![40..101]), "outside guest memory");
+        refused(parts(vec![90..101], vec![0..10]), "outside guest memory");
+        #[allow(clippy::reversed_empty_ranges)]
+        refused(parts(vec![], vec![50..40]), "outside guest memory");
+        refused(parts(vec![0..40], vec![40..60, 59..70]), "the same bytes");
+        refused(parts(vec![0..40], vec![39..60]), "bytes the parts read");
     }
 
     #[test]

@@ -80,6 +80,31 @@ struct NegateProgram {
     ptx_requests: AtomicUsize,
     /// `run_cpu` fails with this instead of computing, to test error reporting.
     cpu_failure: Option<GpuError>,
+    /// Offer the launch as this many parts (`CpuParts`) when not zero.
+    parts: usize,
+    /// The parts claim an output range that overlaps their input (must be refused).
+    overlapping_parts: bool,
+}
+
+/// Elements `range` of `negate` as a part: `out[i] = -x[i]`, a few elements per step.
+struct NegatePart {
+    range: std::ops::Range<usize>,
+    next: usize,
+}
+
+impl crate::CpuPart for NegatePart {
+    fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
+        let x = inputs[0];
+        let end = self.range.end.min(self.next + 3);
+        for i in self.next..end {
+            let value = f32::from_le_bytes(x[4 * i..4 * i + 4].try_into().unwrap());
+            // The output slice starts at the part's first element.
+            let at = 4 * (i - self.range.start);
+            output[at..at + 4].copy_from_slice(&(-value).to_le_bytes());
+        }
+        self.next = end;
+        Ok(end == self.range.end)
+    }
 }
 
 impl NegateProgram {
@@ -88,6 +113,8 @@ impl NegateProgram {
             fingerprint,
             ptx_requests: AtomicUsize::new(0),
             cpu_failure: None,
+            parts: 0,
+            overlapping_parts: false,
         }
     }
 
@@ -166,6 +193,39 @@ impl KernelProgram for NegateProgram {
         Ok(())
     }
 
+    fn cpu_parts(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory_len: usize,
+        _workers: usize,
+    ) -> Result<Option<crate::CpuParts>, GpuError> {
+        if self.parts == 0 {
+            return Ok(None);
+        }
+        let (x, out, n) = Self::plan(args, memory_len)?;
+        let covered = config.threads_x().min(u64::from(n)) as usize;
+        let per = covered.div_ceil(self.parts).max(1);
+        let parts = (0..covered)
+            .step_by(per)
+            .map(|start| {
+                let range = start..(start + per).min(covered);
+                let output = if self.overlapping_parts {
+                    x + 4 * range.start..x + 4 * range.end
+                } else {
+                    out + 4 * range.start..out + 4 * range.end
+                };
+                let next = range.start;
+                let part: Box<dyn crate::CpuPart> = Box::new(NegatePart { range, next });
+                (output, part)
+            })
+            .collect();
+        Ok(Some(crate::CpuParts {
+            inputs: std::iter::once(x..x + 4 * covered).collect(),
+            parts,
+        }))
+    }
+
     fn ptx(
         &self,
         _compute_capability: (u32, u32),
@@ -219,24 +279,55 @@ fn run_program(
 #[test]
 fn program_runs_on_the_cpu_through_the_scoped_launch() {
     let program: Arc<dyn KernelProgram> = Arc::new(NegateProgram::new([1; 16]));
-    for (n, config) in [
-        (1000, LaunchConfig::linear(1000, 256)),
-        (1000, LaunchConfig::linear(300, 100)),
-        (1, LaunchConfig::linear(1, 1)),
-    ] {
-        let (mut memory, args) = negate_memory(n);
-        run_program(cpu(), program.clone(), config, &args, &mut memory).unwrap();
-        let covered = (config.threads_x() as usize).min(n);
-        assert_eq!(
-            get_f32s(&memory, 4 * n, n),
-            negated(n, covered),
-            "{config:?}"
-        );
+    let backend = CpuBackend::with_workers(3).unwrap();
+    for parts in [0, 1, 3, 7] {
+        let program: Arc<dyn KernelProgram> = Arc::new(NegateProgram {
+            parts,
+            ..NegateProgram::new([20 + parts as u8; 16])
+        });
+        for (n, config) in [
+            (1000, LaunchConfig::linear(1000, 256)),
+            (1000, LaunchConfig::linear(300, 100)),
+            (1, LaunchConfig::linear(1, 1)),
+        ] {
+            let (mut memory, args) = negate_memory(n);
+            run_program(&backend, program.clone(), config, &args, &mut memory).unwrap();
+            let covered = (config.threads_x() as usize).min(n);
+            assert_eq!(
+                get_f32s(&memory, 4 * n, n),
+                negated(n, covered),
+                "{config:?} in {parts} parts"
+            );
+        }
     }
     let kernel = cpu().load_program(&key(), program.clone()).unwrap();
     assert_eq!(kernel.name(), "negate[f32]");
     assert!(kernel.as_builtin().is_none());
     assert!(format!("{kernel:?}").contains("negate[f32]"));
+}
+
+/// Parts whose output overlaps what they read are refused before anything runs.
+#[test]
+fn parts_that_could_race_are_refused() {
+    let program = Arc::new(NegateProgram {
+        parts: 2,
+        overlapping_parts: true,
+        ..NegateProgram::new([30; 16])
+    });
+    let (mut memory, args) = negate_memory(64);
+    let before = memory.clone();
+    let result = run_program(
+        cpu(),
+        program,
+        LaunchConfig::linear(64, 64),
+        &args,
+        &mut memory,
+    );
+    assert!(
+        matches!(&result, Err(GpuError::Cuda(m)) if m.contains("parts refused")),
+        "{result:?}"
+    );
+    assert_eq!(memory, before, "nothing ran");
 }
 
 #[test]
@@ -663,9 +754,17 @@ fn cuda_programs_run_for_stream_and_context_tenants_of_one_backend() {
 #[derive(Debug)]
 struct EndlessProgram {
     steps: Arc<AtomicUsize>,
+    /// Offer the launch as this many parts when not zero (part `i` writes byte `i`).
+    parts: usize,
 }
 
 struct EndlessSteps(Arc<AtomicUsize>);
+
+impl crate::CpuPart for EndlessSteps {
+    fn step(&mut self, _: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
+        crate::CpuSteps::step(self, output)
+    }
+}
 
 impl crate::CpuSteps for EndlessSteps {
     fn step(&mut self, memory: &mut [u8]) -> Result<bool, GpuError> {
@@ -707,16 +806,44 @@ impl KernelProgram for EndlessProgram {
         Ok(Some(Box::new(EndlessSteps(self.steps.clone()))))
     }
 
+    fn cpu_parts(
+        &self,
+        _: &LaunchConfig,
+        _: &[KernelArg],
+        _: usize,
+        _: usize,
+    ) -> Result<Option<crate::CpuParts>, GpuError> {
+        if self.parts == 0 {
+            return Ok(None);
+        }
+        let parts = (0..self.parts)
+            .map(|i| {
+                let part: Box<dyn crate::CpuPart> = Box::new(EndlessSteps(self.steps.clone()));
+                (i..i + 1, part)
+            })
+            .collect();
+        Ok(Some(crate::CpuParts {
+            inputs: Vec::new(),
+            parts,
+        }))
+    }
+
     fn ptx(&self, _: (u32, u32), _: i32) -> Result<(Arc<str>, String), GpuError> {
         Err(GpuError::NotAvailable(String::from("CPU only")))
     }
 }
 
-/// A program with steps is cancelled between two steps, and while it runs on the only worker,
-/// another tenant's launch gets the worker between its slices instead of waiting for it to end
-/// (never, here).
+/// A program with steps, or with parts, is cancelled between two steps, and while it runs on
+/// the only worker, another tenant's launch gets the worker between its slices instead of
+/// waiting for it to end (never, here).
 #[test]
 fn a_stepped_program_is_cancellable_and_shares_the_pool() {
+    for parts in [0, 3] {
+        stepped_program_is_cancellable_and_shares_the_pool(parts);
+    }
+}
+
+fn stepped_program_is_cancellable_and_shares_the_pool(parts: usize) {
     use std::time::{Duration, Instant};
 
     let backend = CpuBackend::with_workers(1).unwrap();
@@ -726,6 +853,7 @@ fn a_stepped_program_is_cancellable_and_shares_the_pool() {
             &TenantKey::new("tn-endless"),
             Arc::new(EndlessProgram {
                 steps: steps.clone(),
+                parts,
             }),
         )
         .unwrap();

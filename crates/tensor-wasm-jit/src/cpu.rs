@@ -7,30 +7,30 @@
 
 use std::ops::Range;
 
+use tensor_wasm_gpu::gemm::{decode_into, encode_into, Lane};
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::contract::{conv2d_output_size, BLOCK_1D};
+use crate::cpu_parts::{conv_pixel, Conv};
 use crate::{Blueprint, BlueprintKind, Dtype, ElementwiseOp, JitError, ReduceOp, Shape};
 
 /// A 32-bit element type with the GPU's arithmetic, viewable in place in guest memory (on a
 /// little-endian host, at a 4-byte-aligned address).
+/// Addition, multiplication and the byte order come from [`Lane`], shared with the GEMM.
 pub(crate) trait Element:
-    Copy + PartialOrd + FromBytes + IntoBytes + Immutable + KnownLayout
+    Lane + PartialOrd + FromBytes + IntoBytes + Immutable + KnownLayout
 {
-    const ZERO: Self;
     /// Identity of `max`: -inf or `i32::MIN`.
     const LOWEST: Self;
-    fn from_le(bytes: [u8; 4]) -> Self;
-    fn to_le(self) -> [u8; 4];
     fn from_arg(arg: &KernelArg) -> Option<Self>;
-    fn add(self, other: Self) -> Self;
     fn sub(self, other: Self) -> Self;
-    fn mul(self, other: Self) -> Self;
     /// `self * b + c`, fused for f32.
     fn fma(self, b: Self, c: Self) -> Self;
     /// `self / other`; `None` where the GPU has no defined result (integers).
     fn div(self, other: Self) -> Option<Self>;
+    /// Neither infinite nor NaN (every integer).
+    fn is_finite(self) -> bool;
     /// `y[i] = a[i].fma(b[i], c[i])`.
     fn fma_into(y: &mut [Self], a: &[Self], b: &[Self], c: &[Self]) {
         for (((y, &a), &b), &c) in y.iter_mut().zip(a).zip(b).zip(c) {
@@ -40,28 +40,15 @@ pub(crate) trait Element:
 }
 
 impl Element for f32 {
-    const ZERO: Self = 0.0;
     const LOWEST: Self = f32::NEG_INFINITY;
-    fn from_le(bytes: [u8; 4]) -> Self {
-        f32::from_le_bytes(bytes)
-    }
-    fn to_le(self) -> [u8; 4] {
-        self.to_le_bytes()
-    }
     fn from_arg(arg: &KernelArg) -> Option<Self> {
         match arg {
             KernelArg::F32(value) => Some(*value),
             _ => None,
         }
     }
-    fn add(self, other: Self) -> Self {
-        self + other
-    }
     fn sub(self, other: Self) -> Self {
         self - other
-    }
-    fn mul(self, other: Self) -> Self {
-        self * other
     }
     fn fma(self, b: Self, c: Self) -> Self {
         self.mul_add(b, c)
@@ -72,37 +59,30 @@ impl Element for f32 {
     fn div(self, other: Self) -> Option<Self> {
         Some(self / other)
     }
+    fn is_finite(self) -> bool {
+        f32::is_finite(self)
+    }
 }
 
 impl Element for i32 {
-    const ZERO: Self = 0;
     const LOWEST: Self = i32::MIN;
-    fn from_le(bytes: [u8; 4]) -> Self {
-        i32::from_le_bytes(bytes)
-    }
-    fn to_le(self) -> [u8; 4] {
-        self.to_le_bytes()
-    }
     fn from_arg(arg: &KernelArg) -> Option<Self> {
         match arg {
             KernelArg::I32(value) => Some(*value),
             _ => None,
         }
     }
-    fn add(self, other: Self) -> Self {
-        self.wrapping_add(other)
-    }
     fn sub(self, other: Self) -> Self {
         self.wrapping_sub(other)
-    }
-    fn mul(self, other: Self) -> Self {
-        self.wrapping_mul(other)
     }
     fn fma(self, b: Self, c: Self) -> Self {
         self.wrapping_mul(b).wrapping_add(c)
     }
     fn div(self, _other: Self) -> Option<Self> {
         None
+    }
+    fn is_finite(self) -> bool {
+        true
     }
 }
 
@@ -127,14 +107,11 @@ fn min<T: Element>(a: T, b: T) -> T {
 /// Writes `values` as elements `first..` of the buffer at byte `offset`.
 fn write<T: Element>(memory: &mut [u8], offset: usize, first: usize, values: &[T]) {
     let start = offset + 4 * first;
-    let bytes = &mut memory[start..start + 4 * values.len()];
-    for (chunk, value) in bytes.chunks_exact_mut(4).zip(values) {
-        chunk.copy_from_slice(&value.to_le());
-    }
+    encode_into(values, &mut memory[start..start + 4 * values.len()]);
 }
 
 /// Elements a one-dimensional launch covers: `min(n, grid.x * 256 * per_thread)`.
-fn covered(config: &LaunchConfig, per_thread: u64, n: u64) -> usize {
+pub(crate) fn covered(config: &LaunchConfig, per_thread: u64, n: u64) -> usize {
     let threads = u64::from(config.grid[0]) * u64::from(BLOCK_1D);
     threads.saturating_mul(per_thread).min(n) as usize
 }
@@ -142,7 +119,7 @@ fn covered(config: &LaunchConfig, per_thread: u64, n: u64) -> usize {
 /// Work one step computes: multiply-adds for matmul and conv2d, elements for the rest. About
 /// 0.1 ms on one core of an optimised build (a few ms unoptimised); the CPU backend checks for
 /// cancellation and lets other tenants' work run between steps.
-const STEP_WORK: usize = 1 << 18;
+pub(crate) const STEP_WORK: usize = 1 << 18;
 
 /// Matmul: output rows summed together, sharing each row of b while it is in L1.
 const MATMUL_ROWS: usize = 4;
@@ -593,7 +570,9 @@ impl<T: Element> Stage<T> {
                 let mut spent = 0;
                 while at[2] < *images && spent < work {
                     let [pq, ko, img] = *at;
-                    let value = conv_pixel::<T>(conv, *buffers, [pq, ko, img], memory);
+                    let [input, weight, _] = *buffers;
+                    let tensors = [&memory[input..], &memory[weight..]];
+                    let value = conv_pixel::<T>(conv, tensors, [pq, ko, img]);
                     let index = (img * conv.k + ko) * conv.p * conv.q + pq;
                     write(memory, buffers[2], index, &[value]);
                     spent += per_pixel;
@@ -734,10 +713,7 @@ fn zip2<T: Element>(y: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
 
 /// Fills `into` with the elements at byte `offset`.
 fn load_into<T: Element>(memory: &[u8], offset: usize, into: &mut [T]) {
-    let bytes = &memory[offset..offset + 4 * into.len()];
-    for (value, chunk) in into.iter_mut().zip(bytes.chunks_exact(4)) {
-        *value = T::from_le([chunk[0], chunk[1], chunk[2], chunk[3]]);
-    }
+    decode_into(&memory[offset..offset + 4 * into.len()], into);
 }
 
 /// Reduce: elements one pass over guest memory folds in place (a multiple of the partials).
@@ -745,53 +721,3 @@ const REDUCE_SPAN: usize = 4 * BLOCK;
 
 /// Threads per reduction block; the tree below assumes this power of two.
 const REDUCE_THREADS: usize = BLOCK_1D as usize;
-
-/// Dimensions of one convolution launch.
-#[derive(Debug)]
-struct Conv {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    k: usize,
-    r: usize,
-    s: usize,
-    stride: usize,
-    pad: usize,
-    p: usize,
-    q: usize,
-}
-
-/// Output pixel `pq` of channel `ko` of image `img`; `buffers` = input, weight, output.
-fn conv_pixel<T: Element>(
-    conv: &Conv,
-    [input, weight, _]: [usize; 3],
-    [pq, ko, img]: [usize; 3],
-    memory: &[u8],
-) -> T {
-    let (p, q) = (pq / conv.q, pq % conv.q);
-    let mut acc = T::ZERO;
-    for ci in 0..conv.c {
-        for r in 0..conv.r {
-            let Some(ih) = (p * conv.stride + r).checked_sub(conv.pad) else {
-                continue;
-            };
-            if ih >= conv.h {
-                continue;
-            }
-            let row = ((img * conv.c + ci) * conv.h + ih) * conv.w;
-            let taps = ((ko * conv.c + ci) * conv.r + r) * conv.s;
-            for s in 0..conv.s {
-                let Some(iw) = (q * conv.stride + s).checked_sub(conv.pad) else {
-                    continue;
-                };
-                if iw < conv.w {
-                    let x = load::<T>(memory, input, row + iw);
-                    let tap = load::<T>(memory, weight, taps + s);
-                    acc = acc.add(x.mul(tap));
-                }
-            }
-        }
-    }
-    acc
-}

@@ -203,3 +203,111 @@ fn the_in_place_and_block_paths_agree() {
         );
     }
 }
+
+/// Runs the parts of a launch for `workers` cores one after another, each in steps of one
+/// panel or pixel; `false` when the launch has no parts.
+fn run_parts(
+    blueprint: &Blueprint,
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    memory: &mut [u8],
+    workers: usize,
+) -> bool {
+    let Some(parts) = blueprint
+        .cpu_parts(config, args, memory.len(), workers)
+        .unwrap()
+    else {
+        return false;
+    };
+    assert!(parts.parts.len() <= workers.max(1));
+    let inputs: Vec<Vec<u8>> = parts
+        .inputs
+        .iter()
+        .map(|range| memory[range.clone()].to_vec())
+        .collect();
+    let inputs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+    for (range, mut part) in parts.parts {
+        while !part.step(&inputs, &mut memory[range.clone()]).unwrap() {}
+    }
+    true
+}
+
+/// f32 words equal bit for bit, any two NaNs taken as equal (payloads are not part of the
+/// contract between CPU and GPU, nor between two CPU instruction orders).
+fn same_words(left: &[u8], right: &[u8]) -> bool {
+    left.len() == right.len()
+        && left
+            .chunks_exact(4)
+            .zip(right.chunks_exact(4))
+            .all(|(l, r)| {
+                let l = f32::from_le_bytes([l[0], l[1], l[2], l[3]]);
+                let r = f32::from_le_bytes([r[0], r[1], r[2], r[3]]);
+                l.to_bits() == r.to_bits() || (l.is_nan() && r.is_nan())
+            })
+}
+
+/// Matmul and conv2d as parts for 1 to 5 cores compute what one `CpuRun` computes, with
+/// infinities, NaNs, denormals and signed zeros in every operand; the conv2d with non-finite
+/// weights takes the pixel-by-pixel path and still agrees.
+#[test]
+fn parts_on_any_number_of_cores_equal_one_run() {
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::from_bits(1),
+        -0.0,
+        f32::MAX,
+        1.0e-30,
+    ];
+    for (blueprint, config, args, len) in launches() {
+        for every in [0, 97, 5] {
+            let mut initial = vec![0u8; len];
+            fill(&mut initial, 11);
+            if every > 0 {
+                for (i, chunk) in initial.chunks_exact_mut(4).enumerate().step_by(every) {
+                    chunk.copy_from_slice(&specials[i % specials.len()].to_le_bytes());
+                }
+            }
+            let mut expected = initial.clone();
+            run_sliced(&blueprint, &config, &args, &mut expected, usize::MAX);
+            for workers in 1..=5 {
+                let mut memory = initial.clone();
+                if !run_parts(&blueprint, &config, &args, &mut memory, workers) {
+                    continue;
+                }
+                assert!(
+                    same_words(&memory, &expected),
+                    "{blueprint} on {workers} cores, specials every {every}"
+                );
+            }
+        }
+    }
+}
+
+/// Matmul and conv2d run as parts; element-wise kernels and reductions as one run. An output
+/// over an input never gets that far: validation refuses it.
+#[test]
+fn parts_are_offered_only_for_separate_buffers() {
+    for (blueprint, config, args, len) in launches() {
+        let kind = blueprint.to_string();
+        let parted = blueprint.cpu_parts(&config, &args, len, 4).unwrap();
+        let gemm_like = kind.starts_with("matmul") || kind.starts_with("conv2d");
+        assert_eq!(parted.is_some(), gemm_like, "{kind}");
+        if !gemm_like {
+            continue;
+        }
+        // The output written over the first input.
+        let mut aliased = args.clone();
+        let KernelArg::Buffer { offset, .. } = args[0] else {
+            unreachable!()
+        };
+        if let KernelArg::Buffer { offset: out, .. } = &mut aliased[2] {
+            *out = offset;
+        }
+        assert!(
+            blueprint.cpu_parts(&config, &aliased, len, 4).is_err(),
+            "{kind}"
+        );
+    }
+}

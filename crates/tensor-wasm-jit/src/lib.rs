@@ -65,6 +65,7 @@ mod blueprint;
 mod cache;
 mod contract;
 mod cpu;
+mod cpu_parts;
 #[cfg(test)]
 mod cpu_tests;
 mod emit;

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tensor_wasm_gpu::{CpuSteps, GpuError, KernelArg, KernelProgram, LaunchConfig};
+use tensor_wasm_gpu::{CpuParts, CpuSteps, GpuError, KernelArg, KernelProgram, LaunchConfig};
 
 use crate::{
     Blueprint, CacheKey, CompiledKernel, CpuRun, Fingerprint, JitError, KernelCache, PtxTarget,
@@ -90,6 +90,18 @@ impl KernelProgram for CompiledBlueprint {
     ) -> Result<Option<Box<dyn CpuSteps>>, GpuError> {
         let run = self.blueprint.cpu_run(config, args, memory_len)?;
         Ok(Some(Box::new(run)))
+    }
+
+    fn cpu_parts(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory_len: usize,
+        workers: usize,
+    ) -> Result<Option<CpuParts>, GpuError> {
+        Ok(self
+            .blueprint
+            .cpu_parts(config, args, memory_len, workers)?)
     }
 
     fn ptx(

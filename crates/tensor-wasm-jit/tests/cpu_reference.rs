@@ -159,6 +159,35 @@ fn values(dtype: Dtype, count: usize, seed: &[u32]) -> Vec<u32> {
         .collect()
 }
 
+/// Runs a launch as `run_cpu` does (`parts == false`) or as the parts of `cpu_parts` for
+/// `workers` cores, one after another (their outputs are disjoint and no part writes what the
+/// parts read, so the order does not matter); the parts path must be offered.
+fn run(
+    blueprint: &Blueprint,
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    bytes: &mut [u8],
+    parts: Option<usize>,
+) {
+    let Some(workers) = parts else {
+        blueprint.run_cpu(config, args, bytes).unwrap();
+        return;
+    };
+    let parts = blueprint
+        .cpu_parts(config, args, bytes.len(), workers)
+        .unwrap()
+        .expect("matmul and conv2d with separate buffers run as parts");
+    let inputs: Vec<Vec<u8>> = parts
+        .inputs
+        .iter()
+        .map(|range| bytes[range.clone()].to_vec())
+        .collect();
+    let inputs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+    for (range, mut part) in parts.parts {
+        while !part.step(&inputs, &mut bytes[range.clone()]).unwrap() {}
+    }
+}
+
 fn shrink_grid(config: LaunchConfig, fraction: [u32; 3]) -> LaunchConfig {
     let mut config = config;
     for (blocks, quarters) in config.grid.iter_mut().zip(fraction) {
@@ -317,6 +346,7 @@ proptest! {
         n in 0usize..40,
         k in 0usize..40,
         quarters in (1u32..=4, 1u32..=4),
+        parts in prop::option::of(1usize..5),
     ) {
         let blueprint = Blueprint::parse(&format!("matmul[{tile}]:{}", dtype.as_str())).unwrap();
         let BlueprintKind::Matmul(t) = *blueprint.kind() else { unreachable!() };
@@ -330,7 +360,7 @@ proptest! {
         ];
         let shape = Shape::Matmul { m: m as u32, n: n as u32, k: k as u32 };
         let config = shrink_grid(blueprint.launch_config(&shape).unwrap(), [quarters.0, quarters.1, 4]);
-        blueprint.run_cpu(&config, &args, &mut memory.bytes).unwrap();
+        run(&blueprint, &config, &args, &mut memory.bytes, parts);
         let got = memory.words(&args[2]);
         let rows = (config.grid[1] * t.m) as usize;
         let cols = (config.grid[0] * t.n) as usize;
@@ -352,6 +382,7 @@ proptest! {
         (dtype, pool) in typed_pool(1),
         dims in (1usize..3, 0usize..4, 0usize..12, 0usize..12, 1usize..4),
         quarter in 1u32..=4,
+        parts in prop::option::of(1usize..5),
     ) {
         let (batch, c, h, w, k) = dims;
         let blueprint = Blueprint::parse(&format!("conv2d[{params}]:{}", dtype.as_str())).unwrap();
@@ -370,7 +401,7 @@ proptest! {
         ];
         let shape = Shape::Conv2d { n: batch as u32, c: c as u32, h: h as u32, w: w as u32, k: k as u32 };
         let config = shrink_grid(blueprint.launch_config(&shape).unwrap(), [quarter, 4, 4]);
-        blueprint.run_cpu(&config, &args, &mut memory.bytes).unwrap();
+        run(&blueprint, &config, &args, &mut memory.bytes, parts);
         let got = memory.words(&args[2]);
         let pixels = config.grid[0] as usize * 256;
         for img in 0..batch {

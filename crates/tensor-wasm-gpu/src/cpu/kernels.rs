@@ -5,6 +5,7 @@
 
 use std::ops::Range;
 
+use crate::gemm::{Gemm, Matrices};
 use crate::validate::BuiltinCall;
 use crate::LaunchConfig;
 
@@ -59,10 +60,14 @@ pub(super) struct Work {
 pub(super) enum Cursor {
     /// Elementwise: the next element.
     Elements(usize),
-    /// Matmul: the tile in progress and its accumulators.
+    /// Matmul whose output aliases an input: the tile in progress and its accumulators.
     Matmul(Box<MatmulCursor>),
+    /// Matmul into a separate output: the blocked multiply in progress.
+    Gemm(Box<Gemm<f32>>),
     /// A host-described program's run, step by step.
     Steps(Box<dyn crate::CpuSteps>),
+    /// One part of a host-described program's run ([`crate::CpuParts`]), step by step.
+    Part(Box<dyn crate::CpuPart>),
 }
 
 /// A matmul part's position: the tile at (`row0`, `col0`), summed up to `p`.
@@ -128,6 +133,9 @@ impl Work {
             BuiltinCall::VectorAdd { .. } | BuiltinCall::Scale { .. } => {
                 Cursor::Elements(part.start)
             }
+            BuiltinCall::Matmul { n, k, .. } if !self.call.output_aliases_input() => Cursor::Gemm(
+                Box::new(Gemm::new(part.len(), self.x_limit, k as usize, n as usize)),
+            ),
             BuiltinCall::Matmul { .. } => Cursor::Matmul(Box::new(MatmulCursor {
                 col0: 0,
                 row0: part.start,
@@ -192,6 +200,23 @@ impl Work {
                         SLICE_MULADDS,
                     )
                 }
+            }
+            (BuiltinCall::Matmul { a, b, c, n, k, .. }, Cursor::Gemm(gemm)) => {
+                let (n, k) = (n as usize, k as usize);
+                let at = |offset: usize, first: usize| memory.0.wrapping_add(offset + 4 * first);
+                // SAFETY: validation put m*k, k*n and m*n f32 values at a, b and c, and `part`
+                // lies below `y_limit <= m`, so each slice is inside guest memory; the output
+                // aliases no input (or the cursor would be `Matmul`), no other part writes
+                // these rows of c, and no part writes a or b (the caller's promise).
+                let (a, b, c) = unsafe {
+                    (
+                        std::slice::from_raw_parts(at(a, part.start * k), 4 * part.len() * k),
+                        std::slice::from_raw_parts(at(b, 0), 4 * k * n),
+                        std::slice::from_raw_parts_mut(at(c, part.start * n), 4 * part.len() * n),
+                    )
+                };
+                let source = Matrices { a, b, k, ldb: n };
+                gemm.step(&source, c, SLICE_MULADDS as usize)
             }
             // A cursor of another kind than the call: not made by `Work::cursor`.
             _ => true,

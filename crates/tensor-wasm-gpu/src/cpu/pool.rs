@@ -34,6 +34,10 @@ pub(super) enum JobWork {
         config: LaunchConfig,
         args: Vec<KernelArg>,
     },
+    /// A host-described program split into parts ([`KernelProgram::cpu_parts`], checked by
+    /// [`crate::CpuParts::check`]): each task's part is its output range and its cursor the
+    /// part's steps; all of them read `inputs`.
+    Parts { inputs: Vec<Range<usize>> },
 }
 
 impl JobWork {
@@ -44,7 +48,8 @@ impl JobWork {
     /// validated against, valid for reads and writes for the whole call; `cursor` is this
     /// part's, only moved on by this function; no other thread may access the bytes this part
     /// writes, nor write the bytes it reads, while it runs (a program's single task may touch
-    /// all of guest memory, so nothing else may).
+    /// all of guest memory, so nothing else may; the parts of a `Parts` job were checked to
+    /// write disjoint ranges that no part reads).
     unsafe fn run_slice(
         &self,
         memory: GuestMemory,
@@ -76,16 +81,41 @@ impl JobWork {
                 let Some(Cursor::Steps(steps)) = cursor else {
                     return Ok(true);
                 };
-                let started = Instant::now();
-                loop {
-                    if steps.step(memory)? {
-                        return Ok(true);
-                    }
-                    if started.elapsed() >= PROGRAM_SLICE {
-                        return Ok(false);
-                    }
-                }
+                slice_of_steps(|| steps.step(memory))
             }
+            JobWork::Parts { inputs } => {
+                let Some(Cursor::Part(steps)) = cursor else {
+                    return Ok(true);
+                };
+                let inputs: Vec<&[u8]> = inputs
+                    .iter()
+                    // SAFETY: `CpuParts::check` put every input range inside the `memory_len`
+                    // bytes at `memory`, and no part writes them (the caller's promise covers
+                    // everything else), so shared references to them are sound.
+                    .map(|range| unsafe {
+                        std::slice::from_raw_parts(memory.0.add(range.start), range.len())
+                    })
+                    .collect();
+                // SAFETY: `part` is this task's output range, checked to lie inside guest memory
+                // and to overlap no other part's output and no input; this task's slices run
+                // one at a time, so this is the only reference to those bytes.
+                let output =
+                    unsafe { std::slice::from_raw_parts_mut(memory.0.add(part.start), part.len()) };
+                slice_of_steps(|| steps.step(&inputs, output))
+            }
+        }
+    }
+}
+
+/// Runs `step` until it reports the end or a slice's time is up; `true` at the end.
+fn slice_of_steps(mut step: impl FnMut() -> Result<bool, GpuError>) -> Result<bool, GpuError> {
+    let started = Instant::now();
+    loop {
+        if step()? {
+            return Ok(true);
+        }
+        if started.elapsed() >= PROGRAM_SLICE {
+            return Ok(false);
         }
     }
 }

@@ -1,0 +1,352 @@
+//! Matrix multiply on the CPU near the core's peak, with the GPU kernels' exact arithmetic.
+//!
+//! Every output is `c[i][j] = ((0 + a[i][0]·b[0][j]) + a[i][1]·b[1][j]) + ...` in order of the
+//! inner index `p`, each product and each sum rounded on its own (never fused), as the PTX
+//! matmul and conv2d kernels compute it. That order is per output, so it leaves the freedom that
+//! makes a matrix multiply fast: outputs are independent. [`Gemm`] computes a *register tile* of
+//! `MR × NR` outputs at once — each step of `p` broadcasts `MR` values of `a` and multiplies them
+//! with `NR` consecutive values of `b`, one vector instruction per row and operation — from
+//! operands *packed* into the order the tile reads them, in blocks sized for the caches:
+//!
+//! - b is packed per `NC` columns, all of its `k` rows, in panels of `NR` columns (a `KC × NR`
+//!   slice of a panel stays in L1 while the tiles of a block use it);
+//! - a is packed per block of `MC` rows and `KC` of `p`, in panels of `MR` rows (in L2);
+//! - a block's running sums stay in an `MC × NC` array across its `KC` slices of `p`, so slicing
+//!   `p` does not reorder any sum (a sum is stored as an f32 between slices: exact).
+//!
+//! Compiled twice: for the baseline target, and for AVX2 (8-lane f32 and i32 vectors), chosen at
+//! run time. Neither uses FMA: `a + b * c` stays two rounded operations.
+//!
+//! A [`Gemm`] is computed in bounded steps ([`Gemm::step`]) so that the CPU backend can stop it
+//! between steps (a cancelled launch) and serve other tenants in between.
+
+use std::fmt;
+
+/// Rows of a register tile (one broadcast value of `a` each).
+const MR: usize = 12;
+/// Columns of a register tile: one 8-lane vector.
+const NR: usize = 8;
+/// Values of `p` in one packed block of `a`.
+const KC: usize = 256;
+/// Rows of `a` in one packed block (a multiple of `MR`).
+const MC: usize = 96;
+/// Columns of `b` packed at a time (a multiple of `NR`).
+const NC: usize = 512;
+
+/// An element type a [`Gemm`] multiplies: the GPU's 32-bit arithmetic (`f32` rounded to
+/// nearest, `i32` wrapping), stored little-endian in guest memory.
+pub trait Lane: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
+    /// The additive identity every sum starts from.
+    const ZERO: Self;
+    /// The value of 4 little-endian bytes.
+    fn from_le(bytes: [u8; 4]) -> Self;
+    /// The 4 little-endian bytes of the value.
+    fn to_le(self) -> [u8; 4];
+    /// `self + other` as the GPU computes it.
+    fn add(self, other: Self) -> Self;
+    /// `self * other` as the GPU computes it.
+    fn mul(self, other: Self) -> Self;
+}
+
+impl Lane for f32 {
+    const ZERO: Self = 0.0;
+    fn from_le(bytes: [u8; 4]) -> Self {
+        f32::from_le_bytes(bytes)
+    }
+    fn to_le(self) -> [u8; 4] {
+        self.to_le_bytes()
+    }
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        self + other
+    }
+    #[inline(always)]
+    fn mul(self, other: Self) -> Self {
+        self * other
+    }
+}
+
+impl Lane for i32 {
+    const ZERO: Self = 0;
+    fn from_le(bytes: [u8; 4]) -> Self {
+        i32::from_le_bytes(bytes)
+    }
+    fn to_le(self) -> [u8; 4] {
+        self.to_le_bytes()
+    }
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        self.wrapping_add(other)
+    }
+    #[inline(always)]
+    fn mul(self, other: Self) -> Self {
+        self.wrapping_mul(other)
+    }
+}
+
+/// Fills `into` with the little-endian values at the start of `bytes`.
+pub fn decode_into<T: Lane>(bytes: &[u8], into: &mut [T]) {
+    for (value, chunk) in into.iter_mut().zip(bytes.chunks_exact(4)) {
+        *value = T::from_le([chunk[0], chunk[1], chunk[2], chunk[3]]);
+    }
+}
+
+/// Writes `values` little-endian at the start of `bytes`.
+pub fn encode_into<T: Lane>(values: &[T], bytes: &mut [u8]) {
+    for (chunk, value) in bytes.chunks_exact_mut(4).zip(values) {
+        chunk.copy_from_slice(&value.to_le());
+    }
+}
+
+/// Where a [`Gemm`] reads its operands: `a` is `m × k`, `b` is `k × cols` (at least).
+pub trait GemmSource<T> {
+    /// Fills `out` with `a[row][p0..p0 + out.len()]`.
+    fn a_row(&self, row: usize, p0: usize, out: &mut [T]);
+    /// Fills `out` with `b[p][col0..col0 + out.len()]`.
+    fn b_row(&self, p: usize, col0: usize, out: &mut [T]);
+}
+
+/// Row-major `a` (`k` values per row) and `b` (`ldb` values per row) as little-endian bytes,
+/// each slice starting at element `[0][0]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Matrices<'a> {
+    /// The bytes of `a`.
+    pub a: &'a [u8],
+    /// The bytes of `b`.
+    pub b: &'a [u8],
+    /// Values per row of `a`.
+    pub k: usize,
+    /// Values per row of `b`.
+    pub ldb: usize,
+}
+
+impl<T: Lane> GemmSource<T> for Matrices<'_> {
+    fn a_row(&self, row: usize, p0: usize, out: &mut [T]) {
+        decode_into(&self.a[4 * (row * self.k + p0)..], out);
+    }
+    fn b_row(&self, p: usize, col0: usize, out: &mut [T]) {
+        decode_into(&self.b[4 * (p * self.ldb + col0)..], out);
+    }
+}
+
+/// `c = a · b` for rows `0..m` and columns `0..cols` of `c`, computed in bounded steps.
+///
+/// `c` is written as little-endian bytes, `ldc` values per row, one finished block of `MC` rows
+/// by `NC` columns at a time; nothing else of `c` is touched.
+pub struct Gemm<T> {
+    m: usize,
+    cols: usize,
+    k: usize,
+    ldc: usize,
+    /// The block in progress: columns from `jc`, rows from `ic`, `p` from `pc`, and the next
+    /// panel of `NR` columns within it.
+    jc: usize,
+    ic: usize,
+    pc: usize,
+    jr: usize,
+    /// b's columns `jc..jc + NC`, every `p`: panel `jr` holds `[p][NR]` at `jr * k * NR`.
+    packed_b: Vec<T>,
+    /// a's rows `ic..ic + MC`, `p` in `pc..pc + KC`: panel `ir` holds `[p][MR]`.
+    packed_a: Vec<T>,
+    /// The block's running sums, tile by tile: tile (`ir`, `jr`) at
+    /// `(jr * MC / MR + ir) * MR * NR`, row-major inside.
+    sums: Vec<T>,
+    /// One row of an operand or of the output on its way.
+    row: Vec<T>,
+}
+
+impl<T> fmt::Debug for Gemm<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gemm")
+            .field("m", &self.m)
+            .field("cols", &self.cols)
+            .field("k", &self.k)
+            .field("at", &(self.jc, self.ic, self.pc, self.jr))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Lane> Gemm<T> {
+    /// A multiply of `m` rows and `cols` columns over `k` values of `p`; `c` has `ldc >= cols`
+    /// values per row.
+    pub fn new(m: usize, cols: usize, k: usize, ldc: usize) -> Self {
+        Self {
+            m,
+            cols,
+            k,
+            ldc,
+            jc: 0,
+            ic: 0,
+            pc: 0,
+            jr: 0,
+            packed_b: Vec::new(),
+            packed_a: Vec::new(),
+            sums: Vec::new(),
+            row: Vec::new(),
+        }
+    }
+
+    /// Whether every output is computed and written.
+    pub fn done(&self) -> bool {
+        self.m == 0 || self.cols == 0 || self.jc >= self.cols
+    }
+
+    /// Computes at least one panel and about `work` multiply-adds, from `source` into `c`;
+    /// `true` once the whole product is written. The operands must not change between steps
+    /// of one product (the CPU backend's launches guarantee it: no other writer runs meanwhile).
+    ///
+    /// # Panics
+    /// When `source` or `c` is too short for the shape given to [`Gemm::new`].
+    pub fn step(&mut self, source: &impl GemmSource<T>, c: &mut [u8], work: usize) -> bool {
+        let mut spent = 0usize;
+        while !self.done() {
+            let nc = NC.min(self.cols - self.jc);
+            let mc = MC.min(self.m - self.ic);
+            let kc = KC.min(self.k - self.pc);
+            let m_tiles = mc.div_ceil(MR);
+            if self.jr == 0 {
+                if self.ic == 0 && self.pc == 0 {
+                    self.pack_b(source, nc);
+                }
+                if self.pc == 0 {
+                    self.sums.clear();
+                    self.sums.resize(MC * nc.next_multiple_of(NR), T::ZERO);
+                }
+                self.pack_a(source, mc, kc);
+            }
+            let panel = &self.packed_b[(self.jr * self.k + self.pc) * NR..][..kc * NR];
+            let sums = &mut self.sums[self.jr * (MC / MR) * MR * NR..][..m_tiles * MR * NR];
+            tile_column(kc, &self.packed_a[..m_tiles * kc * MR], panel, sums);
+            spent += (m_tiles * MR * NR * kc).max(1);
+            self.jr += 1;
+            if self.jr * NR >= nc {
+                self.jr = 0;
+                self.pc += KC;
+                if self.pc >= self.k {
+                    self.pc = 0;
+                    self.store(c, mc, nc);
+                    self.ic += MC;
+                    if self.ic >= self.m {
+                        self.ic = 0;
+                        self.jc += NC;
+                    }
+                }
+            }
+            if spent >= work {
+                break;
+            }
+        }
+        self.done()
+    }
+
+    /// Packs b's columns `jc..jc + nc`, every `p`, into panels of `NR` (zeros past `nc`).
+    fn pack_b(&mut self, source: &impl GemmSource<T>, nc: usize) {
+        let panels = nc.div_ceil(NR);
+        self.packed_b.clear();
+        self.packed_b.resize(panels * self.k * NR, T::ZERO);
+        self.row.resize(self.row.len().max(panels * NR), T::ZERO);
+        self.row[nc..panels * NR].fill(T::ZERO);
+        for p in 0..self.k {
+            source.b_row(p, self.jc, &mut self.row[..nc]);
+            for (jr, values) in self.row[..panels * NR].chunks_exact(NR).enumerate() {
+                self.packed_b[(jr * self.k + p) * NR..][..NR].copy_from_slice(values);
+            }
+        }
+    }
+
+    /// Packs a's rows `ic..ic + mc`, `p` in `pc..pc + kc`, into panels of `MR` (zero rows past
+    /// `mc`).
+    fn pack_a(&mut self, source: &impl GemmSource<T>, mc: usize, kc: usize) {
+        let panels = mc.div_ceil(MR);
+        self.packed_a.clear();
+        self.packed_a.resize(panels * kc * MR, T::ZERO);
+        self.row.resize(self.row.len().max(kc), T::ZERO);
+        if kc == 0 {
+            return;
+        }
+        for r in 0..mc {
+            source.a_row(self.ic + r, self.pc, &mut self.row[..kc]);
+            let panel = &mut self.packed_a[(r / MR) * kc * MR..][..kc * MR];
+            for (slot, &value) in panel[r % MR..].iter_mut().step_by(MR).zip(&self.row) {
+                *slot = value;
+            }
+        }
+    }
+
+    /// Writes the finished block's `mc × nc` outputs into `c`.
+    fn store(&mut self, c: &mut [u8], mc: usize, nc: usize) {
+        self.row
+            .resize(self.row.len().max(nc.next_multiple_of(NR)), T::ZERO);
+        for r in 0..mc {
+            let (ir, within) = (r / MR, r % MR);
+            for (jr, values) in self.row[..nc.next_multiple_of(NR)]
+                .chunks_exact_mut(NR)
+                .enumerate()
+            {
+                let tile = (jr * (MC / MR) + ir) * MR * NR;
+                values.copy_from_slice(&self.sums[tile + within * NR..][..NR]);
+            }
+            let at = 4 * ((self.ic + r) * self.ldc + self.jc);
+            encode_into(&self.row[..nc], &mut c[at..at + 4 * nc]);
+        }
+    }
+}
+
+/// Adds `kc` steps of `p` to the tiles of one column of panels: `packed_a` holds the block's
+/// row panels (`[p][MR]` each), `panel` b's `[p][NR]`, `sums` the column's tiles in row order.
+fn tile_column<T: Lane>(kc: usize, packed_a: &[T], panel: &[T], sums: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above), the one requirement of a
+        // `#[target_feature(enable = "avx2")]` function; the function itself is safe code.
+        unsafe { tile_column_avx2(kc, packed_a, panel, sums) };
+        return;
+    }
+    tile_column_portable(kc, packed_a, panel, sums);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn tile_column_avx2<T: Lane>(kc: usize, packed_a: &[T], panel: &[T], sums: &mut [T]) {
+    tile_column_portable(kc, packed_a, panel, sums);
+}
+
+#[inline(always)]
+fn tile_column_portable<T: Lane>(kc: usize, packed_a: &[T], panel: &[T], sums: &mut [T]) {
+    if kc == 0 {
+        return;
+    }
+    for (a_panel, tile) in packed_a
+        .chunks_exact(kc * MR)
+        .zip(sums.chunks_exact_mut(MR * NR))
+    {
+        register_tile(a_panel, panel, tile);
+    }
+}
+
+/// One register tile: `tile[r][j] = tile[r][j] + a[p][r] * b[p][j]` for each `p` in order. The
+/// sums live in a local array the compiler keeps in vector registers.
+#[inline(always)]
+fn register_tile<T: Lane>(a_panel: &[T], b_panel: &[T], tile: &mut [T]) {
+    let mut acc = [[T::ZERO; NR]; MR];
+    for (row, sums) in acc.iter_mut().zip(tile.chunks_exact(NR)) {
+        row.copy_from_slice(sums);
+    }
+    for (a, b) in a_panel.chunks_exact(MR).zip(b_panel.chunks_exact(NR)) {
+        let (Ok(a), Ok(b)) = (<&[T; MR]>::try_from(a), <&[T; NR]>::try_from(b)) else {
+            continue;
+        };
+        for (row, &a_value) in acc.iter_mut().zip(a) {
+            for (sum, &b_value) in row.iter_mut().zip(b) {
+                *sum = sum.add(a_value.mul(b_value));
+            }
+        }
+    }
+    for (row, sums) in acc.iter().zip(tile.chunks_exact_mut(NR)) {
+        sums.copy_from_slice(row);
+    }
+}
+
+#[cfg(test)]
+#[path = "gemm_tests.rs"]
+mod tests;

@@ -1,0 +1,188 @@
+//! Tests of `Gemm`: every output equals the kernels' definition (`acc = acc + a * b` from zero, in
+//! order), bit for bit, at any shape, step size and value.
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// The kernels' definition, one output at a time: `acc = acc + a * b` from zero in order of `p`.
+fn reference<T: Lane>(a: &[T], b: &[T], (m, cols, k, ldb): (usize, usize, usize, usize)) -> Vec<T> {
+    let mut c = Vec::with_capacity(m * cols);
+    for i in 0..m {
+        for j in 0..cols {
+            let mut acc = T::ZERO;
+            for p in 0..k {
+                acc = acc.add(a[i * k + p].mul(b[p * ldb + j]));
+            }
+            c.push(acc);
+        }
+    }
+    c
+}
+
+fn bytes<T: Lane>(values: &[T]) -> Vec<u8> {
+    let mut out = vec![0u8; 4 * values.len()];
+    encode_into(values, &mut out);
+    out
+}
+
+/// Runs a `Gemm` in steps of `work` over row-major operands; `c` starts filled with `fill`
+/// bytes so that untouched values show. Returns c's `m × ldc` values as bits-comparable bytes.
+fn run<T: Lane>(
+    a: &[T],
+    b: &[T],
+    (m, cols, k, ldb): (usize, usize, usize, usize),
+    ldc: usize,
+    work: usize,
+) -> Vec<u8> {
+    let (a, b) = (bytes(a), bytes(b));
+    let source = Matrices {
+        a: &a,
+        b: &b,
+        k,
+        ldb,
+    };
+    let mut c = vec![0xA5u8; 4 * m * ldc];
+    let mut gemm = Gemm::<T>::new(m, cols, k, ldc);
+    let mut steps = 0;
+    while !gemm.step(&source, &mut c, work) {
+        steps += 1;
+        assert!(steps < 1 << 24, "a gemm that never ends");
+    }
+    assert!(gemm.done() && gemm.step(&source, &mut c, work));
+    c
+}
+
+/// The expected bytes: the reference's outputs in columns `0..cols`, fill bytes elsewhere.
+fn expected<T: Lane>(a: &[T], b: &[T], shape: (usize, usize, usize, usize), ldc: usize) -> Vec<u8> {
+    let (m, cols, _, _) = shape;
+    let values = reference(a, b, shape);
+    let mut c = vec![0xA5u8; 4 * m * ldc];
+    for i in 0..m {
+        encode_into(&values[i * cols..][..cols], &mut c[4 * i * ldc..]);
+    }
+    c
+}
+
+/// f32 bytes compared with every NaN taken as one value (CPU and GPU differ in NaN payloads,
+/// and so may two CPU instruction orders).
+fn same_f32(left: &[u8], right: &[u8]) -> bool {
+    left.len() == right.len()
+        && left
+            .chunks_exact(4)
+            .zip(right.chunks_exact(4))
+            .all(|(l, r)| {
+                let (l, r) = (
+                    f32::from_le_bytes(l.try_into().unwrap()),
+                    f32::from_le_bytes(r.try_into().unwrap()),
+                );
+                l.to_bits() == r.to_bits() || (l.is_nan() && r.is_nan())
+            })
+}
+
+/// Values whose products and sums round, overflow, underflow to denormals and make NaNs.
+fn hard_f32() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        8 => -4.0f32..4.0,
+        1 => Just(f32::INFINITY),
+        1 => Just(f32::NEG_INFINITY),
+        1 => Just(f32::NAN),
+        1 => Just(-0.0f32),
+        1 => (1u32..0x0080_0000).prop_map(f32::from_bits),
+        1 => Just(f32::MAX),
+        1 => Just(1.0e-20f32),
+    ]
+}
+
+fn shapes() -> impl Strategy<Value = (usize, usize, usize, usize, usize, usize)> {
+    // m, cols, k, extra columns of b, extra columns of c, step work.
+    (
+        1usize..40,
+        1usize..40,
+        0usize..40,
+        0usize..3,
+        0usize..3,
+        1usize..5000,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn f32_products_equal_the_kernels_order_at_any_step_size(
+        (m, cols, k, xb, xc, work) in shapes(),
+        seed in proptest::collection::vec(hard_f32(), 64..65),
+    ) {
+        let ldb = cols + xb;
+        let a: Vec<f32> = (0..m * k).map(|i| seed[(i * 7 + 3) % 64] * (1.0 + i as f32 / 64.0)).collect();
+        let b: Vec<f32> = (0..k * ldb).map(|i| seed[(i * 5 + 1) % 64] - i as f32 / 128.0).collect();
+        let shape = (m, cols, k, ldb);
+        let got = run(&a, &b, shape, cols + xc, work);
+        prop_assert!(same_f32(&got, &expected(&a, &b, shape, cols + xc)));
+    }
+
+    #[test]
+    fn i32_products_wrap_like_the_kernels(
+        (m, cols, k, xb, xc, work) in shapes(),
+        seed in any::<u64>(),
+    ) {
+        let ldb = cols + xb;
+        let value = |i: usize| (seed.rotate_left(i as u32 % 64) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) as i32;
+        let a: Vec<i32> = (0..m * k).map(value).collect();
+        let b: Vec<i32> = (0..k * ldb).map(|i| value(i + 1000)).collect();
+        let shape = (m, cols, k, ldb);
+        prop_assert_eq!(run(&a, &b, shape, cols + xc, work), expected(&a, &b, shape, cols + xc));
+    }
+}
+
+/// Shapes past every block edge (`MC`, `NC`, `KC`), in one step and in panel-sized steps.
+#[test]
+fn block_edges_keep_the_order() {
+    for &(m, cols, k) in &[
+        (MC + 1, NC + NR + 3, KC + 5),
+        (2 * MC, NC, 2 * KC),
+        (MR - 1, NR - 1, 1),
+    ] {
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let b: Vec<f32> = (0..k * cols)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
+            .collect();
+        let shape = (m, cols, k, cols);
+        let want = expected(&a, &b, shape, cols);
+        assert!(
+            same_f32(&run(&a, &b, shape, cols, usize::MAX), &want),
+            "{shape:?} in one step"
+        );
+        assert!(
+            same_f32(&run(&a, &b, shape, cols, 1), &want),
+            "{shape:?} panel by panel"
+        );
+    }
+}
+
+/// `k = 0`: every covered output is the empty sum, zero.
+#[test]
+fn an_empty_sum_is_zero() {
+    let got = run::<f32>(&[], &[], (3, 5, 0, 5), 6, 1);
+    assert!(same_f32(&got, &expected::<f32>(&[], &[], (3, 5, 0, 5), 6)));
+    assert_eq!(f32::from_le_bytes(got[..4].try_into().unwrap()), 0.0);
+}
+
+/// The sums are not fused: `a * b + c` rounds the product first.
+#[test]
+fn products_are_rounded_before_they_are_added() {
+    let e = f32::EPSILON;
+    // One row of a = [-1, 1 + e]; b = [[1], [1 - e]]: (0 + -1) + (1+e)(1-e) = 0 once the
+    // product rounds to 1; a fused multiply-add would give -e².
+    let got = run(
+        &[-1.0, 1.0 + e],
+        &[1.0, 1.0 - e],
+        (1, 1, 2, 1),
+        1,
+        usize::MAX,
+    );
+    assert_eq!(f32::from_le_bytes(got[..4].try_into().unwrap()), 0.0);
+}

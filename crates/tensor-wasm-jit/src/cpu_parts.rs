@@ -1,0 +1,388 @@
+//! Matmul and conv2d blueprints on the CPU as parts that run on every core at once, each a
+//! blocked, vectorised multiply ([`tensor_wasm_gpu::gemm`]) with the PTX's exact order per
+//! output.
+//!
+//! - matmul: parts are ranges of output rows.
+//! - conv2d: one multiply per image, `weights (k × c·r·s) · columns (c·r·s × p·q)`, where the
+//!   columns are the input taps each output pixel reads, gathered while b is packed (zero where
+//!   a tap falls in the padding). Parts are ranges of (image, output channel) rows.
+//!
+//! The PTX skips padded taps rather than adding a zero product; the two agree whenever the
+//! weights are finite (a sum that starts at +0 is never -0 in round-to-nearest, so adding `±0`
+//! leaves it as it was). f32 weights with an infinity or NaN (`0 · inf` is NaN) make the part
+//! compute pixel by pixel exactly as the PTX does instead.
+//!
+//! Parts need an output that overlaps no input, which validation already demands of these
+//! blueprints; `disjoint` checks it again (and the CPU backend once more) rather than trust it.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use tensor_wasm_gpu::gemm::{decode_into, encode_into, Gemm, GemmSource, Matrices};
+use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, KernelArg, LaunchConfig};
+
+use crate::cpu::{Element, STEP_WORK};
+use crate::{Blueprint, BlueprintKind, Dtype, JitError, Shape};
+
+/// Fewer multiply-adds than this per part are not worth another core (unit tests split even
+/// the smallest launches, to test the parts' edges).
+const MIN_PART_WORK: usize = if cfg!(test) { 1 } else { 1 << 17 };
+
+impl Blueprint {
+    /// The CPU run of a launch as parts for up to `workers` cores, after
+    /// [`Blueprint::validate_launch`]; `None` for blueprints that run as one
+    /// [`Blueprint::cpu_run`] (element-wise and reduce).
+    ///
+    /// # Errors
+    /// Whatever `validate_launch` reports.
+    pub fn cpu_parts(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory_len: usize,
+        workers: usize,
+    ) -> Result<Option<CpuParts>, JitError> {
+        self.validate_launch(config, args, memory_len)?;
+        let shape = self.launch_shape(args)?;
+        Ok(match self.dtype() {
+            Dtype::F32 => self.parts::<f32>(config, args, &shape, workers),
+            Dtype::I32 => self.parts::<i32>(config, args, &shape, workers),
+        })
+    }
+
+    fn parts<T: Element + Send>(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        shape: &Shape,
+        workers: usize,
+    ) -> Option<CpuParts> {
+        // Validation checked every offset against the memory length, so they fit in usize.
+        let buffers: Vec<usize> = args
+            .iter()
+            .filter_map(|arg| match arg {
+                KernelArg::Buffer { offset, .. } => Some(*offset as usize),
+                _ => None,
+            })
+            .collect();
+        match (*self.kind(), *shape) {
+            (BlueprintKind::Matmul(tile), Shape::Matmul { m, n, k }) => {
+                let [a, b, c] = buffers[..] else {
+                    return None;
+                };
+                let rows = (u64::from(config.grid[1]) * u64::from(tile.m)).min(u64::from(m));
+                let cols = (u64::from(config.grid[0]) * u64::from(tile.n)).min(u64::from(n));
+                let (rows, cols, n, k) = (rows as usize, cols as usize, n as usize, k as usize);
+                let inputs = vec![a..a + 4 * rows * k, b..b + 4 * k * n];
+                let ranges = split(rows, cols * k, workers);
+                let parts = ranges
+                    .into_iter()
+                    .map(|part| {
+                        let output = c + 4 * part.start * n..c + 4 * part.end * n;
+                        let gemm = Gemm::<T>::new(part.len(), cols, k, n);
+                        let step: Box<dyn CpuPart> = Box::new(MatmulPart {
+                            gemm,
+                            row0: part.start,
+                            k,
+                            n,
+                        });
+                        (output, step)
+                    })
+                    .collect();
+                disjoint(CpuParts { inputs, parts })
+            }
+            (BlueprintKind::Conv2d(params), Shape::Conv2d { n, c, h, w, k }) => {
+                let [input, weight, output] = buffers[..] else {
+                    return None;
+                };
+                let (p, q) = crate::conv2d_output_size(&params, h, w);
+                let conv = Arc::new(Conv {
+                    n: n as usize,
+                    c: c as usize,
+                    h: h as usize,
+                    w: w as usize,
+                    k: k as usize,
+                    r: params.r as usize,
+                    s: params.s as usize,
+                    stride: params.stride as usize,
+                    pad: params.pad as usize,
+                    p: p as usize,
+                    q: q as usize,
+                });
+                let pixels = crate::cpu::covered(config, 1, p * q);
+                let channels = conv.k.min(config.grid[1] as usize);
+                let images = conv.n.min(config.grid[2] as usize);
+                let taps = conv.c * conv.r * conv.s;
+                let plane = 4 * conv.p * conv.q;
+                let inputs = vec![
+                    input..input + 4 * images * conv.c * conv.h * conv.w,
+                    weight..weight + 4 * conv.k * taps,
+                ];
+                if pixels == 0 || channels == 0 {
+                    return Some(CpuParts {
+                        inputs,
+                        parts: Vec::new(),
+                    });
+                }
+                let parts = split(images * channels, pixels * taps, workers)
+                    .into_iter()
+                    .map(|rows| {
+                        // Flat row `i` is output channel `i % channels` of image `i / channels`.
+                        let first = (rows.start / channels) * conv.k + rows.start % channels;
+                        let last = ((rows.end - 1) / channels) * conv.k + (rows.end - 1) % channels;
+                        let range = output + plane * first..output + plane * (last + 1);
+                        let step: Box<dyn CpuPart> = Box::new(ConvPart::<T> {
+                            conv: conv.clone(),
+                            pixels,
+                            channels,
+                            rows,
+                            first,
+                            exact: None,
+                            pixel: 0,
+                            gemm: None,
+                        });
+                        (range, step)
+                    })
+                    .collect();
+                disjoint(CpuParts { inputs, parts })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// `rows` rows of `row_work` multiply-adds each, as at most `workers` ranges of whole rows, none
+/// smaller than is worth a core.
+fn split(rows: usize, row_work: usize, workers: usize) -> Vec<Range<usize>> {
+    if rows == 0 {
+        return Vec::new();
+    }
+    let worth = rows.saturating_mul(row_work.max(1)) / MIN_PART_WORK;
+    let count = workers.min(worth).clamp(1, rows);
+    let per = rows.div_ceil(count);
+    (0..rows)
+        .step_by(per)
+        .map(|start| start..(start + per).min(rows))
+        .collect()
+}
+
+/// `parts`, when no output overlaps an input (outputs are disjoint by construction).
+fn disjoint(parts: CpuParts) -> Option<CpuParts> {
+    let overlap = |x: &Range<usize>, y: &Range<usize>| x.start < y.end && y.start < x.end;
+    let clear = parts.parts.iter().all(|(output, _)| {
+        output.is_empty()
+            || parts
+                .inputs
+                .iter()
+                .all(|input| input.is_empty() || !overlap(output, input))
+    });
+    clear.then_some(parts)
+}
+
+/// Rows `row0..` of a matmul.
+struct MatmulPart<T> {
+    gemm: Gemm<T>,
+    row0: usize,
+    k: usize,
+    n: usize,
+}
+
+impl<T: Element + Send> CpuPart for MatmulPart<T> {
+    fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
+        let [a, b] = inputs else {
+            return Err(internal("matmul"));
+        };
+        let source = Matrices {
+            a: &a[4 * self.row0 * self.k..],
+            b,
+            k: self.k,
+            ldb: self.n,
+        };
+        Ok(self.gemm.step(&source, output, STEP_WORK))
+    }
+}
+
+fn internal(kernel: &str) -> GpuError {
+    GpuError::Cuda(format!(
+        "{kernel} part got the wrong inputs (internal error)"
+    ))
+}
+
+/// Dimensions of one convolution launch.
+#[derive(Debug)]
+pub(crate) struct Conv {
+    pub(crate) n: usize,
+    pub(crate) c: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) k: usize,
+    pub(crate) r: usize,
+    pub(crate) s: usize,
+    pub(crate) stride: usize,
+    pub(crate) pad: usize,
+    pub(crate) p: usize,
+    pub(crate) q: usize,
+}
+
+impl Conv {
+    /// Bytes of one input image.
+    fn image_bytes(&self) -> usize {
+        4 * self.c * self.h * self.w
+    }
+
+    /// Taps per output pixel.
+    fn taps(&self) -> usize {
+        self.c * self.r * self.s
+    }
+}
+
+/// Output pixel `pq` of channel `ko` of image `img`: `x` is the input tensor's bytes, `w` the
+/// weights'. The PTX's order: channels, then filter rows, then columns; taps in the padding are
+/// skipped.
+pub(crate) fn conv_pixel<T: Element>(
+    conv: &Conv,
+    [x, w]: [&[u8]; 2],
+    [pq, ko, img]: [usize; 3],
+) -> T {
+    let load = |bytes: &[u8], index: usize| {
+        let mut value = [T::ZERO];
+        decode_into(&bytes[4 * index..4 * index + 4], &mut value);
+        value[0]
+    };
+    let (p, q) = (pq / conv.q, pq % conv.q);
+    let mut acc = T::ZERO;
+    for ci in 0..conv.c {
+        for r in 0..conv.r {
+            let Some(ih) = (p * conv.stride + r).checked_sub(conv.pad) else {
+                continue;
+            };
+            if ih >= conv.h {
+                continue;
+            }
+            let row = ((img * conv.c + ci) * conv.h + ih) * conv.w;
+            let taps = ((ko * conv.c + ci) * conv.r + r) * conv.s;
+            for s in 0..conv.s {
+                let Some(iw) = (q * conv.stride + s).checked_sub(conv.pad) else {
+                    continue;
+                };
+                if iw < conv.w {
+                    acc = acc.add(load(x, row + iw).mul(load(w, taps + s)));
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// Flat rows `rows` (image `i / channels`, output channel `i % channels`) of a convolution,
+/// whose output range starts at output row `first` (`image * k + channel`).
+struct ConvPart<T> {
+    conv: Arc<Conv>,
+    pixels: usize,
+    channels: usize,
+    rows: Range<usize>,
+    first: usize,
+    /// Whether the weights need the pixel-by-pixel path (decided at the first step).
+    exact: Option<bool>,
+    /// The pixel-by-pixel path: the next pixel of the row in progress.
+    pixel: usize,
+    /// The multiply of the image in progress.
+    gemm: Option<Gemm<T>>,
+}
+
+/// One image's taps as the columns of a multiply: `b[(ci, r, s)][pixel]`.
+struct Taps<'a> {
+    conv: &'a Conv,
+    /// The image's bytes.
+    x: &'a [u8],
+    /// The weights of the first output channel in the multiply onward.
+    w: &'a [u8],
+}
+
+impl<T: Element> GemmSource<T> for Taps<'_> {
+    fn a_row(&self, row: usize, p0: usize, out: &mut [T]) {
+        decode_into(&self.w[4 * (row * self.conv.taps() + p0)..], out);
+    }
+
+    fn b_row(&self, tap: usize, col0: usize, out: &mut [T]) {
+        let conv = self.conv;
+        let (ci, rs) = (tap / (conv.r * conv.s), tap % (conv.r * conv.s));
+        let (r, s) = (rs / conv.s, rs % conv.s);
+        let mut pixel = col0;
+        let mut filled = 0;
+        while filled < out.len() {
+            let (p, q0) = (pixel / conv.q, pixel % conv.q);
+            let run = (conv.q - q0).min(out.len() - filled);
+            let values = &mut out[filled..filled + run];
+            match (p * conv.stride + r).checked_sub(conv.pad) {
+                Some(ih) if ih < conv.h => {
+                    let row = &self.x[4 * (ci * conv.h + ih) * conv.w..][..4 * conv.w];
+                    for (value, q) in values.iter_mut().zip(q0..) {
+                        *value = match (q * conv.stride + s).checked_sub(conv.pad) {
+                            Some(iw) if iw < conv.w => {
+                                let at = 4 * iw;
+                                T::from_le([row[at], row[at + 1], row[at + 2], row[at + 3]])
+                            }
+                            _ => T::ZERO,
+                        };
+                    }
+                }
+                _ => values.fill(T::ZERO),
+            }
+            filled += run;
+            pixel += run;
+        }
+    }
+}
+
+impl<T: Element + Send> CpuPart for ConvPart<T> {
+    fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
+        let [x, w] = inputs else {
+            return Err(internal("conv2d"));
+        };
+        let conv = self.conv.clone();
+        let exact = *self.exact.get_or_insert_with(|| {
+            let mut value = [T::ZERO];
+            w.chunks_exact(4).any(|bytes| {
+                decode_into(bytes, &mut value);
+                !value[0].is_finite()
+            })
+        });
+        let channels = self.channels;
+        let mut spent = 0;
+        while self.rows.start < self.rows.end && spent < STEP_WORK {
+            let (img, ko) = (self.rows.start / channels, self.rows.start % channels);
+            let row_out = img * conv.k + ko - self.first;
+            let plane = conv.p * conv.q;
+            if exact {
+                let value: T = conv_pixel(&conv, [x, w], [self.pixel, ko, img]);
+                let at = 4 * (row_out * plane + self.pixel);
+                encode_into(&[value], &mut output[at..at + 4]);
+                spent += conv.taps().max(1);
+                self.pixel += 1;
+                if self.pixel == self.pixels {
+                    self.pixel = 0;
+                    self.rows.start += 1;
+                }
+                continue;
+            }
+            // One multiply per image: this image's remaining rows of the part.
+            let end = self.rows.end.min((img + 1) * channels);
+            let gemm = self.gemm.get_or_insert_with(|| {
+                Gemm::new(end - self.rows.start, self.pixels, conv.taps(), plane)
+            });
+            let taps = Taps {
+                conv: &conv,
+                x: &x[img * conv.image_bytes()..],
+                w: &w[4 * ko * conv.taps()..],
+            };
+            let done = gemm.step(&taps, &mut output[4 * row_out * plane..], STEP_WORK);
+            spent += STEP_WORK;
+            if done {
+                self.rows.start = end;
+                self.gemm = None;
+            }
+        }
+        Ok(self.rows.start >= self.rows.end)
+    }
+}
