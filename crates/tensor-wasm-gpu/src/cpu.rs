@@ -353,4 +353,86 @@ mod tests {
             "the small launch took {took:?}"
         );
     }
+
+    /// `c = a · b` for separate 1024 × 1024 matrices at 0, 4 MiB and 8 MiB: the blocked
+    /// multiply, in one part per worker.
+    fn separate_matmul() -> (Vec<KernelArg>, LaunchConfig, Vec<u8>) {
+        let n = 1024u32;
+        let bytes = u64::from(n * n * 4);
+        let buffer = |i: u64| KernelArg::Buffer {
+            offset: i * bytes,
+            len: bytes,
+        };
+        let args = vec![
+            buffer(0),
+            buffer(1),
+            buffer(2),
+            KernelArg::U32(n),
+            KernelArg::U32(n),
+            KernelArg::U32(n),
+        ];
+        (
+            args,
+            LaunchConfig::grid_2d(n, n, [16, 16]),
+            vec![0u8; 3 * bytes as usize],
+        )
+    }
+
+    /// Every worker busy with tenant A's large matmuls (two launches, a part per worker each):
+    /// tenant B's small vector_add completes within 10 ms plus its own run time on an idle pool.
+    #[test]
+    fn a_small_launch_waits_at_most_10_ms_behind_large_matmuls() {
+        let backend = CpuBackend::with_workers(2).unwrap();
+        let matmul = backend.load_builtin(BuiltinKernel::Matmul).unwrap();
+        let vector_add = backend.load_builtin(BuiltinKernel::VectorAdd).unwrap();
+        let (big, small) = (TenantKey::new("tn-big"), TenantKey::new("tn-small"));
+        let n = 4096u64;
+        let add_args: Vec<KernelArg> = (0..3)
+            .map(|i| KernelArg::Buffer {
+                offset: i * 4 * n,
+                len: 4 * n,
+            })
+            .chain([KernelArg::U32(n as u32)])
+            .collect();
+        let mut add_memory = vec![0u8; 3 * 4 * n as usize];
+        let mut time_add = || {
+            let start = Instant::now();
+            crate::launch(
+                &backend,
+                &small,
+                &vector_add,
+                &LaunchConfig::linear(n as u32, 256),
+                &add_args,
+                &mut add_memory,
+                |small| small.wait_mut(),
+            )
+            .unwrap()
+            .unwrap();
+            start.elapsed()
+        };
+        let alone = (0..5).map(|_| time_add()).max().unwrap();
+        let (args, config, mut first) = separate_matmul();
+        let mut second = first.clone();
+        let backend = &backend;
+        let waited = crate::launch(backend, &big, &matmul, &config, &args, &mut first, |a| {
+            crate::launch(backend, &big, &matmul, &config, &args, &mut second, |b| {
+                // Both launches have their parts on the workers by now.
+                std::thread::yield_now();
+                let waited = (0..3).map(|_| time_add()).max().unwrap();
+                let still_running = !a.is_done() && !b.is_done();
+                b.cancel();
+                a.cancel();
+                (waited, still_running)
+            })
+        });
+        let (waited, still_running) = waited.unwrap().unwrap();
+        assert!(
+            still_running,
+            "the large matmuls ended before the small launches"
+        );
+        assert!(
+            waited <= alone + Duration::from_millis(10),
+            "the small launch took {waited:?} behind the large ones ({alone:?} alone)"
+        );
+    }
 }

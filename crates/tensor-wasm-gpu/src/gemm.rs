@@ -144,6 +144,8 @@ pub struct Gemm<T> {
     ic: usize,
     pc: usize,
     jr: usize,
+    /// Whether the operands of block (`jc`, `ic`, `pc`) are packed.
+    packed: bool,
     /// b's columns `jc..jc + NC`, every `p`: panel `jr` holds `[p][NR]` at `jr * k * NR`.
     packed_b: Vec<T>,
     /// a's rows `ic..ic + MC`, `p` in `pc..pc + KC`: panel `ir` holds `[p][MR]`.
@@ -179,6 +181,7 @@ impl<T: Lane> Gemm<T> {
             ic: 0,
             pc: 0,
             jr: 0,
+            packed: false,
             packed_b: Vec::new(),
             packed_a: Vec::new(),
             sums: Vec::new(),
@@ -191,9 +194,10 @@ impl<T: Lane> Gemm<T> {
         self.m == 0 || self.cols == 0 || self.jc >= self.cols
     }
 
-    /// Computes at least one panel and about `work` multiply-adds, from `source` into `c`;
-    /// `true` once the whole product is written. The operands must not change between steps
-    /// of one product (the CPU backend's launches guarantee it: no other writer runs meanwhile).
+    /// Computes at least one packing or panel and about `work` multiply-adds (packing counts
+    /// one per value), from `source` into `c`; `true` once the whole product is written. The
+    /// operands must not change between steps of one product (the CPU backend's launches
+    /// guarantee it: no other writer runs meanwhile).
     ///
     /// # Panics
     /// When `source` or `c` is too short for the shape given to [`Gemm::new`].
@@ -204,15 +208,23 @@ impl<T: Lane> Gemm<T> {
             let mc = MC.min(self.m - self.ic);
             let kc = KC.min(self.k - self.pc);
             let m_tiles = mc.div_ceil(MR);
-            if self.jr == 0 {
-                if self.ic == 0 && self.pc == 0 {
-                    self.pack_b(source, nc);
+            if self.jr == 0 && !self.packed {
+                // The block's operands: b's rows of this slice of `p` once per column block
+                // (with the first row block), a's block every time.
+                if self.ic == 0 {
+                    self.pack_b(source, nc, kc);
+                    spent += kc * nc;
                 }
                 if self.pc == 0 {
                     self.sums.clear();
                     self.sums.resize(MC * nc.next_multiple_of(NR), T::ZERO);
                 }
                 self.pack_a(source, mc, kc);
+                self.packed = true;
+                spent += (mc * kc).max(1);
+                if spent >= work {
+                    break;
+                }
             }
             let panel = &self.packed_b[(self.jr * self.k + self.pc) * NR..][..kc * NR];
             let sums = &mut self.sums[self.jr * (MC / MR) * MR * NR..][..m_tiles * MR * NR];
@@ -221,6 +233,7 @@ impl<T: Lane> Gemm<T> {
             self.jr += 1;
             if self.jr * NR >= nc {
                 self.jr = 0;
+                self.packed = false;
                 self.pc += KC;
                 if self.pc >= self.k {
                     self.pc = 0;
@@ -239,14 +252,17 @@ impl<T: Lane> Gemm<T> {
         self.done()
     }
 
-    /// Packs b's columns `jc..jc + nc`, every `p`, into panels of `NR` (zeros past `nc`).
-    fn pack_b(&mut self, source: &impl GemmSource<T>, nc: usize) {
+    /// Packs b's columns `jc..jc + nc` for `p` in `pc..pc + kc` into panels of `NR` (zeros
+    /// past `nc`); the panels hold every `p`, allocated at the column block's first slice.
+    fn pack_b(&mut self, source: &impl GemmSource<T>, nc: usize, kc: usize) {
         let panels = nc.div_ceil(NR);
-        self.packed_b.clear();
-        self.packed_b.resize(panels * self.k * NR, T::ZERO);
+        if self.pc == 0 {
+            self.packed_b.clear();
+            self.packed_b.resize(panels * self.k * NR, T::ZERO);
+        }
         self.row.resize(self.row.len().max(panels * NR), T::ZERO);
         self.row[nc..panels * NR].fill(T::ZERO);
-        for p in 0..self.k {
+        for p in self.pc..self.pc + kc {
             source.b_row(p, self.jc, &mut self.row[..nc]);
             for (jr, values) in self.row[..panels * NR].chunks_exact(NR).enumerate() {
                 self.packed_b[(jr * self.k + p) * NR..][..NR].copy_from_slice(values);

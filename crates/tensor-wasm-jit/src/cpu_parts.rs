@@ -24,6 +24,10 @@ use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, KernelArg, LaunchConfig};
 use crate::cpu::{Element, STEP_WORK};
 use crate::{Blueprint, BlueprintKind, Dtype, JitError, Shape};
 
+/// A step of a part's multiply: one packing, or one column of register tiles (microseconds on
+/// an optimised build); the CPU backend runs steps until its slice of time is up.
+const GEMM_STEP: usize = 1;
+
 /// Fewer multiply-adds than this per part are not worth another core (unit tests split even
 /// the smallest launches, to test the parts' edges).
 const MIN_PART_WORK: usize = if cfg!(test) { 1 } else { 1 << 17 };
@@ -198,7 +202,7 @@ impl<T: Element + Send> CpuPart for MatmulPart<T> {
             k: self.k,
             ldb: self.n,
         };
-        Ok(self.gemm.step(&source, output, STEP_WORK))
+        Ok(self.gemm.step(&source, output, GEMM_STEP))
     }
 }
 
@@ -376,7 +380,7 @@ impl<T: Element + Send> CpuPart for ConvPart<T> {
                 x: &x[img * conv.image_bytes()..],
                 w: &w[4 * ko * conv.taps()..],
             };
-            let done = gemm.step(&taps, &mut output[4 * row_out * plane..], STEP_WORK);
+            let done = gemm.step(&taps, &mut output[4 * row_out * plane..], GEMM_STEP);
             spent += STEP_WORK;
             if done {
                 self.rows.start = end;

@@ -4,7 +4,9 @@
 //! can be cancelled between slices and never holds a worker for long.
 
 use std::ops::Range;
+use std::time::Instant;
 
+use super::pool::PROGRAM_SLICE;
 use crate::gemm::{Gemm, Matrices};
 use crate::validate::BuiltinCall;
 use crate::LaunchConfig;
@@ -216,7 +218,14 @@ impl Work {
                     )
                 };
                 let source = Matrices { a, b, k, ldb: n };
-                gemm.step(&source, c, SLICE_MULADDS as usize)
+                // A step is one packing or one column of register tiles (microseconds).
+                let started = Instant::now();
+                while !gemm.step(&source, c, 1) {
+                    if started.elapsed() >= PROGRAM_SLICE {
+                        return false;
+                    }
+                }
+                true
             }
             // A cursor of another kind than the call: not made by `Work::cursor`.
             _ => true,

@@ -20,8 +20,9 @@ use super::kernels::{Cursor, GuestMemory, Work};
 use crate::completion::Signal;
 use crate::{GpuError, KernelArg, KernelProgram, LaunchConfig};
 
-/// A program's slice: steps run until this much time has passed (at least one step).
-const PROGRAM_SLICE: Duration = Duration::from_micros(200);
+/// A slice of a program's steps, or of a blocked matmul's: steps run until this much time has
+/// passed (at least one step).
+pub(super) const PROGRAM_SLICE: Duration = Duration::from_micros(200);
 
 /// What one launch on the pool computes.
 pub(super) enum JobWork {
