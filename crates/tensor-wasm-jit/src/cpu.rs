@@ -176,7 +176,7 @@ impl Blueprint {
         })
     }
 
-    fn plan<T: Element>(
+    pub(crate) fn plan<T: Element>(
         &self,
         config: &LaunchConfig,
         args: &[KernelArg],
@@ -241,10 +241,7 @@ impl Blueprint {
                 let [x, out] = buffers[..] else {
                     return Err(JitError::InvalidLaunch("reduce takes two buffers".into()));
                 };
-                let identity = match op {
-                    ReduceOp::Sum => T::ZERO,
-                    ReduceOp::Max => T::LOWEST,
-                };
+                let identity = reduce_identity(op);
                 Ok(Stage::Reduce {
                     op,
                     x,
@@ -333,7 +330,7 @@ enum Typed {
 
 /// Where a launch is, with what it must carry between steps.
 #[derive(Debug)]
-enum Stage<T> {
+pub(crate) enum Stage<T> {
     /// Elements `next..count` are left; buffers are the inputs then the output.
     Elementwise {
         op: ElementwiseOp,
@@ -443,53 +440,17 @@ impl<T: Element> Stage<T> {
                 col,
                 partials,
             } => {
-                let combine: fn(T, T) -> T = match op {
-                    ReduceOp::Sum => T::add,
-                    ReduceOp::Max => |acc, x| if x > acc { x } else { acc },
-                };
-                let identity = match op {
-                    ReduceOp::Sum => T::ZERO,
-                    ReduceOp::Max => T::LOWEST,
-                };
                 let mut spent = 0;
                 let mut values = [T::ZERO; BLOCK];
                 while *row < *rows && spent < work {
-                    // Whole spans of 256, so `col` stays a multiple of the partials. In place
-                    // when the memory can be viewed as `T`s (little-endian, aligned), else
-                    // through a block on the stack.
                     let start = *x + 4 * (*row * *cols + *col);
                     let span = (*cols).min(*col + REDUCE_SPAN) - *col;
-                    let in_place = if cfg!(target_endian = "little") {
-                        <[T]>::ref_from_bytes(&memory[start..start + 4 * span]).ok()
-                    } else {
-                        None
-                    };
-                    let (end, values): (usize, &[T]) = match in_place {
-                        Some(values) => (*col + span, values),
-                        None => {
-                            let values = &mut values[..span.min(BLOCK)];
-                            load_into(memory, start, values);
-                            (*col + values.len(), values)
-                        }
-                    };
-                    match op {
-                        ReduceOp::Sum => fold(partials, values, T::add),
-                        ReduceOp::Max => {
-                            fold(partials, values, |acc, x| if x > acc { x } else { acc })
-                        }
-                    }
-                    spent += end - *col;
-                    *col = end;
+                    fold_span(*op, partials, &memory[start..start + 4 * span], &mut values);
+                    spent += span;
+                    *col += span;
                     if *col == *cols {
-                        let mut stride = REDUCE_THREADS / 2;
-                        while stride > 0 {
-                            for t in 0..stride {
-                                partials[t] = combine(partials[t], partials[t + stride]);
-                            }
-                            stride /= 2;
-                        }
-                        write(memory, *out, *row, &partials[..1]);
-                        partials.fill(identity);
+                        let result = finish_row(*op, partials);
+                        write(memory, *out, *row, &[result]);
                         *row += 1;
                         *col = 0;
                         spent += REDUCE_THREADS;
@@ -592,7 +553,7 @@ impl<T: Element> Stage<T> {
 
 /// Elements an element-wise kernel or a reduction loads at a time into arrays on the stack
 /// (4 KiB each, within L1), so a step allocates nothing and its loops vectorise.
-const BLOCK: usize = 1024;
+pub(crate) const BLOCK: usize = 1024;
 
 /// Element-wise over elements `range`: `inputs` are the input buffers' offsets. Block by
 /// block, every input of a block is read before its outputs are written.
@@ -633,9 +594,62 @@ fn fold<T: Element>(partials: &mut [T], values: &[T], f: impl Fn(T, T) -> T) {
     }
 }
 
-/// [`elementwise`] straight on guest memory viewed as `T`s, when it can be: a little-endian
-/// host, 4-byte-aligned buffers, and an output that overlaps no input (the common case; the
-/// block path handles the rest). Whether it ran.
+/// Folds a span of a row (`bytes`, whole spans of `REDUCE_THREADS` values but the row's last)
+/// into the 256 partials, value `i` into partial `i % 256`: in place when the bytes can be
+/// viewed as `T`s (little-endian, aligned), else through `block` on the stack.
+pub(crate) fn fold_span<T: Element>(
+    op: ReduceOp,
+    partials: &mut [T],
+    bytes: &[u8],
+    block: &mut [T; BLOCK],
+) {
+    let mut fold_values = |values: &[T]| match op {
+        ReduceOp::Sum => fold(partials, values, T::add),
+        ReduceOp::Max => fold(partials, values, |acc, x| if x > acc { x } else { acc }),
+    };
+    if cfg!(target_endian = "little") {
+        if let Ok(values) = <[T]>::ref_from_bytes(bytes) {
+            fold_values(values);
+            return;
+        }
+    }
+    for chunk in bytes.chunks(4 * BLOCK) {
+        let values = &mut block[..chunk.len() / 4];
+        decode_into(chunk, values);
+        fold_values(values);
+    }
+}
+
+/// Combines a finished row's partials by the GPU's fixed tree (`p[t] = op(p[t], p[t + s])` for
+/// `s = 128, 64, ..., 1`) into its result, and resets them to the identity.
+pub(crate) fn finish_row<T: Element>(op: ReduceOp, partials: &mut [T]) -> T {
+    let combine: fn(T, T) -> T = match op {
+        ReduceOp::Sum => T::add,
+        ReduceOp::Max => |acc, x| if x > acc { x } else { acc },
+    };
+    let mut stride = REDUCE_THREADS / 2;
+    while stride > 0 {
+        for t in 0..stride {
+            partials[t] = combine(partials[t], partials[t + stride]);
+        }
+        stride /= 2;
+    }
+    let result = partials[0];
+    partials.fill(reduce_identity(op));
+    result
+}
+
+/// The value every partial of a reduction starts from.
+pub(crate) fn reduce_identity<T: Element>(op: ReduceOp) -> T {
+    match op {
+        ReduceOp::Sum => T::ZERO,
+        ReduceOp::Max => T::LOWEST,
+    }
+}
+
+/// [`elementwise`] when the output overlaps no input (the common case; the block path of
+/// `elementwise` handles the rest): guest memory split into the output and the inputs, then
+/// [`apply_bytes`]. Whether it ran.
 fn elementwise_in_place<T: Element>(
     op: ElementwiseOp,
     alpha: Option<T>,
@@ -644,7 +658,7 @@ fn elementwise_in_place<T: Element>(
     range: Range<usize>,
     memory: &mut [u8],
 ) -> bool {
-    if cfg!(target_endian = "big") || inputs.len() > 3 {
+    if inputs.len() > 3 {
         return false;
     }
     let bytes = 4 * range.len();
@@ -658,29 +672,52 @@ fn elementwise_in_place<T: Element>(
     }
     let (head, rest) = memory.split_at_mut(out_start);
     let (dst, tail) = rest.split_at_mut(bytes);
-    let Ok(y) = <[T]>::mut_from_bytes(dst) else {
-        return false;
-    };
-    let view = |offset: usize| -> Option<&[T]> {
+    let mut views: [&[u8]; 3] = [&[], &[], &[]];
+    for (view, &offset) in views.iter_mut().zip(inputs) {
         let start = offset + 4 * range.start;
-        let slice = if start + bytes <= out_start {
+        *view = if start + bytes <= out_start {
             &head[start..start + bytes]
         } else {
             let at = start - out_start - bytes;
             &tail[at..at + bytes]
         };
-        <[T]>::ref_from_bytes(slice).ok()
-    };
-    let mut views: [&[T]; 3] = [&[], &[], &[]];
-    for (view_of, &offset) in views.iter_mut().zip(inputs) {
-        match view(offset) {
-            Some(values) => *view_of = values,
-            None => return false,
+    }
+    apply_bytes(op, alpha, views, dst);
+    true
+}
+
+/// `out = op(ins)` over little-endian bytes (unused inputs empty): straight on the bytes viewed
+/// as `T`s when they can be (a little-endian host, 4-byte-aligned slices), else block by block
+/// through arrays on the stack.
+pub(crate) fn apply_bytes<T: Element>(
+    op: ElementwiseOp,
+    alpha: Option<T>,
+    ins: [&[u8]; 3],
+    out: &mut [u8],
+) {
+    if cfg!(target_endian = "little") {
+        let [a, b, c] = ins.map(|bytes| <[T]>::ref_from_bytes(bytes).ok());
+        if let (Some(a), Some(b), Some(c)) = (a, b, c) {
+            if let Ok(y) = <[T]>::mut_from_bytes(out) {
+                apply(op, alpha, y, [a, b, c]);
+                return;
+            }
         }
     }
-    let [a, b, c] = views;
-    apply(op, alpha, y, [a, b, c]);
-    true
+    let mut x = [[T::ZERO; BLOCK]; 3];
+    let mut y = [T::ZERO; BLOCK];
+    let count = out.len() / 4;
+    for first in (0..count).step_by(BLOCK) {
+        let n = BLOCK.min(count - first);
+        for (block, input) in x.iter_mut().zip(ins) {
+            if !input.is_empty() {
+                decode_into(&input[4 * first..4 * (first + n)], &mut block[..n]);
+            }
+        }
+        let [a, b, c] = &x;
+        apply(op, alpha, &mut y[..n], [&a[..n], &b[..n], &c[..n]]);
+        encode_into(&y[..n], &mut out[4 * first..4 * (first + n)]);
+    }
 }
 
 /// `y = op(a, b, c)` element by element (unary ops read `a`, binary ones `a` and `b`).
@@ -717,7 +754,7 @@ fn load_into<T: Element>(memory: &[u8], offset: usize, into: &mut [T]) {
 }
 
 /// Reduce: elements one pass over guest memory folds in place (a multiple of the partials).
-const REDUCE_SPAN: usize = 4 * BLOCK;
+pub(crate) const REDUCE_SPAN: usize = 4 * BLOCK;
 
 /// Threads per reduction block; the tree below assumes this power of two.
 const REDUCE_THREADS: usize = BLOCK_1D as usize;

@@ -1,8 +1,10 @@
-//! Matmul and conv2d blueprints on the CPU as parts that run on every core at once, each a
-//! blocked, vectorised multiply ([`tensor_wasm_gpu::gemm`]) with the PTX's exact order per
-//! output.
+//! Blueprints on the CPU as parts that run on every core at once ([`CpuParts`]), each part a
+//! range of outputs computed in the PTX's exact order per output:
 //!
-//! - matmul: parts are ranges of output rows.
+//! - element-wise and `vector_add[N]`: ranges of elements;
+//! - reduce: ranges of rows, each folded as [`crate::CpuRun`] folds it;
+//! - matmul: ranges of output rows, each a blocked, vectorised multiply
+//!   ([`tensor_wasm_gpu::gemm`]).
 //! - conv2d: one multiply per image, `weights (k × c·r·s) · columns (c·r·s × p·q)`, where the
 //!   columns are the input taps each output pixel reads, gathered while b is packed (zero where
 //!   a tap falls in the padding). Parts are ranges of (image, output channel) rows.
@@ -12,8 +14,9 @@
 //! leaves it as it was). f32 weights with an infinity or NaN (`0 · inf` is NaN) make the part
 //! compute pixel by pixel exactly as the PTX does instead.
 //!
-//! Parts need an output that overlaps no input, which validation already demands of these
-//! blueprints; `disjoint` checks it again (and the CPU backend once more) rather than trust it.
+//! Parts need an output that overlaps no input: an element-wise kernel in place runs as one
+//! [`crate::CpuRun`] instead (validation refuses aliasing for the rest; `disjoint` checks every
+//! launch, and the CPU backend checks the parts once more).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -21,8 +24,10 @@ use std::sync::Arc;
 use tensor_wasm_gpu::gemm::{decode_into, encode_into, Gemm, GemmSource, Matrices};
 use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, KernelArg, LaunchConfig};
 
-use crate::cpu::{Element, STEP_WORK};
-use crate::{Blueprint, BlueprintKind, Dtype, JitError, Shape};
+use crate::cpu::{
+    apply_bytes, finish_row, fold_span, Element, Stage, BLOCK, REDUCE_SPAN, STEP_WORK,
+};
+use crate::{Blueprint, Dtype, ElementwiseOp, JitError, ReduceOp, Shape};
 
 /// A step of a part's multiply: one packing, or one column of register tiles (microseconds on
 /// an optimised build); the CPU backend runs steps until its slice of time is up.
@@ -34,8 +39,9 @@ const MIN_PART_WORK: usize = if cfg!(test) { 1 } else { 1 << 17 };
 
 impl Blueprint {
     /// The CPU run of a launch as parts for up to `workers` cores, after
-    /// [`Blueprint::validate_launch`]; `None` for blueprints that run as one
-    /// [`Blueprint::cpu_run`] (element-wise and reduce).
+    /// [`Blueprint::validate_launch`]; `None` when the output overlaps an input (an element-wise
+    /// kernel in place): that launch runs as one [`Blueprint::cpu_run`], whose order defines the
+    /// result.
     ///
     /// # Errors
     /// Whatever `validate_launch` reports.
@@ -61,68 +67,99 @@ impl Blueprint {
         shape: &Shape,
         workers: usize,
     ) -> Option<CpuParts> {
-        // Validation checked every offset against the memory length, so they fit in usize.
-        let buffers: Vec<usize> = args
-            .iter()
-            .filter_map(|arg| match arg {
-                KernelArg::Buffer { offset, .. } => Some(*offset as usize),
-                _ => None,
-            })
-            .collect();
-        match (*self.kind(), *shape) {
-            (BlueprintKind::Matmul(tile), Shape::Matmul { m, n, k }) => {
-                let [a, b, c] = buffers[..] else {
-                    return None;
-                };
-                let rows = (u64::from(config.grid[1]) * u64::from(tile.m)).min(u64::from(m));
-                let cols = (u64::from(config.grid[0]) * u64::from(tile.n)).min(u64::from(n));
-                let (rows, cols, n, k) = (rows as usize, cols as usize, n as usize, k as usize);
-                let inputs = vec![a..a + 4 * rows * k, b..b + 4 * k * n];
-                let ranges = split(rows, cols * k, workers);
-                let parts = ranges
+        let boxed = |part: Box<dyn CpuPart>| part;
+        let parts = match self.plan::<T>(config, args, shape).ok()? {
+            Stage::Elementwise {
+                op,
+                alpha,
+                inputs,
+                out,
+                count,
+                ..
+            } => CpuParts {
+                parts: split(count, 1, workers)
                     .into_iter()
-                    .map(|part| {
-                        let output = c + 4 * part.start * n..c + 4 * part.end * n;
-                        let gemm = Gemm::<T>::new(part.len(), cols, k, n);
-                        let step: Box<dyn CpuPart> = Box::new(MatmulPart {
-                            gemm,
-                            row0: part.start,
+                    .map(|range| {
+                        let output = out + 4 * range.start..out + 4 * range.end;
+                        let part = ElementwisePart {
+                            op,
+                            alpha,
+                            arity: inputs.len(),
+                            next: range.start,
+                            range,
+                        };
+                        (output, boxed(Box::new(part)))
+                    })
+                    .collect(),
+                inputs: inputs.iter().map(|&at| at..at + 4 * count).collect(),
+            },
+            Stage::Reduce {
+                op,
+                x,
+                out,
+                rows,
+                cols,
+                partials,
+                ..
+            } => CpuParts {
+                parts: split(rows, cols, workers)
+                    .into_iter()
+                    .map(|range| {
+                        let output = out + 4 * range.start..out + 4 * range.end;
+                        let part = ReducePart {
+                            op,
+                            cols,
+                            first: range.start,
+                            rows: range,
+                            col: 0,
+                            partials: partials.clone(),
+                        };
+                        (output, boxed(Box::new(part)))
+                    })
+                    .collect(),
+                inputs: vec![x..x + 4 * rows * cols],
+            },
+            Stage::Matmul {
+                a,
+                b,
+                c,
+                n,
+                k,
+                rows,
+                cols,
+                ..
+            } => CpuParts {
+                parts: split(rows, cols * k, workers)
+                    .into_iter()
+                    .map(|range| {
+                        let output = c + 4 * range.start * n..c + 4 * range.end * n;
+                        let part = MatmulPart {
+                            gemm: Gemm::<T>::new(range.len(), cols, k, n),
+                            row0: range.start,
                             k,
                             n,
-                        });
-                        (output, step)
+                        };
+                        (output, boxed(Box::new(part)))
                     })
-                    .collect();
-                disjoint(CpuParts { inputs, parts })
-            }
-            (BlueprintKind::Conv2d(params), Shape::Conv2d { n, c, h, w, k }) => {
-                let [input, weight, output] = buffers[..] else {
-                    return None;
-                };
-                let (p, q) = crate::conv2d_output_size(&params, h, w);
-                let conv = Arc::new(Conv {
-                    n: n as usize,
-                    c: c as usize,
-                    h: h as usize,
-                    w: w as usize,
-                    k: k as usize,
-                    r: params.r as usize,
-                    s: params.s as usize,
-                    stride: params.stride as usize,
-                    pad: params.pad as usize,
-                    p: p as usize,
-                    q: q as usize,
-                });
-                let pixels = crate::cpu::covered(config, 1, p * q);
-                let channels = conv.k.min(config.grid[1] as usize);
-                let images = conv.n.min(config.grid[2] as usize);
-                let taps = conv.c * conv.r * conv.s;
+                    .collect(),
+                inputs: vec![a..a + 4 * rows * k, b..b + 4 * k * n],
+            },
+            Stage::Conv {
+                conv,
+                buffers: [input, weight, output],
+                pixels,
+                channels,
+                images,
+                ..
+            } => {
+                let conv = Arc::new(conv);
+                let taps = conv.taps();
                 let plane = 4 * conv.p * conv.q;
                 let inputs = vec![
-                    input..input + 4 * images * conv.c * conv.h * conv.w,
+                    input..input + images * conv.image_bytes(),
                     weight..weight + 4 * conv.k * taps,
                 ];
-                if pixels == 0 || channels == 0 {
+                if pixels == 0 {
                     return Some(CpuParts {
                         inputs,
                         parts: Vec::new(),
@@ -135,7 +172,7 @@ impl Blueprint {
                         let first = (rows.start / channels) * conv.k + rows.start % channels;
                         let last = ((rows.end - 1) / channels) * conv.k + (rows.end - 1) % channels;
                         let range = output + plane * first..output + plane * (last + 1);
-                        let step: Box<dyn CpuPart> = Box::new(ConvPart::<T> {
+                        let part = ConvPart::<T> {
                             conv: conv.clone(),
                             pixels,
                             channels,
@@ -144,14 +181,14 @@ impl Blueprint {
                             exact: None,
                             pixel: 0,
                             gemm: None,
-                        });
-                        (range, step)
+                        };
+                        (range, boxed(Box::new(part)))
                     })
                     .collect();
-                disjoint(CpuParts { inputs, parts })
+                CpuParts { inputs, parts }
             }
-            _ => None,
-        }
+        };
+        disjoint(parts)
     }
 }
 
@@ -181,6 +218,76 @@ fn disjoint(parts: CpuParts) -> Option<CpuParts> {
                 .all(|input| input.is_empty() || !overlap(output, input))
     });
     clear.then_some(parts)
+}
+
+/// Elements `range` of an element-wise kernel (`vector_add[N]` too), from `next` on.
+struct ElementwisePart<T> {
+    op: ElementwiseOp,
+    alpha: Option<T>,
+    arity: usize,
+    range: Range<usize>,
+    next: usize,
+}
+
+impl<T: Element + Send> CpuPart for ElementwisePart<T> {
+    fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
+        if inputs.len() != self.arity {
+            return Err(internal("element-wise"));
+        }
+        let chunk = self.next..self.range.end.min(self.next + STEP_WORK);
+        let mut ins: [&[u8]; 3] = [&[], &[], &[]];
+        for (view, input) in ins.iter_mut().zip(inputs) {
+            *view = &input[4 * chunk.start..4 * chunk.end];
+        }
+        let at = chunk.start - self.range.start;
+        let out = &mut output[4 * at..4 * (at + chunk.len())];
+        apply_bytes(self.op, self.alpha, ins, out);
+        self.next = chunk.end;
+        Ok(self.next >= self.range.end)
+    }
+}
+
+/// Rows `rows` of a reduction (the part's output starts at row `first`); the row in progress
+/// is folded up to column `col`.
+struct ReducePart<T> {
+    op: ReduceOp,
+    cols: usize,
+    first: usize,
+    rows: Range<usize>,
+    col: usize,
+    partials: Vec<T>,
+}
+
+impl<T: Element + Send> CpuPart for ReducePart<T> {
+    fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
+        let [x] = inputs else {
+            return Err(internal("reduce"));
+        };
+        let mut block = [T::ZERO; BLOCK];
+        let mut spent = 0;
+        while self.rows.start < self.rows.end && spent < STEP_WORK {
+            let row = self.rows.start;
+            let span = self.cols.min(self.col + REDUCE_SPAN) - self.col;
+            let start = 4 * (row * self.cols + self.col);
+            fold_span(
+                self.op,
+                &mut self.partials,
+                &x[start..start + 4 * span],
+                &mut block,
+            );
+            spent += span;
+            self.col += span;
+            if self.col == self.cols {
+                let result = finish_row(self.op, &mut self.partials);
+                let at = 4 * (row - self.first);
+                encode_into(&[result], &mut output[at..at + 4]);
+                self.rows.start += 1;
+                self.col = 0;
+                spent += self.partials.len();
+            }
+        }
+        Ok(self.rows.start >= self.rows.end)
+    }
 }
 
 /// Rows `row0..` of a matmul.

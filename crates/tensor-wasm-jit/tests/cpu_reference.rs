@@ -176,7 +176,7 @@ fn run(
     let parts = blueprint
         .cpu_parts(config, args, bytes.len(), workers)
         .unwrap()
-        .expect("matmul and conv2d with separate buffers run as parts");
+        .expect("launches with separate buffers run as parts");
     let inputs: Vec<Vec<u8>> = parts
         .inputs
         .iter()
@@ -207,6 +207,7 @@ proptest! {
         quarter in 1u32..=4,
         in_place in any::<bool>(),
         alpha_bits in any::<u32>(),
+        parts in prop::option::of(1usize..5),
     ) {
         let Ok(blueprint) = Blueprint::parse(&format!("elementwise[{}]:{}", op.as_str(), dtype.as_str())) else {
             prop_assert!(op == ElementwiseOp::Div && dtype == Dtype::I32);
@@ -235,7 +236,8 @@ proptest! {
         let full = blueprint.launch_config(&Shape::Elements { n: n as u32 }).unwrap();
         let config = shrink_grid(full, [quarter, 4, 4]);
         let before = memory.words(&out);
-        blueprint.run_cpu(&config, &args, &mut memory.bytes).unwrap();
+        // In place, a launch runs as one `CpuRun`, never as parts.
+        run(&blueprint, &config, &args, &mut memory.bytes, parts.filter(|_| !in_place));
         let got = memory.words(&out);
         let covered = (config.grid[0] as usize * 256).min(n);
         for i in 0..n {
@@ -267,6 +269,7 @@ proptest! {
         (dtype, pool) in typed_pool(2),
         n in 0usize..3000,
         quarter in 1u32..=4,
+        parts in prop::option::of(1usize..5),
     ) {
         let blueprint = Blueprint::parse(&format!("vector_add[{lanes}]:{}", dtype.as_str())).unwrap();
         let arith = Values::of(dtype);
@@ -275,7 +278,7 @@ proptest! {
         let mut memory = Memory::default();
         let args = vec![memory.place(&a), memory.place(&b), memory.output(n), KernelArg::U32(n as u32)];
         let config = shrink_grid(blueprint.launch_config(&Shape::Elements { n: n as u32 }).unwrap(), [quarter, 4, 4]);
-        blueprint.run_cpu(&config, &args, &mut memory.bytes).unwrap();
+        run(&blueprint, &config, &args, &mut memory.bytes, parts);
         let got = memory.words(&args[2]);
         let covered = (config.grid[0] as usize * 256 * lanes as usize).min(n);
         for i in 0..n {
@@ -290,6 +293,7 @@ proptest! {
         (dtype, pool) in typed_pool(1),
         rows in 0usize..5,
         cols in 0usize..1100,
+        parts in prop::option::of(1usize..5),
     ) {
         let op = if max { "max" } else { "sum" };
         let blueprint = Blueprint::parse(&format!("reduce[{op}]:{}", dtype.as_str())).unwrap();
@@ -297,7 +301,7 @@ proptest! {
         let mut memory = Memory::default();
         let args = vec![memory.place(&x), memory.output(rows), KernelArg::U32(rows as u32), KernelArg::U32(cols as u32)];
         let config = blueprint.launch_config(&Shape::Rows { rows: rows as u32, cols: cols as u32 }).unwrap();
-        blueprint.run_cpu(&config, &args, &mut memory.bytes).unwrap();
+        run(&blueprint, &config, &args, &mut memory.bytes, parts);
         let got = memory.words(&args[1]);
         for row in 0..rows {
             let values = &x[row * cols..(row + 1) * cols];
