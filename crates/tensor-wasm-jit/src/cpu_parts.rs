@@ -117,7 +117,7 @@ impl Blueprint {
                         (output, boxed(Box::new(part)))
                     })
                     .collect(),
-                inputs: vec![x..x + 4 * rows * cols],
+                inputs: std::iter::once(x..x + 4 * rows * cols).collect(),
             },
             Stage::Matmul {
                 a,
