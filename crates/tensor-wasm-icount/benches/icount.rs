@@ -18,14 +18,18 @@
 //! | `tenant/lookup_256`                    | `TenantRegistry::lookup` among 256 tenants               |
 //! | `tenant/authenticate_256`              | `TenantRegistry::authenticate` (SHA-256 + map + compare) |
 //! | `snapshot/read_portable_meta`          | `read_portable_meta`: header, metadata CRC, decode       |
+//! | `cpu_kernel/vector_add_4`              | `vector_add[4]`, 64 Ki f32, as the CPU backend's parts    |
+//! | `cpu_kernel/matmul_64`                 | `matmul[16x16x16]`, 64³ f32: the blocked multiply        |
+//! | `cpu_kernel/conv2d_3x3`                | `conv2d[3x3,s1,p1]`, 8 × 16 × 16 into 8 channels         |
 
 use std::hint::black_box;
 
 use gungraun::{library_benchmark, library_benchmark_group, main};
 use tensor_wasm_dispatch::KernelDispatcher;
 use tensor_wasm_icount::{
-    dispatch_once, dispatcher, fingerprint_input, matmul_launch, portable_snapshot, tenants,
-    vector_add_launch, warm_cache, Launch, Snapshot, Tenants,
+    cpu_conv2d, cpu_matmul, cpu_vector_add, dispatch_once, dispatcher, fingerprint_input,
+    matmul_launch, portable_snapshot, tenants, vector_add_launch, warm_cache, CpuKernel, Launch,
+    Snapshot, Tenants,
 };
 use tensor_wasm_jit::{Blueprint, CacheKey, Fingerprint, KernelCache, PtxTarget};
 
@@ -91,6 +95,15 @@ fn snapshot(s: Snapshot) -> Snapshot {
     s
 }
 
+#[library_benchmark]
+#[bench::vector_add_4(cpu_vector_add())]
+#[bench::matmul_64(cpu_matmul())]
+#[bench::conv2d_3x3(cpu_conv2d())]
+fn cpu_kernel(mut kernel: CpuKernel) -> CpuKernel {
+    black_box(&mut kernel).run_parts();
+    kernel
+}
+
 library_benchmark_group!(
     name = hot_paths,
     benchmarks = [
@@ -100,7 +113,8 @@ library_benchmark_group!(
         kernel_cache,
         tenant_lookup,
         tenant_authenticate,
-        snapshot
+        snapshot,
+        cpu_kernel
     ]
 );
 

@@ -252,9 +252,139 @@ pub fn portable_snapshot() -> Snapshot {
     }
 }
 
+/// A blueprint launch on the CPU backend's kernel code, without the pool: its inputs first in
+/// `memory`, its output last (from `output`).
+#[derive(Debug, Clone)]
+pub struct CpuKernel {
+    pub launch: Launch,
+    pub memory: Vec<u8>,
+    pub output: usize,
+}
+
+impl CpuKernel {
+    /// Plans the launch as parts for 2 cores and computes every part, one after another, as
+    /// the CPU backend's workers would (steps until done).
+    pub fn run_parts(&mut self) {
+        let Launch {
+            blueprint,
+            config,
+            args,
+            ..
+        } = &self.launch;
+        let parts = blueprint
+            .cpu_parts(config, args, self.memory.len(), 2)
+            .expect("the fixture is valid")
+            .expect("separate buffers run as parts");
+        let (head, tail) = self.memory.split_at_mut(self.output);
+        let inputs: Vec<&[u8]> = parts.inputs.iter().map(|r| &head[r.clone()]).collect();
+        for (range, mut part) in parts.parts {
+            let output = &mut tail[range.start - self.output..range.end - self.output];
+            while !part.step(&inputs, output).expect("the part computes") {}
+        }
+    }
+}
+
+/// `descriptor` over buffers of `sizes` elements laid out one after another (the last one
+/// the output), the shape's dimensions as the scalars, inputs filled with small values.
+fn cpu_kernel(descriptor: &str, shape: Shape, sizes: &[u64], dims: &[u32]) -> CpuKernel {
+    let blueprint = Blueprint::parse(descriptor).expect("valid descriptor");
+    let config = blueprint
+        .launch_config(&shape)
+        .expect("shape within limits");
+    let mut args = Vec::new();
+    let mut offset = 0u64;
+    for &size in sizes {
+        args.push(KernelArg::Buffer {
+            offset,
+            len: 4 * size,
+        });
+        offset += 4 * size;
+    }
+    args.extend(dims.iter().map(|&d| KernelArg::U32(d)));
+    let output = (offset - 4 * sizes.last().copied().unwrap_or(0)) as usize;
+    let mut memory = vec![0u8; offset as usize];
+    for (i, chunk) in memory[..output].chunks_exact_mut(4).enumerate() {
+        chunk.copy_from_slice(&((i % 61) as f32 / 8.0 - 3.0).to_le_bytes());
+    }
+    let launch = Launch {
+        blueprint,
+        config,
+        args,
+        memory_len: memory.len(),
+    };
+    let mut kernel = CpuKernel {
+        launch,
+        memory,
+        output,
+    };
+    kernel.run_parts();
+    kernel
+}
+
+/// `vector_add[4]` over 65,536 f32 (separate output): the element-wise path.
+pub fn cpu_vector_add() -> CpuKernel {
+    let n = 65_536u32;
+    let size = u64::from(n);
+    cpu_kernel(
+        "vector_add[4]",
+        Shape::Elements { n },
+        &[size, size, size],
+        &[n],
+    )
+}
+
+/// `matmul[16x16x16]`, 64 × 64 × 64 f32: the blocked multiply (`Gemm`).
+pub fn cpu_matmul() -> CpuKernel {
+    let (m, n, k) = (64u32, 64u32, 64u32);
+    let sizes = [u64::from(m * k), u64::from(k * n), u64::from(m * n)];
+    cpu_kernel(
+        "matmul[16x16x16]",
+        Shape::Matmul { m, n, k },
+        &sizes,
+        &[m, n, k],
+    )
+}
+
+/// `conv2d[3x3,s1,p1]`, one 8-channel 16 × 16 image into 8 channels: taps gathered while
+/// packing, then the multiply.
+pub fn cpu_conv2d() -> CpuKernel {
+    let (n, c, h, w, k) = (1u32, 8u32, 16u32, 16u32, 8u32);
+    let sizes = [
+        u64::from(n * c * h * w),
+        u64::from(k * c * 9),
+        u64::from(n * k * h * w),
+    ];
+    cpu_kernel(
+        "conv2d[3x3,s1,p1]",
+        Shape::Conv2d { n, c, h, w, k },
+        &sizes,
+        &[n, c, h, w, k],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CPU kernel fixtures compute what the kernels' one-pass run computes.
+    #[test]
+    fn cpu_kernel_fixtures_compute_the_kernels_results() {
+        for mut kernel in [cpu_vector_add(), cpu_matmul(), cpu_conv2d()] {
+            let mut expected = kernel.memory.clone();
+            expected[kernel.output..].fill(0);
+            let Launch {
+                blueprint,
+                config,
+                args,
+                ..
+            } = &kernel.launch;
+            blueprint.run_cpu(config, args, &mut expected).unwrap();
+            kernel.memory[kernel.output..].fill(0);
+            kernel.run_parts();
+            assert_eq!(kernel.memory, expected, "{}", kernel.launch.blueprint);
+            assert!(kernel.memory[kernel.output..].iter().any(|&b| b != 0));
+        }
+    }
 
     #[test]
     fn dispatch_fixture_releases_its_permit() {

@@ -696,7 +696,11 @@ pub(crate) fn apply_bytes<T: Element>(
     out: &mut [u8],
 ) {
     if cfg!(target_endian = "little") {
-        let [a, b, c] = ins.map(|bytes| <[T]>::ref_from_bytes(bytes).ok());
+        // An unused input is empty, and an empty byte slice need not be aligned.
+        let [a, b, c] = ins.map(|bytes| match bytes {
+            [] => Some(&[][..]),
+            bytes => <[T]>::ref_from_bytes(bytes).ok(),
+        });
         if let (Some(a), Some(b), Some(c)) = (a, b, c) {
             if let Ok(y) = <[T]>::mut_from_bytes(out) {
                 apply(op, alpha, y, [a, b, c]);
