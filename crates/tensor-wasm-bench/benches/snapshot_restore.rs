@@ -7,11 +7,16 @@
 //!
 //! - `cold_start/restore_lazy/{size}`: unified host memory, image mapped copy-on-write;
 //! - `cold_start/restore_eager/{size}`: pooled memory, stored pages read in;
+//! - `cold_start/restore_eager_resident/{size}`: the same with the slot's pages kept resident
+//!   between instances (`pool_keep_resident_bytes` of 512 MiB: the slot is zeroed in place
+//!   when an instance ends, inside the figure, instead of faulted in again);
 //! - `cold_start/instantiate_plain/{size}`: the same module and memory limit with no
 //!   snapshot (plain wasmtime instantiation + the call; the guest is then uninitialised),
 //!   the floor a restore is compared against;
 //! - `cold_start/memcpy/{size}`: copying an image of that size into memory already faulted
-//!   in, the bound of any eager restore.
+//!   in, the bound of any eager restore;
+//! - `cold_start/memcpy_fresh/{size}`: the same copy into fresh pages (each faulted in on
+//!   first write), the bound of an eager restore into a slot that handed its pages back.
 //!
 //! Sizes: 1 MiB, 16 MiB, 128 MiB, 512 MiB. Peers of one size run back to back.
 
@@ -58,9 +63,10 @@ fn guest(pages: u64) -> String {
     )
 }
 
-fn runtime(dir: &std::path::Path, memory: GuestMemory) -> Runtime {
+fn runtime(dir: &std::path::Path, memory: GuestMemory, keep_resident: u64) -> Runtime {
     let config = RuntimeConfig {
         guest_memory: memory,
+        pool_keep_resident_bytes: keep_resident,
         max_instances: 4,
         default_timeout: Duration::from_secs(60),
         ..RuntimeConfig::new(dir)
@@ -98,12 +104,14 @@ fn probe(rt: &Runtime, id: &str) -> i64 {
 struct Runtimes {
     lazy: Runtime,
     eager: Runtime,
+    resident: Runtime,
 }
 
 /// The three deployments of one size.
 struct Deployed {
     lazy: String,
     eager: String,
+    resident: String,
     plain: String,
 }
 
@@ -111,12 +119,14 @@ fn deploy_all(rts: &Runtimes, size: u64) -> Deployed {
     let deployed = Deployed {
         lazy: deploy(&rts.lazy, size, true),
         eager: deploy(&rts.eager, size, true),
+        resident: deploy(&rts.resident, size, true),
         plain: deploy(&rts.lazy, size, false),
     };
     // Started from the snapshot: init's global is set and text is where init put it.
     let restored = probe(&rts.lazy, &deployed.lazy);
     assert!(restored > 1, "lazy restore did not carry init's state");
     assert_eq!(probe(&rts.eager, &deployed.eager), restored);
+    assert_eq!(probe(&rts.resident, &deployed.resident), restored);
     assert_eq!(probe(&rts.lazy, &deployed.plain), 0);
     deployed
 }
@@ -129,11 +139,13 @@ fn restore(c: &mut Criterion) {
     let mut group = c.benchmark_group("cold_start");
     let lazy_dir = tempfile::tempdir().expect("dir");
     let eager_dir = tempfile::tempdir().expect("dir");
+    let resident_dir = tempfile::tempdir().expect("dir");
     let runtimes_cell = OnceCell::new();
     let runtimes = || {
         runtimes_cell.get_or_init(|| Runtimes {
-            lazy: runtime(lazy_dir.path(), GuestMemory::Unified),
-            eager: runtime(eager_dir.path(), GuestMemory::Pooled),
+            lazy: runtime(lazy_dir.path(), GuestMemory::Unified, 0),
+            eager: runtime(eager_dir.path(), GuestMemory::Pooled, 0),
+            resident: runtime(resident_dir.path(), GuestMemory::Pooled, 512 << 20),
         })
     };
     for size in SIZES {
@@ -161,6 +173,10 @@ fn restore(c: &mut Criterion) {
             let (rts, d) = setup();
             b.iter(|| black_box(probe(&rts.eager, &d.eager)));
         });
+        group.bench_function(BenchmarkId::new("restore_eager_resident", size), |b| {
+            let (rts, d) = setup();
+            b.iter(|| black_box(probe(&rts.resident, &d.resident)));
+        });
         group.bench_function(BenchmarkId::new("instantiate_plain", size), |b| {
             let (rts, d) = setup();
             b.iter(|| black_box(probe(&rts.lazy, &d.plain)));
@@ -172,12 +188,24 @@ fn restore(c: &mut Criterion) {
                 .get_or_insert_with(|| (vec![0x5au8; size as usize], vec![1u8; size as usize]));
             b.iter(|| copy.copy_from_slice(black_box(image)));
         });
+        group.bench_function(BenchmarkId::new("memcpy_fresh", size), |b| {
+            let (image, _) = buffers
+                .get_or_insert_with(|| (vec![0x5au8; size as usize], vec![1u8; size as usize]));
+            // `vec![0; n]` of this size is fresh zero pages from the kernel; unmapping them
+            // is not part of the figure.
+            b.iter_with_large_drop(|| {
+                let mut copy = vec![0u8; size as usize];
+                copy.copy_from_slice(black_box(image));
+                copy
+            });
+        });
         black_box(&buffers);
         if let Some(d) = deployed.get() {
             let rts = runtimes();
             for (rt, id) in [
                 (&rts.lazy, &d.lazy),
                 (&rts.eager, &d.eager),
+                (&rts.resident, &d.resident),
                 (&rts.lazy, &d.plain),
             ] {
                 rt.delete(id).expect("delete");

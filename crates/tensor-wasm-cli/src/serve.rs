@@ -141,6 +141,16 @@ pub struct ServeArgs {
     /// never run inline; a call growing past it is run again on a blocking thread.
     #[arg(long, env = "TENSOR_WASM_INLINE_MAX_MEMORY_BYTES", default_value_t = 8 << 20)]
     inline_max_memory_bytes: u64,
+    /// Pooled guest memory: bytes of each instance slot's memory kept resident when an
+    /// instance ends (zeroed in place, not handed back to the kernel), so eager snapshot
+    /// restores and large guests do not fault their pages in again; costs that much
+    /// resident memory per slot once used. 0 hands every page back.
+    #[arg(
+        long,
+        env = "TENSOR_WASM_POOL_KEEP_RESIDENT_BYTES",
+        default_value_t = 0
+    )]
+    pool_keep_resident_bytes: u64,
     /// Loaded (compiled and linked) modules kept in memory; the least recently used
     /// are evicted and loaded again on their next call.
     #[arg(long, env = "TENSOR_WASM_MODULE_CACHE_ENTRIES", default_value_t = CacheLimits::default().module_entries)]
@@ -216,6 +226,7 @@ impl ServeArgs {
             gpu_isolation: self.gpu_isolation,
             inline_calls: !self.no_inline_calls,
             inline_max_memory_bytes: self.inline_max_memory_bytes,
+            pool_keep_resident_bytes: self.pool_keep_resident_bytes,
             default_timeout: Duration::from_millis(self.default_timeout_ms),
             max_timeout: Duration::from_millis(self.max_timeout_ms),
             default_memory_limit_bytes: self.default_memory_limit_bytes,

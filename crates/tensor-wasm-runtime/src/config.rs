@@ -109,6 +109,13 @@ pub struct RuntimeConfig {
     /// (`memory.fill`, `memory.copy`) and the pooled-slot reset can do on an
     /// async thread.
     pub inline_max_memory_bytes: u64,
+    /// Pooled guest memory: bytes of each instance slot's linear memory that stay
+    /// resident when an instance ends (zeroed with `memset` instead of handed back
+    /// to the kernel). Eager snapshot restores and large guests then write into
+    /// pages that are already there instead of faulting every page in again; the
+    /// price is that much resident memory per slot once used. 0 (the default)
+    /// hands every page back.
+    pub pool_keep_resident_bytes: u64,
     /// Bounds of the loaded-module, artifact and blueprint-kernel caches.
     pub caches: CacheLimits,
 }
@@ -136,6 +143,7 @@ impl RuntimeConfig {
             gpu_isolation: GpuIsolation::default(),
             inline_calls: true,
             inline_max_memory_bytes: 8 << 20,
+            pool_keep_resident_bytes: 0,
             max_stored_bytes_per_tenant: 4 << 30,
             caches: CacheLimits::default(),
         }

@@ -54,6 +54,9 @@ pub fn build_engine(config: &RuntimeConfig) -> Result<EngineParts> {
                 .max_memory_size(
                     usize::try_from(config.max_memory_limit_bytes)
                         .expect("memory cap fits in usize"),
+                )
+                .linear_memory_keep_resident(
+                    usize::try_from(config.pool_keep_resident_bytes).unwrap_or(usize::MAX),
                 );
             wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
             None
