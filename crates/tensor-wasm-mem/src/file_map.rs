@@ -224,6 +224,84 @@ pub unsafe fn map_file_private_fixed(file: &File, offset: u64, dest: &mut [u8]) 
     Ok(())
 }
 
+/// A read-only view of a whole file through a shared mapping, unmapped on drop. Pages are read
+/// from the page cache on first touch and stay mapped for the view's life, so repeated reads
+/// of the same bytes cost a memory copy, not a system call.
+pub struct FileView {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value and only read through `&self`; the contract of
+// `FileView::new` keeps the bytes unchanged for its life.
+unsafe impl Send for FileView {}
+// SAFETY: see `Send`: shared access only reads.
+unsafe impl Sync for FileView {}
+
+impl FileView {
+    /// Maps all of `file` read-only (an empty file needs no mapping).
+    ///
+    /// # Safety
+    /// For as long as the view lives, the file must not be **truncated** (touching a page past
+    /// the new end raises `SIGBUS`) nor **written** (the view's bytes are handed out as `&[u8]`,
+    /// which must not change). A file that is only ever replaced by rename satisfies both.
+    ///
+    /// # Errors
+    /// The operating system's error if `fstat` or `mmap` fails.
+    pub unsafe fn new(file: &File) -> io::Result<Self> {
+        let len = usize::try_from(file.metadata()?.len())
+            .map_err(|_| invalid_input("file larger than the address space"))?;
+        if len == 0 {
+            return Ok(Self {
+                ptr: NonNull::dangling(),
+                len: 0,
+            });
+        }
+        // SAFETY: a fresh read-only shared mapping of an open file at an address the kernel
+        // picks touches no existing memory.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr =
+            NonNull::new(raw.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Self { ptr, len })
+    }
+
+    /// The file's bytes.
+    #[must_use]
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` readable bytes are mapped at `ptr` until drop (or `len` is 0 and the
+        // pointer dangling, which an empty slice allows); `new`'s contract keeps them unchanged.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for FileView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileView").field("len", &self.len).finish()
+    }
+}
+
+impl Drop for FileView {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: unmaps exactly the mapping `new` made; no reference into it outlives
+            // `self` (`as_slice` borrows `self`).
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        }
+    }
+}
+
 /// A zeroed, page-aligned, read-write buffer backed by a private anonymous mapping, without
 /// guard pages: the kind of memory [`map_file_private_fixed`] accepts. Pages are allocated
 /// by the kernel on first touch; the mapping is unmapped on drop.

@@ -118,7 +118,7 @@ pub use creator::{
     TensorWasmLinearMemory, TensorWasmMemoryCreator,
 };
 pub use error::MemError;
-pub use file_map::{map_file_private_fixed, AnonymousPages};
+pub use file_map::{map_file_private_fixed, AnonymousPages, FileView};
 pub use host::{host_page_size, round_up_to_page, GuardedHostBuffer};
 pub use largest_request::LargestRequestAllocator;
 pub use managed::{

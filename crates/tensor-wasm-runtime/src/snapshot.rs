@@ -460,6 +460,12 @@ impl Runtime {
                 LocalImage::open(&path, &limits, &sha).map_err(corrupt)?
             }
         };
+        let mut image = image;
+        if self.restore_mode() == RestoreMode::Eager {
+            if let Err(error) = map_for_reads(&mut image) {
+                tracing::warn!(snapshot = %snapshot_id, %error, "local image not mapped; reading it");
+            }
+        }
         let restorable = Arc::new(Restorable {
             id: snapshot_id.to_owned(),
             image,
@@ -560,4 +566,13 @@ fn map_lazily(image: &LocalImage, dest: &mut [u8]) -> bool {
     // still use it. Nothing else writes there: a data directory belongs to one server
     // (docs/deploy.md).
     unsafe { image.map_into(dest) }.is_ok()
+}
+
+/// Eager restores of `image` copy from a read-only mapping of its file from now on.
+#[allow(unsafe_code)]
+fn map_for_reads(image: &mut LocalImage) -> std::result::Result<(), SnapshotError> {
+    // SAFETY: as in `map_lazily`: a local image is only ever replaced by rename or removed by
+    // unlink, never truncated or rewritten in place, and nothing else writes the snapshot
+    // cache; the mapping lives as long as the opened image.
+    unsafe { image.map_for_reads() }
 }

@@ -10,7 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use tensor_wasm_durable::{DurableError, DurableFile, WriteOptions};
-use tensor_wasm_mem::{host_page_size, map_file_private_fixed};
+use tensor_wasm_mem::{host_page_size, map_file_private_fixed, FileView};
 
 use crate::image::{is_zero, IMAGE_PAGE};
 use crate::meta::{check_meta_consistency, decode_meta, encode_meta};
@@ -165,6 +165,8 @@ pub fn portable_to_local(
 #[derive(Debug)]
 pub struct LocalImage {
     file: File,
+    /// The file mapped read-only, once [`LocalImage::map_for_reads`] asked for it.
+    view: Option<FileView>,
     meta: SnapshotMeta,
     runs: Vec<Run>,
     data_offset: u64,
@@ -291,6 +293,7 @@ impl LocalImage {
         }
         Ok(Self {
             file,
+            view: None,
             meta,
             runs,
             data_offset,
@@ -460,6 +463,25 @@ impl LocalImage {
         }
         part[zero_from - offset..].fill(0);
         Ok(pieces)
+    }
+
+    /// Makes [`LocalImage::read_into`] copy from a read-only mapping of the file, kept for the
+    /// image's life, instead of reading it with a system call per MiB: after the first
+    /// restore, the pages are mapped already and a restore costs a memory copy and the
+    /// checksums.
+    ///
+    /// # Safety
+    /// The image file must not be truncated or written for as long as this image lives (see
+    /// [`FileView::new`]). Images written by [`write_local`] satisfy it when nothing else
+    /// writes to the snapshot directory: it only ever replaces an image by rename.
+    ///
+    /// # Errors
+    /// [`SnapshotError::Io`] if the file cannot be mapped; reads then keep using the file.
+    #[allow(unsafe_code)]
+    pub unsafe fn map_for_reads(&mut self) -> Result<(), SnapshotError> {
+        // SAFETY: this function's own contract, passed on unchanged.
+        self.view = Some(unsafe { FileView::new(&self.file) }?);
+        Ok(())
     }
 
     /// Reads every stored run (1 MiB at a time) and checks its checksum.

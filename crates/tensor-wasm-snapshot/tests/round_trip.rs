@@ -206,6 +206,64 @@ fn local_data_corruption_is_caught_by_eager_paths() {
     ));
 }
 
+/// [`LocalImage::map_for_reads`] on the images these tests write.
+#[allow(unsafe_code)]
+fn map_for_reads(image: &mut LocalImage) {
+    // SAFETY: as in `map_into`: the image is written once before it is opened and nothing
+    // truncates or rewrites it while the image lives.
+    unsafe { image.map_for_reads() }.unwrap();
+}
+
+/// Eager restores of images large enough for one thread per core (runs split between the
+/// threads), read from the file or from its mapping, give the image back byte for byte over
+/// any previous contents; a flipped bit in any run, the first, one in the middle of a split
+/// run or the last, is caught either way.
+#[test]
+fn eager_restores_by_every_core_from_file_or_mapping_are_exact_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut memory = realistic_image(24 << 20, 5);
+    // One long run across the middle, where the shares of two threads meet.
+    memory[10 << 20..14 << 20].fill(0x77);
+    let path = dir.path().join("big");
+    write_local(&meta_for(&memory), &memory, &path).unwrap();
+    for mapped in [false, true] {
+        let mut image = LocalImage::open(&path, &RestoreLimits::default(), &MODULE).unwrap();
+        if mapped {
+            map_for_reads(&mut image);
+        }
+        let mut out = vec![0xEEu8; memory.len() + 4096];
+        image.read_into(&mut out).unwrap();
+        assert!(out[..memory.len()] == memory[..], "mapped: {mapped}");
+        assert!(
+            out[memory.len()..].iter().all(|&b| b == 0xEE),
+            "past the image"
+        );
+    }
+    let clean = std::fs::read(&path).unwrap();
+    let data_start = clean.len() - memory.len();
+    let nonzero: Vec<usize> = (0..memory.len()).filter(|&i| memory[i] != 0).collect();
+    for at in [nonzero[0], 12 << 20, *nonzero.last().unwrap()] {
+        let mut bytes = clean.clone();
+        bytes[data_start + at] ^= 1;
+        let corrupt = dir.path().join(format!("corrupt-{at}"));
+        std::fs::write(&corrupt, &bytes).unwrap();
+        for mapped in [false, true] {
+            let mut image = LocalImage::open(&corrupt, &RestoreLimits::default(), &MODULE).unwrap();
+            if mapped {
+                map_for_reads(&mut image);
+            }
+            let mut out = vec![0u8; memory.len()];
+            assert!(
+                matches!(
+                    image.read_into(&mut out),
+                    Err(SnapshotError::ChecksumMismatch { section: "data" })
+                ),
+                "flipped byte {at}, mapped: {mapped}"
+            );
+        }
+    }
+}
+
 /// A small snapshot with several frames (64 KiB chunks) shared by the property tests.
 fn small_snapshot() -> (Vec<u8>, Vec<u8>) {
     let memory = realistic_image(320 * 1024, 77);
