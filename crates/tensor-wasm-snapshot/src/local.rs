@@ -27,6 +27,17 @@ const RUN_ENTRY_LEN: usize = 24;
 /// Images of at least this many bytes are restored eagerly by one thread per core.
 const PARALLEL_READ_MIN: usize = 8 << 20;
 
+/// Zeroes `bytes` page by page, writing only pages that are not zero already: the memory an
+/// eager restore writes into is mostly fresh (zero) pages, and a page that is only read stays
+/// unallocated, or at least is not written a second time.
+fn zero(bytes: &mut [u8]) {
+    for page in bytes.chunks_mut(IMAGE_PAGE) {
+        if !is_zero(page) {
+            page.fill(0);
+        }
+    }
+}
+
 /// The checksum of the part of run `run` that one thread of an eager restore read.
 struct Piece {
     run: usize,
@@ -446,7 +457,7 @@ impl LocalImage {
                 break;
             }
             let (lo, hi) = (start.max(offset), run_end(run).min(end));
-            part[zero_from - offset..lo - offset].fill(0);
+            zero(&mut part[zero_from - offset..lo - offset]);
             let (mut crc, mut at) = (0u32, lo);
             for chunk in part[lo - offset..hi - offset].chunks_mut(1 << 20) {
                 self.file
@@ -461,7 +472,7 @@ impl LocalImage {
             });
             zero_from = hi;
         }
-        part[zero_from - offset..].fill(0);
+        zero(&mut part[zero_from - offset..]);
         Ok(pieces)
     }
 
