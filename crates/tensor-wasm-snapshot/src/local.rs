@@ -443,7 +443,8 @@ impl LocalImage {
     }
 
     /// Reads the image's bytes `offset..offset + part.len()` into `part`: the stored pages
-    /// from the file (1 MiB at a time, checksummed while still in cache), zeros elsewhere.
+    /// from the file or its mapping (1 MiB at a time, checksummed while still in cache), zeros
+    /// elsewhere.
     /// Returns the checksum of each run's piece in this share.
     fn read_share(&self, part: &mut [u8], offset: usize) -> Result<Vec<Piece>, SnapshotError> {
         let end = offset + part.len();
@@ -460,8 +461,14 @@ impl LocalImage {
             zero(&mut part[zero_from - offset..lo - offset]);
             let (mut crc, mut at) = (0u32, lo);
             for chunk in part[lo - offset..hi - offset].chunks_mut(1 << 20) {
-                self.file
-                    .read_exact_at(chunk, self.data_offset + at as u64)?;
+                let from = self.data_offset + at as u64;
+                match &self.view {
+                    // In bounds: `open` checked the file's length against the image.
+                    Some(view) => {
+                        chunk.copy_from_slice(&view.as_slice()[from as usize..][..chunk.len()]);
+                    }
+                    None => self.file.read_exact_at(chunk, from)?,
+                }
                 crc = crc32c::crc32c_append(crc, chunk);
                 at += chunk.len();
             }
