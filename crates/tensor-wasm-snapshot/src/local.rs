@@ -24,6 +24,10 @@ pub const LOCAL_HEADER_LEN: usize = 64;
 /// Bytes per run-table entry.
 const RUN_ENTRY_LEN: usize = 24;
 
+/// An eager restore copies and checksums this much at a time, so the checksum reads what the
+/// copy just wrote from the core's L2 cache.
+const READ_CHUNK: usize = 128 << 10;
+
 /// Images of at least this many bytes are restored eagerly by one thread per core.
 const PARALLEL_READ_MIN: usize = 8 << 20;
 
@@ -443,7 +447,7 @@ impl LocalImage {
     }
 
     /// Reads the image's bytes `offset..offset + part.len()` into `part`: the stored pages
-    /// from the file or its mapping (1 MiB at a time, checksummed while still in cache), zeros
+    /// from the file or its mapping (128 KiB at a time, checksummed while still in cache), zeros
     /// elsewhere.
     /// Returns the checksum of each run's piece in this share.
     fn read_share(&self, part: &mut [u8], offset: usize) -> Result<Vec<Piece>, SnapshotError> {
@@ -460,7 +464,7 @@ impl LocalImage {
             let (lo, hi) = (start.max(offset), run_end(run).min(end));
             zero(&mut part[zero_from - offset..lo - offset]);
             let (mut crc, mut at) = (0u32, lo);
-            for chunk in part[lo - offset..hi - offset].chunks_mut(1 << 20) {
+            for chunk in part[lo - offset..hi - offset].chunks_mut(READ_CHUNK) {
                 let from = self.data_offset + at as u64;
                 match &self.view {
                     // In bounds: `open` checked the file's length against the image.
