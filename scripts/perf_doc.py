@@ -111,6 +111,13 @@ HEADLINE = [
     dict(what="Eager restore of an instance into pooled memory, to the end of its first call",
          ours="cold_start/restore_eager/{n}", peer="cold_start/memcpy/{n}",
          peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 2.0, "GB/s", None, "issue 6")),
+    dict(what="Eager restore into a pooled slot that keeps its pages resident (`--pool-keep-resident-bytes`), "
+              "to the end of its first call",
+         ours="cold_start/restore_eager_resident/{n}", peer="cold_start/memcpy/{n}",
+         peer_what="`memcpy` of the image into resident memory (issue 18's goal: ≥ 0.5×)", metric="bytes"),
+    dict(what="Eager restore into pooled memory that handed its pages back (the default)",
+         ours="cold_start/restore_eager/{n}", peer="cold_start/memcpy_fresh/{n}",
+         peer_what="`memcpy` of the image into fresh pages", metric="bytes"),
     dict(what="Portable snapshot restore (decode) of a realistic image",
          ours="cold_start/restore/{n}", peer="cold_start/memcpy/{n}",
          peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 2.0, "GB/s", None, "issue 6")),

@@ -9,7 +9,10 @@
 //! - **lazy** when guest memory is unified host memory: the image is mapped copy-on-write over
 //!   the instance's memory, pages load on first touch, so the cost does not grow with the size;
 //! - **eager** otherwise (pooled slots are reused by other instances, CUDA managed memory
-//!   cannot be remapped): the stored pages are read into memory, each run checksummed.
+//!   cannot be remapped): the stored pages are copied into memory from a read-only mapping of
+//!   the image kept with the opened image, by one thread per core, each run checksummed. A
+//!   pooled slot that keeps its pages resident (`pool_keep_resident_bytes`) skips faulting
+//!   every page in again.
 //!
 //! The first restore after a process start opens the local image and verifies every stored
 //! page's checksum once; later restores reuse the opened image.
