@@ -153,7 +153,7 @@ impl CpuParts {
     ///
     /// # Errors
     /// `Cuda` (an internal error of the program that offered the parts).
-    pub(crate) fn check(&self, memory_len: usize) -> Result<(), GpuError> {
+    pub fn check(&self, memory_len: usize) -> Result<(), GpuError> {
         let overlap = |x: &Range<usize>, y: &Range<usize>| {
             !x.is_empty() && !y.is_empty() && x.start < y.end && y.start < x.end
         };
@@ -186,6 +186,29 @@ impl CpuParts {
             ))),
             None => Ok(()),
         }
+    }
+}
+
+impl CpuParts {
+    /// Runs every part on the calling thread, one after another, over `memory` (the guest
+    /// memory the launch was planned for), after the same check the CPU backend makes: the
+    /// inputs are copied first, then each part steps to its end. For tests and tools; the
+    /// backend runs parts on its workers at once.
+    ///
+    /// # Errors
+    /// What [`CpuParts::check`] refuses, or the first error of a part's step.
+    pub fn run_in_order(self, memory: &mut [u8]) -> Result<(), GpuError> {
+        self.check(memory.len())?;
+        let inputs: Vec<Vec<u8>> = self
+            .inputs
+            .iter()
+            .map(|range| memory[range.clone()].to_vec())
+            .collect();
+        let inputs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+        for (range, mut part) in self.parts {
+            while !part.step(&inputs, &mut memory[range.clone()])? {}
+        }
+        Ok(())
     }
 }
 

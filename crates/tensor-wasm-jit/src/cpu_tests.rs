@@ -171,18 +171,22 @@ fn a_step_over_memory_of_another_length_is_refused() {
     assert!(shorter.iter().all(|&byte| byte == 0));
 }
 
+/// Values that round, overflow, underflow and propagate: placed among ordinary inputs.
+const SPECIALS: [f32; 7] = [
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    f32::from_bits(1),
+    -0.0,
+    f32::MAX,
+    1.0e-30,
+];
+
 /// The in-place path (aligned memory, no overlap) and the block path (here: memory one byte
 /// off alignment) compute the same bytes, special values included.
 #[test]
 fn the_in_place_and_block_paths_agree() {
-    let specials = [
-        f32::NAN,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::from_bits(1),
-        -0.0,
-        f32::MAX,
-    ];
+    let specials = SPECIALS;
     for (blueprint, config, args, len) in launches() {
         let mut initial = vec![0u8; len];
         fill(&mut initial, 7);
@@ -220,15 +224,7 @@ fn run_parts(
         return false;
     };
     assert!(parts.parts.len() <= workers.max(1));
-    let inputs: Vec<Vec<u8>> = parts
-        .inputs
-        .iter()
-        .map(|range| memory[range.clone()].to_vec())
-        .collect();
-    let inputs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
-    for (range, mut part) in parts.parts {
-        while !part.step(&inputs, &mut memory[range.clone()]).unwrap() {}
-    }
+    parts.run_in_order(memory).unwrap();
     true
 }
 
@@ -251,15 +247,7 @@ fn same_words(left: &[u8], right: &[u8]) -> bool {
 /// weights takes the pixel-by-pixel path and still agrees.
 #[test]
 fn parts_on_any_number_of_cores_equal_one_run() {
-    let specials = [
-        f32::NAN,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::from_bits(1),
-        -0.0,
-        f32::MAX,
-        1.0e-30,
-    ];
+    let specials = SPECIALS;
     for (blueprint, config, args, len) in launches() {
         for every in [0, 97, 5] {
             let mut initial = vec![0u8; len];

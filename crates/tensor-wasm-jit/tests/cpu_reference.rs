@@ -173,19 +173,12 @@ fn run(
         blueprint.run_cpu(config, args, bytes).unwrap();
         return;
     };
-    let parts = blueprint
+    blueprint
         .cpu_parts(config, args, bytes.len(), workers)
         .unwrap()
-        .expect("launches with separate buffers run as parts");
-    let inputs: Vec<Vec<u8>> = parts
-        .inputs
-        .iter()
-        .map(|range| bytes[range.clone()].to_vec())
-        .collect();
-    let inputs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
-    for (range, mut part) in parts.parts {
-        while !part.step(&inputs, &mut bytes[range.clone()]).unwrap() {}
-    }
+        .expect("launches with separate buffers run as parts")
+        .run_in_order(bytes)
+        .unwrap();
 }
 
 fn shrink_grid(config: LaunchConfig, fraction: [u32; 3]) -> LaunchConfig {
