@@ -1,7 +1,7 @@
 //! Every blueprint kind × dtype (and a spread of tile shapes and convolution filters) over
 //! random small shapes, edge sizes and grids larger or smaller than the shape: the emitted
 //! PTX in the interpreter, under every schedule, must leave guest memory bit-identical to
-//! `run_cpu` (NaN payloads aside), canaries included.
+//! `run_cpu` and the CPU backend's parts path (NaN payloads aside), canaries included.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};

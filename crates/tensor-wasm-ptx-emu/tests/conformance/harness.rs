@@ -254,8 +254,9 @@ impl Modules {
     }
 }
 
-/// One blueprint launch checked: the CPU result, then the interpreter under each schedule,
-/// compared over the whole memory (canaries included).
+/// One blueprint launch checked: the CPU results (one `CpuRun`, and the parts path when the
+/// launch has one), then the interpreter under each schedule, each compared over the whole
+/// memory (canaries included).
 pub fn check_blueprint(
     blueprint: &Blueprint,
     module: &Module,
@@ -268,6 +269,21 @@ pub fn check_blueprint(
     blueprint
         .run_cpu(config, args, &mut expected)
         .map_err(|e| format!("run_cpu refused the launch: {e}"))?;
+    // The CPU backend's parts path (every core), when the launch has one: what the CPU
+    // backend runs for separate buffers.
+    let mut parted = layout.memory.clone();
+    let parts = blueprint
+        .cpu_parts(config, args, parted.len(), 3)
+        .map_err(|e| format!("cpu_parts refused the launch: {e}"))?;
+    let parted = match parts {
+        Some(parts) => {
+            parts
+                .run_in_order(&mut parted)
+                .map_err(|e| format!("the parts failed: {e}"))?;
+            Some(parted)
+        }
+        None => None,
+    };
     for &schedule in schedules {
         let actual = run_emu(
             module,
@@ -280,6 +296,10 @@ pub fn check_blueprint(
         )
         .map_err(|e| format!("{schedule:?}: {e}"))?;
         compare(blueprint.dtype(), &expected, &actual).map_err(|e| format!("{schedule:?}: {e}"))?;
+        if let Some(parted) = &parted {
+            compare(blueprint.dtype(), parted, &actual)
+                .map_err(|e| format!("{schedule:?}, the parts path: {e}"))?;
+        }
     }
     Ok(())
 }
