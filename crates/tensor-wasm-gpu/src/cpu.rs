@@ -354,10 +354,10 @@ mod tests {
         );
     }
 
-    /// `c = a · b` for separate 1024 × 1024 matrices at 0, 4 MiB and 8 MiB: the blocked
+    /// `c = a · b` for separate 2048 × 2048 matrices at 0, 16 MiB and 32 MiB: the blocked
     /// multiply, in one part per worker.
     fn separate_matmul() -> (Vec<KernelArg>, LaunchConfig, Vec<u8>) {
-        let n = 1024u32;
+        let n = 2048u32;
         let bytes = u64::from(n * n * 4);
         let buffer = |i: u64| KernelArg::Buffer {
             offset: i * bytes,
