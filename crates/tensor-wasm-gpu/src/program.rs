@@ -18,9 +18,11 @@ use crate::{GpuError, KernelArg, LaunchConfig};
 ///
 /// The program is trusted host code: its `validate` is what keeps its kernel inside guest memory,
 /// so it must refuse every launch whose grid-covered indices could reach a byte outside a buffer
-/// argument. On the CPU backend a launch runs on the worker pool as the steps of
-/// [`KernelProgram::cpu_steps`] (cancellable and fair between tenants between steps), or as one
-/// call of [`KernelProgram::run_cpu`] for a program without steps; on a CUDA backend the PTX entry is called with each buffer argument as its
+/// argument. On the CPU backend a launch runs on the worker pool as the parts of
+/// [`KernelProgram::cpu_parts`] on every core, else as the steps of
+/// [`KernelProgram::cpu_steps`] (either way cancellable and fair between tenants between
+/// steps), or as one call of [`KernelProgram::run_cpu`] for a program with neither; on a CUDA
+/// backend the PTX entry is called with each buffer argument as its
 /// device address (guest memory base plus offset, a 64-bit parameter) and each scalar by value,
 /// in argument order, after the driver-reported parameter sizes have been checked against the
 /// arguments.
