@@ -32,6 +32,12 @@ const KC: usize = 256;
 const MC: usize = 96;
 /// Columns of `b` packed at a time (a multiple of `NR`).
 const NC: usize = 512;
+/// Most bytes of packed b one multiply keeps. Packed b holds every `p` of a column block so
+/// that all row blocks share it; a narrow b (fewer than `NR` columns) is padded to `NR`, so
+/// a long, narrow b would take up to 8 × its own size. Past this cap only the slice of `p`
+/// in use is packed, again for every row block: memory stays bounded whatever the guest's
+/// shape, at the price of packing b once per row block.
+const PACKED_B_CAP: usize = 32 << 20;
 
 /// An element type a [`Gemm`] multiplies: the GPU's 32-bit arithmetic (`f32` rounded to
 /// nearest, `i32` wrapping), stored little-endian in guest memory.
@@ -146,8 +152,11 @@ pub struct Gemm<T> {
     jr: usize,
     /// Whether the operands of block (`jc`, `ic`, `pc`) are packed.
     packed: bool,
-    /// b's columns `jc..jc + NC`, every `p`: panel `jr` holds `[p][NR]` at `jr * k * NR`.
+    /// b's columns `jc..jc + NC`, every `p` (or only `pc..pc + KC` past the cap): panel `jr`
+    /// holds `[p][NR]` at `jr * depth * NR`, `depth` being `k` (or `KC`).
     packed_b: Vec<T>,
+    /// Bytes packed b may take before only the slice in use is kept.
+    packed_b_cap: usize,
     /// a's rows `ic..ic + MC`, `p` in `pc..pc + KC`: panel `ir` holds `[p][MR]`.
     packed_a: Vec<T>,
     /// The block's running sums, tile by tile: tile (`ir`, `jr`) at
@@ -183,10 +192,26 @@ impl<T: Lane> Gemm<T> {
             jr: 0,
             packed: false,
             packed_b: Vec::new(),
+            packed_b_cap: PACKED_B_CAP,
             packed_a: Vec::new(),
             sums: Vec::new(),
             row: Vec::new(),
         }
+    }
+
+    /// The same multiply with packed b capped at `bytes` (tests: both packing modes).
+    #[cfg(test)]
+    pub(crate) fn with_packed_b_cap(mut self, bytes: usize) -> Self {
+        self.packed_b_cap = bytes;
+        self
+    }
+
+    /// Whether packed b holds every `p` of a column block `nc` wide (else only a slice).
+    fn packs_all_of_b(&self, nc: usize) -> bool {
+        self.k
+            .saturating_mul(nc.next_multiple_of(NR))
+            .saturating_mul(std::mem::size_of::<T>())
+            <= self.packed_b_cap
     }
 
     /// Whether every output is computed and written.
@@ -208,11 +233,12 @@ impl<T: Lane> Gemm<T> {
             let mc = MC.min(self.m - self.ic);
             let kc = KC.min(self.k - self.pc);
             let m_tiles = mc.div_ceil(MR);
+            let all_of_b = self.packs_all_of_b(nc);
             if self.jr == 0 && !self.packed {
                 // The block's operands: b's rows of this slice of `p` once per column block
-                // (with the first row block), a's block every time.
-                if self.ic == 0 {
-                    self.pack_b(source, nc, kc);
+                // (with the first row block; every time past the cap), a's block every time.
+                if self.ic == 0 || !all_of_b {
+                    self.pack_b(source, nc, kc, all_of_b);
                     spent += kc * nc;
                 }
                 if self.pc == 0 {
@@ -226,7 +252,12 @@ impl<T: Lane> Gemm<T> {
                     break;
                 }
             }
-            let panel = &self.packed_b[(self.jr * self.k + self.pc) * NR..][..kc * NR];
+            let panel = if all_of_b {
+                (self.jr * self.k + self.pc) * NR
+            } else {
+                self.jr * kc * NR
+            };
+            let panel = &self.packed_b[panel..][..kc * NR];
             let sums = &mut self.sums[self.jr * (MC / MR) * MR * NR..][..m_tiles * MR * NR];
             tile_column(kc, &self.packed_a[..m_tiles * kc * MR], panel, sums);
             spent += (m_tiles * MR * NR * kc).max(1);
@@ -253,19 +284,21 @@ impl<T: Lane> Gemm<T> {
     }
 
     /// Packs b's columns `jc..jc + nc` for `p` in `pc..pc + kc` into panels of `NR` (zeros
-    /// past `nc`); the panels hold every `p`, allocated at the column block's first slice.
-    fn pack_b(&mut self, source: &impl GemmSource<T>, nc: usize, kc: usize) {
+    /// past `nc`). With `all_of_b` the panels hold every `p`, allocated at the column block's
+    /// first slice; otherwise they hold this slice alone.
+    fn pack_b(&mut self, source: &impl GemmSource<T>, nc: usize, kc: usize, all_of_b: bool) {
         let panels = nc.div_ceil(NR);
-        if self.pc == 0 {
+        let (depth, first) = if all_of_b { (self.k, self.pc) } else { (kc, 0) };
+        if self.pc == 0 || !all_of_b {
             self.packed_b.clear();
-            self.packed_b.resize(panels * self.k * NR, T::ZERO);
+            self.packed_b.resize(panels * depth * NR, T::ZERO);
         }
         self.row.resize(self.row.len().max(panels * NR), T::ZERO);
         self.row[nc..panels * NR].fill(T::ZERO);
-        for p in self.pc..self.pc + kc {
-            source.b_row(p, self.jc, &mut self.row[..nc]);
+        for p in 0..kc {
+            source.b_row(self.pc + p, self.jc, &mut self.row[..nc]);
             for (jr, values) in self.row[..panels * NR].chunks_exact(NR).enumerate() {
-                self.packed_b[(jr * self.k + p) * NR..][..NR].copy_from_slice(values);
+                self.packed_b[(jr * depth + first + p) * NR..][..NR].copy_from_slice(values);
             }
         }
     }

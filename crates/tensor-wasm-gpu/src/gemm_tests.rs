@@ -26,8 +26,9 @@ fn bytes<T: Lane>(values: &[T]) -> Vec<u8> {
     out
 }
 
-/// Runs a `Gemm` in steps of `work` over row-major operands; `c` starts filled with `fill`
-/// bytes so that untouched values show. Returns c's `m × ldc` values as bits-comparable bytes.
+/// Runs a `Gemm` in steps of `work` over row-major operands (odd `work`: with packed b capped
+/// to the slice in use); `c` starts filled with 0xA5 bytes so that untouched values show.
+/// Returns c's `m × ldc` values as bits-comparable bytes.
 fn run<T: Lane>(
     a: &[T],
     b: &[T],
@@ -43,7 +44,11 @@ fn run<T: Lane>(
         ldb,
     };
     let mut c = vec![0xA5u8; 4 * m * ldc];
+    // Odd step sizes also pack only the slice of b in use (a cap below any packed b here).
     let mut gemm = Gemm::<T>::new(m, cols, k, ldc);
+    if work % 2 == 1 {
+        gemm = gemm.with_packed_b_cap(0);
+    }
     let mut steps = 0;
     while !gemm.step(&source, &mut c, work) {
         steps += 1;
@@ -185,4 +190,28 @@ fn products_are_rounded_before_they_are_added() {
         usize::MAX,
     );
     assert_eq!(f32::from_le_bytes(got[..4].try_into().unwrap()), 0.0);
+}
+
+/// A long, narrow b (one column, 2^21 values of `p`: 8 MiB) is not packed whole, which would
+/// pad it to 8 columns (64 MiB): packed b stays one slice, and the product is still exact.
+#[test]
+fn a_long_narrow_b_is_packed_a_slice_at_a_time() {
+    let k = 1 << 21;
+    let a: Vec<f32> = (0..k).map(|i| (i % 13) as f32 - 6.0).collect();
+    let b: Vec<f32> = (0..k).map(|i| (i % 7) as f32 * 0.5).collect();
+    let (a_bytes, b_bytes) = (bytes(&a), bytes(&b));
+    let source = Matrices {
+        a: &a_bytes,
+        b: &b_bytes,
+        k,
+        ldb: 1,
+    };
+    let mut c = vec![0u8; 4];
+    let mut gemm = Gemm::<f32>::new(1, 1, k, 1);
+    let mut largest = 0;
+    while !gemm.step(&source, &mut c, 1) {
+        largest = largest.max(gemm.packed_b.len());
+    }
+    assert!(largest <= KC * NR, "packed b held {largest} values");
+    assert!(same_f32(&c, &expected(&a, &b, (1, 1, k, 1), 1)));
 }
