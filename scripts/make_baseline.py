@@ -13,7 +13,7 @@ the runs that measured it:
                   estimate and a smaller K suffices)
 
 Peers measured only for ratios (ids containing `_vec_peer`, `raw_wasmtime`,
-`/memcpy/`) are not tracked: they time the host and wasmtime, not us.
+`/memcpy/`, `/memcpy_fresh/`) are not tracked: they time the host and wasmtime, not us.
 
 With --merge, BASE.json (an earlier output) is kept as it is — every metric,
 run and the policy — and only the ids it does not track yet are derived from
@@ -56,7 +56,7 @@ def main():
             counts[bench_id] = counts.get(bench_id, 0) + 1
     ids = {i for i, n in counts.items() if n >= min_runs}
     metrics = {}
-    peers = ("_vec_peer", "raw_wasmtime", "/memcpy/")
+    peers = ("_vec_peer", "raw_wasmtime", "/memcpy/", "/memcpy_fresh/")
     for bench_id in sorted(i for i in ids if not any(p in i for p in peers)):
         medians = [r["benches"][bench_id]["median_ns"] for r in runs if bench_id in r["benches"]]
         mid = statistics.median(medians)
