@@ -151,6 +151,15 @@ pub struct ServeArgs {
         default_value_t = 0
     )]
     pool_keep_resident_bytes: u64,
+    /// Bytes of snapshot encoder buffers kept between captures: a capture whose encoding
+    /// fits writes into memory already there instead of faulting fresh pages in; costs up to
+    /// that much resident memory once used. 0 frees them after every capture.
+    #[arg(
+        long,
+        env = "TENSOR_WASM_SNAPSHOT_ENCODER_KEEP_BYTES",
+        default_value_t = 64 << 20
+    )]
+    snapshot_encoder_keep_bytes: u64,
     /// Loaded (compiled and linked) modules kept in memory; the least recently used
     /// are evicted and loaded again on their next call.
     #[arg(long, env = "TENSOR_WASM_MODULE_CACHE_ENTRIES", default_value_t = CacheLimits::default().module_entries)]
@@ -227,6 +236,7 @@ impl ServeArgs {
             inline_calls: !self.no_inline_calls,
             inline_max_memory_bytes: self.inline_max_memory_bytes,
             pool_keep_resident_bytes: self.pool_keep_resident_bytes,
+            snapshot_encoder_keep_bytes: self.snapshot_encoder_keep_bytes,
             default_timeout: Duration::from_millis(self.default_timeout_ms),
             max_timeout: Duration::from_millis(self.max_timeout_ms),
             default_memory_limit_bytes: self.default_memory_limit_bytes,

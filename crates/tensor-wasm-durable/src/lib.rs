@@ -17,7 +17,7 @@
 //! A crash can still leave temporary files behind. Stores with a staging directory empty
 //! it when they open; stores that write beside their files call [`remove_temp_files`].
 //!
-//! - [`write_file`] writes a byte slice.
+//! - [`write_file`] writes a byte slice, [`write_file_pieces`] the concatenation of several.
 //! - [`DurableFile`] streams: write through [`std::io::Write`] or the [`std::fs::File`]
 //!   (positioned writes, sparse files), then [`DurableFile::commit`].
 //! - [`sync_dir`] makes a removal or rename in a directory durable.
@@ -96,9 +96,23 @@ pub fn write_file(
     bytes: &[u8],
     options: &WriteOptions,
 ) -> Result<(), DurableError> {
+    write_file_pieces(dest, &[bytes], options)
+}
+
+/// [`write_file`] of the concatenation of `pieces`, without concatenating them in memory.
+///
+/// # Errors
+/// As [`write_file`].
+pub fn write_file_pieces(
+    dest: impl AsRef<Path>,
+    pieces: &[&[u8]],
+    options: &WriteOptions,
+) -> Result<(), DurableError> {
     let mut file = DurableFile::create(dest.as_ref(), options)?;
-    if let Err(e) = file.write_all(bytes) {
-        return Err(DurableError::new(Step::Write, file.temp_path(), e));
+    for piece in pieces {
+        if let Err(e) = file.write_all(piece) {
+            return Err(DurableError::new(Step::Write, file.temp_path(), e));
+        }
     }
     file.commit()
 }

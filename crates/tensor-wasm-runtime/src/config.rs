@@ -116,6 +116,11 @@ pub struct RuntimeConfig {
     /// price is that much resident memory per slot once used. 0 (the default)
     /// hands every page back.
     pub pool_keep_resident_bytes: u64,
+    /// Bytes of encoder buffers (the portable snapshot of the last capture) kept between
+    /// snapshot captures. A capture whose encoding fits writes into memory that is already
+    /// there instead of faulting fresh pages in; the price is up to that much resident memory
+    /// once a capture has used it. 0 frees the buffers after every capture.
+    pub snapshot_encoder_keep_bytes: u64,
     /// Bounds of the loaded-module, artifact and blueprint-kernel caches.
     pub caches: CacheLimits,
 }
@@ -144,6 +149,7 @@ impl RuntimeConfig {
             inline_calls: true,
             inline_max_memory_bytes: 8 << 20,
             pool_keep_resident_bytes: 0,
+            snapshot_encoder_keep_bytes: 64 << 20,
             max_stored_bytes_per_tenant: 4 << 30,
             caches: CacheLimits::default(),
         }

@@ -70,6 +70,9 @@ pub(crate) struct Inner {
     pub(crate) metrics: RuntimeMetrics,
     gpu: Arc<GpuShared>,
     pub(crate) memory_creator: Option<Arc<TensorWasmMemoryCreator>>,
+    /// The snapshot encoder kept between captures (see
+    /// [`RuntimeConfig::snapshot_encoder_keep_bytes`]).
+    pub(crate) snapshot_encoder: Mutex<Option<tensor_wasm_snapshot::PortableEncoder>>,
     _ticker: EpochTicker,
 }
 
@@ -200,6 +203,7 @@ impl Runtime {
                 metrics,
                 gpu,
                 memory_creator: parts.memory_creator,
+                snapshot_encoder: Mutex::new(None),
                 _ticker: ticker,
             }),
         };

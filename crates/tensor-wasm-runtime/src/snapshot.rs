@@ -1,7 +1,7 @@
 //! Snapshots of function instances: run an init export once, capture linear memory and the
 //! mutable globals, and start later instances from that state instead of from scratch.
 //!
-//! Capture encodes the state twice: the **portable** encoding (zstd frames, checksummed) is
+//! Capture encodes the state twice, straight from the instance's memory: the **portable** encoding (zstd frames, checksummed) is
 //! the durable copy in the function store; the **local** encoding (page-aligned, sparse) is a
 //! per-host cache under `<data_dir>/snapshot-cache/`, rebuilt from the portable copy whenever
 //! it is missing or fails validation. Restore uses the local image:
@@ -22,10 +22,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tensor_wasm_snapshot::{
-    capture_portable, portable_to_local, write_local, CaptureOptions, GlobalValue, LocalImage,
+    portable_to_local, write_local, CaptureOptions, GlobalValue, LocalImage, PortableEncoder,
     RestoreLimits, SnapshotError, SnapshotMeta, ValType,
 };
-use wasmtime::{Instance, Store, Val, V128};
+use wasmtime::{Instance, Memory, Store, Val, V128};
 
 use crate::error::{Result, RuntimeError};
 use crate::function_entry::{FunctionEntry, Prepared};
@@ -162,11 +162,14 @@ impl Runtime {
         let init_us = micros(init_start.elapsed());
 
         let capture_start = Instant::now();
-        let snapshot = capture(&mut store, &instance, &prepared, record)?;
+        let (meta, memory) = capture(&mut store, &instance, &prepared, record)?;
+        // Encoded straight from the instance's memory, into the runtime's kept encoder.
+        let memory = memory.map_or(&[][..], |m| m.data(&store));
         let snapshot_id = new_snapshot_id();
-        let portable =
-            capture_portable(&snapshot.meta, &snapshot.memory, &CaptureOptions::default())
-                .map_err(|e| RuntimeError::Engine(format!("encoding the snapshot: {e}")))?;
+        let mut encoder = EncoderLease::take(self);
+        let portable = encoder
+            .encode(&meta, memory, &CaptureOptions::default())
+            .map_err(|e| RuntimeError::Engine(format!("encoding the snapshot: {e}")))?;
         let local_path = self.local_path(&snapshot_id);
         let written = local_path
             .parent()
@@ -174,7 +177,7 @@ impl Runtime {
                 tensor_wasm_durable::create_dir_all(dir).map_err(std::io::Error::from)
             })
             .map_err(SnapshotError::from)
-            .and_then(|()| write_local(&snapshot.meta, &snapshot.memory, &local_path));
+            .and_then(|()| write_local(&meta, memory, &local_path));
         if let Err(e) = written {
             // A cache: the first restore rebuilds it from the portable copy.
             tracing::warn!(snapshot = %snapshot_id, error = %e, "local image not written");
@@ -186,10 +189,10 @@ impl Runtime {
             tenant: record.tenant.clone(),
             module_sha256: record.module_sha256.clone(),
             init_export: init_export.to_owned(),
-            created_at_ms: snapshot.meta.created_at_ms,
-            memory_bytes: snapshot.memory.len() as u64,
+            created_at_ms: meta.created_at_ms,
+            memory_bytes: meta.memory_size_bytes,
             stored_bytes: portable.len() as u64,
-            globals: snapshot.meta.globals.len() as u32,
+            globals: meta.globals.len() as u32,
             capture_us,
             init_us,
         };
@@ -212,7 +215,7 @@ impl Runtime {
                 })?;
             self.inner
                 .store
-                .put_snapshot(&snapshot_record, &portable)
+                .put_snapshot(&snapshot_record, &portable.pieces().collect::<Vec<_>>())
                 .inspect_err(|_| {
                     let _ = std::fs::remove_file(&local_path);
                 })?;
@@ -486,30 +489,23 @@ impl Runtime {
     }
 }
 
-/// Memory image and metadata of one instance.
-struct Captured {
-    meta: SnapshotMeta,
-    memory: Vec<u8>,
-}
-
+/// The metadata of one instance's state (mutable globals, memory size) and its memory, whose
+/// bytes the caller reads while it still holds the store.
 fn capture(
     store: &mut Store<InvocationState>,
     instance: &Instance,
     prepared: &Prepared,
     record: &FunctionRecord,
-) -> Result<Captured> {
-    let (memory, page_size) = match instance.get_memory(&mut *store, MEMORY_EXPORT) {
-        Some(memory) => (
-            memory.data(&*store).to_vec(),
-            memory.page_size(&*store) as u32,
-        ),
-        None => (Vec::new(), 65_536),
-    };
+) -> Result<(SnapshotMeta, Option<Memory>)> {
+    let memory = instance.get_memory(&mut *store, MEMORY_EXPORT);
+    let (len, page_size) = memory.map_or((0, 65_536), |m| {
+        (m.data_size(&*store), m.page_size(&*store) as u32)
+    });
     let mut meta = SnapshotMeta::new(
         module_sha(&record.module_sha256)?,
         record.id.clone(),
         record.tenant.clone(),
-        memory.len() as u64,
+        len as u64,
     );
     meta.page_size = page_size;
     for &index in &prepared.state_globals {
@@ -531,7 +527,53 @@ fn capture(
         };
         meta.globals.push(GlobalValue { index, ty, bits });
     }
-    Ok(Captured { meta, memory })
+    Ok((meta, memory))
+}
+
+/// The runtime's kept [`PortableEncoder`] for one capture (a fresh one when another capture
+/// holds it). Dropping the lease shrinks the encoder to
+/// [`RuntimeConfig::snapshot_encoder_keep_bytes`](crate::RuntimeConfig::snapshot_encoder_keep_bytes)
+/// and keeps it for the next capture.
+struct EncoderLease<'a> {
+    runtime: &'a Runtime,
+    encoder: PortableEncoder,
+}
+
+impl<'a> EncoderLease<'a> {
+    fn take(runtime: &'a Runtime) -> Self {
+        let kept = runtime.inner.snapshot_encoder.lock().expect("lock").take();
+        Self {
+            runtime,
+            encoder: kept.unwrap_or_default(),
+        }
+    }
+}
+
+impl std::ops::Deref for EncoderLease<'_> {
+    type Target = PortableEncoder;
+    fn deref(&self) -> &PortableEncoder {
+        &self.encoder
+    }
+}
+
+impl std::ops::DerefMut for EncoderLease<'_> {
+    fn deref_mut(&mut self) -> &mut PortableEncoder {
+        &mut self.encoder
+    }
+}
+
+impl Drop for EncoderLease<'_> {
+    fn drop(&mut self) {
+        let keep = self.runtime.inner.config.snapshot_encoder_keep_bytes;
+        self.encoder
+            .shrink_to(usize::try_from(keep).unwrap_or(usize::MAX));
+        if self.encoder.retained_bytes() > 0 {
+            let mut slot = self.runtime.inner.snapshot_encoder.lock().expect("lock");
+            if slot.is_none() {
+                *slot = Some(std::mem::take(&mut self.encoder));
+            }
+        }
+    }
 }
 
 fn value_of(global: &GlobalValue) -> Val {

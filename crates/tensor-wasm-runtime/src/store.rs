@@ -11,7 +11,7 @@
 //! quarantine/functions/     records this build cannot read (see `crate::quarantine`)
 //! ```
 //!
-//! Every write goes through `tensor_wasm_durable::write_file`: staged in `tmp/`,
+//! Every write goes through `tensor_wasm_durable::write_file_pieces`: staged in `tmp/`,
 //! fsynced, renamed into place and the parent directory fsynced, so a record is
 //! either absent or complete after a crash.
 //! A deploy writes the module first and the record last: a crash in between
@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tensor_wasm_durable::{write_file, DurableError, WriteOptions};
+use tensor_wasm_durable::{write_file_pieces, DurableError, WriteOptions};
 
 use crate::error::{Result, RuntimeError};
 use crate::quarantine::{self, Protected, QuarantinedRecord};
@@ -143,8 +143,9 @@ pub trait FunctionStore: Send + Sync + 'static {
     fn quarantined(&self) -> Result<Vec<QuarantinedRecord>> {
         Ok(Vec::new())
     }
-    /// Stores a snapshot's bytes, then its record; durable when it returns.
-    fn put_snapshot(&self, record: &SnapshotRecord, bytes: &[u8]) -> Result<()>;
+    /// Stores a snapshot's bytes (the concatenation of `pieces`), then its record; durable
+    /// when it returns.
+    fn put_snapshot(&self, record: &SnapshotRecord, pieces: &[&[u8]]) -> Result<()>;
     /// The bytes of a stored snapshot (`None` if it does not exist).
     fn snapshot_bytes(&self, function_id: &str, snapshot_id: &str) -> Result<Option<Vec<u8>>>;
     /// The snapshot records of a function, oldest first.
@@ -315,8 +316,13 @@ impl FsFunctionStore {
 
     /// Writes `bytes` to `dest` atomically and durably, staged in `tmp/`.
     fn write_atomic(&self, dest: &Path, bytes: &[u8]) -> Result<()> {
+        self.write_atomic_pieces(dest, &[bytes])
+    }
+
+    /// [`Self::write_atomic`] of the concatenation of `pieces`.
+    fn write_atomic_pieces(&self, dest: &Path, pieces: &[&[u8]]) -> Result<()> {
         let options = WriteOptions::new().staging_dir(self.root.join("tmp"));
-        write_file(dest, bytes, &options).map_err(storage_error)
+        write_file_pieces(dest, pieces, &options).map_err(storage_error)
     }
 }
 
@@ -411,7 +417,7 @@ impl FunctionStore for FsFunctionStore {
         quarantine::inspect(&self.root)
     }
 
-    fn put_snapshot(&self, record: &SnapshotRecord, bytes: &[u8]) -> Result<()> {
+    fn put_snapshot(&self, record: &SnapshotRecord, pieces: &[&[u8]]) -> Result<()> {
         if !is_valid_function_id(&record.function_id) || !is_valid_snapshot_id(&record.id) {
             return Err(RuntimeError::InvalidConfig(format!(
                 "`{}/{}` is not a snapshot id",
@@ -421,7 +427,7 @@ impl FunctionStore for FsFunctionStore {
         let dir = self.snapshot_dir(&record.function_id);
         // Durable before the snapshot record (and the function record naming it) exists.
         tensor_wasm_durable::create_dir_all(&dir).map_err(storage_error)?;
-        self.write_atomic(&dir.join(format!("{}.twsnap", record.id)), bytes)?;
+        self.write_atomic_pieces(&dir.join(format!("{}.twsnap", record.id)), pieces)?;
         let json = serde_json::to_vec_pretty(record).expect("records serialize");
         self.write_atomic(&dir.join(format!("{}.json", record.id)), &json)
     }

@@ -267,3 +267,40 @@ fn a_module_without_memory_or_globals_snapshots_trivially() {
     assert_eq!((snap.memory_bytes, snap.globals), (0, 0));
     assert_eq!(call(&rt, &id, "one", &[]), json!(1));
 }
+
+#[test]
+fn captures_through_the_kept_encoder_each_store_their_own_bytes() {
+    // The runtime keeps one encoder between captures (or none with a keep of 0). Captures of
+    // different sizes one after another each store their own portable bytes: restores that
+    // must rebuild every local image from them see each function's own state.
+    let small_wat = br#"(module (memory 1)
+        (func (export "init") i32.const 100 i32.const 7 i32.store)
+        (func (export "get") (result i32) i32.const 100 i32.load))"#;
+    for keep in [0, 64 << 20] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = || RuntimeConfig {
+            snapshot_encoder_keep_bytes: keep,
+            ..config(dir.path(), GuestMemory::Pooled)
+        };
+        let rt = open_with(config());
+        let small = rt
+            .deploy(small_wat, DeploySpec::export("small"))
+            .unwrap()
+            .record
+            .id;
+        let warm = rt
+            .deploy(&example("warm.wat"), DeploySpec::export("warm"))
+            .unwrap()
+            .record
+            .id;
+        rt.create_snapshot(&small, "init", false).unwrap();
+        rt.create_snapshot(&warm, "init", true).unwrap();
+        let last = rt.create_snapshot(&small, "init", true).unwrap();
+        assert_eq!(last.memory_bytes, 65_536);
+        drop(rt);
+        std::fs::remove_dir_all(dir.path().join("snapshot-cache")).unwrap();
+        let rt = open_with(config());
+        assert_initialised(&rt, &warm);
+        assert_eq!(call(&rt, &small, "get", &[]), json!(7), "keep {keep}");
+    }
+}

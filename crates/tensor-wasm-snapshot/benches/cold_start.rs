@@ -5,7 +5,10 @@
 //! (`cold_start/restore_lazy`, `cold_start/restore_eager`, `cold_start/instantiate_plain`),
 //! are measured through the runtime in `tensor-wasm-bench`'s `snapshot_restore` bench.
 //!
-//! Ids: `cold_start/{capture,restore,map_lazy,memcpy}/{bytes}` for 1 MiB, 16 MiB,
+//! `cold_start/capture_reused` is capture as the runtime does it: one [`PortableEncoder`] kept
+//! between captures, its pieces copied into a kept buffer.
+//!
+//! Ids: `cold_start/{capture,capture_reused,restore,map_lazy,memcpy}/{bytes}` for 1 MiB, 16 MiB,
 //! 128 MiB and 512 MiB, and `cold_start/disk_round_trip/{bytes}` for 1 MiB and 16 MiB. The
 //! benchmarks of one size run back to back so that peers share machine conditions.
 
@@ -17,7 +20,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tensor_wasm_snapshot::{
     capture_portable, realistic_image, restore_portable, write_local, AnonymousPages,
-    CaptureOptions, LocalImage, RestoreLimits, SnapshotMeta,
+    CaptureOptions, LocalImage, PortableEncoder, RestoreLimits, SnapshotMeta,
 };
 
 const SIZES: [usize; 4] = [1 << 20, 16 << 20, 128 << 20, 512 << 20];
@@ -76,6 +79,22 @@ fn cold_start(c: &mut Criterion) {
             let p = setup();
             b.iter(|| capture_portable(&p.meta, black_box(&p.memory), &options).expect("capture"));
         });
+        // The runtime's way: one encoder kept between captures. The snapshot is copied into a
+        // kept buffer too, so that the output ends in one contiguous buffer as `capture`'s does.
+        let mut encoder = PortableEncoder::new();
+        let mut out = Vec::new();
+        group.bench_function(BenchmarkId::new("capture_reused", size), |b| {
+            let p = setup();
+            b.iter(|| {
+                let encoded = encoder
+                    .encode(&p.meta, black_box(&p.memory), &options)
+                    .expect("capture");
+                out.clear();
+                encoded.write_to(&mut out).expect("write");
+                black_box(out.len())
+            });
+        });
+        drop((encoder, out));
         group.bench_function(BenchmarkId::new("restore", size), |b| {
             let p = setup();
             b.iter_with_large_drop(|| {

@@ -69,7 +69,7 @@ pub use meta::{
 #[doc(hidden)]
 pub use portable::bench_internals;
 pub use portable::{
-    capture_portable, read_portable_meta, restore_portable, CaptureOptions, PORTABLE_HEADER_LEN,
-    PORTABLE_MAGIC,
+    capture_portable, read_portable_meta, restore_portable, CaptureOptions, Encoded,
+    PortableEncoder, PORTABLE_HEADER_LEN, PORTABLE_MAGIC, SPLIT_FLOOR,
 };
 pub use tensor_wasm_mem::AnonymousPages;

@@ -129,8 +129,8 @@ impl FunctionStore for GatedStore {
         self.inner.functions()
     }
 
-    fn put_snapshot(&self, record: &SnapshotRecord, bytes: &[u8]) -> Result<()> {
-        self.inner.put_snapshot(record, bytes)
+    fn put_snapshot(&self, record: &SnapshotRecord, pieces: &[&[u8]]) -> Result<()> {
+        self.inner.put_snapshot(record, pieces)
     }
 
     fn snapshot_bytes(&self, function_id: &str, snapshot_id: &str) -> Result<Option<Vec<u8>>> {

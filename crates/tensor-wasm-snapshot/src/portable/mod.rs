@@ -29,7 +29,8 @@
 //!   little-endian field helpers;
 //! - `frames.rs`: how one chunk is encoded: page classification and the zstd frames built
 //!   here (raw and RLE blocks);
-//! - `capture.rs`: [`capture_portable`] and its [`CaptureOptions`];
+//! - `capture.rs`: [`capture_portable`], its [`CaptureOptions`] and the [`PortableEncoder`]
+//!   with buffers that outlive a capture;
 //! - `restore.rs`: [`read_portable_meta`] and [`restore_portable`];
 //! - `bench_internals.rs` (feature `bench-internals`): the encoder's internals for the
 //!   `stored_frames` bench.
@@ -45,7 +46,7 @@ mod tests;
 pub mod bench_internals;
 
 pub(crate) use capture::check_capture_args;
-pub use capture::{capture_portable, CaptureOptions};
+pub use capture::{capture_portable, CaptureOptions, Encoded, PortableEncoder, SPLIT_FLOOR};
 pub(crate) use layout::{get_u32, get_u64, put_u32, put_u64};
 pub use layout::{PORTABLE_HEADER_LEN, PORTABLE_MAGIC};
 pub use restore::{read_portable_meta, restore_portable};

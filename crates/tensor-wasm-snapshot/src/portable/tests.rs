@@ -9,7 +9,7 @@ use super::frames::{
 use super::layout::{
     parse_header, put_u32, read_frame_table, FRAME_ENTRY_LEN, MIN_CHUNK, PORTABLE_HEADER_LEN,
 };
-use super::{capture_portable, restore_portable, CaptureOptions};
+use super::{capture_portable, restore_portable, CaptureOptions, PortableEncoder};
 use crate::image::{is_zero, IMAGE_PAGE};
 use crate::{realistic_image, RestoreLimits, SnapshotError, SnapshotMeta};
 
@@ -320,4 +320,82 @@ fn bad_options_and_mismatched_meta_are_refused() {
         capture_portable(&meta(1), &memory, &CaptureOptions::default()),
         Err(SnapshotError::InvalidInput(_))
     ));
+}
+
+#[test]
+fn a_reused_encoder_gives_the_bytes_of_a_fresh_one() {
+    // Captures of different sizes, thread counts and chunk sizes through one encoder, with an
+    // error and a shrink between them: each equals a fresh capture and round-trips.
+    let mut encoder = PortableEncoder::new();
+    let cases = [
+        (3 << 20, 0, 1 << 20),
+        (64 << 10, 1, 4 << 10),
+        (5 << 20, 3, 256 << 10),
+        (0, 0, 1 << 20),
+        (2 << 20, 2, 64 << 10),
+    ];
+    for (round, &(len, threads, chunk_size)) in cases.iter().enumerate() {
+        let memory = realistic_image(len, round as u64 + 1);
+        let options = CaptureOptions {
+            chunk_size,
+            threads,
+            ..CaptureOptions::default()
+        };
+        let meta = meta(len);
+        let fresh = capture_portable(&meta, &memory, &options).unwrap();
+        let encoded = encoder.encode(&meta, &memory, &options).unwrap();
+        assert_eq!(encoded.len(), fresh.len(), "round {round}");
+        assert!(encoded.to_vec() == fresh, "round {round}");
+        let mut written = Vec::new();
+        encoded.write_to(&mut written).unwrap();
+        assert!(written == fresh, "round {round}");
+        let (_, back) = restore_portable(&fresh, &RestoreLimits::default(), &[1; 32]).unwrap();
+        assert!(back == memory, "round {round}");
+
+        // A refused capture leaves the encoder usable.
+        let mut wrong = meta.clone();
+        wrong.memory_size_bytes += 1;
+        assert!(encoder.encode(&wrong, &memory, &options).is_err());
+        if round == 2 {
+            encoder.shrink_to(1 << 20);
+            assert!(encoder.retained_bytes() <= 1 << 20);
+        }
+    }
+    assert!(encoder.retained_bytes() > 0);
+    encoder.shrink_to(0);
+    assert_eq!(encoder.retained_bytes(), 0);
+}
+
+#[test]
+fn a_small_image_is_cut_in_one_chunk_per_thread() {
+    // 1 MiB with the default 1 MiB chunk on 4 threads: 256 KiB chunks, four frames.
+    let memory = realistic_image(1 << 20, 9);
+    let options = CaptureOptions {
+        threads: 4,
+        ..CaptureOptions::default()
+    };
+    let snap = capture_portable(&meta(memory.len()), &memory, &options).unwrap();
+    let header = parse_header(&snap, &RestoreLimits::default()).unwrap();
+    assert_eq!(header.chunk_size, 256 << 10);
+    let (_, back) = restore_portable(&snap, &RestoreLimits::default(), &[1; 32]).unwrap();
+    assert!(back == memory);
+    // Never below the floor, and a chunk size already below it is kept.
+    for (len, chunk, threads, expected) in [
+        (128 << 10, 1 << 20, 8, super::SPLIT_FLOOR as usize),
+        (64 << 10, 16 << 10, 8, 16 << 10),
+        (8 << 20, 1 << 20, 2, 1 << 20),
+    ] {
+        let memory = vec![1u8; len];
+        let options = CaptureOptions {
+            chunk_size: chunk,
+            threads,
+            ..CaptureOptions::default()
+        };
+        let snap = capture_portable(&meta(len), &memory, &options).unwrap();
+        let header = parse_header(&snap, &RestoreLimits::default()).unwrap();
+        assert_eq!(
+            header.chunk_size, expected,
+            "{len} bytes, {chunk}, {threads} threads"
+        );
+    }
 }
