@@ -10,12 +10,14 @@
 //!   the instance's memory, pages load on first touch, so the cost does not grow with the size;
 //! - **eager** otherwise (pooled slots are reused by other instances, CUDA managed memory
 //!   cannot be remapped): the stored pages are copied into memory from a read-only mapping of
-//!   the image kept with the opened image, by one thread per core, each run checksummed. A
-//!   pooled slot that keeps its pages resident (`pool_keep_resident_bytes`) skips faulting
-//!   every page in again.
+//!   the image kept with the opened image, by one thread per core. A pooled slot that keeps
+//!   its pages resident (`pool_keep_resident_bytes`) skips faulting every page in again.
 //!
 //! The first restore after a process start opens the local image and verifies every stored
-//! page's checksum once; later restores reuse the opened image.
+//! page's checksum once; later restores reuse the opened image and, in both modes, trust what
+//! was verified (the eager copy does not checksum the runs again, as the lazy mapping never
+//! does). An image rebuilt from the portable copy comes from a fully checked snapshot; its
+//! eager restores check each run until the next process start verifies it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -388,7 +390,9 @@ impl Runtime {
                 if self.restore_mode() == RestoreMode::Lazy && map_lazily(image, dest) {
                     mode = RestoreMode::Lazy;
                 } else {
-                    image.read_into(dest).map_err(|e| corrupt(e.to_string()))?;
+                    image
+                        .read_verified_into(dest)
+                        .map_err(|e| corrupt(e.to_string()))?;
                 }
             }
             None if image.memory_size() == 0 => {}

@@ -8,6 +8,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tensor_wasm_durable::{DurableError, DurableFile, WriteOptions};
 use tensor_wasm_mem::{host_page_size, map_file_private_fixed, FileView};
@@ -186,6 +187,8 @@ pub struct LocalImage {
     runs: Vec<Run>,
     data_offset: u64,
     memory_size: usize,
+    /// Set once [`LocalImage::verify`] has checked every run of this opened image.
+    verified: AtomicBool,
 }
 
 impl LocalImage {
@@ -313,6 +316,7 @@ impl LocalImage {
             runs,
             data_offset,
             memory_size: memory_size as usize,
+            verified: AtomicBool::new(false),
         })
     }
 
@@ -400,19 +404,35 @@ impl LocalImage {
     /// [`SnapshotError::ChecksumMismatch`] (`data`) if a run is corrupt, after which `dest`
     /// holds partial data; [`SnapshotError::Io`] on read errors.
     pub fn read_into(&self, dest: &mut [u8]) -> Result<(), SnapshotError> {
+        self.read(dest, true)
+    }
+
+    /// [`LocalImage::read_into`], except that once this opened image has passed
+    /// [`LocalImage::verify`] the runs are copied without computing their checksums again:
+    /// the trust [`LocalImage::map_into`] gives the same file (docs/snapshot-format.md). An
+    /// image that was not verified is read and checked as by [`LocalImage::read_into`].
+    ///
+    /// # Errors
+    /// As [`LocalImage::read_into`].
+    pub fn read_verified_into(&self, dest: &mut [u8]) -> Result<(), SnapshotError> {
+        self.read(dest, !self.verified.load(Ordering::Acquire))
+    }
+
+    /// The eager restore; with `check`, each run's checksum is verified.
+    fn read(&self, dest: &mut [u8], check: bool) -> Result<(), SnapshotError> {
         self.check_dest(dest)?;
         let dest = &mut dest[..self.memory_size];
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = cores.min(self.memory_size / PARALLEL_READ_MIN).max(1);
         let share = (self.memory_size / IMAGE_PAGE).div_ceil(threads) * IMAGE_PAGE;
         let shares: Vec<Result<Vec<Piece>, SnapshotError>> = if threads == 1 {
-            vec![self.read_share(dest, 0)]
+            vec![self.read_share(dest, 0, check)]
         } else {
             std::thread::scope(|scope| {
                 let workers: Vec<_> = dest
                     .chunks_mut(share)
                     .enumerate()
-                    .map(|(i, part)| scope.spawn(move || self.read_share(part, i * share)))
+                    .map(|(i, part)| scope.spawn(move || self.read_share(part, i * share, check)))
                     .collect();
                 workers
                     .into_iter()
@@ -424,6 +444,9 @@ impl LocalImage {
                     .collect()
             })
         };
+        if !check {
+            return shares.into_iter().try_for_each(|share| share.map(drop));
+        }
         // Each run's checksum from its pieces, in order (shares are in page order).
         let mut sums: Vec<Option<u32>> = vec![None; self.runs.len()];
         for share in shares {
@@ -447,10 +470,15 @@ impl LocalImage {
     }
 
     /// Reads the image's bytes `offset..offset + part.len()` into `part`: the stored pages
-    /// from the file or its mapping (128 KiB at a time, checksummed while still in cache), zeros
-    /// elsewhere.
-    /// Returns the checksum of each run's piece in this share.
-    fn read_share(&self, part: &mut [u8], offset: usize) -> Result<Vec<Piece>, SnapshotError> {
+    /// from the file or its mapping (128 KiB at a time, with `check` checksummed while still in
+    /// cache), zeros elsewhere.
+    /// Returns the checksum of each run's piece in this share (0 without `check`).
+    fn read_share(
+        &self,
+        part: &mut [u8],
+        offset: usize,
+        check: bool,
+    ) -> Result<Vec<Piece>, SnapshotError> {
         let end = offset + part.len();
         let run_end = |run: &Run| (run.first_page + run.page_count) as usize * IMAGE_PAGE;
         let first = self.runs.partition_point(|run| run_end(run) <= offset);
@@ -473,7 +501,9 @@ impl LocalImage {
                     }
                     None => self.file.read_exact_at(chunk, from)?,
                 }
-                crc = crc32c::crc32c_append(crc, chunk);
+                if check {
+                    crc = crc32c::crc32c_append(crc, chunk);
+                }
                 at += chunk.len();
             }
             pieces.push(Piece {
@@ -506,7 +536,8 @@ impl LocalImage {
         Ok(())
     }
 
-    /// Reads every stored run (1 MiB at a time) and checks its checksum.
+    /// Reads every stored run (1 MiB at a time) and checks its checksum. After it succeeds,
+    /// [`LocalImage::read_verified_into`] trusts the runs of this opened image.
     ///
     /// # Errors
     /// [`SnapshotError::ChecksumMismatch`] (`data`) or [`SnapshotError::Io`].
@@ -527,6 +558,7 @@ impl LocalImage {
                 return Err(SnapshotError::ChecksumMismatch { section: "data" });
             }
         }
+        self.verified.store(true, Ordering::Release);
         Ok(())
     }
 

@@ -219,7 +219,7 @@ fn map_for_reads(image: &mut LocalImage) {
 /// any previous contents; a flipped bit in any run, the first, one in the middle of a split
 /// run or the last, is caught either way.
 #[test]
-fn eager_restores_by_every_core_from_file_or_mapping_are_exact_and_checked() {
+fn eager_restores_by_every_core_from_file_or_mapping_are_exact_and_checked_until_verified() {
     let dir = tempfile::tempdir().unwrap();
     let mut memory = realistic_image(24 << 20, 5);
     // One long run across the middle, where the shares of two threads meet.
@@ -238,6 +238,16 @@ fn eager_restores_by_every_core_from_file_or_mapping_are_exact_and_checked() {
             out[memory.len()..].iter().all(|&b| b == 0xEE),
             "past the image"
         );
+        // The verified image's copy without checksums gives the same bytes, over any
+        // destination content.
+        image.verify().unwrap();
+        let mut out = vec![0x11u8; memory.len() + 4096];
+        image.read_verified_into(&mut out).unwrap();
+        assert!(
+            out[..memory.len()] == memory[..],
+            "verified, mapped: {mapped}"
+        );
+        assert!(out[memory.len()..].iter().all(|&b| b == 0x11));
     }
     let clean = std::fs::read(&path).unwrap();
     let data_start = clean.len() - memory.len();
@@ -260,6 +270,16 @@ fn eager_restores_by_every_core_from_file_or_mapping_are_exact_and_checked() {
                 ),
                 "flipped byte {at}, mapped: {mapped}"
             );
+            // Not verified: the copy that trusts a verified image still checks this one.
+            assert!(
+                matches!(
+                    image.read_verified_into(&mut out),
+                    Err(SnapshotError::ChecksumMismatch { section: "data" })
+                ),
+                "unverified, flipped byte {at}, mapped: {mapped}"
+            );
+            assert!(image.verify().is_err());
+            assert!(image.read_verified_into(&mut out).is_err());
         }
     }
 }
