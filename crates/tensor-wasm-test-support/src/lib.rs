@@ -11,7 +11,8 @@
 //!   `sleep` as synchronisation, and [`wait::assert_holds_for`] for a property
 //!   that must keep holding over a window;
 //! - [`pace`]: slowness on purpose (a slow client, a load tool's back-off);
-//! - [`guests`]: the example guests, the C guests and inline WASI commands.
+//! - [`guests`]: the example guests, the C guests and inline WASI commands;
+//! - [`servers`]: real PostgreSQL and S3 servers on loopback for the shared-store tests.
 //!
 //! Only ever a dev-dependency (`publish = false`), and only of integration
 //! tests and benches: a crate's unit tests in `src/` would see a second copy
@@ -42,4 +43,5 @@ pub mod gate;
 pub mod guests;
 pub mod pace;
 pub mod serve;
+pub mod servers;
 pub mod wait;

@@ -1,0 +1,41 @@
+//! Errors of the shared store, and how they reach the runtime.
+
+use std::path::PathBuf;
+
+use tensor_wasm_runtime::RuntimeError;
+
+/// Why a call to the shared store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SharedStoreError {
+    /// A URL or option is not usable.
+    #[error("shared store configuration: {0}")]
+    Config(String),
+    /// PostgreSQL refused or failed a statement, or cannot be reached.
+    #[error("PostgreSQL: {0}")]
+    Database(#[from] tokio_postgres::Error),
+    /// The object store failed or cannot be reached.
+    #[error("object store: {0}")]
+    Object(#[from] object_store::Error),
+    /// The database was migrated by a newer build.
+    #[error(
+        "the database schema is at version {database}, newer than this build knows ({known}); \
+         run a build at least as new"
+    )]
+    SchemaTooNew { database: i32, known: i32 },
+    /// Stored data does not match what its record says.
+    #[error("corrupt shared data: {0}")]
+    Corrupt(String),
+    /// The store's own runtime could not start.
+    #[error("shared store runtime: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl SharedStoreError {
+    /// The runtime's storage error for this failure, naming `what` (a table or an object key).
+    pub(crate) fn into_runtime(self, what: &str) -> RuntimeError {
+        RuntimeError::Storage {
+            path: PathBuf::from(what),
+            source: std::io::Error::other(self.to_string()),
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! The shared store of TensorWasm replicas: every record in PostgreSQL, every blob (module
+//! binaries, portable snapshot images) in S3-compatible object storage, so that several
+//! `tensor-wasm serve` processes can serve the same functions (docs/scale-out.md).
+//!
+//! [`SharedStore`] implements [`tensor_wasm_runtime::FunctionStore`] over both:
+//!
+//! - PostgreSQL: function and snapshot records (their JSON encoding, as the embedded store
+//!   writes them), the modules' index, and a change log (`tw_changes`) that every change of a
+//!   function record appends to in the same transaction, with a `NOTIFY tw_changes`;
+//! - object storage: `modules/<sha256>.wasm` and `snapshots/<function>/<snapshot>.twsnap` under
+//!   the configured bucket and prefix.
+//!
+//! Writes are ordered so that no record names a blob that is not stored yet: a module is stored
+//! before the function record that names it, a snapshot's bytes before its record. A crash in
+//! between leaves an unreferenced blob, never a dangling record.
+//!
+//! The schema is versioned ([`migrate::migrate`], applied under an advisory lock by
+//! [`SharedStore::connect`] and by `tensor-wasm migrate`).
+//!
+//! Not built yet, and refused or absent rather than faked: the replicas' record caches
+//! following the change log, tenants, async jobs and quotas in PostgreSQL, TLS to PostgreSQL
+//! (`sslmode=require` is refused by the client with a clear error).
+
+mod bridge;
+mod error;
+pub mod migrate;
+mod store;
+
+pub use error::SharedStoreError;
+pub use store::{BlobStoreConfig, SharedStore};

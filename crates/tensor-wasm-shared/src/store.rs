@@ -1,0 +1,437 @@
+//! [`SharedStore`]: [`FunctionStore`] over PostgreSQL and an object store.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::prefix::PrefixStore;
+use object_store::{ObjectStore, PutPayload};
+use tensor_wasm_runtime::{
+    is_valid_function_id, is_valid_snapshot_id, sha256_hex, FunctionRecord, FunctionStore, Result,
+    SnapshotRecord,
+};
+use tokio::sync::{Mutex, MutexGuard};
+use tokio_postgres::{Client, NoTls};
+
+use crate::bridge::Bridge;
+use crate::error::SharedStoreError;
+use crate::migrate::migrate;
+
+/// Where blobs go: an `s3://bucket[/prefix]` URL and how to reach the server.
+#[derive(Debug, Clone, Default)]
+pub struct BlobStoreConfig {
+    /// `s3://bucket` or `s3://bucket/prefix`.
+    pub url: String,
+    /// The S3 endpoint (`http://host:port` for a server other than AWS); `None` takes
+    /// `AWS_ENDPOINT` from the environment, or AWS itself.
+    pub endpoint: Option<String>,
+    /// Credentials and region; `None` takes `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and
+    /// `AWS_REGION` (or `AWS_DEFAULT_REGION`) from the environment.
+    pub access_key_id: Option<String>,
+    /// See [`BlobStoreConfig::access_key_id`].
+    pub secret_access_key: Option<String>,
+    /// See [`BlobStoreConfig::access_key_id`].
+    pub region: Option<String>,
+    /// Whether a plain `http://` endpoint is allowed (`AWS_ALLOW_HTTP=true` does the same).
+    pub allow_http: bool,
+}
+
+impl BlobStoreConfig {
+    fn build(&self) -> std::result::Result<Arc<dyn ObjectStore>, SharedStoreError> {
+        let url = url::Url::parse(&self.url)
+            .map_err(|e| SharedStoreError::Config(format!("blob store URL {}: {e}", self.url)))?;
+        if url.scheme() != "s3" {
+            return Err(SharedStoreError::Config(format!(
+                "blob store URL {}: only s3:// is supported",
+                self.url
+            )));
+        }
+        let bucket = url
+            .host_str()
+            .filter(|b| !b.is_empty())
+            .ok_or_else(|| SharedStoreError::Config(format!("{} names no bucket", self.url)))?;
+        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        if let Some(endpoint) = &self.endpoint {
+            builder = builder.with_endpoint(endpoint);
+        }
+        if let Some(key) = &self.access_key_id {
+            builder = builder.with_access_key_id(key);
+        }
+        if let Some(secret) = &self.secret_access_key {
+            builder = builder.with_secret_access_key(secret);
+        }
+        if let Some(region) = &self.region {
+            builder = builder.with_region(region);
+        }
+        if self.allow_http {
+            builder = builder.with_allow_http(true);
+        }
+        let s3: Arc<dyn ObjectStore> = Arc::new(builder.build()?);
+        let prefix = url.path().trim_matches('/');
+        Ok(if prefix.is_empty() {
+            s3
+        } else {
+            Arc::new(PrefixStore::new(s3, prefix))
+        })
+    }
+}
+
+/// The PostgreSQL connection, opened again when it was lost.
+struct Db {
+    url: String,
+    client: Mutex<Option<Client>>,
+}
+
+impl Db {
+    /// The connection, reconnecting first when there is none or it closed.
+    async fn client(
+        &self,
+    ) -> std::result::Result<MutexGuard<'_, Option<Client>>, SharedStoreError> {
+        let mut guard = self.client.lock().await;
+        if guard.as_ref().is_none_or(Client::is_closed) {
+            *guard = Some(connect(&self.url).await?);
+        }
+        Ok(guard)
+    }
+}
+
+async fn connect(url: &str) -> std::result::Result<Client, SharedStoreError> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %e, "shared store: PostgreSQL connection lost");
+        }
+    });
+    Ok(client)
+}
+
+/// Records in PostgreSQL, blobs in object storage (see the crate documentation).
+pub struct SharedStore {
+    bridge: Bridge,
+    db: Arc<Db>,
+    blobs: Arc<dyn ObjectStore>,
+}
+
+impl std::fmt::Debug for SharedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedStore").finish_non_exhaustive()
+    }
+}
+
+type Shared<T> = std::result::Result<T, SharedStoreError>;
+
+impl SharedStore {
+    /// Connects to PostgreSQL at `database_url` (applying the schema migrations it lacks) and
+    /// to the object store of `blobs`.
+    ///
+    /// # Errors
+    /// [`SharedStoreError`] when either store is unreachable or misconfigured, or the schema is
+    /// newer than this build.
+    pub fn connect(database_url: &str, blobs: &BlobStoreConfig) -> Shared<Self> {
+        let bridge = Bridge::new()?;
+        let blobs = blobs.build()?;
+        let db = Arc::new(Db {
+            url: database_url.to_owned(),
+            client: Mutex::new(None),
+        });
+        let migrating = db.clone();
+        bridge.run(async move {
+            let mut guard = migrating.client().await?;
+            let client = guard.as_mut().expect("connected");
+            migrate(client).await
+        })?;
+        Ok(Self { bridge, db, blobs })
+    }
+
+    /// Runs the future `body` makes with the connection's holder on the store's runtime.
+    fn with_db<T, F, Fut>(&self, what: &str, body: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Db>) -> Fut,
+        Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
+    {
+        self.bridge
+            .run(body(self.db.clone()))
+            .map_err(|e| e.into_runtime(what))
+    }
+
+    /// Runs the future `body` makes with the object store and `key` on the store's runtime;
+    /// errors name the key.
+    fn with_blobs<T, F, Fut>(&self, key: ObjectPath, body: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<dyn ObjectStore>, ObjectPath) -> Fut,
+        Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
+    {
+        let what = key.to_string();
+        self.bridge
+            .run(body(self.blobs.clone(), key))
+            .map_err(|e| e.into_runtime(&what))
+    }
+}
+
+fn module_key(sha256: &str) -> ObjectPath {
+    ObjectPath::from(format!("modules/{sha256}.wasm"))
+}
+
+fn snapshot_key(function_id: &str, snapshot_id: &str) -> ObjectPath {
+    ObjectPath::from(format!("snapshots/{function_id}/{snapshot_id}.twsnap"))
+}
+
+fn to_json<T: serde::Serialize>(record: &T) -> serde_json::Value {
+    serde_json::to_value(record).expect("records serialize")
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value, what: &str) -> Shared<T> {
+    serde_json::from_value(value).map_err(|e| SharedStoreError::Corrupt(format!("{what}: {e}")))
+}
+
+/// Appends a change of `key` to the change log and wakes the listeners (on commit).
+async fn log_change(tx: &tokio_postgres::Transaction<'_>, kind: &str, key: &str) -> Shared<()> {
+    let row = tx
+        .query_one(
+            "INSERT INTO tw_changes (kind, key) VALUES ($1, $2) RETURNING seq",
+            &[&kind, &key],
+        )
+        .await?;
+    let seq: i64 = row.get(0);
+    tx.execute("SELECT pg_notify('tw_changes', $1)", &[&seq.to_string()])
+        .await?;
+    Ok(())
+}
+
+impl FunctionStore for SharedStore {
+    fn put_module(&self, bytes: &[u8]) -> Result<String> {
+        let sha = sha256_hex(bytes);
+        let size = bytes.len() as i64;
+        let payload = Bytes::copy_from_slice(bytes);
+        let key = module_key(&sha);
+        self.with_blobs(key, |blobs, key| async move {
+            match blobs.head(&key).await {
+                Ok(_) => Ok(()),
+                Err(object_store::Error::NotFound { .. }) => {
+                    blobs.put(&key, PutPayload::from(payload)).await?;
+                    Ok(())
+                }
+                Err(e) => Err(e.into()),
+            }
+        })?;
+        let digest = sha.clone();
+        self.with_db("tw_modules", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            client
+                .execute(
+                    "INSERT INTO tw_modules (sha256, size) VALUES ($1, $2)
+                     ON CONFLICT (sha256) DO NOTHING",
+                    &[&digest, &size],
+                )
+                .await?;
+            Ok(())
+        })?;
+        Ok(sha)
+    }
+
+    fn module(&self, sha256: &str) -> Result<Vec<u8>> {
+        let key = module_key(sha256);
+        let expected = sha256.to_owned();
+        self.with_blobs(key, |blobs, key| async move {
+            let bytes = blobs.get(&key).await?.bytes().await?;
+            if sha256_hex(&bytes) != expected {
+                return Err(SharedStoreError::Corrupt(format!(
+                    "module {expected} does not match its digest"
+                )));
+            }
+            Ok(bytes.to_vec())
+        })
+    }
+
+    fn put_function(&self, record: &FunctionRecord) -> Result<()> {
+        let (id, tenant, json) = (record.id.clone(), record.tenant.clone(), to_json(record));
+        self.with_db("tw_functions", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let tx = client.transaction().await?;
+            tx.execute(
+                "INSERT INTO tw_functions (id, tenant, record) VALUES ($1, $2, $3)
+                 ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, updated_at = now()",
+                &[&id, &tenant, &json],
+            )
+            .await?;
+            log_change(&tx, "function", &id).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn delete_function(&self, id: &str) -> Result<bool> {
+        let id = id.to_owned();
+        self.with_db("tw_functions", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let tx = client.transaction().await?;
+            let deleted = tx
+                .execute("DELETE FROM tw_functions WHERE id = $1", &[&id])
+                .await?;
+            if deleted > 0 {
+                log_change(&tx, "function", &id).await?;
+            }
+            tx.commit().await?;
+            Ok(deleted > 0)
+        })
+    }
+
+    fn functions(&self) -> Result<Vec<FunctionRecord>> {
+        self.with_db("tw_functions", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let rows = client
+                .query("SELECT id, record FROM tw_functions ORDER BY id", &[])
+                .await?;
+            rows.into_iter()
+                .map(|row| {
+                    let id: String = row.get(0);
+                    from_json(row.get(1), &format!("function record {id}"))
+                })
+                .collect()
+        })
+    }
+
+    fn put_snapshot(&self, record: &SnapshotRecord, pieces: &[&[u8]]) -> Result<()> {
+        if !is_valid_function_id(&record.function_id) || !is_valid_snapshot_id(&record.id) {
+            return Err(SharedStoreError::Config(format!(
+                "`{}/{}` is not a snapshot id",
+                record.function_id, record.id
+            ))
+            .into_runtime("tw_snapshots"));
+        }
+        let key = snapshot_key(&record.function_id, &record.id);
+        let payload: PutPayload = pieces
+            .iter()
+            .map(|piece| Bytes::copy_from_slice(piece))
+            .collect();
+        self.with_blobs(key, |blobs, key| async move {
+            blobs.put(&key, payload).await?;
+            Ok(())
+        })?;
+        let (function_id, id, json) = (
+            record.function_id.clone(),
+            record.id.clone(),
+            to_json(record),
+        );
+        let created = i64::try_from(record.created_at_ms).unwrap_or(i64::MAX);
+        self.with_db("tw_snapshots", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            client
+                .execute(
+                    "INSERT INTO tw_snapshots (function_id, id, record, created_at_ms)
+                     VALUES ($1, $2, $3, $4)",
+                    &[&function_id, &id, &json, &created],
+                )
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn snapshot_bytes(&self, function_id: &str, snapshot_id: &str) -> Result<Option<Vec<u8>>> {
+        let (function, id) = (function_id.to_owned(), snapshot_id.to_owned());
+        let exists = self.with_db("tw_snapshots", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let row = client
+                .query_opt(
+                    "SELECT 1 FROM tw_snapshots WHERE function_id = $1 AND id = $2",
+                    &[&function, &id],
+                )
+                .await?;
+            Ok(row.is_some())
+        })?;
+        if !exists {
+            return Ok(None);
+        }
+        let key = snapshot_key(function_id, snapshot_id);
+        self.with_blobs(key, |blobs, key| async move {
+            match blobs.get(&key).await {
+                Ok(got) => Ok(Some(got.bytes().await?.to_vec())),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
+    fn snapshots(&self, function_id: &str) -> Result<Vec<SnapshotRecord>> {
+        let function = function_id.to_owned();
+        self.with_db("tw_snapshots", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let rows = client
+                .query(
+                    "SELECT id, record FROM tw_snapshots WHERE function_id = $1
+                     ORDER BY created_at_ms, id",
+                    &[&function],
+                )
+                .await?;
+            rows.into_iter()
+                .map(|row| {
+                    let id: String = row.get(0);
+                    from_json(row.get(1), &format!("snapshot record {id}"))
+                })
+                .collect()
+        })
+    }
+
+    fn delete_snapshot(&self, function_id: &str, snapshot_id: &str) -> Result<bool> {
+        let (function, id) = (function_id.to_owned(), snapshot_id.to_owned());
+        let deleted = self.with_db("tw_snapshots", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let n = client
+                .execute(
+                    "DELETE FROM tw_snapshots WHERE function_id = $1 AND id = $2",
+                    &[&function, &id],
+                )
+                .await?;
+            Ok(n > 0)
+        })?;
+        if deleted {
+            self.delete_blob(snapshot_key(function_id, snapshot_id))?;
+        }
+        Ok(deleted)
+    }
+
+    fn delete_snapshots(&self, function_id: &str) -> Result<()> {
+        let function = function_id.to_owned();
+        let ids = self.with_db("tw_snapshots", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let rows = client
+                .query(
+                    "DELETE FROM tw_snapshots WHERE function_id = $1 RETURNING id",
+                    &[&function],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|row| row.get::<_, String>(0))
+                .collect::<Vec<_>>())
+        })?;
+        for id in ids {
+            self.delete_blob(snapshot_key(function_id, &id))?;
+        }
+        Ok(())
+    }
+}
+
+impl SharedStore {
+    /// Deletes a blob whose record is gone (a blob already missing is fine).
+    fn delete_blob(&self, key: ObjectPath) -> Result<()> {
+        self.with_blobs(key, |blobs, key| async move {
+            match blobs.delete(&key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+}

@@ -1,0 +1,294 @@
+//! The shared store against a real PostgreSQL 15 and a real S3 server (SeaweedFS), both started
+//! by this test on loopback: migrations under concurrent starts, the `FunctionStore` contract,
+//! damage and absence reported as errors, calls from the server's blocking threads, and two
+//! runtimes over one shared store (a function and a snapshot written through one are served by
+//! the other from an empty data dir).
+//!
+//! One test function, so that one pair of servers serves every case and is stopped at its end.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use tensor_wasm_runtime::{
+    DeploySpec, FunctionLimits, FunctionRecord, FunctionStore, GuestMemory, InvocationStyle,
+    Runtime, RuntimeConfig, RuntimeMetrics, SnapshotRecord, RECORD_FORMAT,
+};
+use tensor_wasm_shared::{migrate::SCHEMA_VERSION, BlobStoreConfig, SharedStore};
+use tensor_wasm_test_support::guests::example;
+use tensor_wasm_test_support::servers::{Postgres, S3Server};
+
+fn blobs(s3: &S3Server, bucket: &str, prefix: &str) -> BlobStoreConfig {
+    BlobStoreConfig {
+        url: format!("s3://{bucket}/{prefix}"),
+        endpoint: Some(s3.endpoint()),
+        access_key_id: Some("tensor-wasm-test".into()),
+        secret_access_key: Some("tensor-wasm-test".into()),
+        region: Some("us-east-1".into()),
+        allow_http: true,
+    }
+}
+
+fn record(id: &str, module_sha256: &str) -> FunctionRecord {
+    FunctionRecord {
+        format: RECORD_FORMAT,
+        id: id.into(),
+        tenant: "acme".into(),
+        name: "calc".into(),
+        style: InvocationStyle::Export,
+        module_sha256: module_sha256.into(),
+        module_size: 8,
+        created_at_ms: 1,
+        limits: FunctionLimits {
+            timeout_ms: 1000,
+            memory_limit_bytes: 1 << 20,
+            fuel: None,
+            raw_ptx: false,
+        },
+        start_from_snapshot: None,
+    }
+}
+
+fn snapshot(function_id: &str, created_at_ms: u64) -> SnapshotRecord {
+    SnapshotRecord {
+        id: format!("snap-{created_at_ms:024x}"),
+        function_id: function_id.into(),
+        tenant: "acme".into(),
+        module_sha256: "00".repeat(32),
+        init_export: "init".into(),
+        created_at_ms,
+        memory_bytes: 65_536,
+        stored_bytes: 11,
+        globals: 0,
+        capture_us: 1,
+        init_us: 1,
+    }
+}
+
+/// Rows of `sql` (one text column) through `psql`.
+fn psql(pg: &Postgres, database: &str, sql: &str) -> Vec<String> {
+    let out = std::process::Command::new("psql")
+        .args(["-h", "127.0.0.1", "-p", &pg.port().to_string(), "-U", "tw"])
+        .args(["-d", database, "-At", "-c", sql])
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_shared_store_on_real_postgresql_and_s3() {
+    let pg = Postgres::start();
+    let s3 = S3Server::start();
+    s3.create_bucket("tw-test");
+
+    migrations_apply_once_when_replicas_start_together(&pg, &s3);
+    the_function_store_contract_holds(&pg, &s3);
+    calls_from_the_servers_blocking_threads_work(&pg, &s3);
+    two_runtimes_share_functions_and_snapshots(&pg, &s3);
+}
+
+fn migrations_apply_once_when_replicas_start_together(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("migrations");
+    let config = blobs(s3, "tw-test", "migrations");
+    let stores: Vec<SharedStore> = std::thread::scope(|scope| {
+        let starting: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| SharedStore::connect(&url, &config)))
+            .collect();
+        starting
+            .into_iter()
+            .map(|s| s.join().unwrap().expect("connect"))
+            .collect()
+    });
+    assert_eq!(stores.len(), 4);
+    assert_eq!(
+        psql(pg, "migrations", "SELECT version FROM tw_schema_migrations"),
+        vec![SCHEMA_VERSION.to_string()]
+    );
+
+    // A database migrated by a newer build is refused with a clear error.
+    psql(
+        pg,
+        "migrations",
+        "INSERT INTO tw_schema_migrations (version, name) VALUES (999, 'future')",
+    );
+    let err = SharedStore::connect(&url, &config).unwrap_err().to_string();
+    assert!(err.contains("version 999"), "{err}");
+}
+
+fn the_function_store_contract_holds(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("contract");
+    let store = SharedStore::connect(&url, &blobs(s3, "tw-test", "contract")).unwrap();
+
+    // Modules: content-addressed, idempotent, checked against their digest when read.
+    let module = b"\0asm\x01\0\0\0".to_vec();
+    let sha = store.put_module(&module).unwrap();
+    assert_eq!(store.put_module(&module).unwrap(), sha);
+    assert_eq!(store.module(&sha).unwrap(), module);
+    assert!(store.module(&"ab".repeat(32)).is_err(), "a missing module");
+    let damaged = format!("{}/tw-test/contract/modules/{sha}.wasm", s3.endpoint());
+    ureq::put(&damaged).send_bytes(b"not the module").unwrap();
+    let err = store.module(&sha).unwrap_err().to_string();
+    assert!(err.contains("does not match its digest"), "{err}");
+    ureq::put(&damaged).send_bytes(&module).unwrap();
+
+    // Function records: upsert, list, delete; every change is in the change log.
+    let a = record("fn-aaaaaaaaaaaaaaaaaaaaaaaa", &sha);
+    let mut b = record("fn-bbbbbbbbbbbbbbbbbbbbbbbb", &sha);
+    store.put_function(&a).unwrap();
+    store.put_function(&b).unwrap();
+    b.start_from_snapshot = Some("snap-000000000000000000000000".into());
+    store.put_function(&b).unwrap();
+    assert_eq!(store.functions().unwrap(), vec![a.clone(), b.clone()]);
+    assert!(store.delete_function(&a.id).unwrap());
+    assert!(!store.delete_function(&a.id).unwrap());
+    assert_eq!(store.functions().unwrap(), vec![b.clone()]);
+    assert_eq!(
+        psql(pg, "contract", "SELECT key FROM tw_changes ORDER BY seq"),
+        vec![a.id.clone(), b.id.clone(), b.id.clone(), a.id.clone()]
+    );
+
+    // Snapshots: bytes written from pieces, records oldest first, deletes remove the bytes.
+    let first = snapshot(&b.id, 10);
+    let second = snapshot(&b.id, 20);
+    store
+        .put_snapshot(&second, &[b"hello", b" ", b"world"])
+        .unwrap();
+    store.put_snapshot(&first, &[b"first"]).unwrap();
+    assert_eq!(
+        store.snapshot_bytes(&b.id, &second.id).unwrap().unwrap(),
+        b"hello world"
+    );
+    assert_eq!(
+        store.snapshots(&b.id).unwrap(),
+        vec![first.clone(), second.clone()]
+    );
+    assert_eq!(
+        store
+            .snapshot_bytes(&b.id, "snap-ffffffffffffffffffffffff")
+            .unwrap(),
+        None
+    );
+    assert!(store.delete_snapshot(&b.id, &first.id).unwrap());
+    assert!(!store.delete_snapshot(&b.id, &first.id).unwrap());
+    assert_eq!(store.snapshot_bytes(&b.id, &first.id).unwrap(), None);
+    let first_key = format!(
+        "{}/tw-test/contract/snapshots/{}/{}.twsnap",
+        s3.endpoint(),
+        b.id,
+        first.id
+    );
+    assert!(
+        ureq::get(&first_key).call().is_err(),
+        "the deleted snapshot's bytes are gone"
+    );
+    store.delete_snapshots(&b.id).unwrap();
+    assert!(store.snapshots(&b.id).unwrap().is_empty());
+    let second_key = format!(
+        "{}/tw-test/contract/snapshots/{}/{}.twsnap",
+        s3.endpoint(),
+        b.id,
+        second.id
+    );
+    assert!(ureq::get(&second_key).call().is_err());
+    assert!(store
+        .put_snapshot(&snapshot("not-an-id", 1), &[b"x"])
+        .is_err());
+}
+
+fn calls_from_the_servers_blocking_threads_work(pg: &Postgres, s3: &S3Server) {
+    // The server calls the store on Tokio's blocking pool, where blocking on another runtime
+    // would panic; the store's bridge must not.
+    let url = pg.create_database("blocking");
+    let store = Arc::new(SharedStore::connect(&url, &blobs(s3, "tw-test", "blocking")).unwrap());
+    let server = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sha = server.block_on(async {
+        let calls: Vec<_> = (0..8)
+            .map(|i| {
+                let store = store.clone();
+                tokio::task::spawn_blocking(move || {
+                    store.put_module(format!("module {i}").as_bytes())
+                })
+            })
+            .collect();
+        let mut digests = Vec::new();
+        for call in calls {
+            digests.push(call.await.unwrap().unwrap());
+        }
+        digests
+    });
+    assert_eq!(sha.len(), 8);
+    assert_eq!(
+        psql(pg, "blocking", "SELECT count(*) FROM tw_modules"),
+        vec!["8".to_owned()]
+    );
+}
+
+fn open_runtime(dir: &std::path::Path, store: Arc<SharedStore>) -> Runtime {
+    let config = RuntimeConfig {
+        guest_memory: GuestMemory::Pooled,
+        ..RuntimeConfig::for_tests(dir)
+    };
+    let metrics = RuntimeMetrics::register(&prometheus::Registry::new()).unwrap();
+    Runtime::open(config, store, metrics).expect("runtime over the shared store")
+}
+
+fn two_runtimes_share_functions_and_snapshots(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("runtimes");
+    let config = blobs(s3, "tw-test", "runtimes");
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+
+    let a = open_runtime(
+        dir_a.path(),
+        Arc::new(SharedStore::connect(&url, &config).unwrap()),
+    );
+    let id = a
+        .deploy(&example("warm.wat"), DeploySpec::export("warm"))
+        .unwrap()
+        .record
+        .id;
+    let snap = a.create_snapshot(&id, "init", true).unwrap();
+
+    // A second runtime with an empty data dir reads the function, fetches the module and the
+    // portable snapshot from the shared store, and starts from the initialised state.
+    let b = open_runtime(
+        dir_b.path(),
+        Arc::new(SharedStore::connect(&url, &config).unwrap()),
+    );
+    assert_eq!(b.snapshots(&id).unwrap(), vec![snap.clone()]);
+    assert_eq!(
+        b.invoke_export(&id, "init_runs", &[]).unwrap(),
+        vec![json!(1)]
+    );
+    assert_eq!(
+        b.invoke_export(&id, "tag", &[]).unwrap(),
+        vec![json!(0x6d72_6177)]
+    );
+    assert!(dir_b
+        .path()
+        .join("snapshot-cache")
+        .join(format!("{}.twlocal", snap.id))
+        .exists());
+
+    // Deleting through the first runtime removes the records and blobs for everyone.
+    assert!(a.delete(&id).unwrap());
+    let c = open_runtime(
+        tempfile::tempdir().unwrap().path(),
+        Arc::new(SharedStore::connect(&url, &config).unwrap()),
+    );
+    assert!(c.function(&id).is_err());
+    assert_eq!(
+        psql(pg, "runtimes", "SELECT count(*) FROM tw_snapshots"),
+        vec!["0"]
+    );
+}
