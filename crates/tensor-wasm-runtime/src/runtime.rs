@@ -15,6 +15,7 @@ mod command;
 mod deploy;
 mod invoke;
 mod load;
+mod refresh;
 
 pub use command::CommandOutput;
 pub use deploy::{DeploySpec, FunctionInfo};

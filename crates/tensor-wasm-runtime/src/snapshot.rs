@@ -484,7 +484,7 @@ impl Runtime {
         Ok(restorable)
     }
 
-    fn local_path(&self, snapshot_id: &str) -> PathBuf {
+    pub(crate) fn local_path(&self, snapshot_id: &str) -> PathBuf {
         self.inner
             .config
             .data_dir

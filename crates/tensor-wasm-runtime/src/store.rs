@@ -138,6 +138,11 @@ pub trait FunctionStore: Send + Sync + 'static {
     fn delete_function(&self, id: &str) -> Result<bool>;
     /// Every stored function record.
     fn functions(&self) -> Result<Vec<FunctionRecord>>;
+    /// The stored record of function `id` (`None` if there is none). The default reads
+    /// every record; stores that can look one up override it.
+    fn function(&self, id: &str) -> Result<Option<FunctionRecord>> {
+        Ok(self.functions()?.into_iter().find(|record| record.id == id))
+    }
     /// Records the store holds but cannot read (kept aside with everything they might
     /// reference; see `tensor-wasm doctor --data-dir`).
     fn quarantined(&self) -> Result<Vec<QuarantinedRecord>> {

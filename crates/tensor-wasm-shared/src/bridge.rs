@@ -12,7 +12,19 @@ use tokio::runtime::Runtime;
 
 /// A small multi-threaded Tokio runtime owned by one store.
 pub(crate) struct Bridge {
-    runtime: Runtime,
+    /// `None` only while dropping.
+    runtime: Option<Runtime>,
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        // The last owner of a store can be a task of this very runtime (a follower's callback
+        // holds the runtime that holds the store); waiting for the workers there would panic,
+        // so the runtime is shut down without waiting for them.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl Bridge {
@@ -22,7 +34,24 @@ impl Bridge {
             .thread_name("tw-shared-store")
             .enable_all()
             .build()?;
-        Ok(Self { runtime })
+        Ok(Self {
+            runtime: Some(runtime),
+        })
+    }
+
+    fn runtime(&self) -> &Runtime {
+        self.runtime
+            .as_ref()
+            .expect("the runtime lives until the bridge drops")
+    }
+
+    /// Spawns a background task on the store's runtime.
+    pub(crate) fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.runtime().spawn(future)
     }
 
     /// Runs `future` on the store's runtime and blocks this thread until it finishes. Any
@@ -33,7 +62,7 @@ impl Bridge {
         F: Future<Output = T> + Send + 'static,
     {
         let (done, result) = std::sync::mpsc::sync_channel(1);
-        self.runtime.spawn(async move {
+        self.runtime().spawn(async move {
             let _ = done.send(future.await);
         });
         result

@@ -17,14 +17,20 @@
 //! The schema is versioned ([`migrate::migrate`], applied under an advisory lock by
 //! [`SharedStore::connect`] and by `tensor-wasm migrate`).
 //!
-//! Not built yet, and refused or absent rather than faked: the replicas' record caches
-//! following the change log, tenants, async jobs and quotas in PostgreSQL, TLS to PostgreSQL
-//! (`sslmode=require` is refused by the client with a clear error).
+//! A replica keeps its cached records current by following the change log
+//! ([`SharedStore::follow_changes`], `follow.rs`): `LISTEN` to wake at once, the log's sequence
+//! number to catch up after a reconnect.
+//!
+//! Not built yet, and refused or absent rather than faked: tenants, async jobs and quotas in
+//! PostgreSQL, TLS to PostgreSQL (`sslmode=require` is refused by the client with a clear
+//! error).
 
 mod bridge;
 mod error;
+mod follow;
 pub mod migrate;
 mod store;
 
 pub use error::SharedStoreError;
+pub use follow::{Change, ChangeFollower, FollowOptions, OnChange};
 pub use store::{BlobStoreConfig, SharedStore};

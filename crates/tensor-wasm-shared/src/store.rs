@@ -78,14 +78,14 @@ impl BlobStoreConfig {
 }
 
 /// The PostgreSQL connection, opened again when it was lost.
-struct Db {
-    url: String,
+pub(crate) struct Db {
+    pub(crate) url: String,
     client: Mutex<Option<Client>>,
 }
 
 impl Db {
     /// The connection, reconnecting first when there is none or it closed.
-    async fn client(
+    pub(crate) async fn client(
         &self,
     ) -> std::result::Result<MutexGuard<'_, Option<Client>>, SharedStoreError> {
         let mut guard = self.client.lock().await;
@@ -96,7 +96,7 @@ impl Db {
     }
 }
 
-async fn connect(url: &str) -> std::result::Result<Client, SharedStoreError> {
+pub(crate) async fn connect(url: &str) -> std::result::Result<Client, SharedStoreError> {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
@@ -108,8 +108,8 @@ async fn connect(url: &str) -> std::result::Result<Client, SharedStoreError> {
 
 /// Records in PostgreSQL, blobs in object storage (see the crate documentation).
 pub struct SharedStore {
-    bridge: Bridge,
-    db: Arc<Db>,
+    pub(crate) bridge: Bridge,
+    pub(crate) db: Arc<Db>,
     blobs: Arc<dyn ObjectStore>,
 }
 
@@ -119,7 +119,7 @@ impl std::fmt::Debug for SharedStore {
     }
 }
 
-type Shared<T> = std::result::Result<T, SharedStoreError>;
+pub(crate) type Shared<T> = std::result::Result<T, SharedStoreError>;
 
 impl SharedStore {
     /// Connects to PostgreSQL at `database_url` (applying the schema migrations it lacks) and
@@ -145,7 +145,7 @@ impl SharedStore {
     }
 
     /// Runs the future `body` makes with the connection's holder on the store's runtime.
-    fn with_db<T, F, Fut>(&self, what: &str, body: F) -> Result<T>
+    pub(crate) fn with_db<T, F, Fut>(&self, what: &str, body: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(Arc<Db>) -> Fut,
@@ -187,8 +187,15 @@ fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value, what: &st
     serde_json::from_value(value).map_err(|e| SharedStoreError::Corrupt(format!("{what}: {e}")))
 }
 
+/// Key of the transaction-level advisory lock that orders the change log (ASCII "twchange").
+const CHANGES_LOCK_KEY: i64 = 0x7477_6368_616e_6765;
+
 /// Appends a change of `key` to the change log and wakes the listeners (on commit).
 async fn log_change(tx: &tokio_postgres::Transaction<'_>, kind: &str, key: &str) -> Shared<()> {
+    // Writers of the log take turns (until their commit), so sequence numbers become visible
+    // in order: a follower that has read up to n never later sees a smaller one commit.
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGES_LOCK_KEY])
+        .await?;
     let row = tx
         .query_one(
             "INSERT INTO tw_changes (kind, key) VALUES ($1, $2) RETURNING seq",
@@ -279,6 +286,19 @@ impl FunctionStore for SharedStore {
             }
             tx.commit().await?;
             Ok(deleted > 0)
+        })
+    }
+
+    fn function(&self, id: &str) -> Result<Option<FunctionRecord>> {
+        let id = id.to_owned();
+        self.with_db("tw_functions", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let row = client
+                .query_opt("SELECT record FROM tw_functions WHERE id = $1", &[&id])
+                .await?;
+            row.map(|row| from_json(row.get(0), &format!("function record {id}")))
+                .transpose()
         })
     }
 

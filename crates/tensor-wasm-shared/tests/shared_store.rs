@@ -7,15 +7,19 @@
 //! One test function, so that one pair of servers serves every case and is stopped at its end.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::json;
 use tensor_wasm_runtime::{
     DeploySpec, FunctionLimits, FunctionRecord, FunctionStore, GuestMemory, InvocationStyle,
     Runtime, RuntimeConfig, RuntimeMetrics, SnapshotRecord, RECORD_FORMAT,
 };
-use tensor_wasm_shared::{migrate::SCHEMA_VERSION, BlobStoreConfig, SharedStore};
+use tensor_wasm_shared::{
+    migrate::SCHEMA_VERSION, BlobStoreConfig, ChangeFollower, FollowOptions, SharedStore,
+};
 use tensor_wasm_test_support::guests::example;
 use tensor_wasm_test_support::servers::{Postgres, S3Server};
+use tensor_wasm_test_support::wait::{wait_for, wait_until};
 
 fn blobs(s3: &S3Server, bucket: &str, prefix: &str) -> BlobStoreConfig {
     BlobStoreConfig {
@@ -92,6 +96,7 @@ fn the_shared_store_on_real_postgresql_and_s3() {
     the_function_store_contract_holds(&pg, &s3);
     calls_from_the_servers_blocking_threads_work(&pg, &s3);
     two_runtimes_share_functions_and_snapshots(&pg, &s3);
+    replicas_follow_each_others_changes(&pg, &s3);
 }
 
 fn migrations_apply_once_when_replicas_start_together(pg: &Postgres, s3: &S3Server) {
@@ -290,5 +295,112 @@ fn two_runtimes_share_functions_and_snapshots(pg: &Postgres, s3: &S3Server) {
     assert_eq!(
         psql(pg, "runtimes", "SELECT count(*) FROM tw_snapshots"),
         vec!["0"]
+    );
+}
+
+/// A runtime over its own connection to the shared store, following the change log the way a
+/// replica does: the log's position read before the records are loaded.
+fn replica(
+    url: &str,
+    config: &BlobStoreConfig,
+    dir: &std::path::Path,
+) -> (Runtime, ChangeFollower) {
+    let store = Arc::new(SharedStore::connect(url, config).unwrap());
+    let after = store.latest_change().unwrap();
+    let runtime = open_runtime(dir, store.clone());
+    let following = runtime.clone();
+    let options = FollowOptions {
+        poll: Duration::from_secs(1),
+        max_backoff: Duration::from_millis(500),
+    };
+    let follower = store.follow_changes(
+        after,
+        options,
+        Arc::new(move |change| {
+            following
+                .reload_function(&change.key)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }),
+    );
+    (runtime, follower)
+}
+
+fn replicas_follow_each_others_changes(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("replicas");
+    let config = blobs(s3, "tw-test", "replicas");
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (a, _fa) = replica(&url, &config, dirs[0].path());
+    let (b, _fb) = replica(&url, &config, dirs[1].path());
+    let (c, _fc) = replica(&url, &config, dirs[2].path());
+
+    // Deployed on A: B and C serve it within a second.
+    let id = a
+        .deploy(&example("calc.wat"), DeploySpec::export("calc"))
+        .unwrap()
+        .record
+        .id;
+    for replica in [&b, &c] {
+        wait_until(
+            Duration::from_secs(1),
+            "the deploy reached the replica",
+            || replica.function(&id).is_ok(),
+        );
+        assert_eq!(
+            replica
+                .invoke_export(&id, "add", &[json!(2), json!(3)])
+                .unwrap(),
+            vec![json!(5)]
+        );
+    }
+    // Changed on A (its raw-kernel flag would need a grant; a snapshot setting does not).
+    let warm = a
+        .deploy(&example("warm.wat"), DeploySpec::export("warm"))
+        .unwrap()
+        .record
+        .id;
+    let snap = a.create_snapshot(&warm, "init", true).unwrap();
+    wait_until(
+        Duration::from_secs(1),
+        "the new start state reached B",
+        || {
+            b.function(&warm)
+                .is_ok_and(|f| f.record.start_from_snapshot.as_deref() == Some(snap.id.as_str()))
+        },
+    );
+    assert_eq!(
+        b.invoke_export(&warm, "init_runs", &[]).unwrap(),
+        vec![json!(1)]
+    );
+
+    // Deleted on A: B and C answer "not found" within a second.
+    assert!(a.delete(&id).unwrap());
+    for replica in [&b, &c] {
+        wait_until(
+            Duration::from_secs(1),
+            "the delete reached the replica",
+            || replica.function(&id).is_err(),
+        );
+        assert!(replica
+            .invoke_export(&id, "add", &[json!(1), json!(1)])
+            .is_err());
+    }
+
+    // PostgreSQL restarts: the followers reconnect and catch up with what was written after.
+    pg.stop();
+    pg.resume();
+    let (after_restart, _) = wait_for(
+        Duration::from_secs(10),
+        "a deploy after the restart",
+        || {
+            a.deploy(&example("calc.wat"), DeploySpec::export("calc-2"))
+                .ok()
+                .map(|f| f.record.id)
+        },
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "B caught up after the restart",
+        || b.function(&after_restart).is_ok(),
     );
 }

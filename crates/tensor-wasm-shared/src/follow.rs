@@ -1,0 +1,224 @@
+//! Following the change log: how a replica learns that another one deployed, changed or
+//! deleted a function.
+//!
+//! A follower holds its own connection with `LISTEN tw_changes`. Every write of a function
+//! record appends a row to `tw_changes` and sends `NOTIFY tw_changes` in its transaction, so
+//! a commit wakes every follower at once. Notifications are not durable (a follower that is
+//! reconnecting misses them), so the follower never trusts them for content: woken, or every
+//! `poll` interval anyway, it reads the rows after the last sequence number it handled, in
+//! order, and hands each to its callback. After a lost connection it reconnects with backoff
+//! and catches up from the same sequence number. Writers of the log take turns
+//! (`log_change`), so sequence numbers become visible in order and none is skipped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_postgres::AsyncMessage;
+
+use crate::error::SharedStoreError;
+use crate::store::{Shared, SharedStore};
+
+/// One row of the change log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// Position in the log; strictly increasing.
+    pub seq: i64,
+    /// What changed: `function` for a function record.
+    pub kind: String,
+    /// Which one: the function id.
+    pub key: String,
+}
+
+/// How a follower waits and retries.
+#[derive(Debug, Clone, Copy)]
+pub struct FollowOptions {
+    /// The longest it waits without a notification before reading the log anyway.
+    pub poll: Duration,
+    /// The longest wait between reconnection attempts (backoff doubles from 100 ms).
+    pub max_backoff: Duration,
+}
+
+impl Default for FollowOptions {
+    fn default() -> Self {
+        Self {
+            poll: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A running follower; dropping it stops it.
+pub struct ChangeFollower {
+    task: JoinHandle<()>,
+    handled: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl std::fmt::Debug for ChangeFollower {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChangeFollower")
+            .field("handled", &self.handled())
+            .finish()
+    }
+}
+
+impl ChangeFollower {
+    /// The sequence number of the last change handed to the callback.
+    #[must_use]
+    pub fn handled(&self) -> i64 {
+        self.handled.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl Drop for ChangeFollower {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The callback of a follower: called for each change in order, on a blocking thread. An
+/// error (the change could not be applied, e.g. the store could not be read) makes the
+/// follower retry that change after a backoff instead of going past it.
+pub type OnChange = Arc<dyn Fn(&Change) -> Result<(), String> + Send + Sync>;
+
+impl SharedStore {
+    /// The sequence number of the newest change in the log (0 when it is empty). Read it
+    /// before loading the records a follower will keep up to date, and start the follower
+    /// from it: nothing committed in between is missed.
+    ///
+    /// # Errors
+    /// The runtime's storage error when PostgreSQL cannot be read.
+    pub fn latest_change(&self) -> tensor_wasm_runtime::Result<i64> {
+        self.with_db("tw_changes", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let row = client
+                .query_one("SELECT COALESCE(MAX(seq), 0) FROM tw_changes", &[])
+                .await?;
+            Ok(row.get::<_, i64>(0))
+        })
+    }
+
+    /// Starts following the change log after sequence number `after`, calling `on_change` for
+    /// each change in order (see the module documentation).
+    pub fn follow_changes(
+        &self,
+        after: i64,
+        options: FollowOptions,
+        on_change: OnChange,
+    ) -> ChangeFollower {
+        let handled = Arc::new(std::sync::atomic::AtomicI64::new(after));
+        let url = self.db.url.clone();
+        let task = self
+            .bridge
+            .spawn(follow(url, options, on_change, handled.clone()));
+        ChangeFollower { task, handled }
+    }
+}
+
+async fn follow(
+    url: String,
+    options: FollowOptions,
+    on_change: OnChange,
+    handled: Arc<std::sync::atomic::AtomicI64>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let error = listen(&url, options, &on_change, &handled).await;
+        tracing::warn!(
+            error = %error,
+            retry_in_ms = backoff.as_millis() as u64,
+            "change-log follower stopped; retrying"
+        );
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(options.max_backoff);
+    }
+}
+
+/// One connection's worth of following; returns why it ended.
+async fn listen(
+    url: &str,
+    options: FollowOptions,
+    on_change: &OnChange,
+    handled: &std::sync::atomic::AtomicI64,
+) -> SharedStoreError {
+    match listen_inner(url, options, on_change, handled).await {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+async fn listen_inner(
+    url: &str,
+    options: FollowOptions,
+    on_change: &OnChange,
+    handled: &std::sync::atomic::AtomicI64,
+) -> Shared<std::convert::Infallible> {
+    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    let wake = Arc::new(Notify::new());
+    let waker = wake.clone();
+    let driver = tokio::spawn(async move {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notification(_))) => waker.notify_one(),
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => {
+                    // Wake the reader so that it finds the connection closed.
+                    waker.notify_one();
+                    return;
+                }
+            }
+        }
+    });
+    let _driver = AbortOnDrop(driver);
+    client.batch_execute("LISTEN tw_changes").await?;
+    loop {
+        let after = handled.load(std::sync::atomic::Ordering::Acquire);
+        let rows = client
+            .query(
+                "SELECT seq, kind, key FROM tw_changes WHERE seq > $1 ORDER BY seq",
+                &[&after],
+            )
+            .await?;
+        for row in rows {
+            let change = Change {
+                seq: row.get(0),
+                kind: row.get(1),
+                key: row.get(2),
+            };
+            let callback = on_change.clone();
+            let seq = change.seq;
+            tokio::task::spawn_blocking(move || callback(&change))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|applied| applied)
+                .map_err(|e| {
+                    SharedStoreError::Io(std::io::Error::other(format!(
+                        "change {seq} not applied: {e}"
+                    )))
+                })?;
+            handled.store(seq, std::sync::atomic::Ordering::Release);
+        }
+        tokio::select! {
+            () = wake.notified() => {}
+            () = tokio::time::sleep(options.poll) => {}
+        }
+        if client.is_closed() {
+            // The next query would fail the same way; say why.
+            return Err(SharedStoreError::Io(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "the listening connection closed",
+            )));
+        }
+    }
+}
+
+/// Aborts a task when dropped (the follower's connection driver ends with its reader).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
