@@ -21,7 +21,10 @@
 //! ([`SharedStore::follow_changes`], `follow.rs`): `LISTEN` to wake at once, the log's sequence
 //! number to catch up after a reconnect.
 //!
-//! Not built yet, and refused or absent rather than faked: tenants, async jobs and quotas in
+//! Tenants, their hashed tokens and the administrator's hashed token are shared too
+//! (`tenants.rs`, `tensor_wasm_tenant::TenantStore`), followed the same way.
+//!
+//! Not built yet, and refused or absent rather than faked: async jobs and quotas in
 //! PostgreSQL, TLS to PostgreSQL (`sslmode=require` is refused by the client with a clear
 //! error).
 
@@ -30,7 +33,9 @@ mod error;
 mod follow;
 pub mod migrate;
 mod store;
+mod tenants;
 
 pub use error::SharedStoreError;
 pub use follow::{Change, ChangeFollower, FollowOptions, OnChange};
 pub use store::{BlobStoreConfig, SharedStore};
+pub use tenants::BOOTSTRAP_LOCK_KEY;

@@ -6,8 +6,10 @@ use tokio_postgres::Client;
 use crate::error::SharedStoreError;
 
 /// The migrations this build knows: (version, name, SQL), in version order.
-const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "records", include_str!("../migrations/0001_records.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "records", include_str!("../migrations/0001_records.sql")),
+    (2, "tenants", include_str!("../migrations/0002_tenants.sql")),
+];
 
 /// Key of the session-level advisory lock held while migrating (ASCII "twmigrat").
 const LOCK_KEY: i64 = 0x7477_6d69_6772_6174;

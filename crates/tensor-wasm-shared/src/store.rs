@@ -145,15 +145,47 @@ impl SharedStore {
     }
 
     /// Runs the future `body` makes with the connection's holder on the store's runtime.
+    pub(crate) fn run_db<T, F, Fut>(&self, body: F) -> Shared<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Db>) -> Fut,
+        Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
+    {
+        self.bridge.run(body(self.db.clone()))
+    }
+
+    /// [`SharedStore::run_db`] with the runtime's storage error naming `what`.
     pub(crate) fn with_db<T, F, Fut>(&self, what: &str, body: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(Arc<Db>) -> Fut,
         Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
     {
-        self.bridge
-            .run(body(self.db.clone()))
-            .map_err(|e| e.into_runtime(what))
+        self.run_db(body).map_err(|e| e.into_runtime(what))
+    }
+
+    /// Runs `f` while holding a PostgreSQL advisory lock that no other replica holds at the
+    /// same time (on a connection of its own, so that a replica that dies releases it).
+    ///
+    /// # Errors
+    /// [`SharedStoreError`] when the lock cannot be taken.
+    pub fn exclusively<T>(&self, key: i64, f: impl FnOnce() -> T) -> Shared<T> {
+        let url = self.db.url.clone();
+        let client = self.bridge.run(async move {
+            let client = connect(&url).await?;
+            client
+                .execute("SELECT pg_advisory_lock($1)", &[&key])
+                .await?;
+            Ok::<_, SharedStoreError>(client)
+        })?;
+        let out = f();
+        // Closing the session releases the lock as well; unlock explicitly all the same.
+        let _ = self.bridge.run(async move {
+            client
+                .execute("SELECT pg_advisory_unlock($1)", &[&key])
+                .await
+        });
+        Ok(out)
     }
 
     /// Runs the future `body` makes with the object store and `key` on the store's runtime;
@@ -191,7 +223,11 @@ fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value, what: &st
 const CHANGES_LOCK_KEY: i64 = 0x7477_6368_616e_6765;
 
 /// Appends a change of `key` to the change log and wakes the listeners (on commit).
-async fn log_change(tx: &tokio_postgres::Transaction<'_>, kind: &str, key: &str) -> Shared<()> {
+pub(crate) async fn log_change(
+    tx: &tokio_postgres::Transaction<'_>,
+    kind: &str,
+    key: &str,
+) -> Shared<()> {
     // Writers of the log take turns (until their commit), so sequence numbers become visible
     // in order: a follower that has read up to n never later sees a smaller one commit.
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGES_LOCK_KEY])

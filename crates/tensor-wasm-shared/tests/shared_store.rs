@@ -16,7 +16,9 @@ use tensor_wasm_runtime::{
 };
 use tensor_wasm_shared::{
     migrate::SCHEMA_VERSION, BlobStoreConfig, ChangeFollower, FollowOptions, SharedStore,
+    BOOTSTRAP_LOCK_KEY,
 };
+use tensor_wasm_tenant::{GpuIsolation, Quotas, TenantMetrics, TenantRegistry};
 use tensor_wasm_test_support::guests::example;
 use tensor_wasm_test_support::servers::{Postgres, S3Server};
 use tensor_wasm_test_support::wait::{wait_for, wait_until};
@@ -97,6 +99,7 @@ fn the_shared_store_on_real_postgresql_and_s3() {
     calls_from_the_servers_blocking_threads_work(&pg, &s3);
     two_runtimes_share_functions_and_snapshots(&pg, &s3);
     replicas_follow_each_others_changes(&pg, &s3);
+    tenants_are_shared_and_bootstrapped_once(&pg, &s3);
 }
 
 fn migrations_apply_once_when_replicas_start_together(pg: &Postgres, s3: &S3Server) {
@@ -112,9 +115,14 @@ fn migrations_apply_once_when_replicas_start_together(pg: &Postgres, s3: &S3Serv
             .collect()
     });
     assert_eq!(stores.len(), 4);
+    let expected: Vec<String> = (1..=SCHEMA_VERSION).map(|v| v.to_string()).collect();
     assert_eq!(
-        psql(pg, "migrations", "SELECT version FROM tw_schema_migrations"),
-        vec![SCHEMA_VERSION.to_string()]
+        psql(
+            pg,
+            "migrations",
+            "SELECT version FROM tw_schema_migrations ORDER BY version"
+        ),
+        expected
     );
 
     // A database migrated by a newer build is refused with a clear error.
@@ -402,5 +410,78 @@ fn replicas_follow_each_others_changes(pg: &Postgres, s3: &S3Server) {
         Duration::from_secs(10),
         "B caught up after the restart",
         || b.function(&after_restart).is_ok(),
+    );
+}
+
+fn tenants_are_shared_and_bootstrapped_once(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("tenants");
+    let config = blobs(s3, "tw-test", "tenants");
+    let registry = |store: &Arc<SharedStore>| {
+        TenantRegistry::open(store.clone(), TenantMetrics::unregistered().unwrap()).unwrap()
+    };
+    // Three replicas start at once: each opens its registry and bootstraps under the lock;
+    // exactly one creates the admin and the default tenant.
+    let started: Vec<(Arc<SharedStore>, TenantRegistry, bool)> = std::thread::scope(|scope| {
+        let starting: Vec<_> = (0..3)
+            .map(|_| {
+                scope.spawn(|| {
+                    let store = Arc::new(SharedStore::connect(&url, &config).unwrap());
+                    let (registry, booted) = store
+                        .exclusively(BOOTSTRAP_LOCK_KEY, || {
+                            let registry = registry(&store);
+                            let booted = registry.bootstrap().unwrap();
+                            (registry, booted)
+                        })
+                        .unwrap();
+                    (store, registry, booted.is_some())
+                })
+            })
+            .collect();
+        starting.into_iter().map(|s| s.join().unwrap()).collect()
+    });
+    assert_eq!(started.iter().filter(|(_, _, booted)| *booted).count(), 1);
+    assert_eq!(
+        psql(pg, "tenants", "SELECT count(*) FROM tw_tenants"),
+        vec!["1"]
+    );
+
+    // What one registry changes, another follows through the change log.
+    let (_, a, _) = &started[0];
+    let (store_b, _, _) = &started[1];
+    let b = Arc::new(
+        TenantRegistry::open(store_b.clone(), TenantMetrics::unregistered().unwrap()).unwrap(),
+    );
+    let following = b.clone();
+    let _follower = store_b.follow_changes(
+        store_b.latest_change().unwrap(),
+        FollowOptions::default(),
+        Arc::new(move |change| {
+            match change.kind.as_str() {
+                "tenant" => following.reload_tenant(&change.key),
+                "admin" => following.reload_admin(),
+                _ => Ok(()),
+            }
+            .map_err(|e| e.to_string())
+        }),
+    );
+    let (info, token) = a
+        .create_tenant("acme", Quotas::default(), GpuIsolation::default())
+        .unwrap();
+    wait_until(
+        Duration::from_secs(1),
+        "B authenticates the new token",
+        || b.authenticate(&token.secret).is_some(),
+    );
+    a.revoke_token(&info.id, &token.info.id).unwrap();
+    wait_until(
+        Duration::from_secs(1),
+        "B refuses the revoked token",
+        || b.authenticate(&token.secret).is_none(),
+    );
+    assert!(a.delete(&info.id).unwrap());
+    wait_until(
+        Duration::from_secs(1),
+        "B forgets the deleted tenant",
+        || b.lookup(&info.id).is_none(),
     );
 }

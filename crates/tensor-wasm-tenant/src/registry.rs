@@ -507,6 +507,70 @@ impl TenantRegistry {
         Ok(true)
     }
 
+    /// Brings tenant `id` up to date with the store, for a replica that follows a shared
+    /// store's change log (another replica created, changed or deleted the tenant or its
+    /// tokens): its credentials become the stored ones, so a token revoked or a tenant deleted
+    /// elsewhere stops authenticating here; its name, quotas and capability follow the record;
+    /// a tenant gone from the store is deleted here. Usage counters stay as they are.
+    ///
+    /// # Errors
+    /// The store's error; the registry is then unchanged.
+    pub fn reload_tenant(&self, id: &str) -> Result<(), TenantError> {
+        let mut records = self.records();
+        let fresh = self.store.get(id)?;
+        let mut credentials = write(&self.credentials);
+        credentials
+            .retain(|_, credential| !matches!(credential, Credential::Tenant(t) if t.id() == id));
+        let Some(record) = fresh else {
+            drop(credentials);
+            records.tenants.remove(id);
+            if let Some(tenant) = write(&self.live).remove(id) {
+                tenant.mark_deleted();
+                self.metrics.remove(id);
+            }
+            return Ok(());
+        };
+        let tenant = write(&self.live)
+            .entry(id.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Tenant::new(
+                    record.id.clone(),
+                    record.name.clone(),
+                    record.quotas.clone(),
+                    record.gpu_isolation,
+                    record.created_at_ms,
+                    self.metrics.series(&record.id),
+                ))
+            })
+            .clone();
+        tenant.set_profile(&record.name, &record.quotas);
+        tenant.set_raw_ptx(record.raw_ptx);
+        for token in record.tokens.iter().filter(|t| !t.revoked) {
+            if let Some(hash) = parse_hash(&token.sha256) {
+                credentials.insert(hash, Credential::Tenant(Arc::clone(&tenant)));
+            }
+        }
+        records.tenants.insert(id.to_owned(), record);
+        Ok(())
+    }
+
+    /// Brings the admin credential up to date with the store (bootstrapped or replaced by
+    /// another replica).
+    ///
+    /// # Errors
+    /// The store's error; the registry is then unchanged.
+    pub fn reload_admin(&self) -> Result<(), TenantError> {
+        let mut records = self.records();
+        let admin = self.store.admin()?;
+        let mut credentials = write(&self.credentials);
+        credentials.retain(|_, credential| !matches!(credential, Credential::Admin));
+        if let Some(hash) = admin.as_ref().and_then(|a| parse_hash(&a.token_sha256)) {
+            credentials.insert(hash, Credential::Admin);
+        }
+        records.admin = admin;
+        Ok(())
+    }
+
     /// Who a bearer secret belongs to; `None` for unknown and revoked tokens.
     ///
     /// The presented secret is hashed (SHA-256), the hash is looked up, and

@@ -85,6 +85,11 @@ pub trait TenantStore: Send + Sync + 'static {
     fn delete(&self, id: &str) -> Result<bool, TenantError>;
     /// Every readable tenant record.
     fn all(&self) -> Result<Vec<StoredTenant>, TenantError>;
+    /// The record of tenant `id` (`None` if there is none). The default reads every record;
+    /// stores that can look one up override it.
+    fn get(&self, id: &str) -> Result<Option<StoredTenant>, TenantError> {
+        Ok(self.all()?.into_iter().find(|tenant| tenant.id == id))
+    }
     /// Inserts or replaces the admin record.
     fn put_admin(&self, admin: &StoredAdmin) -> Result<(), TenantError>;
     /// The admin record, if one was written.

@@ -429,3 +429,60 @@ fn registry_with_tokens() -> &'static TenantRegistry {
         r
     })
 }
+
+#[test]
+fn a_second_registry_over_the_same_store_follows_reloads() {
+    // Two registries over one store stand for two replicas over a shared store: what one
+    // changes, the other picks up with `reload_tenant` / `reload_admin`.
+    let store = Arc::new(MemoryTenantStore::new());
+    let metrics = || TenantMetrics::unregistered().unwrap();
+    let a = TenantRegistry::open(store.clone(), metrics()).unwrap();
+    let b = TenantRegistry::open(store.clone(), metrics()).unwrap();
+    let boot = a.bootstrap().unwrap().expect("first bootstrap");
+    assert!(
+        b.authenticate(&boot.admin_token).is_none(),
+        "not reloaded yet"
+    );
+    b.reload_admin().unwrap();
+    assert!(matches!(
+        b.authenticate(&boot.admin_token),
+        Some(Principal::Admin)
+    ));
+
+    let (info, token) = a
+        .create_tenant("acme", Quotas::default(), GpuIsolation::default())
+        .unwrap();
+    b.reload_tenant(&info.id).unwrap();
+    assert_eq!(
+        tenant_of(b.authenticate(&token.secret)),
+        Some(info.id.clone())
+    );
+    let patch = QuotasPatch {
+        max_functions: Some(3),
+        ..QuotasPatch::default()
+    };
+    a.update(&info.id, &patch, Some("acme-2")).unwrap();
+    a.set_raw_ptx(&info.id, true).unwrap();
+    b.reload_tenant(&info.id).unwrap();
+    let live = b.lookup(&info.id).unwrap();
+    assert_eq!(live.limit(Resource::Functions), 3);
+    assert_eq!(live.name(), "acme-2");
+    assert!(live.raw_ptx());
+
+    // A revoked token stops authenticating on B after the reload; a new one starts.
+    a.revoke_token(&info.id, &token.info.id).unwrap();
+    let second = a.create_token(&info.id, "second").unwrap();
+    b.reload_tenant(&info.id).unwrap();
+    assert!(b.authenticate(&token.secret).is_none());
+    assert_eq!(
+        tenant_of(b.authenticate(&second.secret)),
+        Some(info.id.clone())
+    );
+
+    // Deleted on A: gone on B, its token refused, holders see the deletion.
+    assert!(a.delete(&info.id).unwrap());
+    b.reload_tenant(&info.id).unwrap();
+    assert!(b.lookup(&info.id).is_none());
+    assert!(b.authenticate(&second.secret).is_none());
+    assert!(live.is_deleted());
+}

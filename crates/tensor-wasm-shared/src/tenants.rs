@@ -1,0 +1,132 @@
+//! [`TenantStore`] over PostgreSQL: tenants (with their hashed tokens) and the administrator's
+//! hashed token, each change announced in the change log so that every replica's registry
+//! follows it (`TenantRegistry::reload_tenant`, `reload_admin`).
+
+use std::path::PathBuf;
+
+use tensor_wasm_tenant::{StoredAdmin, StoredTenant, TenantError, TenantStore};
+
+use crate::error::SharedStoreError;
+use crate::store::{log_change, Shared, SharedStore};
+
+/// Key of the advisory lock under which a replica opens its registry and bootstraps the
+/// administrator and the default tenant, so that replicas starting together bootstrap once
+/// (ASCII "twbootst").
+pub const BOOTSTRAP_LOCK_KEY: i64 = 0x7477_626f_6f74_7374;
+
+fn tenant_error(table: &str, e: SharedStoreError) -> TenantError {
+    TenantError::Storage {
+        path: PathBuf::from(table),
+        source: std::io::Error::other(e.to_string()),
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(value: serde_json::Value, what: &str) -> Shared<T> {
+    serde_json::from_value(value).map_err(|e| SharedStoreError::Corrupt(format!("{what}: {e}")))
+}
+
+impl SharedStore {
+    fn tenants_db<T, F, Fut>(&self, table: &str, body: F) -> Result<T, TenantError>
+    where
+        T: Send + 'static,
+        F: FnOnce(std::sync::Arc<crate::store::Db>) -> Fut,
+        Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
+    {
+        self.run_db(body).map_err(|e| tenant_error(table, e))
+    }
+}
+
+impl TenantStore for SharedStore {
+    fn put(&self, tenant: &StoredTenant) -> Result<(), TenantError> {
+        let id = tenant.id.clone();
+        let json = serde_json::to_value(tenant).expect("tenant records serialize");
+        self.tenants_db("tw_tenants", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let tx = client.transaction().await?;
+            tx.execute(
+                "INSERT INTO tw_tenants (id, record) VALUES ($1, $2)
+                 ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, updated_at = now()",
+                &[&id, &json],
+            )
+            .await?;
+            log_change(&tx, "tenant", &id).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn delete(&self, id: &str) -> Result<bool, TenantError> {
+        let id = id.to_owned();
+        self.tenants_db("tw_tenants", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let tx = client.transaction().await?;
+            let deleted = tx
+                .execute("DELETE FROM tw_tenants WHERE id = $1", &[&id])
+                .await?;
+            if deleted > 0 {
+                log_change(&tx, "tenant", &id).await?;
+            }
+            tx.commit().await?;
+            Ok(deleted > 0)
+        })
+    }
+
+    fn all(&self) -> Result<Vec<StoredTenant>, TenantError> {
+        self.tenants_db("tw_tenants", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let rows = client
+                .query("SELECT id, record FROM tw_tenants ORDER BY id", &[])
+                .await?;
+            rows.into_iter()
+                .map(|row| {
+                    let id: String = row.get(0);
+                    decode(row.get(1), &format!("tenant record {id}"))
+                })
+                .collect()
+        })
+    }
+
+    fn get(&self, id: &str) -> Result<Option<StoredTenant>, TenantError> {
+        let id = id.to_owned();
+        self.tenants_db("tw_tenants", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let row = client
+                .query_opt("SELECT record FROM tw_tenants WHERE id = $1", &[&id])
+                .await?;
+            row.map(|row| decode(row.get(0), &format!("tenant record {id}")))
+                .transpose()
+        })
+    }
+
+    fn put_admin(&self, admin: &StoredAdmin) -> Result<(), TenantError> {
+        let json = serde_json::to_value(admin).expect("admin records serialize");
+        self.tenants_db("tw_admin", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let tx = client.transaction().await?;
+            tx.execute(
+                "INSERT INTO tw_admin (singleton, record) VALUES (TRUE, $1)
+                 ON CONFLICT (singleton) DO UPDATE SET record = EXCLUDED.record",
+                &[&json],
+            )
+            .await?;
+            log_change(&tx, "admin", "admin").await?;
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn admin(&self) -> Result<Option<StoredAdmin>, TenantError> {
+        self.tenants_db("tw_admin", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let row = client.query_opt("SELECT record FROM tw_admin", &[]).await?;
+            row.map(|row| decode(row.get(0), "admin record"))
+                .transpose()
+        })
+    }
+}
