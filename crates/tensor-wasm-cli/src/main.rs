@@ -9,6 +9,7 @@
 mod client;
 mod job_flags;
 mod serve;
+mod shared;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -29,6 +30,13 @@ struct Cli {
 enum Command {
     /// Run the HTTP server.
     Serve(serve::ServeArgs),
+    /// Apply the shared store's schema migrations (`serve --store` also applies them at
+    /// start, under the same lock) and print which ran.
+    Migrate {
+        /// The shared store's PostgreSQL URL.
+        #[arg(long, env = "TENSOR_WASM_STORE", hide_env_values = true)]
+        store: String,
+    },
     /// Show the kernel devices this host has (or why CUDA is unavailable) and
     /// which backend `serve --device auto` would use. With --data-dir, also list the
     /// function records in quarantine (exit status 1 when there are any).
@@ -192,6 +200,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::run(args).map(|()| ExitCode::SUCCESS),
         Command::Doctor { data_dir } => doctor(data_dir.as_deref()),
+        Command::Migrate { store } => shared::migrate(&store).map(|()| ExitCode::SUCCESS),
         Command::Deploy {
             file,
             name,

@@ -15,10 +15,10 @@ use tensor_wasm_api::{
 };
 use tensor_wasm_dispatch::DispatchConfig;
 use tensor_wasm_gpu::{open_backend_with, DeviceChoice, GpuIsolation};
-use tensor_wasm_runtime::{
-    CacheLimits, FsFunctionStore, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics,
-};
-use tensor_wasm_tenant::{FsTenantStore, Resource, TenantMetrics, TenantRegistry};
+use tensor_wasm_runtime::{CacheLimits, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics};
+use tensor_wasm_tenant::{Bootstrap, Resource, TenantMetrics};
+
+use crate::shared::Stores;
 
 /// Guest memory choice on the command line.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -47,6 +47,23 @@ pub struct ServeArgs {
         default_value = "./tensor-wasm-data"
     )]
     data_dir: PathBuf,
+    /// The shared store's PostgreSQL URL (`postgres://user:password@host:port/db`): records of
+    /// functions, snapshots, tenants and tokens live there, shared by every replica, and the
+    /// data dir keeps per-host caches (and the async-job records, which are not shared yet).
+    /// Needs --blob-store. Without both, everything stays in the data dir.
+    #[arg(
+        long,
+        env = "TENSOR_WASM_STORE",
+        hide_env_values = true,
+        requires = "blob_store"
+    )]
+    store: Option<String>,
+    /// The shared store's object storage for modules and snapshots (`s3://bucket/prefix`;
+    /// endpoint, credentials and region from AWS_ENDPOINT, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION, and AWS_ALLOW_HTTP=true for a plain-HTTP endpoint).
+    /// Needs --store.
+    #[arg(long, env = "TENSOR_WASM_BLOB_STORE", requires = "store")]
+    blob_store: Option<String>,
     /// Default per-invocation deadline in milliseconds.
     #[arg(long, env = "TENSOR_WASM_DEFAULT_TIMEOUT_MS", default_value_t = 30_000)]
     default_timeout_ms: u64,
@@ -277,10 +294,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let registry = prometheus::Registry::new();
-    let store = FsFunctionStore::open(&args.data_dir)
-        .with_context(|| format!("opening the data directory {}", args.data_dir.display()))?;
+    let (data_dir, store, blob_store) = (
+        args.data_dir.clone(),
+        args.store.clone(),
+        args.blob_store.clone(),
+    );
+    let stores = Arc::new(
+        tokio::task::spawn_blocking(move || {
+            Stores::open(&data_dir, store.as_deref(), blob_store.as_deref())
+        })
+        .await??,
+    );
     let metrics = RuntimeMetrics::register(&registry)?;
-    let runtime = Runtime::open(args.runtime_config()?, Arc::new(store), metrics)
+    let runtime = Runtime::open(args.runtime_config()?, stores.functions.clone(), metrics)
         .context("starting the runtime")?;
     if args.insecure_no_auth && !args.listen.ip().is_loopback() {
         anyhow::bail!(
@@ -289,13 +315,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.listen
         );
     }
-    let tenant_store = FsTenantStore::open(&args.data_dir)
-        .with_context(|| format!("opening the tenant store in {}", args.data_dir.display()))?;
-    let tenants = Arc::new(
-        TenantRegistry::open(Arc::new(tenant_store), TenantMetrics::register(&registry)?)
-            .context("opening the tenant registry")?,
-    );
-    write_bootstrap_credentials(&tenants, &args.data_dir)?;
+    let tenant_metrics = TenantMetrics::register(&registry)?;
+    let opening = stores.clone();
+    let (tenants, bootstrap) =
+        tokio::task::spawn_blocking(move || opening.open_registry(tenant_metrics)).await??;
+    let tenants = Arc::new(tenants);
+    write_bootstrap_credentials(bootstrap, &args.data_dir)?;
+    // Kept for the server's life: functions and tenants changed by other replicas.
+    let _follower = stores.follow(&runtime, &tenants);
     for tenant in tenants.list() {
         if let Some(live) = tenants.lookup(&tenant.id) {
             let owned = runtime.functions_of(&tenant.id).len() as u64;
@@ -440,9 +467,9 @@ async fn jobs_finished(state: &AppState) {
 /// default tenant and writes their secrets to `<data_dir>/credentials.json`
 /// (mode 0600, durably: complete or absent after a crash). The secrets exist
 /// nowhere else: the stores keep hashes.
-fn write_bootstrap_credentials(tenants: &TenantRegistry, data_dir: &Path) -> anyhow::Result<()> {
+fn write_bootstrap_credentials(boot: Option<Bootstrap>, data_dir: &Path) -> anyhow::Result<()> {
     let path = data_dir.join("credentials.json");
-    let Some(boot) = tenants.bootstrap().context("bootstrapping tenants")? else {
+    let Some(boot) = boot else {
         if path.exists() {
             tracing::info!(path = %path.display(), "credentials file");
         }

@@ -17,6 +17,20 @@ const LOCK_KEY: i64 = 0x7477_6d69_6772_6174;
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
+/// Connects to the database at `url` and applies what it lacks ([`migrate`]), for
+/// `tensor-wasm migrate`.
+///
+/// # Errors
+/// As [`migrate`], and [`SharedStoreError::Database`] when the database cannot be reached.
+pub fn run(url: &str) -> Result<Vec<i32>, SharedStoreError> {
+    let bridge = crate::bridge::Bridge::new()?;
+    let url = url.to_owned();
+    bridge.run(async move {
+        let mut client = crate::store::connect(&url).await?;
+        migrate(&mut client).await
+    })
+}
+
 /// Applies every migration the database lacks, each in its own transaction, and returns the
 /// versions applied now (empty when the schema was current).
 ///

@@ -1,0 +1,137 @@
+//! `serve` over the shared store (`--store postgres://… --blob-store s3://…`, issue 19) or the
+//! embedded one, and `tensor-wasm migrate`.
+//!
+//! With the shared store, function records, snapshots, tenants and the admin token live in
+//! PostgreSQL and object storage (`tensor-wasm-shared`); the data dir keeps the per-host caches
+//! and, until they move too, the async-job records. The registry is opened and bootstrapped
+//! under an advisory lock, so replicas starting together bootstrap once, and a follower keeps
+//! this replica's cached functions and tenants in step with the change log.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tensor_wasm_runtime::{FsFunctionStore, FunctionStore, Runtime};
+use tensor_wasm_shared::{
+    BlobStoreConfig, ChangeFollower, FollowOptions, SharedStore, BOOTSTRAP_LOCK_KEY,
+};
+use tensor_wasm_tenant::{
+    Bootstrap, FsTenantStore, TenantError, TenantMetrics, TenantRegistry, TenantStore,
+};
+
+/// Where `serve` keeps its state.
+pub struct Stores {
+    pub functions: Arc<dyn FunctionStore>,
+    tenants: Arc<dyn TenantStore>,
+    /// The shared store and the change-log position read before anything was loaded.
+    shared: Option<(Arc<SharedStore>, i64)>,
+}
+
+impl Stores {
+    /// The embedded stores in `data_dir`, or the shared store when `store` (a PostgreSQL URL)
+    /// and `blob_store` (an `s3://` URL; endpoint and credentials from the `AWS_*`
+    /// environment) are given. Blocking: call it on a blocking thread.
+    pub fn open(
+        data_dir: &Path,
+        store: Option<&str>,
+        blob_store: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let (Some(store), Some(blob_store)) = (store, blob_store) else {
+            let functions = FsFunctionStore::open(data_dir)
+                .with_context(|| format!("opening the data directory {}", data_dir.display()))?;
+            let tenants = FsTenantStore::open(data_dir)
+                .with_context(|| format!("opening the tenant store in {}", data_dir.display()))?;
+            return Ok(Self {
+                functions: Arc::new(functions),
+                tenants: Arc::new(tenants),
+                shared: None,
+            });
+        };
+        let blobs = BlobStoreConfig {
+            url: blob_store.to_owned(),
+            ..BlobStoreConfig::default()
+        };
+        let shared = Arc::new(
+            SharedStore::connect(store, &blobs).context("connecting to the shared store")?,
+        );
+        let after = shared
+            .latest_change()
+            .context("reading the shared store's change log")?;
+        tracing::info!(blob_store, after, "using the shared store");
+        Ok(Self {
+            functions: shared.clone(),
+            tenants: shared.clone(),
+            shared: Some((shared, after)),
+        })
+    }
+
+    /// Opens the tenant registry and bootstraps it on the first start (under the shared
+    /// store's bootstrap lock, so that replicas starting together bootstrap once).
+    pub fn open_registry(
+        &self,
+        metrics: TenantMetrics,
+    ) -> anyhow::Result<(TenantRegistry, Option<Bootstrap>)> {
+        let open = || -> Result<_, TenantError> {
+            let registry = TenantRegistry::open(self.tenants.clone(), metrics)?;
+            let bootstrap = registry.bootstrap()?;
+            Ok((registry, bootstrap))
+        };
+        let opened = match &self.shared {
+            Some((shared, _)) => shared
+                .exclusively(BOOTSTRAP_LOCK_KEY, open)
+                .context("taking the shared store's bootstrap lock")?,
+            None => open(),
+        };
+        opened.context("opening the tenant registry")
+    }
+
+    /// With the shared store, starts following its change log from where it stood before
+    /// anything was loaded: functions and tenants changed by other replicas are reloaded here.
+    pub fn follow(
+        &self,
+        runtime: &Runtime,
+        tenants: &Arc<TenantRegistry>,
+    ) -> Option<ChangeFollower> {
+        let (shared, after) = self.shared.as_ref()?;
+        let (runtime, tenants) = (runtime.clone(), tenants.clone());
+        Some(shared.follow_changes(
+            *after,
+            FollowOptions::default(),
+            Arc::new(move |change| {
+                match change.kind.as_str() {
+                    "function" => runtime
+                        .reload_function(&change.key)
+                        .map(drop)
+                        .map_err(|e| e.to_string()),
+                    "tenant" => tenants
+                        .reload_tenant(&change.key)
+                        .map_err(|e| e.to_string()),
+                    "admin" => tenants.reload_admin().map_err(|e| e.to_string()),
+                    other => {
+                        tracing::warn!(
+                            kind = other,
+                            "unknown change kind in the change log; skipped"
+                        );
+                        Ok(())
+                    }
+                }
+            }),
+        ))
+    }
+}
+
+/// `tensor-wasm migrate`: applies the shared store's schema migrations and says which.
+pub fn migrate(store: &str) -> anyhow::Result<()> {
+    let applied = tensor_wasm_shared::migrate::run(store).context("migrating the shared store")?;
+    if applied.is_empty() {
+        println!(
+            "schema is current (version {})",
+            tensor_wasm_shared::migrate::SCHEMA_VERSION
+        );
+    } else {
+        for version in applied {
+            println!("applied migration {version}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! Scale-out end to end (issue 19, test 1): three real `tensor-wasm serve` processes, each on
+//! its own port and data dir, over one shared store on a real PostgreSQL 15 and a real S3
+//! server (both started here). A function deployed on one is served by the others at once;
+//! deleted on one, the others answer 404 within a second; a token created on one works on the
+//! others, and once revoked on one, the others refuse it within a second.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tensor_wasm_test_support::guests::examples_dir;
+use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
+use tensor_wasm_test_support::servers::{Postgres, S3Server};
+use tensor_wasm_test_support::wait::wait_until;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
+
+/// A request with `auth` as the bearer: status and JSON body.
+fn request(method: &str, url: &str, auth: &str, body: Option<Value>) -> (u16, Value) {
+    let req = ServeProcess::agent()
+        .request(method, url)
+        .set("authorization", auth);
+    let result = match body {
+        Some(body) => req.send_json(body),
+        None => req.call(),
+    };
+    let (status, body, _) = ServeProcess::reply(result);
+    (
+        status,
+        if body.is_empty() {
+            Value::Null
+        } else {
+            json_of(&body)
+        },
+    )
+}
+
+#[test]
+fn three_replicas_share_functions_and_tokens() {
+    let pg = Postgres::start();
+    let s3 = S3Server::start();
+    s3.create_bucket("tw-replicas");
+    let database = pg.create_database("replicas");
+    let endpoint = s3.endpoint();
+    let env: Vec<(&str, &OsStr)> = vec![
+        ("AWS_ENDPOINT", OsStr::new(&endpoint)),
+        ("AWS_ALLOW_HTTP", OsStr::new("true")),
+        ("AWS_ACCESS_KEY_ID", OsStr::new("tensor-wasm-test")),
+        ("AWS_SECRET_ACCESS_KEY", OsStr::new("tensor-wasm-test")),
+        ("AWS_REGION", OsStr::new("us-east-1")),
+    ];
+    let args = [
+        "--store",
+        database.as_str(),
+        "--blob-store",
+        "s3://tw-replicas/e2e",
+    ];
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let start = |dir: &Path| {
+        ServeProcess::start_with_env(Path::new(BIN), dir, &args, &env, "warn", Stdio::inherit())
+    };
+    // The first replica bootstraps the shared tenants; the others are given its credentials
+    // file, as an operator hands out the bootstrap secrets.
+    let a = start(dirs[0].path());
+    for dir in &dirs[1..] {
+        std::fs::copy(
+            dirs[0].path().join("credentials.json"),
+            dir.path().join("credentials.json"),
+        )
+        .unwrap();
+    }
+    let b = start(dirs[1].path());
+    let c = start(dirs[2].path());
+
+    // Deployed on A: B and C invoke it, at the same time.
+    let id = a.deploy(&examples_dir().join("calc.wat"), "name=calc");
+    for replica in [&b, &c] {
+        wait_until(
+            Duration::from_secs(1),
+            "the replica serves the new function",
+            || replica.call(&id, "add", json!([2, 3])).0 == 200,
+        );
+    }
+    let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let calls: Vec<_> = [&b, &c]
+            .into_iter()
+            .map(|replica| scope.spawn(|| replica.call(&id, "add", json!([20, 22]))))
+            .collect();
+        calls.into_iter().map(|call| call.join().unwrap()).collect()
+    });
+    for (status, body) in answers {
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body, json!({"results": [42]}));
+    }
+
+    // Deleted on A: B and C answer 404 within a second.
+    let (status, body) = request(
+        "DELETE",
+        &a.url(&format!("/functions/{id}")),
+        &a.auth(),
+        None,
+    );
+    assert!(status == 200 || status == 204, "{status} {body}");
+    for replica in [&b, &c] {
+        wait_until(Duration::from_secs(1), "the replica answers 404", || {
+            let (status, body) = replica.call(&id, "add", json!([1, 1]));
+            status == 404 && error_code(&body) == "not_found"
+        });
+    }
+
+    // A token created on A works on B and C; revoked on A, they refuse it within a second.
+    let tenant = a.tenant_id();
+    let (status, token) = request(
+        "POST",
+        &a.url(&format!("/tenants/{tenant}/tokens")),
+        &a.admin_auth(),
+        Some(json!({"label": "replicas"})),
+    );
+    assert_eq!(status, 201, "{token}");
+    let secret = format!("Bearer {}", token["token"].as_str().expect("the secret"));
+    let token_id = token["token_id"].as_str().expect("token id").to_owned();
+    for replica in [&b, &c] {
+        wait_until(
+            Duration::from_secs(1),
+            "the replica accepts the new token",
+            || request("GET", &replica.url("/functions"), &secret, None).0 == 200,
+        );
+    }
+    let (status, body) = request(
+        "DELETE",
+        &a.url(&format!("/tenants/{tenant}/tokens/{token_id}")),
+        &a.admin_auth(),
+        None,
+    );
+    assert!(status == 200 || status == 204, "{status} {body}");
+    for replica in [&b, &c] {
+        wait_until(
+            Duration::from_secs(1),
+            "the replica refuses the revoked token",
+            || request("GET", &replica.url("/functions"), &secret, None).0 == 401,
+        );
+    }
+    for replica in [a, b, c] {
+        replica.terminate();
+    }
+}
