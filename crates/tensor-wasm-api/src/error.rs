@@ -120,6 +120,8 @@ error_codes! {
         "The server is still loading its functions, or is closing its instance slots.";
     ShuttingDown => "shutting_down", 503,
         "The server is shutting down: open streams end and unfinished async jobs fail with this code.";
+    StoreUnavailable => "store_unavailable", 503,
+        "The shared store (PostgreSQL or object storage, `serve --store`) cannot be reached: the write was not made; retry after `Retry-After`. Invocations of functions the replica has loaded keep answering.";
     TooManyConnections => "too_many_connections", 503,
         "The server holds `--max-connections` connections; this one is answered and closed (retry after `Retry-After`).";
     InvocationTimeout => "invocation_timeout", 504,
@@ -195,6 +197,15 @@ impl ApiError {
         ApiError::new(ErrorCode::BadRequest, message)
     }
 
+    /// `503 store_unavailable` with `Retry-After`: the shared store cannot be reached.
+    pub fn store_unavailable(message: impl Into<String>) -> Self {
+        tracing::warn!("shared store unavailable");
+        ApiError {
+            retry_after_s: Some(1),
+            ..ApiError::new(ErrorCode::StoreUnavailable, message)
+        }
+    }
+
     /// `429 busy` with `Retry-After`: instance slots or the kernel dispatcher are saturated.
     pub fn busy(message: impl Into<String>) -> Self {
         ApiError {
@@ -251,6 +262,7 @@ impl From<RuntimeError> for ApiError {
             RuntimeError::StorageQuotaExceeded { .. } => {
                 ApiError::new(ErrorCode::QuotaStorageExceeded, message)
             }
+            RuntimeError::StoreUnavailable(_) => ApiError::store_unavailable(message),
             RuntimeError::Storage { .. }
             | RuntimeError::CorruptRecord { .. }
             | RuntimeError::Engine(_) => ApiError::internal(err),

@@ -92,6 +92,7 @@ fn tenant_error(e: TenantError) -> ApiError {
         TenantError::InvalidName(_) | TenantError::InvalidLabel => {
             ApiError::bad_request(e.to_string())
         }
+        TenantError::Unavailable(_) => ApiError::store_unavailable(e.to_string()),
         other => ApiError::internal(other),
     }
 }

@@ -2,7 +2,10 @@
 //! its own port and data dir, over one shared store on a real PostgreSQL 15 and a real S3
 //! server (both started here). A function deployed on one is served by the others at once;
 //! deleted on one, the others answer 404 within a second; a token created on one works on the
-//! others, and once revoked on one, the others refuse it within a second.
+//! others, and once revoked on one, the others refuse it within a second (test 1). With
+//! PostgreSQL stopped, loaded functions keep answering and writes answer 503 with Retry-After
+//! until it is back; with object storage stopped, deploys answer 503 and leave no record
+//! (test 6).
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -142,7 +145,56 @@ fn three_replicas_share_functions_and_tokens() {
             || request("GET", &replica.url("/functions"), &secret, None).0 == 401,
         );
     }
+
+    // PostgreSQL stopped: functions the replicas have loaded keep answering; writes answer
+    // 503 with Retry-After; once it is back, writes succeed again by themselves.
+    let calc = a.deploy(&examples_dir().join("calc.wat"), "name=calc-2");
+    wait_until(Duration::from_secs(1), "B serves calc-2", || {
+        b.call(&calc, "add", json!([1, 2])).0 == 200
+    });
+    pg.stop();
+    assert_eq!(b.call(&calc, "add", json!([1, 2])).0, 200);
+    let (status, code, retry_after) = deploy_raw(&a, "name=during-outage");
+    assert_eq!((status, code.as_str()), (503, "store_unavailable"));
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    pg.resume();
+    wait_until(Duration::from_secs(10), "deploys succeed again", || {
+        deploy_raw(&a, "name=after-outage").0 == 201
+    });
+    let functions = || pg.query("replicas", "SELECT count(*) FROM tw_functions");
+
+    // Object storage stopped: deploys answer 503 and leave no record behind.
+    let before = functions();
+    let mut s3 = s3;
+    s3.kill();
+    let (status, code, _) = deploy_raw(&a, "name=no-blob-store");
+    assert_eq!((status, code.as_str()), (503, "store_unavailable"));
+    assert_eq!(functions(), before);
     for replica in [a, b, c] {
         replica.terminate();
     }
+}
+
+/// Deploys `calc.wat` on `server` with `query`: status, error code (empty on success) and
+/// `Retry-After`.
+fn deploy_raw(server: &ServeProcess, query: &str) -> (u16, String, Option<String>) {
+    let bytes = std::fs::read(examples_dir().join("calc.wat")).unwrap();
+    let result = ServeProcess::agent()
+        .post(&server.url(&format!("/functions?{query}")))
+        .set("content-type", "application/wasm")
+        .set("authorization", &server.auth())
+        .send_bytes(&bytes);
+    let response = match result {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("transport error: {e}"),
+    };
+    let status = response.status();
+    let retry_after = response.header("retry-after").map(str::to_owned);
+    let body = response.into_string().unwrap_or_default();
+    let code = if status >= 400 {
+        error_code(&json_of(body.as_bytes())).to_owned()
+    } else {
+        String::new()
+    };
+    (status, code, retry_after)
 }

@@ -91,6 +91,10 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    /// A shared store (PostgreSQL, object storage) cannot be reached; retrying later may
+    /// succeed. Nothing was written that the failed call acknowledged.
+    #[error("the shared store is unavailable: {0}")]
+    StoreUnavailable(String),
     /// A stored record could not be decoded.
     #[error("corrupt record at {path}: {message}")]
     CorruptRecord { path: PathBuf, message: String },

@@ -31,8 +31,25 @@ pub enum SharedStoreError {
 }
 
 impl SharedStoreError {
-    /// The runtime's storage error for this failure, naming `what` (a table or an object key).
+    /// Whether the store could not be reached (connection refused, lost or timed out), as
+    /// opposed to a store that answered with an error: a retry may succeed.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            // A statement the server refused carries an SQLSTATE; a connection failure not.
+            SharedStoreError::Database(e) => e.code().is_none() || e.is_closed(),
+            // HTTP-level failures (connection, timeouts, 5xx after retries) are `Generic`.
+            SharedStoreError::Object(e) => matches!(e, object_store::Error::Generic { .. }),
+            _ => false,
+        }
+    }
+
+    /// The runtime's error for this failure, naming `what` (a table or an object key):
+    /// [`RuntimeError::StoreUnavailable`] when the store could not be reached, a storage
+    /// error otherwise.
     pub(crate) fn into_runtime(self, what: &str) -> RuntimeError {
+        if self.is_unavailable() {
+            return RuntimeError::StoreUnavailable(format!("{what}: {self}"));
+        }
         RuntimeError::Storage {
             path: PathBuf::from(what),
             source: std::io::Error::other(self.to_string()),

@@ -15,6 +15,9 @@ use crate::store::{log_change, Shared, SharedStore};
 pub const BOOTSTRAP_LOCK_KEY: i64 = 0x7477_626f_6f74_7374;
 
 fn tenant_error(table: &str, e: SharedStoreError) -> TenantError {
+    if e.is_unavailable() {
+        return TenantError::Unavailable(format!("{table}: {e}"));
+    }
     TenantError::Storage {
         path: PathBuf::from(table),
         source: std::io::Error::other(e.to_string()),

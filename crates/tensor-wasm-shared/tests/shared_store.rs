@@ -72,20 +72,7 @@ fn snapshot(function_id: &str, created_at_ms: u64) -> SnapshotRecord {
 
 /// Rows of `sql` (one text column) through `psql`.
 fn psql(pg: &Postgres, database: &str, sql: &str) -> Vec<String> {
-    let out = std::process::Command::new("psql")
-        .args(["-h", "127.0.0.1", "-p", &pg.port().to_string(), "-U", "tw"])
-        .args(["-d", database, "-At", "-c", sql])
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    pg.query(database, sql)
 }
 
 #[test]

@@ -33,6 +33,9 @@ pub enum TenantError {
         #[source]
         source: std::io::Error,
     },
+    /// A shared store cannot be reached; retrying later may succeed.
+    #[error("the shared store is unavailable: {0}")]
+    Unavailable(String),
     /// A record could not be encoded or decoded.
     #[error("tenant record {path} could not be encoded or decoded")]
     Serde {

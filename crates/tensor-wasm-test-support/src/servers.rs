@@ -95,6 +95,27 @@ impl Postgres {
         self.url(name)
     }
 
+    /// The rows of `sql` in `database`, one line per row (`psql -At`: columns joined by `|`).
+    ///
+    /// # Panics
+    /// When `psql` fails.
+    pub fn query(&self, database: &str, sql: &str) -> Vec<String> {
+        let out = Command::new("psql")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "tw"])
+            .args(["-d", database, "-At", "-c", sql])
+            .output()
+            .expect("psql");
+        assert!(
+            out.status.success(),
+            "psql: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Stops the server at once (`pg_ctl stop -m immediate`), as a crash or an outage would.
     pub fn stop(&self) {
         self.pg_ctl(&["stop", "-m", "immediate"]);
