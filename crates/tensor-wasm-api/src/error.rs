@@ -263,6 +263,9 @@ impl From<RuntimeError> for ApiError {
                 ApiError::new(ErrorCode::QuotaStorageExceeded, message)
             }
             RuntimeError::StoreUnavailable(_) => ApiError::store_unavailable(message),
+            RuntimeError::FunctionQuotaExceeded { .. } => {
+                ApiError::new(ErrorCode::QuotaCountExceeded, message)
+            }
             RuntimeError::Storage { .. }
             | RuntimeError::CorruptRecord { .. }
             | RuntimeError::Engine(_) => ApiError::internal(err),

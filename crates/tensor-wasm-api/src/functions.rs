@@ -67,6 +67,7 @@ impl DeployOptions {
             fuel: self.fuel,
             raw_ptx: self.raw_ptx.unwrap_or(false),
             max_stored_bytes: None,
+            max_functions: None,
         }
     }
 }
@@ -194,6 +195,7 @@ pub(crate) async fn create_function(
     let runtime = state.inner.runtime.clone();
     let mut spec = options.into_spec(tenant.id());
     spec.max_stored_bytes = tenant.quotas().max_stored_bytes;
+    spec.max_functions = Some(tenant.limit(Resource::Functions));
     let info = blocking(move || {
         let _deploying = deploying;
         let info = runtime.deploy(&module, spec)?;

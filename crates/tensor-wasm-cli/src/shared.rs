@@ -16,7 +16,7 @@ use tensor_wasm_shared::{
     BlobStoreConfig, ChangeFollower, FollowOptions, SharedStore, BOOTSTRAP_LOCK_KEY,
 };
 use tensor_wasm_tenant::{
-    Bootstrap, FsTenantStore, TenantError, TenantMetrics, TenantRegistry, TenantStore,
+    Bootstrap, FsTenantStore, Resource, TenantError, TenantMetrics, TenantRegistry, TenantStore,
 };
 
 /// Where `serve` keeps its state.
@@ -99,10 +99,17 @@ impl Stores {
             FollowOptions::default(),
             Arc::new(move |change| {
                 match change.kind.as_str() {
-                    "function" => runtime
-                        .reload_function(&change.key)
-                        .map(drop)
-                        .map_err(|e| e.to_string()),
+                    "function" => {
+                        let tenant = runtime
+                            .reload_function(&change.key)
+                            .map_err(|e| e.to_string())?;
+                        // The tenant's function count follows what the replicas hold together.
+                        if let Some(live) = tenant.as_deref().and_then(|t| tenants.lookup(t)) {
+                            let owned = runtime.functions_of(live.id()).len() as u64;
+                            live.set_usage(Resource::Functions, owned);
+                        }
+                        Ok(())
+                    }
                     "tenant" => tenants
                         .reload_tenant(&change.key)
                         .map_err(|e| e.to_string()),

@@ -5,7 +5,8 @@
 //! others, and once revoked on one, the others refuse it within a second (test 1). With
 //! PostgreSQL stopped, loaded functions keep answering and writes answer 503 with Retry-After
 //! until it is back; with object storage stopped, deploys answer 503 and leave no record
-//! (test 6).
+//! (test 6). Fifty deploys at once over the three against `max_functions = 10`: exactly 10
+//! succeed (test 3, the count quota).
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -145,6 +146,65 @@ fn three_replicas_share_functions_and_tokens() {
             || request("GET", &replica.url("/functions"), &secret, None).0 == 401,
         );
     }
+
+    // 50 deploys at once, spread over the three replicas, against max_functions = 10: exactly
+    // 10 succeed (the shared store counts in the write's transaction), the others are 409.
+    let patch = |quotas: Value| {
+        let (status, body) = request(
+            "PATCH",
+            &a.url(&format!("/tenants/{tenant}")),
+            &a.admin_auth(),
+            Some(json!({ "quotas": quotas })),
+        );
+        assert_eq!(status, 200, "{body}");
+    };
+    patch(json!({
+        "max_functions": 10,
+        "max_concurrent_deploys": 100,
+        "requests_per_second": 100_000,
+        "burst": 100_000,
+    }));
+    for replica in [&b, &c] {
+        wait_until(
+            Duration::from_secs(1),
+            "the replica has the new quota",
+            || {
+                let (_, info) = request(
+                    "GET",
+                    &replica.url(&format!("/tenants/{tenant}")),
+                    &a.admin_auth(),
+                    None,
+                );
+                info["quotas"]["max_functions"] == json!(10)
+            },
+        );
+    }
+    let replicas = [&a, &b, &c];
+    let outcomes: Vec<(u16, String, Option<String>)> = std::thread::scope(|scope| {
+        let deploys: Vec<_> = (0..50)
+            .map(|i| {
+                let replica = replicas[i % 3];
+                scope.spawn(move || deploy_raw(replica, &format!("name=burst-{i}")))
+            })
+            .collect();
+        deploys.into_iter().map(|d| d.join().unwrap()).collect()
+    });
+    let created = outcomes
+        .iter()
+        .filter(|(status, ..)| *status == 201)
+        .count();
+    assert_eq!(created, 10, "{outcomes:?}");
+    for (status, code, _) in &outcomes {
+        assert!(
+            *status == 201 || (*status == 409 && code == "quota_count_exceeded"),
+            "{status} {code}"
+        );
+    }
+    assert_eq!(
+        pg.query("replicas", "SELECT count(*) FROM tw_functions"),
+        vec!["10"]
+    );
+    patch(json!({ "max_functions": 1000 }));
 
     // PostgreSQL stopped: functions the replicas have loaded keep answering; writes answer
     // 503 with Retry-After; once it is back, writes succeed again by themselves.

@@ -91,6 +91,12 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    /// The tenant already has as many functions as its `max_functions` quota allows, counted
+    /// by the shared store in the write's transaction.
+    #[error(
+        "quota max_functions exceeded: tenant {tenant} has reached its limit of {limit} functions"
+    )]
+    FunctionQuotaExceeded { tenant: String, limit: u64 },
     /// A shared store (PostgreSQL, object storage) cannot be reached; retrying later may
     /// succeed. Nothing was written that the failed call acknowledged.
     #[error("the shared store is unavailable: {0}")]

@@ -134,6 +134,14 @@ pub trait FunctionStore: Send + Sync + 'static {
     fn module(&self, sha256: &str) -> Result<Vec<u8>>;
     /// Writes a function record atomically; durable when it returns.
     fn put_function(&self, record: &FunctionRecord) -> Result<()>;
+    /// Writes the record of a new function, refusing it with
+    /// [`RuntimeError::FunctionQuotaExceeded`] when its tenant already has `max_per_tenant`
+    /// functions, counted in the same transaction as the write. The default writes without
+    /// counting: a store used by one process relies on that process's own count.
+    fn create_function(&self, record: &FunctionRecord, max_per_tenant: Option<u64>) -> Result<()> {
+        let _ = max_per_tenant;
+        self.put_function(record)
+    }
     /// Deletes a function record; `false` if it did not exist.
     fn delete_function(&self, id: &str) -> Result<bool>;
     /// Every stored function record.

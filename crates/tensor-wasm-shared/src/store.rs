@@ -9,7 +9,7 @@ use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, PutPayload};
 use tensor_wasm_runtime::{
     is_valid_function_id, is_valid_snapshot_id, sha256_hex, FunctionRecord, FunctionStore, Result,
-    SnapshotRecord,
+    RuntimeError, SnapshotRecord,
 };
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::{Client, NoTls};
@@ -306,6 +306,51 @@ impl FunctionStore for SharedStore {
             tx.commit().await?;
             Ok(())
         })
+    }
+
+    fn create_function(&self, record: &FunctionRecord, max_per_tenant: Option<u64>) -> Result<()> {
+        let Some(limit) = max_per_tenant else {
+            return self.put_function(record);
+        };
+        let (id, tenant, json) = (record.id.clone(), record.tenant.clone(), to_json(record));
+        let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
+        let over = self.with_db("tw_functions", |db| async move {
+            let mut conn = db.client().await?;
+            let client = conn.as_mut().expect("connected");
+            let tx = client.transaction().await?;
+            // Deploys of one tenant take turns until commit, so the count they check is the
+            // count they write into: exact across replicas.
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('tw_functions:' || $1))",
+                &[&tenant],
+            )
+            .await?;
+            let count: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM tw_functions WHERE tenant = $1",
+                    &[&tenant],
+                )
+                .await?
+                .get(0);
+            if count >= limit_sql {
+                return Ok(true);
+            }
+            tx.execute(
+                "INSERT INTO tw_functions (id, tenant, record) VALUES ($1, $2, $3)",
+                &[&id, &tenant, &json],
+            )
+            .await?;
+            log_change(&tx, "function", &id).await?;
+            tx.commit().await?;
+            Ok(false)
+        })?;
+        if over {
+            return Err(RuntimeError::FunctionQuotaExceeded {
+                tenant: record.tenant.clone(),
+                limit,
+            });
+        }
+        Ok(())
     }
 
     fn delete_function(&self, id: &str) -> Result<bool> {

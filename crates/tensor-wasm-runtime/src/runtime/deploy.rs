@@ -29,6 +29,11 @@ pub struct DeploySpec {
     /// The tenant's stored-bytes quota (`None`: the server's
     /// `max_stored_bytes_per_tenant`); the module counts against it.
     pub max_stored_bytes: Option<u64>,
+    /// The tenant's function-count quota, checked again by the store in the transaction that
+    /// writes the record ([`crate::FunctionStore::create_function`]): exact across replicas
+    /// of a shared store. `None`: the store does not check (the caller's count suffices, as
+    /// it does for one process).
+    pub max_functions: Option<u64>,
 }
 
 impl DeploySpec {
@@ -43,6 +48,7 @@ impl DeploySpec {
             fuel: None,
             raw_ptx: false,
             max_stored_bytes: None,
+            max_functions: None,
         }
     }
 
@@ -204,7 +210,9 @@ impl Runtime {
             limits,
             start_from_snapshot: None,
         };
-        self.inner.store.put_function(&record)?;
+        self.inner
+            .store
+            .create_function(&record, spec.max_functions)?;
         reservation.commit();
         let info = FunctionInfo {
             record,

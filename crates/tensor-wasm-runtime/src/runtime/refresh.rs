@@ -10,7 +10,9 @@ use crate::Runtime;
 
 impl Runtime {
     /// Re-reads function `id` from the store and replaces, adds or drops its cached entry to
-    /// match; returns whether the function exists now.
+    /// match; returns the tenant the function belongs to (or belonged to, when it was
+    /// dropped), `None` when neither the store nor this runtime knows it. The caller uses the
+    /// tenant to recount its functions.
     ///
     /// The store is read under the lock that serialises this runtime's own record changes, so
     /// a reload never puts back an older record over a change this runtime just made. The
@@ -20,21 +22,23 @@ impl Runtime {
     ///
     /// # Errors
     /// The store's error when it cannot be read; the cached entry is then unchanged.
-    pub fn reload_function(&self, id: &str) -> Result<bool> {
+    pub fn reload_function(&self, id: &str) -> Result<Option<String>> {
         let _lock = self.inner.record_lock.lock().expect("lock");
         let record = self.inner.store.function(id)?;
         let mut functions = self.inner.functions.write().expect("lock");
         match record {
             Some(record) => {
+                let tenant = record.tenant.clone();
                 if functions.get(id).is_none_or(|entry| entry.record != record) {
                     tracing::debug!(function = %id, "reloaded from the store");
                     functions.insert(id.to_owned(), Arc::new(FunctionEntry::new(record)));
                 }
-                Ok(true)
+                Ok(Some(tenant))
             }
             None => {
                 let removed = functions.remove(id);
                 drop(functions);
+                let tenant = removed.as_ref().map(|entry| entry.record.tenant.clone());
                 if let Some(entry) = removed {
                     tracing::debug!(function = %id, "deleted in the store; dropped");
                     if let Some(snapshot) = &entry.record.start_from_snapshot {
@@ -42,7 +46,7 @@ impl Runtime {
                     }
                     self.forget_module_if_unused(&entry.record.module_sha256);
                 }
-                Ok(false)
+                Ok(tenant)
             }
         }
     }
