@@ -126,9 +126,16 @@ struct StateInner {
     slots: Arc<Semaphore>,
     request_ids: request_id::RequestIds,
     ready: AtomicBool,
+    /// What else `/readyz` requires (e.g. the shared store reachable), with the reason when
+    /// it fails.
+    ready_check: std::sync::OnceLock<ReadyCheck>,
     streams_end: shutdown::StreamsEnd,
     config: ApiConfig,
 }
+
+/// A readiness condition besides the server's own: `Err(reason)` makes `/readyz` answer
+/// `503 not_ready` with that reason.
+pub type ReadyCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 impl AppState {
     /// State over `runtime` and `tenants`; HTTP metrics are registered in
@@ -172,6 +179,7 @@ impl AppState {
                 slots,
                 request_ids: request_id::RequestIds::default(),
                 ready: AtomicBool::new(false),
+                ready_check: std::sync::OnceLock::new(),
                 streams_end: shutdown::StreamsEnd::new(),
                 config,
             }),
@@ -210,6 +218,19 @@ impl AppState {
     /// Marks the service ready (or not) for `/readyz`.
     pub fn set_ready(&self, ready: bool) {
         self.inner.ready.store(ready, Ordering::Release);
+    }
+
+    /// Adds a condition `/readyz` requires from now on (the first one set stays).
+    pub fn set_ready_check(&self, check: ReadyCheck) {
+        let _ = self.inner.ready_check.set(check);
+    }
+
+    /// Whether `/readyz` answers 200, or why not.
+    pub(crate) fn readiness(&self) -> Result<(), String> {
+        if !self.inner.ready.load(Ordering::Acquire) {
+            return Err("the server is still loading its functions".into());
+        }
+        self.inner.ready_check.get().map_or(Ok(()), |check| check())
     }
 
     /// The runtime behind the API.

@@ -36,14 +36,10 @@ pub(crate) async fn healthz() -> Json<Json_> {
 }
 
 pub(crate) async fn readyz(State(state): State<AppState>) -> Result<Json<Json_>, ApiError> {
-    if state.inner.ready.load(std::sync::atomic::Ordering::Acquire) {
-        Ok(Json(json!({"status": "ready"})))
-    } else {
-        Err(ApiError::new(
-            ErrorCode::NotReady,
-            "the server is still loading its functions",
-        ))
-    }
+    state
+        .readiness()
+        .map(|()| Json(json!({"status": "ready"})))
+        .map_err(|reason| ApiError::new(ErrorCode::NotReady, reason))
 }
 
 pub(crate) async fn metrics(

@@ -322,7 +322,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let tenants = Arc::new(tenants);
     write_bootstrap_credentials(bootstrap, &args.data_dir)?;
     // Kept for the server's life: functions and tenants changed by other replicas.
-    let _follower = stores.follow(&runtime, &tenants);
+    let follower = stores.follow(&runtime, &tenants);
     for tenant in tenants.list() {
         if let Some(live) = tenants.lookup(&tenant.id) {
             let owned = runtime.functions_of(&tenant.id).len() as u64;
@@ -345,6 +345,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
     };
     let state = AppState::new(runtime.clone(), registry, api, tenants, auth)?;
+    if let Some(follower) = &follower {
+        // Not ready while the shared store's database cannot be reached (loaded functions
+        // still answer; the load balancer sends new traffic elsewhere).
+        let connected = follower.connection_state();
+        state.set_ready_check(Arc::new(move || {
+            if connected.load(std::sync::atomic::Ordering::Acquire) {
+                Ok(())
+            } else {
+                Err("the shared store's database cannot be reached".into())
+            }
+        }));
+    }
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

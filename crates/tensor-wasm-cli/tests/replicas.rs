@@ -5,7 +5,7 @@
 //! others, and once revoked on one, the others refuse it within a second (test 1). With
 //! PostgreSQL stopped, loaded functions keep answering and writes answer 503 with Retry-After
 //! until it is back; with object storage stopped, deploys answer 503 and leave no record
-//! (test 6). Fifty deploys at once over the three against `max_functions = 10`: exactly 10
+//! (test 6); readiness fails while PostgreSQL is down. Fifty deploys at once over the three against `max_functions = 10`: exactly 10
 //! succeed (test 3, the count quota).
 
 use std::ffi::OsStr;
@@ -217,9 +217,16 @@ fn three_replicas_share_functions_and_tokens() {
     let (status, code, retry_after) = deploy_raw(&a, "name=during-outage");
     assert_eq!((status, code.as_str()), (503, "store_unavailable"));
     assert_eq!(retry_after.as_deref(), Some("1"));
+    // Readiness follows the database, so a load balancer sends new traffic elsewhere.
+    wait_until(Duration::from_secs(5), "B is not ready", || {
+        b.get("/readyz").0 == 503
+    });
     pg.resume();
     wait_until(Duration::from_secs(10), "deploys succeed again", || {
         deploy_raw(&a, "name=after-outage").0 == 201
+    });
+    wait_until(Duration::from_secs(10), "B is ready again", || {
+        b.get("/readyz").0 == 200
     });
     let functions = || pg.query("replicas", "SELECT count(*) FROM tw_functions");
 

@@ -53,6 +53,7 @@ impl Default for FollowOptions {
 pub struct ChangeFollower {
     task: JoinHandle<()>,
     handled: Arc<std::sync::atomic::AtomicI64>,
+    connected: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for ChangeFollower {
@@ -64,6 +65,19 @@ impl std::fmt::Debug for ChangeFollower {
 }
 
 impl ChangeFollower {
+    /// Whether the follower's connection to PostgreSQL is up (it listens and has caught up
+    /// once since connecting): false while the database cannot be reached.
+    #[must_use]
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A shareable form of [`ChangeFollower::is_connected`] (for a readiness check).
+    #[must_use]
+    pub fn connection_state(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.connected.clone()
+    }
+
     /// The sequence number of the last change handed to the callback.
     #[must_use]
     pub fn handled(&self) -> i64 {
@@ -109,53 +123,56 @@ impl SharedStore {
         on_change: OnChange,
     ) -> ChangeFollower {
         let handled = Arc::new(std::sync::atomic::AtomicI64::new(after));
-        let url = self.db.url.clone();
-        let task = self
-            .bridge
-            .spawn(follow(url, options, on_change, handled.clone()));
-        ChangeFollower { task, handled }
+        let connected = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let session = Session {
+            url: self.db.url.clone(),
+            options,
+            on_change,
+            handled: handled.clone(),
+            connected: connected.clone(),
+        };
+        let task = self.bridge.spawn(follow(session));
+        ChangeFollower {
+            task,
+            handled,
+            connected,
+        }
     }
 }
 
-async fn follow(
+/// What one follower carries from connection to connection.
+struct Session {
     url: String,
     options: FollowOptions,
     on_change: OnChange,
     handled: Arc<std::sync::atomic::AtomicI64>,
-) {
+    connected: Arc<std::sync::atomic::AtomicBool>,
+}
+
+async fn follow(session: Session) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        let error = listen(&url, options, &on_change, &handled).await;
+        let error = match listen(&session).await {
+            Ok(never) => match never {},
+            Err(e) => e,
+        };
+        session
+            .connected
+            .store(false, std::sync::atomic::Ordering::Release);
         tracing::warn!(
             error = %error,
             retry_in_ms = backoff.as_millis() as u64,
             "change-log follower stopped; retrying"
         );
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(options.max_backoff);
+        backoff = (backoff * 2).min(session.options.max_backoff);
     }
 }
 
 /// One connection's worth of following; returns why it ended.
-async fn listen(
-    url: &str,
-    options: FollowOptions,
-    on_change: &OnChange,
-    handled: &std::sync::atomic::AtomicI64,
-) -> SharedStoreError {
-    match listen_inner(url, options, on_change, handled).await {
-        Ok(never) => match never {},
-        Err(e) => e,
-    }
-}
-
-async fn listen_inner(
-    url: &str,
-    options: FollowOptions,
-    on_change: &OnChange,
-    handled: &std::sync::atomic::AtomicI64,
-) -> Shared<std::convert::Infallible> {
-    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+async fn listen(session: &Session) -> Shared<std::convert::Infallible> {
+    let (client, mut connection) =
+        tokio_postgres::connect(&session.url, tokio_postgres::NoTls).await?;
     let wake = Arc::new(Notify::new());
     let waker = wake.clone();
     let driver = tokio::spawn(async move {
@@ -174,7 +191,7 @@ async fn listen_inner(
     let _driver = AbortOnDrop(driver);
     client.batch_execute("LISTEN tw_changes").await?;
     loop {
-        let after = handled.load(std::sync::atomic::Ordering::Acquire);
+        let after = session.handled.load(std::sync::atomic::Ordering::Acquire);
         let rows = client
             .query(
                 "SELECT seq, kind, key FROM tw_changes WHERE seq > $1 ORDER BY seq",
@@ -187,7 +204,7 @@ async fn listen_inner(
                 kind: row.get(1),
                 key: row.get(2),
             };
-            let callback = on_change.clone();
+            let callback = session.on_change.clone();
             let seq = change.seq;
             tokio::task::spawn_blocking(move || callback(&change))
                 .await
@@ -198,11 +215,16 @@ async fn listen_inner(
                         "change {seq} not applied: {e}"
                     )))
                 })?;
-            handled.store(seq, std::sync::atomic::Ordering::Release);
+            session
+                .handled
+                .store(seq, std::sync::atomic::Ordering::Release);
         }
+        session
+            .connected
+            .store(true, std::sync::atomic::Ordering::Release);
         tokio::select! {
             () = wake.notified() => {}
-            () = tokio::time::sleep(options.poll) => {}
+            () = tokio::time::sleep(session.options.poll) => {}
         }
         if client.is_closed() {
             // The next query would fail the same way; say why.
