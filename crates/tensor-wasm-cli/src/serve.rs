@@ -299,9 +299,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         args.store.clone(),
         args.blob_store.clone(),
     );
+    let metrics_registry = registry.clone();
     let stores = Arc::new(
         tokio::task::spawn_blocking(move || {
-            Stores::open(&data_dir, store.as_deref(), blob_store.as_deref())
+            Stores::open(
+                &data_dir,
+                store.as_deref(),
+                blob_store.as_deref(),
+                &metrics_registry,
+            )
         })
         .await??,
     );

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use tensor_wasm_runtime::{FsFunctionStore, FunctionStore, Runtime};
 use tensor_wasm_shared::{
-    BlobStoreConfig, ChangeFollower, FollowOptions, SharedStore, BOOTSTRAP_LOCK_KEY,
+    BlobStoreConfig, ChangeFollower, FollowOptions, SharedMetrics, SharedStore, BOOTSTRAP_LOCK_KEY,
 };
 use tensor_wasm_tenant::{
     Bootstrap, FsTenantStore, Resource, TenantError, TenantMetrics, TenantRegistry, TenantStore,
@@ -35,6 +35,7 @@ impl Stores {
         data_dir: &Path,
         store: Option<&str>,
         blob_store: Option<&str>,
+        registry: &prometheus::Registry,
     ) -> anyhow::Result<Self> {
         let (Some(store), Some(blob_store)) = (store, blob_store) else {
             let functions = FsFunctionStore::open(data_dir)
@@ -51,8 +52,11 @@ impl Stores {
             url: blob_store.to_owned(),
             ..BlobStoreConfig::default()
         };
+        let metrics = SharedMetrics::register(registry)?;
         let shared = Arc::new(
-            SharedStore::connect(store, &blobs).context("connecting to the shared store")?,
+            SharedStore::connect(store, &blobs)
+                .context("connecting to the shared store")?
+                .with_metrics(metrics),
         );
         let after = shared
             .latest_change()

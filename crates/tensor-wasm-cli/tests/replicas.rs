@@ -228,6 +228,22 @@ fn three_replicas_share_functions_and_tokens() {
     wait_until(Duration::from_secs(10), "B is ready again", || {
         b.get("/readyz").0 == 200
     });
+    // The outage and the followers are in the metrics.
+    assert!(
+        metric_sum(
+            &a,
+            "tensor_wasm_shared_store_errors_total",
+            &["kind=\"unavailable\""]
+        ) >= 1.0
+    );
+    assert!(metric_sum(&b, "tensor_wasm_invalidation_lag_seconds_count", &[]) >= 1.0);
+    assert!(
+        metric_sum(
+            &a,
+            "tensor_wasm_shared_store_seconds_count",
+            &["store=\"objects\""]
+        ) >= 1.0
+    );
     let functions = || pg.query("replicas", "SELECT count(*) FROM tw_functions");
 
     // Object storage stopped: deploys answer 503 and leave no record behind.
@@ -264,4 +280,18 @@ fn deploy_raw(server: &ServeProcess, query: &str) -> (u16, String, Option<String
         String::new()
     };
     (status, code, retry_after)
+}
+
+/// The sum of the series of metric `name` on `server` whose labels contain every one of
+/// `labels`.
+fn metric_sum(server: &ServeProcess, name: &str, labels: &[&str]) -> f64 {
+    let text = String::from_utf8(server.get("/metrics").1).expect("UTF-8 metrics");
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+                && labels.iter().all(|label| line.contains(label))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }

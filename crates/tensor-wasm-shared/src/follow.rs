@@ -126,6 +126,7 @@ impl SharedStore {
         let connected = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let session = Session {
             url: self.db.url.clone(),
+            metrics: self.metrics.clone(),
             options,
             on_change,
             handled: handled.clone(),
@@ -143,6 +144,7 @@ impl SharedStore {
 /// What one follower carries from connection to connection.
 struct Session {
     url: String,
+    metrics: Option<crate::metrics::SharedMetrics>,
     options: FollowOptions,
     on_change: OnChange,
     handled: Arc<std::sync::atomic::AtomicI64>,
@@ -194,7 +196,8 @@ async fn listen(session: &Session) -> Shared<std::convert::Infallible> {
         let after = session.handled.load(std::sync::atomic::Ordering::Acquire);
         let rows = client
             .query(
-                "SELECT seq, kind, key FROM tw_changes WHERE seq > $1 ORDER BY seq",
+                "SELECT seq, kind, key, EXTRACT(EPOCH FROM clock_timestamp() - at)::FLOAT8
+                 FROM tw_changes WHERE seq > $1 ORDER BY seq",
                 &[&after],
             )
             .await?;
@@ -206,6 +209,8 @@ async fn listen(session: &Session) -> Shared<std::convert::Infallible> {
             };
             let callback = session.on_change.clone();
             let seq = change.seq;
+            let age: f64 = row.get(3);
+            let fetched = std::time::Instant::now();
             tokio::task::spawn_blocking(move || callback(&change))
                 .await
                 .map_err(|e| e.to_string())
@@ -218,6 +223,9 @@ async fn listen(session: &Session) -> Shared<std::convert::Infallible> {
             session
                 .handled
                 .store(seq, std::sync::atomic::Ordering::Release);
+            if let Some(metrics) = &session.metrics {
+                metrics.observe_lag(age + fetched.elapsed().as_secs_f64());
+            }
         }
         session
             .connected

@@ -31,11 +31,13 @@
 mod bridge;
 mod error;
 mod follow;
+mod metrics;
 pub mod migrate;
 mod store;
 mod tenants;
 
 pub use error::SharedStoreError;
 pub use follow::{Change, ChangeFollower, FollowOptions, OnChange};
+pub use metrics::SharedMetrics;
 pub use store::{BlobStoreConfig, SharedStore};
 pub use tenants::BOOTSTRAP_LOCK_KEY;

@@ -16,6 +16,7 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::bridge::Bridge;
 use crate::error::SharedStoreError;
+use crate::metrics::SharedMetrics;
 use crate::migrate::migrate;
 
 /// Where blobs go: an `s3://bucket[/prefix]` URL and how to reach the server.
@@ -111,6 +112,7 @@ pub struct SharedStore {
     pub(crate) bridge: Bridge,
     pub(crate) db: Arc<Db>,
     blobs: Arc<dyn ObjectStore>,
+    pub(crate) metrics: Option<SharedMetrics>,
 }
 
 impl std::fmt::Debug for SharedStore {
@@ -141,7 +143,33 @@ impl SharedStore {
             let client = guard.as_mut().expect("connected");
             migrate(client).await
         })?;
-        Ok(Self { bridge, db, blobs })
+        Ok(Self {
+            bridge,
+            db,
+            blobs,
+            metrics: None,
+        })
+    }
+
+    /// Records call latencies, errors and the followers' lag in `metrics` from now on.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: SharedMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Runs `call` on the store's runtime, timed into the metrics under `store`.
+    fn timed<T, Fut>(&self, store: &str, call: Fut) -> Shared<T>
+    where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
+    {
+        let start = std::time::Instant::now();
+        let result = self.bridge.run(call);
+        if let Some(metrics) = &self.metrics {
+            metrics.observe(store, start.elapsed().as_secs_f64(), &result);
+        }
+        result
     }
 
     /// Runs the future `body` makes with the connection's holder on the store's runtime.
@@ -151,7 +179,7 @@ impl SharedStore {
         F: FnOnce(Arc<Db>) -> Fut,
         Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
     {
-        self.bridge.run(body(self.db.clone()))
+        self.timed("database", body(self.db.clone()))
     }
 
     /// [`SharedStore::run_db`] with the runtime's storage error naming `what`.
@@ -197,8 +225,7 @@ impl SharedStore {
         Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
     {
         let what = key.to_string();
-        self.bridge
-            .run(body(self.blobs.clone(), key))
+        self.timed("objects", body(self.blobs.clone(), key))
             .map_err(|e| e.into_runtime(&what))
     }
 }

@@ -1,0 +1,78 @@
+//! Metrics of the shared store: how long its calls take and how often they fail, and how far
+//! behind the change log a replica's caches are.
+
+use prometheus::Registry;
+use prometheus::{
+    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts,
+};
+
+/// The shared store's metrics (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct SharedMetrics {
+    latency: HistogramVec,
+    errors: IntCounterVec,
+    lag: Histogram,
+}
+
+impl SharedMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    ///
+    /// # Errors
+    /// When a metric of the same name is registered already.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let buckets = exponential_buckets(1e-4, 2.0, 18)?; // 100 µs .. ~13 s
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "tensor_wasm_shared_store_seconds",
+                "Duration of shared-store calls, by store (database, objects).",
+            )
+            .buckets(buckets.clone()),
+            &["store"],
+        )?;
+        let errors = IntCounterVec::new(
+            Opts::new(
+                "tensor_wasm_shared_store_errors_total",
+                "Failed shared-store calls, by store (database, objects) and kind (unavailable: \
+                 not reached; failed: the store answered with an error).",
+            ),
+            &["store", "kind"],
+        )?;
+        let lag = Histogram::with_opts(
+            HistogramOpts::new(
+                "tensor_wasm_invalidation_lag_seconds",
+                "Time from a change's commit in the shared store to this replica applying it \
+                 (the change log follower), by the database's clock.",
+            )
+            .buckets(buckets),
+        )?;
+        registry.register(Box::new(latency.clone()))?;
+        registry.register(Box::new(errors.clone()))?;
+        registry.register(Box::new(lag.clone()))?;
+        Ok(Self {
+            latency,
+            errors,
+            lag,
+        })
+    }
+
+    pub(crate) fn observe<T>(
+        &self,
+        store: &str,
+        seconds: f64,
+        result: &Result<T, crate::SharedStoreError>,
+    ) {
+        self.latency.with_label_values(&[store]).observe(seconds);
+        if let Err(e) = result {
+            let kind = if e.is_unavailable() {
+                "unavailable"
+            } else {
+                "failed"
+            };
+            self.errors.with_label_values(&[store, kind]).inc();
+        }
+    }
+
+    pub(crate) fn observe_lag(&self, seconds: f64) {
+        self.lag.observe(seconds.max(0.0));
+    }
+}
