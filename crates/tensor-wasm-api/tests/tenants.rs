@@ -1,21 +1,56 @@
 //! Tenants through the router with authentication enforced: the cross-tenant
-//! matrix, quotas and their release, the admin routes, tokens never stored in
-//! plain text.
+//! matrix (also over the shared store on real PostgreSQL and S3 servers), quotas and their
+//! release, the admin routes, tokens never stored in plain text.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use serde_json::{json, Value};
+use tensor_wasm_shared::{BlobStoreConfig, SharedStore};
 use tensor_wasm_tenant::Resource;
 use tensor_wasm_test_support::app::EnforcedApp;
+use tensor_wasm_test_support::servers::{Postgres, S3Server};
 use tensor_wasm_test_support::wait::wait_until_async;
 use tower::ServiceExt;
 
 #[tokio::test]
 async fn cross_tenant_matrix_denies_everything_and_changes_nothing() {
-    let s = EnforcedApp::new();
+    cross_tenant_matrix(EnforcedApp::new()).await;
+}
+
+/// The same matrix with functions, snapshots, tenants and tokens in the shared store (real
+/// PostgreSQL and S3 servers, issue 19's test 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_tenant_matrix_holds_on_the_shared_store() {
+    let pg = Postgres::start();
+    let s3 = S3Server::start();
+    s3.create_bucket("tw-matrix");
+    let blobs = BlobStoreConfig {
+        url: "s3://tw-matrix/matrix".into(),
+        endpoint: Some(s3.endpoint()),
+        access_key_id: Some("tensor-wasm-test".into()),
+        secret_access_key: Some("tensor-wasm-test".into()),
+        region: Some("us-east-1".into()),
+        allow_http: true,
+    };
+    let url = pg.create_database("matrix");
+    let shared = tokio::task::spawn_blocking(move || SharedStore::connect(&url, &blobs))
+        .await
+        .unwrap()
+        .unwrap();
+    let shared = Arc::new(shared);
+    let app = tokio::task::spawn_blocking(move || EnforcedApp::over_stores(shared.clone(), shared))
+        .await
+        .unwrap();
+    cross_tenant_matrix(app).await;
+}
+
+/// The cross-tenant matrix over `s`: tenant B and callers without a valid token are refused
+/// on every route of tenant A's resources, and A's state is unchanged afterwards.
+async fn cross_tenant_matrix(s: EnforcedApp) {
     let (a_id, a) = s.tenant("alpha", json!({})).await;
     let (_, b) = s.tenant("beta", json!({})).await;
     let r = s.deploy(&a, "calc.wat", "name=calc").await;

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use tempfile::TempDir;
 use tensor_wasm_api::{default_tenant, router, ApiConfig, AppState, AuthMode};
 use tensor_wasm_runtime::{FsFunctionStore, FunctionStore, Runtime, RuntimeConfig, RuntimeMetrics};
-use tensor_wasm_tenant::{FsTenantStore, Tenant, TenantMetrics, TenantRegistry};
+use tensor_wasm_tenant::{FsTenantStore, Tenant, TenantMetrics, TenantRegistry, TenantStore};
 use tower::ServiceExt;
 
 use crate::guests::example;
@@ -236,10 +236,33 @@ impl EnforcedApp {
         Self::build(tune, move |_, settings| *settings = api, wrap)
     }
 
+    /// `RuntimeConfig::for_tests` and `ApiConfig::default()` over the given function and tenant
+    /// stores (e.g. a shared store), marked ready.
+    pub fn over_stores(
+        functions: Arc<dyn FunctionStore>,
+        tenants: Arc<dyn TenantStore>,
+    ) -> EnforcedApp {
+        Self::build_over(|_| {}, |_, _| {}, move |_| (functions, tenants))
+    }
+
     fn build(
         tune: impl FnOnce(&mut RuntimeConfig),
         tune_api: impl FnOnce(&std::path::Path, &mut ApiConfig),
         wrap: impl FnOnce(Arc<dyn FunctionStore>) -> Arc<dyn FunctionStore>,
+    ) -> EnforcedApp {
+        Self::build_over(tune, tune_api, |dir| {
+            let fs: Arc<dyn FunctionStore> =
+                Arc::new(FsFunctionStore::open(dir).expect("function store"));
+            let tenants: Arc<dyn TenantStore> =
+                Arc::new(FsTenantStore::open(dir).expect("tenant store"));
+            (wrap(fs), tenants)
+        })
+    }
+
+    fn build_over(
+        tune: impl FnOnce(&mut RuntimeConfig),
+        tune_api: impl FnOnce(&std::path::Path, &mut ApiConfig),
+        stores: impl FnOnce(&std::path::Path) -> (Arc<dyn FunctionStore>, Arc<dyn TenantStore>),
     ) -> EnforcedApp {
         let dir = tempfile::tempdir().expect("temporary directory");
         let mut api = ApiConfig::default();
@@ -247,13 +270,12 @@ impl EnforcedApp {
         let registry = prometheus::Registry::new();
         let mut config = RuntimeConfig::for_tests(dir.path());
         tune(&mut config);
-        let fs: Arc<dyn FunctionStore> =
-            Arc::new(FsFunctionStore::open(&config.data_dir).expect("function store"));
+        let (functions, tenant_store) = stores(&config.data_dir);
         let metrics = RuntimeMetrics::register(&registry).expect("runtime metrics");
-        let runtime = Runtime::open(config, wrap(fs), metrics).expect("runtime starts");
+        let runtime = Runtime::open(config, functions, metrics).expect("runtime starts");
         let tenants = Arc::new(
             TenantRegistry::open(
-                Arc::new(FsTenantStore::open(dir.path()).expect("tenant store")),
+                tenant_store,
                 TenantMetrics::register(&registry).expect("tenant metrics"),
             )
             .expect("tenant registry"),
