@@ -2,7 +2,8 @@
 //! its own port and data dir, over one shared store on a real PostgreSQL 15 and a real S3
 //! server (both started here). A function deployed on one is served by the others at once;
 //! deleted on one, the others answer 404 within a second; a token created on one works on the
-//! others, and once revoked on one, the others refuse it within a second (test 1). With
+//! others, and once revoked on one, the others refuse it within a second (test 1). A snapshot
+//! captured on one is where an invocation on another starts (test 2). With
 //! PostgreSQL stopped, loaded functions keep answering and writes answer 503 with Retry-After
 //! until it is back; with object storage stopped, deploys answer 503 and leave no record
 //! (test 6); readiness fails while PostgreSQL is down. Fifty deploys at once over the three against `max_functions = 10`: exactly 10
@@ -146,6 +147,32 @@ fn three_replicas_share_functions_and_tokens() {
             || request("GET", &replica.url("/functions"), &secret, None).0 == 401,
         );
     }
+
+    // A snapshot captured on A: an invocation on B starts from it (B fetches the portable
+    // image from object storage and builds its local one).
+    let warm = a.deploy(&examples_dir().join("warm.wat"), "name=warm");
+    let (status, body, _) = a.post(
+        &format!("/functions/{warm}/snapshots"),
+        "application/json",
+        br#"{"init_export": "init"}"#,
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    wait_until(
+        Duration::from_secs(1),
+        "B starts warm from A's snapshot",
+        || b.call(&warm, "init_runs", json!([])) == (200, json!({"results": [1]})),
+    );
+    assert_eq!(
+        b.call(&warm, "tag", json!([])),
+        (200, json!({"results": [0x6d72_6177]}))
+    );
+    let (status, body) = request(
+        "DELETE",
+        &a.url(&format!("/functions/{warm}")),
+        &a.auth(),
+        None,
+    );
+    assert!(status == 200 || status == 204, "{status} {body}");
 
     // 50 deploys at once, spread over the three replicas, against max_functions = 10: exactly
     // 10 succeed (the shared store counts in the write's transaction), the others are 409.
