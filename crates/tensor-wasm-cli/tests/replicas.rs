@@ -7,7 +7,8 @@
 //! PostgreSQL stopped, loaded functions keep answering and writes answer 503 with Retry-After
 //! until it is back; with object storage stopped, deploys answer 503 and leave no record
 //! (test 6); readiness fails while PostgreSQL is down. Fifty deploys at once over the three against `max_functions = 10`: exactly 10
-//! succeed (test 3, the count quota).
+//! succeed (test 3, the count quota). `kill -9` of a replica during a burst of deploys: every
+//! acknowledged deploy is served by the others, every stored record is whole (test 5).
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -232,6 +233,61 @@ fn three_replicas_share_functions_and_tokens() {
         vec!["10"]
     );
     patch(json!({ "max_functions": 1000 }));
+
+    // kill -9 of a replica during a burst of deploys: every deploy it acknowledged is served by
+    // the others, and every function record in the store is whole (its module is there).
+    let dir_d = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        dirs[0].path().join("credentials.json"),
+        dir_d.path().join("credentials.json"),
+    )
+    .unwrap();
+    let d = start(dir_d.path());
+    let (base, auth) = (d.url(""), d.auth());
+    let acked = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        let burst = scope.spawn(|| {
+            let calc = std::fs::read(examples_dir().join("calc.wat")).unwrap();
+            for i in 0..200 {
+                let sent = ServeProcess::agent()
+                    .post(&format!("{base}/functions?name=killed-{i}"))
+                    .set("content-type", "application/wasm")
+                    .set("authorization", &auth)
+                    .send_bytes(&calc);
+                match sent {
+                    Ok(response) if response.status() == 201 => {
+                        let body = response.into_string().unwrap();
+                        let id = json_of(body.as_bytes())["id"].as_str().unwrap().to_owned();
+                        acked.lock().unwrap().push(id);
+                    }
+                    // Refused or cut off by the kill: not acknowledged.
+                    _ => {}
+                }
+            }
+        });
+        wait_until(
+            Duration::from_secs(30),
+            "some deploys on D are acknowledged",
+            || acked.lock().unwrap().len() >= 5,
+        );
+        d.kill9();
+        burst.join().unwrap();
+    });
+    let acked = acked.into_inner().unwrap();
+    for id in &acked {
+        wait_until(
+            Duration::from_secs(1),
+            "B serves every acknowledged deploy",
+            || b.call(id, "add", json!([1, 2])).0 == 200,
+        );
+    }
+    for id in pg.query("replicas", "SELECT id FROM tw_functions") {
+        wait_until(
+            Duration::from_secs(1),
+            "every stored function is whole",
+            || c.call(&id, "add", json!([1, 2])).0 == 200,
+        );
+    }
 
     // PostgreSQL stopped: functions the replicas have loaded keep answering; writes answer
     // 503 with Retry-After; once it is back, writes succeed again by themselves.
