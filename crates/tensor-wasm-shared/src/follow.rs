@@ -105,8 +105,7 @@ impl SharedStore {
     /// The runtime's storage error when PostgreSQL cannot be read.
     pub fn latest_change(&self) -> tensor_wasm_runtime::Result<i64> {
         self.with_db("tw_changes", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             let row = client
                 .query_one("SELECT COALESCE(MAX(seq), 0) FROM tw_changes", &[])
                 .await?;

@@ -86,15 +86,48 @@ pub(crate) struct Db {
 
 impl Db {
     /// The connection, reconnecting first when there is none or it closed.
-    pub(crate) async fn client(
-        &self,
-    ) -> std::result::Result<MutexGuard<'_, Option<Client>>, SharedStoreError> {
+    pub(crate) async fn client(&self) -> Shared<Conn<'_>> {
         let mut guard = self.client.lock().await;
         if guard.as_ref().is_none_or(Client::is_closed) {
             *guard = Some(connect(&self.url).await?);
         }
-        Ok(guard)
+        Ok(Conn(guard))
     }
+}
+
+/// The connection of a [`Db`], held for one call.
+pub(crate) struct Conn<'a>(MutexGuard<'a, Option<Client>>);
+
+impl std::ops::Deref for Conn<'_> {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        self.0.as_ref().expect("Db::client connects first")
+    }
+}
+
+impl std::ops::DerefMut for Conn<'_> {
+    fn deref_mut(&mut self) -> &mut Client {
+        self.0.as_mut().expect("Db::client connects first")
+    }
+}
+
+/// Runs `sql` with `params` in a transaction that also appends a change of `key` (kind
+/// `kind`) to the change log when it changed a row; returns the rows changed.
+pub(crate) async fn execute_logged(
+    db: &Db,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    kind: &str,
+    key: &str,
+) -> Shared<u64> {
+    let mut client = db.client().await?;
+    let tx = client.transaction().await?;
+    let changed = tx.execute(sql, params).await?;
+    if changed > 0 {
+        log_change(&tx, kind, key).await?;
+    }
+    tx.commit().await?;
+    Ok(changed)
 }
 
 pub(crate) async fn connect(url: &str) -> std::result::Result<Client, SharedStoreError> {
@@ -139,9 +172,8 @@ impl SharedStore {
         });
         let migrating = db.clone();
         bridge.run(async move {
-            let mut guard = migrating.client().await?;
-            let client = guard.as_mut().expect("connected");
-            migrate(client).await
+            let mut client = migrating.client().await?;
+            migrate(&mut client).await
         })?;
         Ok(Self {
             bridge,
@@ -250,11 +282,7 @@ fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value, what: &st
 const CHANGES_LOCK_KEY: i64 = 0x7477_6368_616e_6765;
 
 /// Appends a change of `key` to the change log and wakes the listeners (on commit).
-pub(crate) async fn log_change(
-    tx: &tokio_postgres::Transaction<'_>,
-    kind: &str,
-    key: &str,
-) -> Shared<()> {
+async fn log_change(tx: &tokio_postgres::Transaction<'_>, kind: &str, key: &str) -> Shared<()> {
     // Writers of the log take turns (until their commit), so sequence numbers become visible
     // in order: a follower that has read up to n never later sees a smaller one commit.
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGES_LOCK_KEY])
@@ -289,8 +317,7 @@ impl FunctionStore for SharedStore {
         })?;
         let digest = sha.clone();
         self.with_db("tw_modules", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             client
                 .execute(
                     "INSERT INTO tw_modules (sha256, size) VALUES ($1, $2)
@@ -320,18 +347,16 @@ impl FunctionStore for SharedStore {
     fn put_function(&self, record: &FunctionRecord) -> Result<()> {
         let (id, tenant, json) = (record.id.clone(), record.tenant.clone(), to_json(record));
         self.with_db("tw_functions", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
-            let tx = client.transaction().await?;
-            tx.execute(
+            execute_logged(
+                &db,
                 "INSERT INTO tw_functions (id, tenant, record) VALUES ($1, $2, $3)
                  ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, updated_at = now()",
                 &[&id, &tenant, &json],
+                "function",
+                &id,
             )
-            .await?;
-            log_change(&tx, "function", &id).await?;
-            tx.commit().await?;
-            Ok(())
+            .await
+            .map(drop)
         })
     }
 
@@ -342,8 +367,7 @@ impl FunctionStore for SharedStore {
         let (id, tenant, json) = (record.id.clone(), record.tenant.clone(), to_json(record));
         let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
         let over = self.with_db("tw_functions", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let mut client = db.client().await?;
             let tx = client.transaction().await?;
             // Deploys of one tenant take turns until commit, so the count they check is the
             // count they write into: exact across replicas.
@@ -383,16 +407,14 @@ impl FunctionStore for SharedStore {
     fn delete_function(&self, id: &str) -> Result<bool> {
         let id = id.to_owned();
         self.with_db("tw_functions", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
-            let tx = client.transaction().await?;
-            let deleted = tx
-                .execute("DELETE FROM tw_functions WHERE id = $1", &[&id])
-                .await?;
-            if deleted > 0 {
-                log_change(&tx, "function", &id).await?;
-            }
-            tx.commit().await?;
+            let deleted = execute_logged(
+                &db,
+                "DELETE FROM tw_functions WHERE id = $1",
+                &[&id],
+                "function",
+                &id,
+            )
+            .await?;
             Ok(deleted > 0)
         })
     }
@@ -400,8 +422,7 @@ impl FunctionStore for SharedStore {
     fn function(&self, id: &str) -> Result<Option<FunctionRecord>> {
         let id = id.to_owned();
         self.with_db("tw_functions", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             let row = client
                 .query_opt("SELECT record FROM tw_functions WHERE id = $1", &[&id])
                 .await?;
@@ -412,8 +433,7 @@ impl FunctionStore for SharedStore {
 
     fn functions(&self) -> Result<Vec<FunctionRecord>> {
         self.with_db("tw_functions", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             let rows = client
                 .query("SELECT id, record FROM tw_functions ORDER BY id", &[])
                 .await?;
@@ -450,8 +470,7 @@ impl FunctionStore for SharedStore {
         );
         let created = i64::try_from(record.created_at_ms).unwrap_or(i64::MAX);
         self.with_db("tw_snapshots", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             client
                 .execute(
                     "INSERT INTO tw_snapshots (function_id, id, record, created_at_ms)
@@ -466,8 +485,7 @@ impl FunctionStore for SharedStore {
     fn snapshot_bytes(&self, function_id: &str, snapshot_id: &str) -> Result<Option<Vec<u8>>> {
         let (function, id) = (function_id.to_owned(), snapshot_id.to_owned());
         let exists = self.with_db("tw_snapshots", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             let row = client
                 .query_opt(
                     "SELECT 1 FROM tw_snapshots WHERE function_id = $1 AND id = $2",
@@ -492,8 +510,7 @@ impl FunctionStore for SharedStore {
     fn snapshots(&self, function_id: &str) -> Result<Vec<SnapshotRecord>> {
         let function = function_id.to_owned();
         self.with_db("tw_snapshots", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             let rows = client
                 .query(
                     "SELECT id, record FROM tw_snapshots WHERE function_id = $1
@@ -513,8 +530,7 @@ impl FunctionStore for SharedStore {
     fn delete_snapshot(&self, function_id: &str, snapshot_id: &str) -> Result<bool> {
         let (function, id) = (function_id.to_owned(), snapshot_id.to_owned());
         let deleted = self.with_db("tw_snapshots", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             let n = client
                 .execute(
                     "DELETE FROM tw_snapshots WHERE function_id = $1 AND id = $2",
@@ -532,8 +548,7 @@ impl FunctionStore for SharedStore {
     fn delete_snapshots(&self, function_id: &str) -> Result<()> {
         let function = function_id.to_owned();
         let ids = self.with_db("tw_snapshots", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             let rows = client
                 .query(
                     "DELETE FROM tw_snapshots WHERE function_id = $1 RETURNING id",

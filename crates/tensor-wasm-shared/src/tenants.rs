@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use tensor_wasm_tenant::{StoredAdmin, StoredTenant, TenantError, TenantStore};
 
 use crate::error::SharedStoreError;
-use crate::store::{log_change, Shared, SharedStore};
+use crate::store::{execute_logged, Shared, SharedStore};
 
 /// Key of the advisory lock under which a replica opens its registry and bootstraps the
 /// administrator and the default tenant, so that replicas starting together bootstrap once
@@ -44,42 +44,37 @@ impl TenantStore for SharedStore {
         let id = tenant.id.clone();
         let json = serde_json::to_value(tenant).expect("tenant records serialize");
         self.tenants_db("tw_tenants", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
-            let tx = client.transaction().await?;
-            tx.execute(
+            execute_logged(
+                &db,
                 "INSERT INTO tw_tenants (id, record) VALUES ($1, $2)
                  ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, updated_at = now()",
                 &[&id, &json],
+                "tenant",
+                &id,
             )
-            .await?;
-            log_change(&tx, "tenant", &id).await?;
-            tx.commit().await?;
-            Ok(())
+            .await
+            .map(drop)
         })
     }
 
     fn delete(&self, id: &str) -> Result<bool, TenantError> {
         let id = id.to_owned();
         self.tenants_db("tw_tenants", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
-            let tx = client.transaction().await?;
-            let deleted = tx
-                .execute("DELETE FROM tw_tenants WHERE id = $1", &[&id])
-                .await?;
-            if deleted > 0 {
-                log_change(&tx, "tenant", &id).await?;
-            }
-            tx.commit().await?;
+            let deleted = execute_logged(
+                &db,
+                "DELETE FROM tw_tenants WHERE id = $1",
+                &[&id],
+                "tenant",
+                &id,
+            )
+            .await?;
             Ok(deleted > 0)
         })
     }
 
     fn all(&self) -> Result<Vec<StoredTenant>, TenantError> {
         self.tenants_db("tw_tenants", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             let rows = client
                 .query("SELECT id, record FROM tw_tenants ORDER BY id", &[])
                 .await?;
@@ -95,8 +90,7 @@ impl TenantStore for SharedStore {
     fn get(&self, id: &str) -> Result<Option<StoredTenant>, TenantError> {
         let id = id.to_owned();
         self.tenants_db("tw_tenants", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             let row = client
                 .query_opt("SELECT record FROM tw_tenants WHERE id = $1", &[&id])
                 .await?;
@@ -108,25 +102,22 @@ impl TenantStore for SharedStore {
     fn put_admin(&self, admin: &StoredAdmin) -> Result<(), TenantError> {
         let json = serde_json::to_value(admin).expect("admin records serialize");
         self.tenants_db("tw_admin", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
-            let tx = client.transaction().await?;
-            tx.execute(
+            execute_logged(
+                &db,
                 "INSERT INTO tw_admin (singleton, record) VALUES (TRUE, $1)
                  ON CONFLICT (singleton) DO UPDATE SET record = EXCLUDED.record",
                 &[&json],
+                "admin",
+                "admin",
             )
-            .await?;
-            log_change(&tx, "admin", "admin").await?;
-            tx.commit().await?;
-            Ok(())
+            .await
+            .map(drop)
         })
     }
 
     fn admin(&self) -> Result<Option<StoredAdmin>, TenantError> {
         self.tenants_db("tw_admin", |db| async move {
-            let mut conn = db.client().await?;
-            let client = conn.as_mut().expect("connected");
+            let client = db.client().await?;
             let row = client.query_opt("SELECT record FROM tw_admin", &[]).await?;
             row.map(|row| decode(row.get(0), "admin record"))
                 .transpose()
