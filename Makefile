@@ -172,6 +172,14 @@ gpu-suite: examples
 gpu-suite-dry-run: gpu-suite
 	bash scripts/gpu-suite/dry-run.sh $(GPU_SUITE_DIR)
 
+.PHONY: scale-out-bench
+## The shared store's bench (issue 19): invoke throughput over PostgreSQL + S3 against the local
+## data dir (interleaved), deploy latency in both modes, invalidation lag; starts its own
+## PostgreSQL and S3 server; writes bench-results/scale-out/<date>.json (then `make perf-doc`).
+## Not part of `make test`.
+scale-out-bench: deps
+	bash scripts/scale-out-bench.sh
+
 .PHONY: cpu-kernels
 ## The CPU backend's kernels next to numpy/OpenBLAS on the same cores, one run: builds the
 ## cpu-kernels bench (release), creates .tools/cpu-peer (pinned numpy + threadpoolctl from PyPI)

@@ -379,6 +379,26 @@ def run_index_section(out, cited):
                        f"`{doc.get('command')}` | {'' if r is None else format(float(r), '.3f')} | "
                        f"{', '.join(sorted(cited.get(path, ()))) or '—'} |")
         out.append("")
+    files = sorted(glob.glob(os.path.join(RESULTS, "scale-out", "*.json")))
+    if files:
+        out.append("### Scale-out (`scripts/scale-out-bench.sh` output)\n")
+        out.append("HTTP invoke throughput over the shared store (PostgreSQL + S3) ÷ the same server over "
+                   "its local data dir, interleaved rounds in one run (goal ≥ 0.95, issue 19); deploy "
+                   "latency in both modes; invalidation lag from a deploy acknowledged by one replica until "
+                   "another serves it.\n")
+        out.append("| run file | date | commit | shared ÷ local req/s (median, min-max) | deploy p50 / p99 local | "
+                   "deploy p50 / p99 shared | invalidation lag p50 / p99 |")
+        out.append("|---|---|---|---|---|---|---|")
+        ms = lambda s: f"{s * 1000:.1f} ms"
+        for path in files:
+            doc = load(path)
+            r = doc["ratio_req_per_s_shared_over_local"]
+            dl, dsh = doc["deploy_latency"]["local"], doc["deploy_latency"]["shared"]
+            lag = doc["invalidation_lag_s"]
+            out.append(f"| {link(rel(path))} | {doc.get('timestamp_utc')} | `{(doc.get('git_commit') or '')[:8]}` | "
+                       f"{r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f}) | {ms(dl['p50_s'])} / {ms(dl['p99_s'])} | "
+                       f"{ms(dsh['p50_s'])} / {ms(dsh['p99_s'])} | {ms(lag['p50_s'])} / {ms(lag['p99_s'])} |")
+        out.append("")
     texts = sorted(glob.glob(os.path.join(RESULTS, "**", "*.txt"), recursive=True))
     if texts:
         out.append("Raw tool output kept as text: " + ", ".join(link(rel(p), rel(p)[len("bench-results/"):])
