@@ -274,7 +274,23 @@ fn to_json<T: serde::Serialize>(record: &T) -> serde_json::Value {
     serde_json::to_value(record).expect("records serialize")
 }
 
-fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value, what: &str) -> Shared<T> {
+/// Decodes rows of (id, JSON record), naming each as `<what> record <id>` in errors.
+pub(crate) fn decode_rows<T: serde::de::DeserializeOwned>(
+    rows: Vec<tokio_postgres::Row>,
+    what: &str,
+) -> Shared<Vec<T>> {
+    rows.into_iter()
+        .map(|row| {
+            let id: String = row.get(0);
+            from_json(row.get(1), &format!("{what} record {id}"))
+        })
+        .collect()
+}
+
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(
+    value: serde_json::Value,
+    what: &str,
+) -> Shared<T> {
     serde_json::from_value(value).map_err(|e| SharedStoreError::Corrupt(format!("{what}: {e}")))
 }
 
@@ -437,12 +453,7 @@ impl FunctionStore for SharedStore {
             let rows = client
                 .query("SELECT id, record FROM tw_functions ORDER BY id", &[])
                 .await?;
-            rows.into_iter()
-                .map(|row| {
-                    let id: String = row.get(0);
-                    from_json(row.get(1), &format!("function record {id}"))
-                })
-                .collect()
+            decode_rows(rows, "function")
         })
     }
 
@@ -518,12 +529,7 @@ impl FunctionStore for SharedStore {
                     &[&function],
                 )
                 .await?;
-            rows.into_iter()
-                .map(|row| {
-                    let id: String = row.get(0);
-                    from_json(row.get(1), &format!("snapshot record {id}"))
-                })
-                .collect()
+            decode_rows(rows, "snapshot")
         })
     }
 

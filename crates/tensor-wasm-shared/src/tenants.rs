@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use tensor_wasm_tenant::{StoredAdmin, StoredTenant, TenantError, TenantStore};
 
 use crate::error::SharedStoreError;
-use crate::store::{execute_logged, Shared, SharedStore};
+use crate::store::{decode_rows, execute_logged, from_json, Shared, SharedStore};
 
 /// Key of the advisory lock under which a replica opens its registry and bootstraps the
 /// administrator and the default tenant, so that replicas starting together bootstrap once
@@ -22,10 +22,6 @@ fn tenant_error(table: &str, e: SharedStoreError) -> TenantError {
         path: PathBuf::from(table),
         source: std::io::Error::other(e.to_string()),
     }
-}
-
-fn decode<T: serde::de::DeserializeOwned>(value: serde_json::Value, what: &str) -> Shared<T> {
-    serde_json::from_value(value).map_err(|e| SharedStoreError::Corrupt(format!("{what}: {e}")))
 }
 
 impl SharedStore {
@@ -78,12 +74,7 @@ impl TenantStore for SharedStore {
             let rows = client
                 .query("SELECT id, record FROM tw_tenants ORDER BY id", &[])
                 .await?;
-            rows.into_iter()
-                .map(|row| {
-                    let id: String = row.get(0);
-                    decode(row.get(1), &format!("tenant record {id}"))
-                })
-                .collect()
+            decode_rows(rows, "tenant")
         })
     }
 
@@ -94,7 +85,7 @@ impl TenantStore for SharedStore {
             let row = client
                 .query_opt("SELECT record FROM tw_tenants WHERE id = $1", &[&id])
                 .await?;
-            row.map(|row| decode(row.get(0), &format!("tenant record {id}")))
+            row.map(|row| from_json(row.get(0), &format!("tenant record {id}")))
                 .transpose()
         })
     }
@@ -119,7 +110,7 @@ impl TenantStore for SharedStore {
         self.tenants_db("tw_admin", |db| async move {
             let client = db.client().await?;
             let row = client.query_opt("SELECT record FROM tw_admin", &[]).await?;
-            row.map(|row| decode(row.get(0), "admin record"))
+            row.map(|row| from_json(row.get(0), "admin record"))
                 .transpose()
         })
     }

@@ -153,16 +153,8 @@ impl Postgres {
     }
 
     fn pg(&self, program: &str, args: &[&str]) {
-        let program = Path::new(PG_BIN).join(program);
-        let mut command = match self.run_as {
-            Some(user) => {
-                let mut c = Command::new("runuser");
-                c.args(["-u", user, "--"]).arg(&program);
-                c
-            }
-            None => Command::new(&program),
-        };
-        let out = command
+        let out = self
+            .tool(program)
             .args(args)
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
@@ -170,11 +162,23 @@ impl Postgres {
             .expect("run a PostgreSQL tool");
         assert!(
             out.status.success(),
-            "{} {args:?} failed: {}{}",
-            program.display(),
+            "{program} {args:?} failed: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// A command running PostgreSQL's `program`, as the server's user.
+    fn tool(&self, program: &str) -> Command {
+        let program = Path::new(PG_BIN).join(program);
+        match self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(&program);
+                c
+            }
+            None => Command::new(&program),
+        }
     }
 }
 
@@ -182,18 +186,11 @@ impl Drop for Postgres {
     fn drop(&mut self) {
         let data = self.dir.path().join("data");
         if data.join("postmaster.pid").exists() {
-            let data = data.display().to_string();
-            let program = Path::new(PG_BIN).join("pg_ctl");
-            let mut command = match self.run_as {
-                Some(user) => {
-                    let mut c = Command::new("runuser");
-                    c.args(["-u", user, "--"]).arg(&program);
-                    c
-                }
-                None => Command::new(&program),
-            };
-            let _ = command
-                .args(["-D", &data, "stop", "-m", "immediate"])
+            let _ = self
+                .tool("pg_ctl")
+                .arg("-D")
+                .arg(&data)
+                .args(["stop", "-m", "immediate"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
