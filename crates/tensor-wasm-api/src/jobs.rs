@@ -13,11 +13,21 @@
 //! shutdown waits for unfinished jobs up to its deadline and records those
 //! still unfinished then as failed with code `shutting_down`.
 //!
+//! With the shared store (`serve --store`), jobs live instead in a queue that every replica
+//! shares ([`queue`]): claimed under a lease by whichever replica has a free slot, run again by
+//! another when its replica dies (at least once), and bounded by the same limits.
+//!
+//! A submission may carry an `Idempotency-Key` header: a second submission by the same tenant
+//! with the same key answers the first job (`202`, `Idempotent-Replayed: true`) for as long as
+//! that job is kept.
+//!
 //! Cancelling a queued job stops it before it runs. A running guest cannot be
 //! interrupted from outside its store: it runs to completion (or its
 //! deadline) and its outcome is discarded; the job reads `cancelled`.
 
 mod board;
+mod order;
+pub(crate) mod queue;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -25,18 +35,19 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path as UrlPath, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-
-mod order;
+use tensor_wasm_runtime::RuntimeError;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::auth::Caller;
 use crate::{ApiError, AppState, ErrorCode};
 
 pub use board::{JobBoard, JobLimits};
+pub use queue::{Claim, JobQueue, QueueSettings, Submitted};
 
 /// Where a job is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,6 +86,18 @@ pub struct Job {
     pub finished_at_ms: Option<u64>,
     #[serde(default)]
     pub cancel_requested: bool,
+    /// How many times the job has started. Above 1 only with the shared job queue, when a
+    /// job whose replica stopped was run again by another (`--store`, docs/scale-out.md).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts: u32,
+    /// The `Idempotency-Key` the job was submitted with: a second submission with the same
+    /// key by the same tenant answers this job instead of creating one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn now_ms() -> u64 {
@@ -109,9 +132,11 @@ pub(crate) async fn invoke_async(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     UrlPath(id): UrlPath<String>,
+    headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?.clone();
+    let idempotency_key = idempotency_key(&headers)?;
     let memory = crate::routes::owned_export_function(&state, &tenant, &id, "invoke-async")?;
     let body = crate::routes::body(bytes)?;
     // The arguments are kept with the job (memory and disk) until it is
@@ -136,8 +161,6 @@ pub(crate) async fn invoke_async(
         );
         crate::routes::blocking(move || runtime.check_export_call(&id, &export, &args)).await?;
     }
-    let board = &state.inner.jobs;
-    board.sweep();
     let job = Job {
         id: new_job_id(),
         tenant: tenant.id().to_owned(),
@@ -151,20 +174,36 @@ pub(crate) async fn invoke_async(
         started_at_ms: None,
         finished_at_ms: None,
         cancel_requested: false,
+        attempts: 0,
+        idempotency_key,
     };
+    let max_active = state.inner.config.jobs.max_active_per_tenant;
+    if let Some(shared) = state.inner.queue.get() {
+        let (queue, submitted) = (shared.queue.clone(), job.clone());
+        return match crate::routes::blocking(move || queue.submit(&submitted, max_active)).await? {
+            queue::Submitted::Added => {
+                shared.wake();
+                Ok(accepted(&job.id, job.status, false))
+            }
+            queue::Submitted::Existing(existing) => {
+                Ok(accepted(&existing.id, existing.status, true))
+            }
+            queue::Submitted::TooManyActive => Err(too_many_active(tenant.id(), max_active)),
+        };
+    }
+    let board = &state.inner.jobs;
+    board.sweep();
     match board.admit(job.clone()) {
-        Ok(()) => {}
+        Ok(board::Admitted::New) => {}
+        Ok(board::Admitted::Existing(id)) => {
+            // A job still on its way to the disk reads as queued.
+            let status = board
+                .get(tenant.id(), &id)
+                .map_or(JobStatus::Queued, |j| j.status);
+            return Ok(accepted(&id, status, true));
+        }
         Err(board::Refused::TooManyActive) => {
-            let limit = board.limits().max_active_per_tenant;
-            let mut e = ApiError::new(
-                ErrorCode::QuotaExhausted,
-                format!(
-                    "tenant {}: {limit} jobs are already queued or running (max_active_jobs)",
-                    tenant.id()
-                ),
-            );
-            e.retry_after_s = Some(1);
-            return Err(e);
+            return Err(too_many_active(tenant.id(), max_active));
         }
         Err(board::Refused::Io(e)) => return Err(ApiError::internal(e)),
     }
@@ -173,9 +212,7 @@ pub(crate) async fn invoke_async(
     // for a deleted tenant).
     if state.inner.runtime.is_tenant_retired(tenant.id()) {
         board.forget_tenant(tenant.id());
-        return Err(
-            tensor_wasm_runtime::RuntimeError::TenantRetired(tenant.id().to_owned()).into(),
-        );
+        return Err(RuntimeError::TenantRetired(tenant.id().to_owned()).into());
     }
 
     let task_state = state.clone();
@@ -183,13 +220,59 @@ pub(crate) async fn invoke_async(
     tokio::spawn(async move {
         run_job(task_state, tenant, job_id, memory).await;
     });
-    let location = format!("/jobs/{}", job.id);
-    Ok((
+    Ok(accepted(&job.id, job.status, false))
+}
+
+/// Longest `Idempotency-Key` accepted.
+const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// The request's `Idempotency-Key`: 1 to 255 visible ASCII characters, or none.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .filter(|k| {
+            (1..=MAX_IDEMPOTENCY_KEY).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
+                ),
+            )
+        })?;
+    Ok(Some(key.to_owned()))
+}
+
+/// `202 Accepted` naming job `id`; `replayed` when an earlier submission with the same
+/// idempotency key created it (header `Idempotent-Replayed: true`).
+fn accepted(id: &str, status: JobStatus, replayed: bool) -> Response {
+    let mut response = (
         StatusCode::ACCEPTED,
-        [(header::LOCATION, location)],
-        Json(json!({ "job_id": job.id, "status": job.status })),
+        [(header::LOCATION, format!("/jobs/{id}"))],
+        Json(json!({ "job_id": id, "status": status })),
     )
-        .into_response())
+        .into_response();
+    if replayed {
+        response.headers_mut().insert(
+            "idempotent-replayed",
+            header::HeaderValue::from_static("true"),
+        );
+    }
+    response
+}
+
+fn too_many_active(tenant: &str, limit: usize) -> ApiError {
+    let mut e = ApiError::new(
+        ErrorCode::QuotaExhausted,
+        format!("tenant {tenant}: {limit} jobs are already queued or running (max_active_jobs)"),
+    );
+    e.retry_after_s = Some(1);
+    e
 }
 
 async fn run_job(
@@ -225,6 +308,7 @@ async fn run_job(
         if j.status == JobStatus::Queued && !j.cancel_requested {
             j.status = JobStatus::Running;
             j.started_at_ms = Some(now_ms());
+            j.attempts += 1;
         }
     }) else {
         return;
@@ -232,20 +316,8 @@ async fn run_job(
     if job.status != JobStatus::Running {
         return;
     }
-    let runtime = state.inner.runtime.clone();
     let max_result = board.limits().max_result_bytes;
-    // A job past its deadline (a kernel that cannot be stopped) fails with
-    // `invocation_timeout` by the deadline + grace, as a direct call is
-    // answered; the work keeps its slot and quotas until the guest stops.
-    let timeout = runtime.timeout_of(&job.function_id).ok();
-    let work = crate::routes::blocking(move || {
-        let _held = (permit, guards);
-        runtime.invoke_export(&job.function_id, &job.export, &job.args)
-    });
-    let result = match timeout {
-        Some(timeout) => crate::routes::within_deadline(timeout, work).await,
-        None => work.await,
-    };
+    let result = call(&state, &job, (permit, guards)).await;
     board.update(&job_id, |j| {
         if !j.status.is_active() {
             return;
@@ -255,27 +327,77 @@ async fn run_job(
             j.status = JobStatus::Cancelled;
             return;
         }
-        match result {
-            Ok(results) if json_len(&results) > max_result => {
-                j.status = JobStatus::Failed;
-                j.error = Some(json!({
-                    "code": ErrorCode::OutputTooLarge,
-                    "message": format!(
-                        "the results are {} bytes as JSON, more than the {max_result} a job keeps (max_job_result_bytes)",
-                        json_len(&results)
-                    ),
-                }));
-            }
-            Ok(results) => {
-                j.status = JobStatus::Succeeded;
-                j.results = Some(results);
-            }
-            Err(e) => {
-                j.status = JobStatus::Failed;
-                j.error = Some(json!({"code": e.code, "message": e.message}));
-            }
-        }
+        settle(j, result, max_result);
     });
+}
+
+/// Runs a job claimed from the shared queue holding `permit`: takes its tenant's quotas like
+/// any invocation, then calls it ([`call`]).
+async fn execute(
+    state: &AppState,
+    job: &Job,
+    permit: OwnedSemaphorePermit,
+) -> Result<Vec<Value>, ApiError> {
+    let tenant = state
+        .inner
+        .tenants
+        .lookup(&job.tenant)
+        .ok_or_else(|| RuntimeError::TenantRetired(job.tenant.clone()))?;
+    let memory =
+        crate::routes::owned_export_function(state, &tenant, &job.function_id, "invoke-async")?;
+    let uvm = state.inner.runtime.is_uvm_backed();
+    let guards = crate::routes::invocation_guards(&tenant, memory, uvm)?;
+    call(state, job, (permit, guards)).await
+}
+
+/// Calls `job`'s export holding `held` until the guest stops. A job past its deadline (a
+/// kernel that cannot be stopped) fails with `invocation_timeout` by the deadline + grace, as a
+/// direct call is answered; the work keeps its slot and quotas until the guest stops.
+async fn call(
+    state: &AppState,
+    job: &Job,
+    held: (OwnedSemaphorePermit, crate::routes::InvocationGuards),
+) -> Result<Vec<Value>, ApiError> {
+    let runtime = state.inner.runtime.clone();
+    let timeout = runtime.timeout_of(&job.function_id).ok();
+    let (id, export, args) = (
+        job.function_id.clone(),
+        job.export.clone(),
+        job.args.clone(),
+    );
+    let work = crate::routes::blocking(move || {
+        let _held = held;
+        runtime.invoke_export(&id, &export, &args)
+    });
+    match timeout {
+        Some(timeout) => crate::routes::within_deadline(timeout, work).await,
+        None => work.await,
+    }
+}
+
+/// Records the outcome of a job's call in `j` (status, and results or error); results larger
+/// than `max_result` bytes as JSON fail it with `output_too_large`.
+fn settle(j: &mut Job, result: Result<Vec<Value>, ApiError>, max_result: usize) {
+    match result {
+        Ok(results) if json_len(&results) > max_result => {
+            j.status = JobStatus::Failed;
+            j.error = Some(json!({
+                "code": ErrorCode::OutputTooLarge,
+                "message": format!(
+                    "the results are {} bytes as JSON, more than the {max_result} a job keeps (max_job_result_bytes)",
+                    json_len(&results)
+                ),
+            }));
+        }
+        Ok(results) => {
+            j.status = JobStatus::Succeeded;
+            j.results = Some(results);
+        }
+        Err(e) => {
+            j.status = JobStatus::Failed;
+            j.error = Some(json!({"code": e.code, "message": e.message}));
+        }
+    }
 }
 
 fn json_len(values: &[Value]) -> usize {
@@ -295,12 +417,14 @@ pub(crate) async fn get_job(
     if !is_valid_job_id(&id) {
         return Err(job_not_found(&id));
     }
-    state
-        .inner
-        .jobs
-        .get(tenant.id(), &id)
-        .map(Json)
-        .ok_or_else(|| job_not_found(&id))
+    let found = match state.inner.queue.get() {
+        Some(shared) => {
+            let (queue, tenant, job) = (shared.queue.clone(), tenant.id().to_owned(), id.clone());
+            crate::routes::blocking(move || queue.get(&tenant, &job)).await?
+        }
+        None => state.inner.jobs.get(tenant.id(), &id),
+    };
+    found.map(Json).ok_or_else(|| job_not_found(&id))
 }
 
 pub(crate) async fn cancel_job(
@@ -309,7 +433,17 @@ pub(crate) async fn cancel_job(
     UrlPath(id): UrlPath<String>,
 ) -> Result<Json<Job>, ApiError> {
     let tenant = caller.tenant()?;
-    if !is_valid_job_id(&id) || state.inner.jobs.get(tenant.id(), &id).is_none() {
+    if !is_valid_job_id(&id) {
+        return Err(job_not_found(&id));
+    }
+    if let Some(shared) = state.inner.queue.get() {
+        let (queue, tenant, job) = (shared.queue.clone(), tenant.id().to_owned(), id.clone());
+        return crate::routes::blocking(move || queue.cancel(&tenant, &job))
+            .await?
+            .map(Json)
+            .ok_or_else(|| job_not_found(&id));
+    }
+    if state.inner.jobs.get(tenant.id(), &id).is_none() {
         return Err(job_not_found(&id));
     }
     let job = state
@@ -346,6 +480,8 @@ mod tests {
             started_at_ms: None,
             finished_at_ms: None,
             cancel_requested: false,
+            attempts: 0,
+            idempotency_key: None,
         }
     }
 

@@ -57,7 +57,7 @@ use tokio::sync::Semaphore;
 
 pub use auth::{AuthMode, Caller};
 pub use error::{ApiError, ErrorCode};
-pub use jobs::{Job, JobLimits, JobStatus};
+pub use jobs::{Claim, Job, JobLimits, JobQueue, JobStatus, QueueSettings, Submitted};
 pub use metrics::{HttpMetrics, HttpRequestLabels, ROUTE_TEMPLATES};
 pub use openapi::OPENAPI_JSON;
 pub use serve::{serve, ServeLimits};
@@ -119,6 +119,8 @@ struct StateInner {
     runtime: Runtime,
     tenants: Arc<TenantRegistry>,
     jobs: jobs::JobBoard,
+    /// The shared job queue, when jobs live in the shared store instead of `jobs`.
+    queue: std::sync::OnceLock<Arc<jobs::queue::SharedQueue>>,
     auth: AuthMode,
     metrics_token: Option<String>,
     registry: Registry,
@@ -170,6 +172,7 @@ impl AppState {
                     })?,
                     None => jobs::JobBoard::in_memory(config.jobs.clone()),
                 },
+                queue: std::sync::OnceLock::new(),
                 runtime,
                 tenants,
                 auth,

@@ -40,15 +40,25 @@ impl AppState {
         }
     }
 
-    /// Asynchronous jobs queued or running.
+    /// Asynchronous jobs queued or running (with the shared job queue: those this replica
+    /// runs now).
     pub fn unfinished_jobs(&self) -> usize {
-        self.inner.jobs.unfinished()
+        match self.inner.queue.get() {
+            Some(shared) => shared.running_here(),
+            None => self.inner.jobs.unfinished(),
+        }
     }
 
     /// Records every queued or running job as failed with code
     /// `shutting_down` ("failed: server shutting down"), durably; a guest
     /// still running is abandoned and its outcome discarded. Returns how many.
+    ///
+    /// With the shared job queue, stops claiming jobs instead and puts those this replica
+    /// still runs back in the queue, for another replica to run (blocking on the store).
     pub fn fail_unfinished_jobs(&self) -> usize {
+        if let Some(shared) = self.inner.queue.get() {
+            return shared.stop();
+        }
         self.inner.jobs.fail_unfinished(
             ErrorCode::ShuttingDown,
             "failed: server shutting down before the job finished",

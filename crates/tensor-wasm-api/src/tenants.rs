@@ -229,6 +229,15 @@ pub(crate) async fn delete_tenant(
     match deleted {
         Ok(true) => {
             state.inner.jobs.forget_tenant(&id);
+            if let Some(shared) = state.inner.queue.get() {
+                // Best effort: a job left behind fails when it runs (no tenant), and goes
+                // with the retention of finished jobs.
+                let (queue, tenant) = (shared.queue.clone(), id.clone());
+                if let Err(e) = crate::routes::blocking(move || queue.forget_tenant(&tenant)).await
+                {
+                    tracing::warn!(tenant = %id, error = %e.message, "could not forget a deleted tenant's jobs");
+                }
+            }
             state.inner.runtime.set_tenant_gpu_isolation(&id, None);
             Ok(StatusCode::NO_CONTENT)
         }

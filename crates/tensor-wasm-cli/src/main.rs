@@ -29,7 +29,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the HTTP server.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Apply the shared store's schema migrations (`serve --store` also applies them at
     /// start, under the same lock) and print which ran.
     Migrate {
@@ -198,7 +198,7 @@ fn doctor(data_dir: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Serve(args) => serve::run(*args).map(|()| ExitCode::SUCCESS),
         Command::Doctor { data_dir } => doctor(data_dir.as_deref()),
         Command::Migrate { store } => shared::migrate(&store).map(|()| ExitCode::SUCCESS),
         Command::Deploy {

@@ -351,6 +351,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
     };
     let state = AppState::new(runtime.clone(), registry, api, tenants, auth)?;
+    if let Some(queue) = stores.job_queue() {
+        state.use_job_queue(queue, args.jobs.queue())?;
+    }
     if let Some(follower) = &follower {
         // Not ready while the shared store's database cannot be reached (loaded functions
         // still answer; the load balancer sends new traffic elsewhere).
@@ -420,7 +423,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(());
     let served = drain(&state, &mut server, deadline).await;
     let failed = state.fail_unfinished_jobs();
-    if failed > 0 {
+    if failed > 0 && stores.job_queue().is_some() {
+        tracing::warn!(
+            released = failed,
+            "jobs still running at the deadline were put back in the shared queue"
+        );
+    } else if failed > 0 {
         tracing::warn!(
             failed,
             "jobs still unfinished at the deadline were recorded as failed"

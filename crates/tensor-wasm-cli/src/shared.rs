@@ -2,8 +2,8 @@
 //! embedded one, and `tensor-wasm migrate`.
 //!
 //! With the shared store, function records, snapshots, tenants and the admin token live in
-//! PostgreSQL and object storage (`tensor-wasm-shared`); the data dir keeps the per-host caches
-//! and, until they move too, the async-job records. The registry is opened and bootstrapped
+//! PostgreSQL and object storage (`tensor-wasm-shared`), async jobs in its shared queue; the
+//! data dir keeps the per-host caches. The registry is opened and bootstrapped
 //! under an advisory lock, so replicas starting together bootstrap once, and a follower keeps
 //! this replica's cached functions and tenants in step with the change log.
 
@@ -67,6 +67,12 @@ impl Stores {
             tenants: shared.clone(),
             shared: Some((shared, after)),
         })
+    }
+
+    /// With the shared store, the shared queue of asynchronous jobs.
+    pub fn job_queue(&self) -> Option<Arc<dyn tensor_wasm_api::JobQueue>> {
+        let (shared, _) = self.shared.as_ref()?;
+        Some(shared.clone())
     }
 
     /// Opens the tenant registry and bootstraps it on the first start (under the shared

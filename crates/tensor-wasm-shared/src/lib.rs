@@ -24,13 +24,17 @@
 //! Tenants, their hashed tokens and the administrator's hashed token are shared too
 //! (`tenants.rs`, `tensor_wasm_tenant::TenantStore`), followed the same way.
 //!
-//! Not built yet, and refused or absent rather than faked: async jobs and quotas in
-//! PostgreSQL, TLS to PostgreSQL (`sslmode=require` is refused by the client with a clear
-//! error).
+//! Asynchronous jobs are a durable queue in PostgreSQL (`jobs.rs`,
+//! [`tensor_wasm_api::JobQueue`]): claimed with `FOR UPDATE SKIP LOCKED` under a lease, run
+//! again by another replica when the lease of a replica that died ends.
+//!
+//! Not built yet, and refused or absent rather than faked: TLS to PostgreSQL
+//! (`sslmode=require` is refused by the client with a clear error).
 
 mod bridge;
 mod error;
 mod follow;
+mod jobs;
 mod metrics;
 pub mod migrate;
 mod store;

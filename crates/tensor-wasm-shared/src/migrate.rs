@@ -9,6 +9,7 @@ use crate::error::SharedStoreError;
 const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "records", include_str!("../migrations/0001_records.sql")),
     (2, "tenants", include_str!("../migrations/0002_tenants.sql")),
+    (3, "jobs", include_str!("../migrations/0003_jobs.sql")),
 ];
 
 /// Key of the session-level advisory lock held while migrating (ASCII "twmigrat").

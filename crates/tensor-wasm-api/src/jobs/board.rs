@@ -50,6 +50,16 @@ impl Default for JobLimits {
     }
 }
 
+/// What [`JobBoard::admit`] did with a job.
+#[derive(Debug)]
+pub(crate) enum Admitted {
+    /// The job was admitted.
+    New,
+    /// The tenant has a job with the same idempotency key: its id (the job itself may still
+    /// be on its way to the disk).
+    Existing(String),
+}
+
 /// Why a job was not admitted.
 #[derive(Debug)]
 pub(crate) enum Refused {
@@ -71,11 +81,17 @@ struct TenantJobs {
 struct Jobs {
     by_id: HashMap<String, Job>,
     tenants: HashMap<String, TenantJobs>,
+    /// (tenant, idempotency key) → job id, for the jobs kept.
+    keys: HashMap<(String, String), String>,
 }
 
 impl Jobs {
     /// Records `job` (not yet counted anywhere) in the index.
     fn index(&mut self, job: &Job) {
+        if let Some(key) = &job.idempotency_key {
+            self.keys
+                .insert((job.tenant.clone(), key.clone()), job.id.clone());
+        }
         let of = self.tenants.entry(job.tenant.clone()).or_default();
         if job.status.is_active() {
             of.active += 1;
@@ -100,13 +116,24 @@ impl Jobs {
                 break;
             }
             let id = of.finished.pop_front().expect("a front exists");
-            self.by_id.remove(&id);
             gone.push(id);
         }
         if of.active == 0 && of.finished.is_empty() {
             self.tenants.remove(tenant);
         }
+        for id in &gone {
+            self.remove(id);
+        }
         gone
+    }
+
+    /// Removes job `id` and its idempotency key from the map (not from the per-tenant index).
+    fn remove(&mut self, id: &str) {
+        if let Some(job) = self.by_id.remove(id) {
+            if let Some(key) = job.idempotency_key {
+                self.keys.remove(&(job.tenant, key));
+            }
+        }
     }
 }
 
@@ -262,8 +289,9 @@ impl JobBoard {
                 .map(|j| j.id.clone())
                 .collect();
             for id in &ids {
-                jobs.by_id.remove(id);
+                jobs.remove(id);
             }
+            jobs.keys.retain(|(of, _), _| of != tenant);
             ids
         };
         self.remove_files(&gone);
@@ -284,28 +312,42 @@ impl JobBoard {
         self.lock().tenants.values().map(|t| t.active).sum()
     }
 
-    /// Admits the queued `job` if its tenant has fewer than
-    /// `max_active_per_tenant` unfinished jobs (checked and counted under
-    /// one lock), persists it, then makes it visible.
-    pub(crate) fn admit(&self, job: Job) -> Result<(), Refused> {
+    /// Admits the queued `job` unless its tenant has a job with the same
+    /// idempotency key or `max_active_per_tenant` unfinished jobs (checked,
+    /// counted and the key reserved under one lock), persists it, then makes
+    /// it visible.
+    pub(crate) fn admit(&self, job: Job) -> Result<Admitted, Refused> {
         debug_assert!(job.status.is_active());
+        let key = job
+            .idempotency_key
+            .as_ref()
+            .map(|k| (job.tenant.clone(), k.clone()));
         {
             let mut jobs = self.lock();
+            if let Some(existing) = key.as_ref().and_then(|k| jobs.keys.get(k)) {
+                return Ok(Admitted::Existing(existing.clone()));
+            }
             let of = jobs.tenants.entry(job.tenant.clone()).or_default();
             if of.active >= self.limits.max_active_per_tenant {
                 return Err(Refused::TooManyActive);
             }
             of.active += 1;
+            if let Some(key) = &key {
+                jobs.keys.insert(key.clone(), job.id.clone());
+            }
         }
         if let Err(e) = self.persist(&job) {
             let mut jobs = self.lock();
             if let Some(of) = jobs.tenants.get_mut(&job.tenant) {
                 of.active -= 1;
             }
+            if let Some(key) = &key {
+                jobs.keys.remove(key);
+            }
             return Err(Refused::Io(e));
         }
         self.lock().by_id.insert(job.id.clone(), job);
-        Ok(())
+        Ok(Admitted::New)
     }
 
     /// Stores `job` whatever its state, unchecked (tests set up boards).

@@ -109,6 +109,8 @@ mod tests {
             started_at_ms: Some(now_ms()),
             finished_at_ms: None,
             cancel_requested: false,
+            attempts: 0,
+            idempotency_key: None,
         };
         board.insert(job.clone()).unwrap();
         let path = dir.path().join(format!("jobs/{}.json", job.id));
