@@ -8,7 +8,9 @@
 //! until it is back; with object storage stopped, deploys answer 503 and leave no record
 //! (test 6); readiness fails while PostgreSQL is down. Fifty deploys at once over the three against `max_functions = 10`: exactly 10
 //! succeed (test 3, the count quota). `kill -9` of a replica during a burst of deploys: every
-//! acknowledged deploy is served by the others, every stored record is whole (test 5).
+//! acknowledged deploy is served by the others, every stored record is whole (test 5). Async
+//! jobs over four replicas, one killed while running some: every job completes, those it held
+//! once more elsewhere (test 4).
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -19,7 +21,7 @@ use serde_json::{json, Value};
 use tensor_wasm_test_support::guests::examples_dir;
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
 use tensor_wasm_test_support::servers::{Postgres, S3Server};
-use tensor_wasm_test_support::wait::wait_until;
+use tensor_wasm_test_support::wait::{wait_for, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
 
@@ -289,6 +291,25 @@ fn three_replicas_share_functions_and_tokens() {
         );
     }
 
+    async_jobs_survive_a_killed_replica(&pg, &[&a, &b, &c], &|extra: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            dirs[0].path().join("credentials.json"),
+            dir.path().join("credentials.json"),
+        )
+        .unwrap();
+        let all: Vec<&str> = args.iter().chain(extra).copied().collect();
+        let server = ServeProcess::start_with_env(
+            Path::new(BIN),
+            dir.path(),
+            &all,
+            &env,
+            "warn",
+            Stdio::inherit(),
+        );
+        (server, dir)
+    });
+
     // PostgreSQL stopped: functions the replicas have loaded keep answering; writes answer
     // 503 with Retry-After; once it is back, writes succeed again by themselves.
     let calc = a.deploy(&examples_dir().join("calc.wat"), "name=calc-2");
@@ -339,6 +360,97 @@ fn three_replicas_share_functions_and_tokens() {
     for replica in [a, b, c] {
         replica.terminate();
     }
+}
+
+/// Test 4: async jobs submitted over four replicas; `kill -9` of the replica running some of
+/// them. Every job completes, those the killed replica held exactly once more on another
+/// replica once its lease ended (`attempts` 2, counted in the survivors' lease expiries), every
+/// other job exactly once. An idempotency key answers the same job on any replica.
+fn async_jobs_survive_a_killed_replica(
+    pg: &Postgres,
+    survivors: &[&ServeProcess],
+    start: &dyn Fn(&[&str]) -> (ServeProcess, tempfile::TempDir),
+) {
+    let (e, _dir) = start(&["--replica-name", "E", "--job-lease-s", "1"]);
+    let id = survivors[0].deploy(&examples_dir().join("sleep.wat"), "name=nap");
+    wait_until(Duration::from_secs(1), "E serves the function", || {
+        e.call(&id, "nap", json!([1])).0 == 200
+    });
+    let submit = |replica: &ServeProcess, ms: u32| -> String {
+        let (status, body) = request(
+            "POST",
+            &replica.url(&format!("/functions/{id}/invoke-async")),
+            &replica.auth(),
+            Some(json!({"export": "nap", "args": [ms]})),
+        );
+        assert_eq!(status, 202, "{body}");
+        body["job_id"].as_str().expect("a job id").to_owned()
+    };
+    // E wakes at once for jobs submitted to it; the others look every 500 ms.
+    let mut jobs: Vec<String> = (0..4).map(|_| submit(&e, 2000)).collect();
+    let held_by_e = || {
+        pg.query(
+            "replicas",
+            "SELECT id FROM tw_jobs WHERE lease_owner = 'E' AND status = 'running' ORDER BY id",
+        )
+    };
+    wait_until(Duration::from_secs(10), "E runs a job", || {
+        !held_by_e().is_empty()
+    });
+    for replica in survivors {
+        jobs.extend((0..3).map(|_| submit(replica, 200)));
+    }
+    e.kill9();
+    let held = held_by_e();
+    assert!(!held.is_empty());
+
+    let expiries_before: f64 = survivors
+        .iter()
+        .map(|r| metric_sum(r, "tensor_wasm_job_lease_expiries_total", &[]))
+        .sum();
+    for job in &jobs {
+        let (done, _) = wait_for(Duration::from_secs(30), "every job finishes", || {
+            let (status, body) = request(
+                "GET",
+                &survivors[1].url(&format!("/jobs/{job}")),
+                &survivors[1].auth(),
+                None,
+            );
+            assert_eq!(status, 200, "{body}");
+            (body["status"] != "queued" && body["status"] != "running").then_some(body)
+        });
+        assert_eq!(done["status"], "succeeded", "{done}");
+        assert_eq!(done["results"], json!([0]), "{done}");
+        let expected = if held.contains(job) { 2 } else { 1 };
+        assert_eq!(done["attempts"], expected, "{done}");
+    }
+    let expiries: f64 = survivors
+        .iter()
+        .map(|r| metric_sum(r, "tensor_wasm_job_lease_expiries_total", &[]))
+        .sum();
+    assert_eq!(expiries - expiries_before, held.len() as f64);
+    let metrics = String::from_utf8(survivors[0].get("/metrics").1).unwrap();
+    assert!(
+        metrics.contains("\ntensor_wasm_job_queue_depth "),
+        "the depth gauge is served"
+    );
+
+    // The same idempotency key on two replicas: one job.
+    let keyed = |replica: &ServeProcess| {
+        let response = ServeProcess::agent()
+            .post(&replica.url(&format!("/functions/{id}/invoke-async")))
+            .set("authorization", &replica.auth())
+            .set("idempotency-key", "nightly-2026-11-25")
+            .send_json(json!({"export": "nap", "args": [1]}))
+            .expect("202 Accepted");
+        assert_eq!(response.status(), 202);
+        let replayed = response.header("idempotent-replayed") == Some("true");
+        let body = response.into_string().unwrap();
+        (json_of(body.as_bytes())["job_id"].clone(), replayed)
+    };
+    let (first, replayed) = keyed(survivors[0]);
+    assert!(!replayed);
+    assert_eq!(keyed(survivors[2]), (first, true));
 }
 
 /// Deploys `calc.wat` on `server` with `query`: status, error code (empty on success) and
