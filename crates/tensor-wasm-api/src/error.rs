@@ -276,12 +276,19 @@ impl From<RuntimeError> for ApiError {
 /// Maps a quota refusal to its status: rate and concurrency 429 with
 /// `Retry-After`, size 403, count 409; the message names quota and limit.
 pub(crate) fn quota_error(tenant: &Tenant, err: QuotaError) -> ApiError {
+    let share = tenant.replica_share();
+    let shared = matches!(err.kind, QuotaKind::Rate | QuotaKind::Concurrency) && share > 1;
     let message = format!(
-        "tenant {}: {} (quota `{}` = {})",
+        "tenant {}: {} (quota `{}` = {}{})",
         tenant.id(),
         err,
         err.quota,
-        err.limit
+        err.limit,
+        if shared {
+            format!(" on this replica: its share of the tenant's limit across {share} replicas")
+        } else {
+            String::new()
+        }
     );
     let mut e = match err.kind {
         QuotaKind::Rate => ApiError::new(ErrorCode::RateLimited, message),

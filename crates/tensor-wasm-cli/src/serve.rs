@@ -329,6 +329,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     write_bootstrap_credentials(bootstrap, &args.data_dir)?;
     // Kept for the server's life: functions and tenants changed by other replicas.
     let follower = stores.follow(&runtime, &tenants);
+    let queue_settings = args.jobs.queue();
+    stores.join(&queue_settings.replica, &tenants).await?;
     for tenant in tenants.list() {
         if let Some(live) = tenants.lookup(&tenant.id) {
             let owned = runtime.functions_of(&tenant.id).len() as u64;
@@ -352,7 +354,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let state = AppState::new(runtime.clone(), registry, api, tenants, auth)?;
     if let Some(queue) = stores.job_queue() {
-        state.use_job_queue(queue, args.jobs.queue())?;
+        state.use_job_queue(queue, queue_settings.clone())?;
     }
     if let Some(follower) = &follower {
         // Not ready while the shared store's database cannot be reached (loaded functions
@@ -423,6 +425,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(());
     let served = drain(&state, &mut server, deadline).await;
     let failed = state.fail_unfinished_jobs();
+    let leaving = stores.clone();
+    let name = queue_settings.replica.clone();
+    let _ = tokio::task::spawn_blocking(move || leaving.leave(&name)).await;
     if failed > 0 && stores.job_queue().is_some() {
         tracing::warn!(
             released = failed,

@@ -19,6 +19,12 @@ use tensor_wasm_tenant::{
     Bootstrap, FsTenantStore, Resource, TenantError, TenantMetrics, TenantRegistry, TenantStore,
 };
 
+/// How often a replica writes its heartbeat and recounts the live replicas.
+pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A replica whose heartbeat is older than this is not counted as live.
+pub const LIVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Where `serve` keeps its state.
 pub struct Stores {
     pub functions: Arc<dyn FunctionStore>,
@@ -73,6 +79,48 @@ impl Stores {
     pub fn job_queue(&self) -> Option<Arc<dyn tensor_wasm_api::JobQueue>> {
         let (shared, _) = self.shared.as_ref()?;
         Some(shared.clone())
+    }
+
+    /// With the shared store, counts this replica in (`name`), sets the tenants' replica share
+    /// from the live replicas, and keeps doing so every [`HEARTBEAT_EVERY`] in a task of the
+    /// current runtime. Call it before serving: a replica that served before its first count
+    /// would enforce whole limits beside the others' shares.
+    pub async fn join(&self, name: &str, tenants: &Arc<TenantRegistry>) -> anyhow::Result<()> {
+        let Some((shared, _)) = &self.shared else {
+            return Ok(());
+        };
+        let beat = {
+            let (shared, name) = (shared.clone(), name.to_owned());
+            move || shared.heartbeat(&name, LIVE_WITHIN)
+        };
+        let live = tokio::task::spawn_blocking(beat.clone())
+            .await?
+            .context("writing this replica's heartbeat to the shared store")?;
+        tenants.set_replicas(live);
+        let tenants = tenants.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match tokio::task::spawn_blocking(beat.clone()).await {
+                    Ok(Ok(live)) => tenants.set_replicas(live),
+                    // The share stays as last counted while the database is away.
+                    Ok(Err(e)) => tracing::debug!(error = %e, "heartbeat failed"),
+                    Err(_) => return,
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// With the shared store, removes this replica's heartbeat (it is stopping).
+    pub fn leave(&self, name: &str) {
+        if let Some((shared, _)) = &self.shared {
+            if let Err(e) = shared.leave(name) {
+                tracing::warn!(error = %e, "could not remove this replica's heartbeat");
+            }
+        }
     }
 
     /// Opens the tenant registry and bootstraps it on the first start (under the shared

@@ -10,7 +10,8 @@
 //! succeed (test 3, the count quota). `kill -9` of a replica during a burst of deploys: every
 //! acknowledged deploy is served by the others, every stored record is whole (test 5). Async
 //! jobs over four replicas, one killed while running some: every job completes, those it held
-//! once more elsewhere (test 4).
+//! once more elsewhere (test 4). Rate and concurrency limits shared by the live replicas, each
+//! enforcing its share (test 3).
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -310,6 +311,8 @@ fn three_replicas_share_functions_and_tokens() {
         (server, dir)
     });
 
+    limits_are_shared_within_the_documented_overshoot(&[&a, &b, &c], &patch);
+
     // PostgreSQL stopped: functions the replicas have loaded keep answering; writes answer
     // 503 with Retry-After; once it is back, writes succeed again by themselves.
     let calc = a.deploy(&examples_dir().join("calc.wat"), "name=calc-2");
@@ -451,6 +454,114 @@ fn async_jobs_survive_a_killed_replica(
     let (first, replayed) = keyed(survivors[0]);
     assert!(!replayed);
     assert_eq!(keyed(survivors[2]), (first, true));
+}
+
+/// Test 3, rate and concurrency: with three live replicas each enforces a third of the
+/// tenant's limits, rounded up, so the tenant gets at most `limit + replicas - 1` in all
+/// (docs/scale-out.md). Four concurrent invocations allowed: each replica admits 2 of 4 sent at
+/// once (6 in all = 4 + 3 - 1). Three requests per second with a burst of 3: each admits one
+/// of a burst, plus one per second that the burst takes.
+fn limits_are_shared_within_the_documented_overshoot(
+    replicas: &[&ServeProcess; 3],
+    patch: &dyn Fn(Value),
+) {
+    let [a, ..] = *replicas;
+    // The replicas killed earlier stop counting once their heartbeats are 3 s old.
+    for replica in replicas {
+        wait_until(Duration::from_secs(15), "three live replicas", || {
+            metric_sum(replica, "tensor_wasm_live_replicas", &[]) == 3.0
+        });
+    }
+    let tenant = a.tenant_id();
+    let quotas_reach = |field: &str, value: Value| {
+        for replica in replicas {
+            wait_until(
+                Duration::from_secs(1),
+                "the replica has the new quota",
+                || {
+                    let (_, info) = request(
+                        "GET",
+                        &replica.url(&format!("/tenants/{tenant}")),
+                        &a.admin_auth(),
+                        None,
+                    );
+                    info["quotas"][field] == value
+                },
+            );
+        }
+    };
+    let nap = a.deploy(&examples_dir().join("sleep.wat"), "name=nap-limits");
+    for replica in replicas {
+        wait_until(Duration::from_secs(1), "the replica serves nap", || {
+            replica.call(&nap, "nap", json!([1])).0 == 200
+        });
+    }
+
+    patch(json!({ "max_concurrent_invocations": 4 }));
+    quotas_reach("max_concurrent_invocations", json!(4));
+    let answers: Vec<Vec<(u16, Value)>> = std::thread::scope(|scope| {
+        let per_replica: Vec<Vec<_>> = replicas
+            .iter()
+            .map(|replica| {
+                (0..4)
+                    .map(|_| scope.spawn(|| replica.call(&nap, "nap", json!([1500]))))
+                    .collect()
+            })
+            .collect();
+        per_replica
+            .into_iter()
+            .map(|calls| calls.into_iter().map(|c| c.join().unwrap()).collect())
+            .collect()
+    });
+    for outcomes in &answers {
+        let admitted = outcomes.iter().filter(|(status, _)| *status == 200).count();
+        assert_eq!(admitted, 2, "ceil(4 / 3) per replica: {outcomes:?}");
+        for (status, body) in outcomes.iter().filter(|(status, _)| *status != 200) {
+            assert_eq!(
+                (*status, error_code(body)),
+                (429, "quota_exhausted"),
+                "{body}"
+            );
+            let message = body["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("across 3 replicas"), "{message}");
+        }
+    }
+
+    patch(json!({ "max_concurrent_invocations": 32, "requests_per_second": 3, "burst": 3 }));
+    quotas_reach("requests_per_second", json!(3));
+    let start = std::time::Instant::now();
+    let answers: Vec<Vec<u16>> = std::thread::scope(|scope| {
+        let per_replica: Vec<Vec<_>> = replicas
+            .iter()
+            .map(|replica| {
+                (0..6)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            request("GET", &replica.url("/functions"), &replica.auth(), None).0
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        per_replica
+            .into_iter()
+            .map(|calls| calls.into_iter().map(|c| c.join().unwrap()).collect())
+            .collect()
+    });
+    let elapsed = start.elapsed().as_secs();
+    for statuses in &answers {
+        let admitted = statuses.iter().filter(|s| **s == 200).count() as u64;
+        assert!(
+            (1..=1 + elapsed).contains(&admitted),
+            "a burst of ceil(3 / 3) = 1 and 1 per second in {elapsed} s: {statuses:?}"
+        );
+        assert!(
+            statuses.iter().all(|s| *s == 200 || *s == 429),
+            "{statuses:?}"
+        );
+    }
+    patch(json!({ "requests_per_second": 100_000, "burst": 100_000 }));
+    quotas_reach("requests_per_second", json!(100_000));
 }
 
 /// Deploys `calc.wat` on `server` with `query`: status, error code (empty on success) and

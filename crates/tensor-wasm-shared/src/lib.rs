@@ -28,6 +28,9 @@
 //! [`tensor_wasm_api::JobQueue`]): claimed with `FOR UPDATE SKIP LOCKED` under a lease, run
 //! again by another replica when the lease of a replica that died ends.
 //!
+//! Each replica writes a heartbeat (`replicas.rs`, `tw_replicas`) and counts the live
+//! replicas, which share every tenant's rate and concurrency limits.
+//!
 //! Not built yet, and refused or absent rather than faked: TLS to PostgreSQL
 //! (`sslmode=require` is refused by the client with a clear error).
 
@@ -37,6 +40,7 @@ mod follow;
 mod jobs;
 mod metrics;
 pub mod migrate;
+mod replicas;
 mod store;
 mod tenants;
 

@@ -3,7 +3,7 @@
 
 use prometheus::Registry;
 use prometheus::{
-    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts,
+    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts,
 };
 
 /// The shared store's metrics (cheap to clone).
@@ -12,6 +12,7 @@ pub struct SharedMetrics {
     latency: HistogramVec,
     errors: IntCounterVec,
     lag: Histogram,
+    replicas: IntGauge,
 }
 
 impl SharedMetrics {
@@ -45,6 +46,13 @@ impl SharedMetrics {
             )
             .buckets(buckets),
         )?;
+        let replicas = IntGauge::new(
+            "tensor_wasm_live_replicas",
+            "Replicas with a recent heartbeat in the shared store, this one included, as this \
+             replica last counted them: each enforces 1/n of every tenant's rate and \
+             concurrency limits.",
+        )?;
+        registry.register(Box::new(replicas.clone()))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(lag.clone()))?;
@@ -52,7 +60,12 @@ impl SharedMetrics {
             latency,
             errors,
             lag,
+            replicas,
         })
+    }
+
+    pub(crate) fn set_live_replicas(&self, live: u64) {
+        self.replicas.set(i64::try_from(live).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn observe<T>(

@@ -10,6 +10,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "records", include_str!("../migrations/0001_records.sql")),
     (2, "tenants", include_str!("../migrations/0002_tenants.sql")),
     (3, "jobs", include_str!("../migrations/0003_jobs.sql")),
+    (
+        4,
+        "replicas",
+        include_str!("../migrations/0004_replicas.sql"),
+    ),
 ];
 
 /// Key of the session-level advisory lock held while migrating (ASCII "twmigrat").

@@ -101,6 +101,8 @@ pub struct TenantRegistry {
     records: Mutex<Records>,
     live: RwLock<HashMap<String, Arc<Tenant>>>,
     credentials: RwLock<HashMap<SecretHash, Credential>>,
+    /// Replicas sharing the tenants' rate and concurrency limits ([`Tenant::set_replica_share`]).
+    replicas: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for TenantRegistry {
@@ -223,7 +225,33 @@ impl TenantRegistry {
             records: Mutex::new(Records { tenants, admin }),
             live: RwLock::new(live),
             credentials: RwLock::new(credentials),
+            replicas: std::sync::atomic::AtomicU64::new(1),
         })
+    }
+
+    /// Sets how many replicas share every tenant's rate and concurrency limits (the live
+    /// replicas of a shared store; 1 alone): each tenant's limits here become `1/replicas` of
+    /// its quotas, rounded up ([`Tenant::set_replica_share`]). Tenants created or loaded later
+    /// get the same share.
+    pub fn set_replicas(&self, replicas: u64) {
+        let replicas = replicas.max(1);
+        let before = self
+            .replicas
+            .swap(replicas, std::sync::atomic::Ordering::AcqRel);
+        if before != replicas {
+            tracing::info!(
+                replicas,
+                "tenant rate and concurrency limits are shared by replicas"
+            );
+        }
+        for tenant in read(&self.live).values() {
+            tenant.set_replica_share(replicas);
+        }
+    }
+
+    /// How many replicas share the tenants' rate and concurrency limits.
+    pub fn replicas(&self) -> u64 {
+        self.replicas.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn records(&self) -> MutexGuard<'_, Records> {
@@ -329,6 +357,7 @@ impl TenantRegistry {
             record.created_at_ms,
             self.metrics.series(&id),
         ));
+        tenant.set_replica_share(self.replicas());
         let info = info_of(&record);
         records.tenants.insert(id.clone(), record);
         write(&self.live).insert(id.clone(), Arc::clone(&tenant));
@@ -543,6 +572,7 @@ impl TenantRegistry {
                 ))
             })
             .clone();
+        tenant.set_replica_share(self.replicas());
         tenant.set_profile(&record.name, &record.quotas);
         tenant.set_raw_ptx(record.raw_ptx);
         for token in record.tokens.iter().filter(|t| !t.revoked) {

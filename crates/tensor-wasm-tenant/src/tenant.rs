@@ -41,6 +41,9 @@ struct Meter {
     usage: [AtomicU64; RESOURCES],
     requests_per_second: AtomicU64,
     burst: AtomicU64,
+    /// How many replicas share the tenant's rate and concurrency limits (1 alone); see
+    /// [`Tenant::set_replica_share`].
+    share: AtomicU64,
     bucket: RateBucket,
     deleted: AtomicBool,
     series: TenantSeries,
@@ -70,6 +73,7 @@ impl Tenant {
             usage: std::array::from_fn(|_| AtomicU64::new(0)),
             requests_per_second: AtomicU64::new(0),
             burst: AtomicU64::new(0),
+            share: AtomicU64::new(1),
             bucket: RateBucket::new(),
             deleted: AtomicBool::new(false),
             series,
@@ -237,10 +241,28 @@ impl Tenant {
     }
 
     pub(crate) fn set_profile(&self, name: &str, quotas: &Quotas) {
-        self.meter.store_limits(quotas);
         let mut profile = self.profile.write().unwrap_or_else(|p| p.into_inner());
+        self.meter.store_limits(quotas);
         profile.name = name.to_owned();
         profile.quotas = quotas.clone();
+    }
+
+    /// How many replicas share the tenant's rate and concurrency limits (1 alone).
+    pub fn replica_share(&self) -> u64 {
+        self.meter.share.load(Ordering::Relaxed)
+    }
+
+    /// Enforces `1/replicas` of the tenant's rate and concurrency limits here, rounded up:
+    /// `requests_per_second`, `burst`, concurrent invocations, live instances and concurrent
+    /// deploys. With `replicas` replicas each enforcing its share, the tenant gets at most
+    /// `limit + replicas - 1` of each in all (docs/scale-out.md). The function count (exact in
+    /// the store), the module size (per module) and guest and GPU memory (resources of each
+    /// host, bounded per replica) are not divided. Holders admitted under a larger share keep
+    /// what they hold.
+    pub fn set_replica_share(&self, replicas: u64) {
+        let profile = self.profile.write().unwrap_or_else(|p| p.into_inner());
+        self.meter.share.store(replicas.max(1), Ordering::Relaxed);
+        self.meter.store_limits(&profile.quotas);
     }
 
     pub(crate) fn mark_deleted(&self) {
@@ -263,13 +285,30 @@ impl Tenant {
 }
 
 impl Meter {
+    /// Stores the limits of `quotas`, the shared ones divided by the replica share.
     fn store_limits(&self, quotas: &Quotas) {
+        let share = self.share.load(Ordering::Relaxed).max(1);
         for resource in Resource::ALL {
-            self.limits[resource as usize].store(quotas.limit(resource), Ordering::Relaxed);
+            let limit = quotas.limit(resource);
+            let limit = match resource {
+                Resource::LiveInstances
+                | Resource::ConcurrentInvocations
+                | Resource::ConcurrentDeploys => limit.div_ceil(share),
+                // Counted exactly by the store, checked per module, or a resource of the
+                // host (memory): never divided.
+                Resource::Functions
+                | Resource::ModuleBytes
+                | Resource::GuestMemoryBytes
+                | Resource::GpuMemoryBytes => limit,
+            };
+            self.limits[resource as usize].store(limit, Ordering::Relaxed);
         }
-        self.requests_per_second
-            .store(u64::from(quotas.requests_per_second), Ordering::Relaxed);
-        self.burst.store(u64::from(quotas.burst), Ordering::Relaxed);
+        self.requests_per_second.store(
+            u64::from(quotas.requests_per_second).div_ceil(share),
+            Ordering::Relaxed,
+        );
+        self.burst
+            .store(u64::from(quotas.burst).div_ceil(share), Ordering::Relaxed);
     }
 
     fn release(&self, resource: Resource, amount: u64) {
@@ -421,6 +460,35 @@ mod tests {
         assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
         assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
         assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
+    }
+
+    /// Each of three replicas enforces a third of the rate and concurrency limits, rounded
+    /// up; the function count is not divided; one replica alone gets the whole limits back.
+    #[test]
+    fn a_replica_share_divides_rate_and_concurrency_limits() {
+        let t = tenant(Quotas {
+            max_concurrent_invocations: 4,
+            requests_per_second: 3,
+            burst: 3,
+            max_functions: 10,
+            ..Quotas::default()
+        });
+        t.set_replica_share(3);
+        let held: Vec<_> = (0..2)
+            .map(|_| t.acquire(Resource::ConcurrentInvocations, 1).unwrap())
+            .collect();
+        let denied = t.acquire(Resource::ConcurrentInvocations, 1).unwrap_err();
+        assert_eq!(denied.limit, 2);
+        assert_eq!(t.limit(Resource::Functions), 10);
+        let now = Instant::now();
+        assert!(t.check_rate_at(now).is_ok());
+        assert!(t.check_rate_at(now).is_err(), "a burst of ceil(3/3) = 1");
+        t.set_replica_share(1);
+        assert_eq!(t.limit(Resource::ConcurrentInvocations), 4);
+        let more: Vec<_> = (0..2)
+            .map(|_| t.acquire(Resource::ConcurrentInvocations, 1).unwrap())
+            .collect();
+        assert_eq!(held.len() + more.len(), 4);
     }
 
     #[test]
