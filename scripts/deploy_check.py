@@ -8,9 +8,13 @@ helm-python-sdk, kubernetes-validate and PyYAML are installed). Checks:
 - each scenario below renders, and every object validates (strict) against
   the Kubernetes schemas of kubernetes-validate; the ServiceMonitor (a CRD,
   not in those schemas) is checked against the fields it must have;
-- the rendered objects keep the promises of docs/deploy.md (single replica,
-  Recreate, probes, security context, GPU resource, metrics token wiring);
-- replicaCount=2 (and 3) fails to render, with the single-replica message.
+- the rendered objects keep the promises of docs/deploy.md: without the shared
+  store a single replica, Recreate and the data volume; with it (scale-out,
+  replicaCount 3) RollingUpdate, the store's URL and keys from Secrets, the
+  replica named after its pod, a per-pod cache, anti-affinity and a PDB; in
+  both, probes, security context, GPU resource, metrics token wiring;
+- replicaCount=2 (and 3) fails to render without the shared store, with the
+  message that says it needs it; an incomplete shared store fails too.
 """
 
 from __future__ import annotations
@@ -54,6 +58,65 @@ SCENARIOS: dict[str, dict] = {
             "serviceMonitor": {"enabled": True},
         },
     },
+    "shared store, 3 replicas": {
+        "replicaCount": 3,
+        "sharedStore": {
+            "enabled": True,
+            "database": {"url": "postgres://tw:secret@postgres.db:5432/tensorwasm"},
+            "blobStore": {
+                "url": "s3://tensor-wasm/prod",
+                "endpoint": "http://seaweedfs.storage:8333",
+                "allowHttp": True,
+                "credentials": {"accessKeyId": "tw", "secretAccessKey": "secret"},
+            },
+        },
+    },
+    "shared store, existing secrets, required anti-affinity, cpu": {
+        "replicaCount": 2,
+        "gpu": {"enabled": False},
+        "sharedStore": {
+            "enabled": True,
+            "database": {"existingSecret": "tw-db", "secretKey": "dsn"},
+            "blobStore": {
+                "url": "s3://tensor-wasm",
+                "credentials": {"existingSecret": "tw-s3"},
+            },
+            "antiAffinity": "required",
+        },
+    },
+    "shared store, pod identity for S3, no anti-affinity": {
+        "replicaCount": 4,
+        "sharedStore": {
+            "enabled": True,
+            "database": {"url": "postgres://tw@postgres.db/tensorwasm"},
+            "blobStore": {"url": "s3://tensor-wasm/p"},
+            "antiAffinity": "",
+        },
+    },
+}
+
+# Values the chart must refuse, and a word the refusal must contain.
+REFUSED: dict[str, tuple[dict, str]] = {
+    "replicaCount=2 without the shared store": ({"replicaCount": 2}, "sharedStore.enabled"),
+    "replicaCount=3 without the shared store": ({"replicaCount": 3}, "sharedStore.enabled"),
+    "shared store without a blob store": (
+        {"replicaCount": 2, "sharedStore": {"enabled": True, "database": {"url": "postgres://x/y"}}},
+        "blobStore.url",
+    ),
+    "shared store without a database": (
+        {"sharedStore": {"enabled": True, "blobStore": {"url": "s3://b"}}},
+        "database.url",
+    ),
+    "shared store with half the keys": (
+        {
+            "sharedStore": {
+                "enabled": True,
+                "database": {"url": "postgres://x/y"},
+                "blobStore": {"url": "s3://b", "credentials": {"accessKeyId": "k"}},
+            }
+        },
+        "both accessKeyId and secretAccessKey",
+    ),
 }
 
 SERVICE_MONITOR_SCHEMA = {
@@ -174,9 +237,13 @@ def check_promises(scenario: str, values: dict, objs: list[dict]) -> None:
         return
     dep = deps[0]
     spec = dep["spec"]
-    expect(spec["replicas"] in (0, 1), scenario, f"replicas {spec['replicas']} not 0/1")
-    expect(spec["strategy"] == {"type": "Recreate"}, scenario, "strategy is not Recreate")
     pod = spec["template"]["spec"]
+    shared = values.get("sharedStore", {})
+    if shared.get("enabled"):
+        check_shared_store(scenario, values, spec, by_kind)
+    else:
+        expect(spec["replicas"] in (0, 1), scenario, f"replicas {spec['replicas']} not 0/1")
+        expect(spec["strategy"] == {"type": "Recreate"}, scenario, "strategy is not Recreate")
     psc = pod["securityContext"]
     expect(psc.get("runAsNonRoot") is True, scenario, "pod runAsNonRoot")
     (container,) = pod["containers"]
@@ -206,7 +273,10 @@ def check_promises(scenario: str, values: dict, objs: list[dict]) -> None:
         expect(pod.get("runtimeClassName") == values["runtimeClassName"], scenario, "runtimeClassName")
     volume = next(v for v in pod["volumes"] if v["name"] == "data")
     persistence = values.get("persistence", {})
-    if persistence.get("enabled", True):
+    if shared.get("enabled"):
+        expect("emptyDir" in volume and not by_kind.get("PersistentVolumeClaim"), scenario,
+               "with the shared store the data dir is a per-pod emptyDir, no claim")
+    elif persistence.get("enabled", True):
         claim = volume.get("persistentVolumeClaim", {}).get("claimName")
         names = [o["metadata"]["name"] for o in by_kind.get("PersistentVolumeClaim", [])]
         if persistence.get("existingClaim"):
@@ -238,6 +308,56 @@ def check_promises(scenario: str, values: dict, objs: list[dict]) -> None:
     expect(len(by_kind.get("Service", [])) == 1, scenario, "one Service")
 
 
+def check_shared_store(scenario: str, values: dict, spec: dict, by_kind: dict) -> None:
+    """The scale-out promises of docs/deploy.md for a Deployment over the shared store."""
+    shared = values["sharedStore"]
+    expect(spec["replicas"] == values.get("replicaCount", 1), scenario, "replicas as asked")
+    expect(spec["strategy"]["type"] == "RollingUpdate", scenario, "strategy is RollingUpdate")
+    expect(spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}, scenario,
+           "rolling update keeps capacity")
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    secrets = {o["metadata"]["name"]: o for o in by_kind.get("Secret", [])}
+    db = shared["database"]
+    ref = env["TENSOR_WASM_STORE"]["valueFrom"]["secretKeyRef"]
+    expect("value" not in env["TENSOR_WASM_STORE"], scenario, "the database URL is not inline")
+    if db.get("existingSecret"):
+        expect(ref == {"name": db["existingSecret"], "key": db.get("secretKey", "url")}, scenario,
+               "database URL from the existing Secret")
+    else:
+        expect(ref["name"] in secrets and ref["key"] in secrets[ref["name"]]["data"], scenario,
+               "database URL from the chart's Secret")
+    blob = shared["blobStore"]
+    expect(env["TENSOR_WASM_BLOB_STORE"]["value"] == blob["url"], scenario, "blob store URL")
+    expect(env["TENSOR_WASM_REPLICA_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name",
+           scenario, "the replica is named after its pod")
+    expect(("AWS_ENDPOINT" in env) == bool(blob.get("endpoint")), scenario, "AWS_ENDPOINT iff set")
+    expect(("AWS_ALLOW_HTTP" in env) == bool(blob.get("allowHttp")), scenario, "AWS_ALLOW_HTTP iff set")
+    creds = blob.get("credentials", {})
+    has_keys = bool(creds.get("existingSecret") or creds.get("accessKeyId"))
+    expect(("AWS_ACCESS_KEY_ID" in env) == has_keys, scenario, "object store keys iff given")
+    if has_keys:
+        key_ref = env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]
+        if creds.get("existingSecret"):
+            expect(key_ref["name"] == creds["existingSecret"], scenario, "keys from the existing Secret")
+        else:
+            expect(key_ref["name"] in secrets and key_ref["key"] in secrets[key_ref["name"]]["data"],
+                   scenario, "keys from the chart's Secret")
+    anti = pod.get("affinity", {}).get("podAntiAffinity", {})
+    mode = shared.get("antiAffinity", "preferred")
+    wanted = {
+        "required": "requiredDuringSchedulingIgnoredDuringExecution",
+        "preferred": "preferredDuringSchedulingIgnoredDuringExecution",
+    }.get(mode)
+    expect((wanted in anti) if wanted else not anti, scenario, f"anti-affinity {mode or 'none'}")
+    annotations = spec["template"]["metadata"].get("annotations", {})
+    expect("checksum/store" in annotations, scenario, "pods roll when the store's Secret changes")
+    if values.get("podDisruptionBudget", {}).get("enabled", True):
+        (pdb,) = by_kind.get("PodDisruptionBudget", [{}])
+        expect(pdb.get("spec", {}).get("maxUnavailable") == 1, scenario, "PDB keeps all but one")
+
+
 def main() -> int:
     lint = helm.lint(str(CHART))
     for err in lint.get("errors", []):
@@ -260,15 +380,15 @@ def main() -> int:
             if len(failures) == before:
                 print(f"ok   [{scenario}] {len(objs)} objects: "
                       + ", ".join(sorted(o["kind"] for o in objs)))
-        for n in (2, 3):
+        for name, (values, word) in REFUSED.items():
             try:
-                render(chart, {"replicaCount": n})
-                fail(f"replicaCount={n} rendered; the chart must refuse more than one replica")
+                render(chart, values)
+                fail(f"[{name}] rendered; the chart must refuse it")
             except helm.HelmError as e:
-                if "single replica" not in str(e):
-                    fail(f"replicaCount={n} failed for another reason: {e}")
+                if word not in str(e):
+                    fail(f"[{name}] failed for another reason: {e}")
                 else:
-                    print(f"ok   replicaCount={n} refused: {str(e).split(': ', 1)[-1][:90]}...")
+                    print(f"ok   [{name}] refused: {str(e).split(': ', 1)[-1][:90]}...")
     if failures:
         print(f"deploy_check: {len(failures)} failure(s)", file=sys.stderr)
         return 1

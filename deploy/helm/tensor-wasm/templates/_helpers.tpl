@@ -67,12 +67,50 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* One replica at most: state is on one local volume, no shared store yet. */}}
+{{/* Several replicas only over the shared store; its settings complete. */}}
 {{- define "tensor-wasm.checkReplicas" -}}
-{{- if gt (int .Values.replicaCount) 1 }}
-{{- fail (printf "replicaCount=%d is not supported: tensor-wasm keeps its state (functions, modules, tenants, tokens) on one ReadWriteOnce volume and has no shared store yet, so it runs as a single replica (replicaCount 0 or 1)" (int .Values.replicaCount)) }}
+{{- $shared := .Values.sharedStore.enabled }}
+{{- if and (gt (int .Values.replicaCount) 1) (not $shared) }}
+{{- fail (printf "replicaCount=%d needs sharedStore.enabled: without the shared store tensor-wasm keeps its state (functions, modules, tenants, tokens, jobs) on one ReadWriteOnce volume and runs as a single replica (replicaCount 0 or 1)" (int .Values.replicaCount)) }}
 {{- end }}
 {{- if lt (int .Values.replicaCount) 0 }}
-{{- fail "replicaCount must be 0 or 1" }}
+{{- fail "replicaCount must not be negative" }}
+{{- end }}
+{{- if $shared }}
+{{- if not .Values.sharedStore.blobStore.url }}
+{{- fail "sharedStore.enabled needs sharedStore.blobStore.url (s3://bucket/prefix)" }}
+{{- end }}
+{{- if not (hasPrefix "s3://" .Values.sharedStore.blobStore.url) }}
+{{- fail "sharedStore.blobStore.url must be s3://bucket[/prefix]" }}
+{{- end }}
+{{- if and (not .Values.sharedStore.database.url) (not .Values.sharedStore.database.existingSecret) }}
+{{- fail "sharedStore.enabled needs sharedStore.database.url or sharedStore.database.existingSecret" }}
+{{- end }}
+{{- $creds := .Values.sharedStore.blobStore.credentials }}
+{{- if ne (not $creds.accessKeyId) (not $creds.secretAccessKey) }}
+{{- fail "sharedStore.blobStore.credentials: set both accessKeyId and secretAccessKey, or neither" }}
+{{- end }}
+{{- if not (has .Values.sharedStore.antiAffinity (list "" "preferred" "required")) }}
+{{- fail "sharedStore.antiAffinity must be \"\", \"preferred\" or \"required\"" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the shared store's database URL. */}}
+{{- define "tensor-wasm.storeSecretName" -}}
+{{- if .Values.sharedStore.database.existingSecret }}
+{{- .Values.sharedStore.database.existingSecret }}
+{{- else }}
+{{- printf "%s-store" (include "tensor-wasm.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the object store's keys (none: the pod's identity). */}}
+{{- define "tensor-wasm.blobSecretName" -}}
+{{- $creds := .Values.sharedStore.blobStore.credentials }}
+{{- if $creds.existingSecret }}
+{{- $creds.existingSecret }}
+{{- else if $creds.accessKeyId }}
+{{- printf "%s-store" (include "tensor-wasm.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
