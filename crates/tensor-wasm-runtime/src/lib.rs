@@ -53,7 +53,7 @@ pub use snapshot::{RestoreMode, MAX_SNAPSHOTS_PER_FUNCTION};
 pub use storage_quota::{StorageLedger, StorageReservation};
 pub use store::{
     is_valid_function_id, is_valid_snapshot_id, sha256_hex, FsFunctionStore, FunctionLimits,
-    FunctionRecord, FunctionStore, InvocationStyle, SnapshotRecord, RECORD_FORMAT,
+    FunctionRecord, FunctionStore, InvocationStyle, SnapshotRecord, WriteBounds, RECORD_FORMAT,
 };
 /// How tenants are separated on a CUDA device (see
 /// [`Runtime::set_tenant_gpu_isolation`] and [`RuntimeConfig::gpu_isolation`]).

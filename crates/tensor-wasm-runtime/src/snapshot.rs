@@ -33,7 +33,7 @@ use crate::error::{Result, RuntimeError};
 use crate::function_entry::{FunctionEntry, Prepared};
 use crate::instrument::{self, GLOBAL_PREFIX, MEMORY_EXPORT};
 use crate::invocation_state::{classify, quiet_wasi, InvocationState};
-use crate::store::{new_snapshot_id, FunctionRecord, InvocationStyle, SnapshotRecord};
+use crate::store::{new_snapshot_id, FunctionRecord, InvocationStyle, SnapshotRecord, WriteBounds};
 use crate::{FunctionInfo, Runtime};
 
 /// Snapshots one function may keep; creating more is a conflict until some are deleted.
@@ -215,9 +215,18 @@ impl Runtime {
                 .inspect_err(|_| {
                     let _ = std::fs::remove_file(&local_path);
                 })?;
+            let bounds = WriteBounds {
+                max_snapshots_per_function: Some(MAX_SNAPSHOTS_PER_FUNCTION as u64),
+                max_stored_bytes: Some(quota),
+                ..WriteBounds::default()
+            };
             self.inner
                 .store
-                .put_snapshot(&snapshot_record, &portable.pieces().collect::<Vec<_>>())
+                .create_snapshot(
+                    &snapshot_record,
+                    &portable.pieces().collect::<Vec<_>>(),
+                    &bounds,
+                )
                 .inspect_err(|_| {
                     let _ = std::fs::remove_file(&local_path);
                 })?;
@@ -248,10 +257,10 @@ impl Runtime {
     /// [`RuntimeError::Conflict`] when function `id` keeps [`MAX_SNAPSHOTS_PER_FUNCTION`].
     fn check_snapshot_count(&self, id: &str) -> Result<()> {
         if self.inner.store.snapshots(id)?.len() >= MAX_SNAPSHOTS_PER_FUNCTION {
-            return Err(RuntimeError::Conflict(format!(
-                "function {id} already has {MAX_SNAPSHOTS_PER_FUNCTION} snapshots, the most it \
-                 may keep; delete one first"
-            )));
+            return Err(WriteBounds::too_many_snapshots(
+                id,
+                MAX_SNAPSHOTS_PER_FUNCTION as u64,
+            ));
         }
         Ok(())
     }

@@ -134,12 +134,14 @@ pub trait FunctionStore: Send + Sync + 'static {
     fn module(&self, sha256: &str) -> Result<Vec<u8>>;
     /// Writes a function record atomically; durable when it returns.
     fn put_function(&self, record: &FunctionRecord) -> Result<()>;
-    /// Writes the record of a new function, refusing it with
-    /// [`RuntimeError::FunctionQuotaExceeded`] when its tenant already has `max_per_tenant`
-    /// functions, counted in the same transaction as the write. The default writes without
-    /// counting: a store used by one process relies on that process's own count.
-    fn create_function(&self, record: &FunctionRecord, max_per_tenant: Option<u64>) -> Result<()> {
-        let _ = max_per_tenant;
+    /// Writes the record of a new function, refusing it when its tenant already has
+    /// `bounds.max_functions` functions ([`RuntimeError::FunctionQuotaExceeded`]) or its
+    /// module would take the tenant past `bounds.max_stored_bytes`
+    /// ([`RuntimeError::StorageQuotaExceeded`]), counted in the same transaction as the write.
+    /// The default writes without counting: a store used by one process relies on that
+    /// process's own counts.
+    fn create_function(&self, record: &FunctionRecord, bounds: &WriteBounds) -> Result<()> {
+        let _ = bounds;
         self.put_function(record)
     }
     /// Deletes a function record; `false` if it did not exist.
@@ -159,6 +161,21 @@ pub trait FunctionStore: Send + Sync + 'static {
     /// Stores a snapshot's bytes (the concatenation of `pieces`), then its record; durable
     /// when it returns.
     fn put_snapshot(&self, record: &SnapshotRecord, pieces: &[&[u8]]) -> Result<()>;
+    /// [`FunctionStore::put_snapshot`] for a new snapshot, refusing it when its function
+    /// already keeps `bounds.max_snapshots_per_function` snapshots
+    /// ([`WriteBounds::too_many_snapshots`]) or it would take its tenant past
+    /// `bounds.max_stored_bytes`, counted in the same transaction as the record's write (the
+    /// bytes of a refused snapshot are removed again). The default writes without counting,
+    /// as [`FunctionStore::create_function`].
+    fn create_snapshot(
+        &self,
+        record: &SnapshotRecord,
+        pieces: &[&[u8]],
+        bounds: &WriteBounds,
+    ) -> Result<()> {
+        let _ = bounds;
+        self.put_snapshot(record, pieces)
+    }
     /// The bytes of a stored snapshot (`None` if it does not exist).
     fn snapshot_bytes(&self, function_id: &str, snapshot_id: &str) -> Result<Option<Vec<u8>>>;
     /// The snapshot records of a function, oldest first.
@@ -167,6 +184,29 @@ pub trait FunctionStore: Send + Sync + 'static {
     fn delete_snapshot(&self, function_id: &str, snapshot_id: &str) -> Result<bool>;
     /// Deletes every snapshot of a function (when the function is deleted).
     fn delete_snapshots(&self, function_id: &str) -> Result<()>;
+}
+
+/// Quotas a store that several processes share checks in the transaction that writes a new
+/// record ([`FunctionStore::create_function`], [`FunctionStore::create_snapshot`]), so that
+/// they hold exactly across the processes. `None`: not checked there.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteBounds {
+    /// Functions the tenant may have.
+    pub max_functions: Option<u64>,
+    /// Bytes of modules (each function's module) and snapshots the tenant may keep.
+    pub max_stored_bytes: Option<u64>,
+    /// Snapshots one function may keep.
+    pub max_snapshots_per_function: Option<u64>,
+}
+
+impl WriteBounds {
+    /// The refusal of a snapshot of function `function_id`, which keeps `max` already.
+    pub fn too_many_snapshots(function_id: &str, max: u64) -> RuntimeError {
+        RuntimeError::Conflict(format!(
+            "function {function_id} already has {max} snapshots, the most it may keep; delete \
+             one first"
+        ))
+    }
 }
 
 /// sha256 of `bytes` as lowercase hex.

@@ -9,7 +9,7 @@ use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, PutPayload};
 use tensor_wasm_runtime::{
     is_valid_function_id, is_valid_snapshot_id, sha256_hex, FunctionRecord, FunctionStore, Result,
-    RuntimeError, SnapshotRecord,
+    RuntimeError, SnapshotRecord, WriteBounds,
 };
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::{Client, NoTls};
@@ -294,6 +294,50 @@ pub(crate) fn from_json<T: serde::de::DeserializeOwned>(
     serde_json::from_value(value).map_err(|e| SharedStoreError::Corrupt(format!("{what}: {e}")))
 }
 
+/// Takes the transaction-level lock of `tenant`'s records: deploys and snapshot captures of one
+/// tenant take turns until they commit, so the counts and bytes they check are the ones they
+/// write into, exactly across replicas.
+async fn lock_tenant(tx: &tokio_postgres::Transaction<'_>, tenant: &str) -> Shared<()> {
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('tw_functions:' || $1))",
+        &[&tenant],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The refusal of `adding` more bytes for `tenant` when they would take it past
+/// `bounds.max_stored_bytes`: its functions' modules and its snapshots, as their records count
+/// them. Call it holding [`lock_tenant`].
+async fn over_stored_bytes(
+    tx: &tokio_postgres::Transaction<'_>,
+    tenant: &str,
+    adding: u64,
+    bounds: &WriteBounds,
+) -> Shared<Option<RuntimeError>> {
+    let Some(limit) = bounds.max_stored_bytes else {
+        return Ok(None);
+    };
+    let used: i64 = tx
+        .query_one(
+            "SELECT ((SELECT COALESCE(sum((record->>'module_size')::bigint), 0)
+                      FROM tw_functions WHERE tenant = $1)
+                   + (SELECT COALESCE(sum((record->>'stored_bytes')::bigint), 0)
+                      FROM tw_snapshots WHERE record->>'tenant' = $1))::bigint",
+            &[&tenant],
+        )
+        .await?
+        .get(0);
+    let used = u64::try_from(used).unwrap_or(0);
+    Ok(
+        (used.saturating_add(adding) > limit).then_some(RuntimeError::StorageQuotaExceeded {
+            limit,
+            used,
+            requested: adding,
+        }),
+    )
+}
+
 /// Key of the transaction-level advisory lock that orders the change log (ASCII "twchange").
 const CHANGES_LOCK_KEY: i64 = 0x7477_6368_616e_6765;
 
@@ -376,31 +420,30 @@ impl FunctionStore for SharedStore {
         })
     }
 
-    fn create_function(&self, record: &FunctionRecord, max_per_tenant: Option<u64>) -> Result<()> {
-        let Some(limit) = max_per_tenant else {
+    fn create_function(&self, record: &FunctionRecord, bounds: &WriteBounds) -> Result<()> {
+        if bounds.max_functions.is_none() && bounds.max_stored_bytes.is_none() {
             return self.put_function(record);
-        };
+        }
         let (id, tenant, json) = (record.id.clone(), record.tenant.clone(), to_json(record));
-        let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
-        let over = self.with_db("tw_functions", |db| async move {
+        let (bounds, adding) = (*bounds, record.module_size);
+        let refused = self.with_db("tw_functions", move |db| async move {
             let mut client = db.client().await?;
             let tx = client.transaction().await?;
-            // Deploys of one tenant take turns until commit, so the count they check is the
-            // count they write into: exact across replicas.
-            tx.execute(
-                "SELECT pg_advisory_xact_lock(hashtext('tw_functions:' || $1))",
-                &[&tenant],
-            )
-            .await?;
-            let count: i64 = tx
-                .query_one(
-                    "SELECT count(*) FROM tw_functions WHERE tenant = $1",
-                    &[&tenant],
-                )
-                .await?
-                .get(0);
-            if count >= limit_sql {
-                return Ok(true);
+            lock_tenant(&tx, &tenant).await?;
+            if let Some(limit) = bounds.max_functions {
+                let count: i64 = tx
+                    .query_one(
+                        "SELECT count(*) FROM tw_functions WHERE tenant = $1",
+                        &[&tenant],
+                    )
+                    .await?
+                    .get(0);
+                if count as u64 >= limit {
+                    return Ok(Some(RuntimeError::FunctionQuotaExceeded { tenant, limit }));
+                }
+            }
+            if let Some(refusal) = over_stored_bytes(&tx, &tenant, adding, &bounds).await? {
+                return Ok(Some(refusal));
             }
             tx.execute(
                 "INSERT INTO tw_functions (id, tenant, record) VALUES ($1, $2, $3)",
@@ -409,15 +452,9 @@ impl FunctionStore for SharedStore {
             .await?;
             log_change(&tx, "function", &id).await?;
             tx.commit().await?;
-            Ok(false)
+            Ok(None)
         })?;
-        if over {
-            return Err(RuntimeError::FunctionQuotaExceeded {
-                tenant: record.tenant.clone(),
-                limit,
-            });
-        }
-        Ok(())
+        refused.map_or(Ok(()), Err)
     }
 
     fn delete_function(&self, id: &str) -> Result<bool> {
@@ -458,6 +495,15 @@ impl FunctionStore for SharedStore {
     }
 
     fn put_snapshot(&self, record: &SnapshotRecord, pieces: &[&[u8]]) -> Result<()> {
+        self.create_snapshot(record, pieces, &WriteBounds::default())
+    }
+
+    fn create_snapshot(
+        &self,
+        record: &SnapshotRecord,
+        pieces: &[&[u8]],
+        bounds: &WriteBounds,
+    ) -> Result<()> {
         if !is_valid_function_id(&record.function_id) || !is_valid_snapshot_id(&record.id) {
             return Err(SharedStoreError::Config(format!(
                 "`{}/{}` is not a snapshot id",
@@ -470,7 +516,7 @@ impl FunctionStore for SharedStore {
             .iter()
             .map(|piece| Bytes::copy_from_slice(piece))
             .collect();
-        self.with_blobs(key, |blobs, key| async move {
+        self.with_blobs(key.clone(), |blobs, key| async move {
             blobs.put(&key, payload).await?;
             Ok(())
         })?;
@@ -479,18 +525,47 @@ impl FunctionStore for SharedStore {
             record.id.clone(),
             to_json(record),
         );
+        let (tenant, adding, bounds) = (record.tenant.clone(), record.stored_bytes, *bounds);
         let created = i64::try_from(record.created_at_ms).unwrap_or(i64::MAX);
-        self.with_db("tw_snapshots", |db| async move {
-            let client = db.client().await?;
-            client
-                .execute(
-                    "INSERT INTO tw_snapshots (function_id, id, record, created_at_ms)
-                     VALUES ($1, $2, $3, $4)",
-                    &[&function_id, &id, &json, &created],
-                )
-                .await?;
-            Ok(())
-        })
+        let written = self.with_db("tw_snapshots", move |db| async move {
+            let mut client = db.client().await?;
+            let tx = client.transaction().await?;
+            // The same per-tenant lock as deploys: the stored bytes both add to are exact.
+            lock_tenant(&tx, &tenant).await?;
+            if let Some(max) = bounds.max_snapshots_per_function {
+                let count: i64 = tx
+                    .query_one(
+                        "SELECT count(*) FROM tw_snapshots WHERE function_id = $1",
+                        &[&function_id],
+                    )
+                    .await?
+                    .get(0);
+                if count as u64 >= max {
+                    return Ok(Some(WriteBounds::too_many_snapshots(&function_id, max)));
+                }
+            }
+            if let Some(refusal) = over_stored_bytes(&tx, &tenant, adding, &bounds).await? {
+                return Ok(Some(refusal));
+            }
+            tx.execute(
+                "INSERT INTO tw_snapshots (function_id, id, record, created_at_ms)
+                 VALUES ($1, $2, $3, $4)",
+                &[&function_id, &id, &json, &created],
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(None)
+        });
+        match written {
+            Ok(None) => Ok(()),
+            Ok(Some(refusal)) => {
+                // Refused: its bytes go again (a failure leaves an unreferenced blob, as a
+                // crash would).
+                let _ = self.delete_blob(key);
+                Err(refusal)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn snapshot_bytes(&self, function_id: &str, snapshot_id: &str) -> Result<Option<Vec<u8>>> {

@@ -12,7 +12,8 @@ use std::time::Duration;
 use serde_json::json;
 use tensor_wasm_runtime::{
     DeploySpec, FunctionLimits, FunctionRecord, FunctionStore, GuestMemory, InvocationStyle,
-    Runtime, RuntimeConfig, RuntimeMetrics, SnapshotRecord, RECORD_FORMAT,
+    Runtime, RuntimeConfig, RuntimeError, RuntimeMetrics, SnapshotRecord, WriteBounds,
+    RECORD_FORMAT,
 };
 use tensor_wasm_shared::{
     migrate::SCHEMA_VERSION, BlobStoreConfig, ChangeFollower, FollowOptions, SharedStore,
@@ -87,6 +88,7 @@ fn the_shared_store_on_real_postgresql_and_s3() {
     two_runtimes_share_functions_and_snapshots(&pg, &s3);
     replicas_follow_each_others_changes(&pg, &s3);
     tenants_are_shared_and_bootstrapped_once(&pg, &s3);
+    stored_bytes_and_snapshot_counts_hold_exactly_across_replicas(&pg, &s3);
 }
 
 fn migrations_apply_once_when_replicas_start_together(pg: &Postgres, s3: &S3Server) {
@@ -470,5 +472,104 @@ fn tenants_are_shared_and_bootstrapped_once(pg: &Postgres, s3: &S3Server) {
         Duration::from_secs(1),
         "B forgets the deleted tenant",
         || b.lookup(&info.id).is_none(),
+    );
+}
+
+/// Three stores (replicas) writing at once: the tenant's stored bytes and a function's snapshot
+/// count are checked in the write's transaction, so the bounds hold exactly; a refused
+/// snapshot's bytes are removed again.
+fn stored_bytes_and_snapshot_counts_hold_exactly_across_replicas(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("quotas");
+    let config = blobs(s3, "tw-test", "quotas");
+    let replicas: Vec<SharedStore> = (0..3)
+        .map(|_| SharedStore::connect(&url, &config).unwrap())
+        .collect();
+    let sha = replicas[0].put_module(b"\0asm\x01\0\0\0").unwrap();
+
+    // Modules of 30 bytes against 100 stored bytes: 3 of 12 deploys at once.
+    let bytes = WriteBounds {
+        max_stored_bytes: Some(100),
+        ..WriteBounds::default()
+    };
+    let outcomes: Vec<Result<(), RuntimeError>> = std::thread::scope(|scope| {
+        let deploys: Vec<_> = (0..12)
+            .map(|i| {
+                let store = &replicas[i % 3];
+                let record = FunctionRecord {
+                    module_size: 30,
+                    ..record(&format!("fn-{i:024x}"), &sha)
+                };
+                scope.spawn(move || store.create_function(&record, &bytes))
+            })
+            .collect();
+        deploys.into_iter().map(|d| d.join().unwrap()).collect()
+    });
+    assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 3);
+    for refused in outcomes.iter().filter_map(|o| o.as_ref().err()) {
+        assert!(
+            matches!(
+                refused,
+                RuntimeError::StorageQuotaExceeded {
+                    limit: 100,
+                    used: 90,
+                    requested: 30
+                }
+            ),
+            "{refused:?}"
+        );
+    }
+
+    // Snapshots of one function against a bound of 2: 2 of 6 captures at once.
+    let function = replicas[1].functions().unwrap()[0].id.clone();
+    let count = WriteBounds {
+        max_snapshots_per_function: Some(2),
+        ..WriteBounds::default()
+    };
+    let outcomes: Vec<Result<(), RuntimeError>> = std::thread::scope(|scope| {
+        let captures: Vec<_> = (0..6u64)
+            .map(|i| {
+                let (store, record) = (&replicas[i as usize % 3], snapshot(&function, 100 + i));
+                scope.spawn(move || store.create_snapshot(&record, &[b"snapshot"], &count))
+            })
+            .collect();
+        captures.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 2);
+    for refused in outcomes.iter().filter_map(|o| o.as_ref().err()) {
+        assert!(
+            refused.to_string().contains("already has 2 snapshots"),
+            "{refused}"
+        );
+    }
+    assert_eq!(replicas[2].snapshots(&function).unwrap().len(), 2);
+
+    // Snapshots count toward the stored bytes (2 of 11 bytes beside 90 of modules): one more
+    // is refused at 120, and its bytes are gone from object storage.
+    let extra = snapshot(&function, 500);
+    let refused = replicas[0]
+        .create_snapshot(
+            &extra,
+            &[b"snapshot"],
+            &WriteBounds {
+                max_stored_bytes: Some(120),
+                ..WriteBounds::default()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            RuntimeError::StorageQuotaExceeded { used: 112, .. }
+        ),
+        "{refused:?}"
+    );
+    let blob = format!(
+        "{}/tw-test/quotas/snapshots/{function}/{}.twsnap",
+        s3.endpoint(),
+        extra.id
+    );
+    assert!(
+        matches!(ureq::get(&blob).call(), Err(ureq::Error::Status(404, _))),
+        "the refused snapshot's bytes are removed"
     );
 }

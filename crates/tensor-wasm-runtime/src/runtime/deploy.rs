@@ -210,9 +210,12 @@ impl Runtime {
             limits,
             start_from_snapshot: None,
         };
-        self.inner
-            .store
-            .create_function(&record, spec.max_functions)?;
+        let bounds = crate::WriteBounds {
+            max_functions: spec.max_functions,
+            max_stored_bytes: Some(quota),
+            ..crate::WriteBounds::default()
+        };
+        self.inner.store.create_function(&record, &bounds)?;
         reservation.commit();
         let info = FunctionInfo {
             record,
