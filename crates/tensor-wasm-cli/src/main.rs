@@ -7,6 +7,7 @@
 //! panic on the closed pipe.
 
 mod client;
+mod import;
 mod job_flags;
 mod serve;
 mod shared;
@@ -36,6 +37,21 @@ enum Command {
         /// The shared store's PostgreSQL URL.
         #[arg(long, env = "TENSOR_WASM_STORE", hide_env_values = true)]
         store: String,
+    },
+    /// Copy a single-node data dir (tenants, tokens, functions, modules, snapshots) into the
+    /// shared store, to grow from one process to replicas. Safe to run again; refuses a store
+    /// that holds another installation's state.
+    ImportDataDir {
+        /// The data dir to copy (only read).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The shared store's PostgreSQL URL.
+        #[arg(long, env = "TENSOR_WASM_STORE", hide_env_values = true)]
+        store: String,
+        /// The shared store's object storage, `s3://bucket/prefix` (endpoint and credentials
+        /// from the `AWS_*` environment).
+        #[arg(long, env = "TENSOR_WASM_BLOB_STORE")]
+        blob_store: String,
     },
     /// Show the kernel devices this host has (or why CUDA is unavailable) and
     /// which backend `serve --device auto` would use. With --data-dir, also list the
@@ -201,6 +217,11 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(*args).map(|()| ExitCode::SUCCESS),
         Command::Doctor { data_dir } => doctor(data_dir.as_deref()),
         Command::Migrate { store } => shared::migrate(&store).map(|()| ExitCode::SUCCESS),
+        Command::ImportDataDir {
+            data_dir,
+            store,
+            blob_store,
+        } => import::import_data_dir(&data_dir, &store, &blob_store).map(|()| ExitCode::SUCCESS),
         Command::Deploy {
             file,
             name,
