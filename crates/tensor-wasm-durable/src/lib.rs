@@ -154,6 +154,11 @@ pub fn create_dir_all(dir: impl AsRef<Path>) -> Result<(), DurableError> {
         missing.push(d);
         cursor = d.parent();
     }
+    if missing.is_empty() {
+        // Another writer created the whole chain between the first check and the walk: its
+        // syncs may still be to come, so `dir` is synced here as if this call created it.
+        missing.push(dir);
+    }
     for d in missing.iter().rev() {
         match fs::create_dir(d) {
             Ok(()) => {}
