@@ -53,6 +53,24 @@ enum Command {
         #[arg(long, env = "TENSOR_WASM_BLOB_STORE")]
         blob_store: String,
     },
+    /// Remove the shared store's orphaned blobs: modules no function names any more and
+    /// snapshot images without a record, once older than the grace period. Run it from time
+    /// to time (a cron job); safe beside running replicas.
+    CollectOrphans {
+        /// The shared store's PostgreSQL URL.
+        #[arg(long, env = "TENSOR_WASM_STORE", hide_env_values = true)]
+        store: String,
+        /// The shared store's object storage, `s3://bucket/prefix`.
+        #[arg(long, env = "TENSOR_WASM_BLOB_STORE")]
+        blob_store: String,
+        /// Seconds a blob must have gone unused before it is removed; longer than any deploy
+        /// or capture takes.
+        #[arg(long, default_value_t = 3600)]
+        grace_s: u64,
+        /// Only count what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Show the kernel devices this host has (or why CUDA is unavailable) and
     /// which backend `serve --device auto` would use. With --data-dir, also list the
     /// function records in quarantine (exit status 1 when there are any).
@@ -217,6 +235,13 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(*args).map(|()| ExitCode::SUCCESS),
         Command::Doctor { data_dir } => doctor(data_dir.as_deref()),
         Command::Migrate { store } => shared::migrate(&store).map(|()| ExitCode::SUCCESS),
+        Command::CollectOrphans {
+            store,
+            blob_store,
+            grace_s,
+            dry_run,
+        } => shared::collect_orphans(&store, &blob_store, grace_s, dry_run)
+            .map(|()| ExitCode::SUCCESS),
         Command::ImportDataDir {
             data_dir,
             store,

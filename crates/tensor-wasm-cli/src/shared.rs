@@ -200,3 +200,29 @@ pub fn migrate(store: &str) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `tensor-wasm collect-orphans`: removes (or counts) the shared store's orphaned blobs older
+/// than `grace_s` seconds and says how many.
+pub fn collect_orphans(
+    store: &str,
+    blob_store: &str,
+    grace_s: u64,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    let blobs = BlobStoreConfig {
+        url: blob_store.to_owned(),
+        ..BlobStoreConfig::default()
+    };
+    let shared = SharedStore::connect(store, &blobs).context("connecting to the shared store")?;
+    let found = shared
+        .collect_orphans(std::time::Duration::from_secs(grace_s), dry_run)
+        .context("collecting orphaned blobs")?;
+    println!(
+        "{} {} module(s) and {} snapshot image(s), {} bytes",
+        if dry_run { "would remove" } else { "removed" },
+        found.modules,
+        found.snapshots,
+        found.bytes
+    );
+    Ok(())
+}

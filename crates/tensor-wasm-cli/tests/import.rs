@@ -2,7 +2,8 @@
 //! functions, a snapshot and its tokens, is copied into a shared store on a real PostgreSQL 15
 //! and a real S3 server; a replica with an empty data dir then serves every function with the
 //! old tokens, starting from the imported snapshot. A second run finishes nothing new and
-//! fails nothing; another installation's data dir is refused.
+//! fails nothing; another installation's data dir is refused. `collect-orphans` then removes
+//! the module of a function deleted on the replica.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -94,6 +95,46 @@ fn a_data_dir_moves_into_the_shared_store() {
         replica.call(&warm, "init_runs", json!([])),
         (200, json!({"results": [1]})),
         "starts from the imported snapshot"
+    );
+    // Deleted there, the function's module is an orphan that `collect-orphans` removes.
+    let deleted = ServeProcess::agent()
+        .delete(&replica.url(&format!("/functions/{calc}")))
+        .set("authorization", &replica.auth())
+        .call()
+        .expect("the delete");
+    assert!(matches!(deleted.status(), 200 | 204));
+    let collect = |extra: &[&str]| -> Output {
+        Command::new(BIN)
+            .args([
+                "collect-orphans",
+                "--store",
+                &database,
+                "--blob-store",
+                "s3://tw-import/p",
+            ])
+            .args(["--grace-s", "0"])
+            .args(extra)
+            .envs(env.iter().copied())
+            .output()
+            .expect("running collect-orphans")
+    };
+    let dry = collect(&["--dry-run"]);
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    assert!(
+        stdout(&dry).contains("would remove 1 module(s) and 0 snapshot image(s)"),
+        "{}",
+        stdout(&dry)
+    );
+    let done = collect(&[]);
+    assert!(
+        stdout(&done).contains("removed 1 module(s)"),
+        "{}",
+        stdout(&done)
+    );
+    assert_eq!(
+        replica.call(&warm, "init_runs", json!([])),
+        (200, json!({"results": [1]})),
+        "what records name stays"
     );
     replica.terminate();
 

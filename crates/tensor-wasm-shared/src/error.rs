@@ -11,7 +11,7 @@ pub enum SharedStoreError {
     #[error("shared store configuration: {0}")]
     Config(String),
     /// PostgreSQL refused or failed a statement, or cannot be reached.
-    #[error("PostgreSQL: {0}")]
+    #[error("PostgreSQL: {}", with_causes(.0))]
     Database(#[from] tokio_postgres::Error),
     /// The object store failed or cannot be reached.
     #[error("object store: {0}")]
@@ -28,6 +28,22 @@ pub enum SharedStoreError {
     /// The store's own runtime could not start.
     #[error("shared store runtime: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// `error` and each error that caused it, joined by ": " (a TLS handshake's reason, say, is
+/// only in the chain).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let next = e.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = e.source();
+    }
+    text
 }
 
 impl SharedStoreError {

@@ -172,8 +172,7 @@ async fn follow(session: Session) {
 
 /// One connection's worth of following; returns why it ended.
 async fn listen(session: &Session) -> Shared<std::convert::Infallible> {
-    let (client, mut connection) =
-        tokio_postgres::connect(&session.url, tokio_postgres::NoTls).await?;
+    let (client, mut connection) = crate::tls::connect(&session.url).await?;
     let wake = Arc::new(Notify::new());
     let waker = wake.clone();
     let driver = tokio::spawn(async move {

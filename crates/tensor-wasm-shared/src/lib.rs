@@ -31,8 +31,13 @@
 //! Each replica writes a heartbeat (`replicas.rs`, `tw_replicas`) and counts the live
 //! replicas, which share every tenant's rate and concurrency limits.
 //!
-//! Not built yet, and refused or absent rather than faked: TLS to PostgreSQL
-//! (`sslmode=require` is refused by the client with a clear error).
+//! Orphaned blobs (modules no function names, snapshot images without a record) are removed
+//! by [`SharedStore::collect_orphans`] (`orphans.rs`, `tensor-wasm collect-orphans`) once older
+//! than a grace period.
+//!
+//! TLS to PostgreSQL (`tls.rs`): a database URL with `sslmode=require` is connected over
+//! rustls and the server verified (chain and host name) against `sslrootcert=<PEM file>` or the
+//! system's roots.
 
 mod bridge;
 mod error;
@@ -40,12 +45,15 @@ mod follow;
 mod jobs;
 mod metrics;
 pub mod migrate;
+mod orphans;
 mod replicas;
 mod store;
 mod tenants;
+mod tls;
 
 pub use error::SharedStoreError;
 pub use follow::{Change, ChangeFollower, FollowOptions, OnChange};
 pub use metrics::SharedMetrics;
+pub use orphans::Orphans;
 pub use store::{BlobStoreConfig, SharedStore};
 pub use tenants::BOOTSTRAP_LOCK_KEY;

@@ -12,12 +12,13 @@ use tensor_wasm_runtime::{
     RuntimeError, SnapshotRecord, WriteBounds,
 };
 use tokio::sync::{Mutex, MutexGuard};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use crate::bridge::Bridge;
 use crate::error::SharedStoreError;
 use crate::metrics::SharedMetrics;
 use crate::migrate::migrate;
+use crate::orphans::lock_module;
 
 /// Where blobs go: an `s3://bucket[/prefix]` URL and how to reach the server.
 #[derive(Debug, Clone, Default)]
@@ -131,9 +132,9 @@ pub(crate) async fn execute_logged(
 }
 
 pub(crate) async fn connect(url: &str) -> std::result::Result<Client, SharedStoreError> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    let (client, connection) = crate::tls::connect(url).await?;
     tokio::spawn(async move {
-        if let Err(e) = connection.await {
+        if let Err(e) = connection.run().await {
             tracing::warn!(error = %e, "shared store: PostgreSQL connection lost");
         }
     });
@@ -144,7 +145,7 @@ pub(crate) async fn connect(url: &str) -> std::result::Result<Client, SharedStor
 pub struct SharedStore {
     pub(crate) bridge: Bridge,
     pub(crate) db: Arc<Db>,
-    blobs: Arc<dyn ObjectStore>,
+    pub(crate) blobs: Arc<dyn ObjectStore>,
     pub(crate) metrics: Option<SharedMetrics>,
 }
 
@@ -262,7 +263,7 @@ impl SharedStore {
     }
 }
 
-fn module_key(sha256: &str) -> ObjectPath {
+pub(crate) fn module_key(sha256: &str) -> ObjectPath {
     ObjectPath::from(format!("modules/{sha256}.wasm"))
 }
 
@@ -364,29 +365,31 @@ impl FunctionStore for SharedStore {
         let sha = sha256_hex(bytes);
         let size = bytes.len() as i64;
         let payload = Bytes::copy_from_slice(bytes);
-        let key = module_key(&sha);
-        self.with_blobs(key, |blobs, key| async move {
+        let (blobs, digest, db) = (self.blobs.clone(), sha.clone(), self.db.clone());
+        // The row is touched and the blob stored under the module's lock, which the orphan
+        // collector takes too (`orphans.rs`); the row commits after the blob is stored.
+        self.timed("objects", async move {
+            let mut client = db.client().await?;
+            let tx = client.transaction().await?;
+            lock_module(&tx, &digest).await?;
+            tx.execute(
+                "INSERT INTO tw_modules (sha256, size) VALUES ($1, $2)
+                 ON CONFLICT (sha256) DO UPDATE SET created_at = now()",
+                &[&digest, &size],
+            )
+            .await?;
+            let key = module_key(&digest);
             match blobs.head(&key).await {
-                Ok(_) => Ok(()),
+                Ok(_) => {}
                 Err(object_store::Error::NotFound { .. }) => {
                     blobs.put(&key, PutPayload::from(payload)).await?;
-                    Ok(())
                 }
-                Err(e) => Err(e.into()),
+                Err(e) => return Err(e.into()),
             }
-        })?;
-        let digest = sha.clone();
-        self.with_db("tw_modules", |db| async move {
-            let client = db.client().await?;
-            client
-                .execute(
-                    "INSERT INTO tw_modules (sha256, size) VALUES ($1, $2)
-                     ON CONFLICT (sha256) DO NOTHING",
-                    &[&digest, &size],
-                )
-                .await?;
+            tx.commit().await?;
             Ok(())
-        })?;
+        })
+        .map_err(|e| e.into_runtime(module_key(&sha).as_ref()))?;
         Ok(sha)
     }
 

@@ -16,7 +16,7 @@ use tensor_wasm_runtime::{
     RECORD_FORMAT,
 };
 use tensor_wasm_shared::{
-    migrate::SCHEMA_VERSION, BlobStoreConfig, ChangeFollower, FollowOptions, SharedStore,
+    migrate::SCHEMA_VERSION, BlobStoreConfig, ChangeFollower, FollowOptions, Orphans, SharedStore,
     BOOTSTRAP_LOCK_KEY,
 };
 use tensor_wasm_tenant::{GpuIsolation, Quotas, TenantMetrics, TenantRegistry};
@@ -89,6 +89,7 @@ fn the_shared_store_on_real_postgresql_and_s3() {
     replicas_follow_each_others_changes(&pg, &s3);
     tenants_are_shared_and_bootstrapped_once(&pg, &s3);
     stored_bytes_and_snapshot_counts_hold_exactly_across_replicas(&pg, &s3);
+    orphaned_blobs_are_collected_after_the_grace_period(&pg, &s3);
 }
 
 fn migrations_apply_once_when_replicas_start_together(pg: &Postgres, s3: &S3Server) {
@@ -572,4 +573,65 @@ fn stored_bytes_and_snapshot_counts_hold_exactly_across_replicas(pg: &Postgres, 
         matches!(ureq::get(&blob).call(), Err(ureq::Error::Status(404, _))),
         "the refused snapshot's bytes are removed"
     );
+}
+
+/// Modules no function names and snapshot images without a record are removed once older than
+/// the grace period; what records name stays; a module stored again is stored whole.
+fn orphaned_blobs_are_collected_after_the_grace_period(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("orphans");
+    let store = SharedStore::connect(&url, &blobs(s3, "tw-test", "orphans")).unwrap();
+    let kept_module = b"\0asm\x01\0\0\0".to_vec();
+    let kept_sha = store.put_module(&kept_module).unwrap();
+    let function = record("fn-cccccccccccccccccccccccc", &kept_sha);
+    store.put_function(&function).unwrap();
+    let kept_snapshot = snapshot(&function.id, 1);
+    store.put_snapshot(&kept_snapshot, &[b"kept"]).unwrap();
+    // Orphans: the module of a deleted function, and an image whose capture left no record.
+    let gone_module = b"\0asm\x01\0\0\0\0".to_vec();
+    let gone_sha = store.put_module(&gone_module).unwrap();
+    let deleted = record("fn-dddddddddddddddddddddddd", &gone_sha);
+    store.put_function(&deleted).unwrap();
+    assert!(store.delete_function(&deleted.id).unwrap());
+    let stray = format!(
+        "{}/tw-test/orphans/snapshots/{}/snap-00000000000000000000abcd.twsnap",
+        s3.endpoint(),
+        function.id
+    );
+    ureq::put(&stray).send_bytes(b"stray image").unwrap();
+
+    let hour = Duration::from_secs(3600);
+    assert_eq!(
+        store.collect_orphans(hour, false).unwrap(),
+        Orphans::default(),
+        "too young"
+    );
+    let counted = store.collect_orphans(Duration::ZERO, true).unwrap();
+    assert_eq!((counted.modules, counted.snapshots), (1, 1), "{counted:?}");
+    assert!(store.module(&gone_sha).is_ok(), "a dry run removes nothing");
+    let removed = store.collect_orphans(Duration::ZERO, false).unwrap();
+    assert_eq!(removed, counted);
+    assert_eq!(
+        removed.bytes,
+        (gone_module.len() + b"stray image".len()) as u64
+    );
+    assert!(store.module(&gone_sha).is_err());
+    assert!(matches!(
+        ureq::get(&stray).call(),
+        Err(ureq::Error::Status(404, _))
+    ));
+    assert_eq!(store.module(&kept_sha).unwrap(), kept_module);
+    assert_eq!(
+        store
+            .snapshot_bytes(&function.id, &kept_snapshot.id)
+            .unwrap()
+            .unwrap(),
+        b"kept"
+    );
+    assert_eq!(
+        store.collect_orphans(Duration::ZERO, false).unwrap(),
+        Orphans::default()
+    );
+    // Deployed again after its collection: the module is stored again, whole.
+    assert_eq!(store.put_module(&gone_module).unwrap(), gone_sha);
+    assert_eq!(store.module(&gone_sha).unwrap(), gone_module);
 }

@@ -145,6 +145,35 @@ impl Postgres {
         );
     }
 
+    /// Restarts the server with TLS on, serving the PEM certificate `cert` with key `key`
+    /// (copied into its data directory); connections without TLS are still accepted.
+    ///
+    /// # Panics
+    /// When a file cannot be copied or the server does not restart.
+    pub fn enable_tls(&self, cert: &Path, key: &Path) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let data = self.dir.path().join("data");
+        for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+            let target = data.join(to);
+            std::fs::copy(from, &target).expect("copy a TLS file into the data dir");
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod 600");
+            if let Some(user) = self.run_as {
+                let status = Command::new("chown")
+                    .args([&format!("{user}:{user}"), &target.display().to_string()])
+                    .status()
+                    .expect("chown");
+                assert!(status.success(), "chown of {to} failed");
+            }
+        }
+        let conf = data.join("postgresql.conf");
+        let mut settings = std::fs::read_to_string(&conf).expect("postgresql.conf");
+        settings.push_str("\nssl = on\n");
+        std::fs::write(&conf, settings).expect("postgresql.conf");
+        self.pg_ctl(&["stop", "-m", "fast", "-w"]);
+        self.resume();
+    }
+
     fn pg_ctl(&self, args: &[&str]) {
         let data = self.dir.path().join("data").display().to_string();
         let mut all = vec!["-D", &data];

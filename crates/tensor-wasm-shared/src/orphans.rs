@@ -1,0 +1,145 @@
+//! Collecting orphaned blobs: modules no function record names any more (their functions were
+//! deleted, or a deploy failed after storing the module) and snapshot images without a record
+//! (a capture that failed or crashed between the image and its record).
+//!
+//! A module is collected only when its `tw_modules` row was last touched longer ago than the
+//! grace period, and under the same per-module transaction lock that every `put_module` takes
+//! while it touches the row and stores the blob: a deploy either stored the module before the
+//! collector looked (the row is young, the module is kept) or after it (the blob is stored
+//! again). A deploy's record must follow its `put_module` within the grace period.
+//! A snapshot image is collected when no record names it and the object is older than the
+//! grace period (a capture writes its record right after its image).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use object_store::path::Path as ObjectPath;
+use object_store::ObjectStore;
+use tensor_wasm_runtime::Result;
+
+use crate::store::{module_key, Shared, SharedStore};
+
+/// What [`SharedStore::collect_orphans`] found (and removed, unless it was a dry run).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Orphans {
+    /// Modules no function names, past the grace period.
+    pub modules: usize,
+    /// Snapshot images without a record, past the grace period.
+    pub snapshots: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// Every object under `prefix`, with its size and age in milliseconds.
+async fn list(blobs: &dyn ObjectStore, prefix: &str) -> Shared<Vec<(ObjectPath, u64, i64)>> {
+    let prefix = ObjectPath::from(prefix);
+    let mut listing = blobs.list(Some(&prefix));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let mut objects = Vec::new();
+    while let Some(meta) = std::future::poll_fn(|cx| listing.as_mut().poll_next(cx)).await {
+        let meta = meta?;
+        let age_ms = now - meta.last_modified.timestamp_millis();
+        objects.push((meta.location, meta.size, age_ms));
+    }
+    Ok(objects)
+}
+
+impl SharedStore {
+    /// Removes (or with `dry_run` only counts) the orphaned blobs older than `grace`.
+    ///
+    /// # Errors
+    /// When either store cannot be reached or refuses a call; what was removed until then
+    /// stays removed, and a second run continues.
+    pub fn collect_orphans(&self, grace: Duration, dry_run: bool) -> Result<Orphans> {
+        let blobs = self.blobs.clone();
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        self.with_db("orphans", move |db| async move {
+            let mut found = Orphans::default();
+            // Snapshots: an image without a record.
+            let named: HashSet<String> = db
+                .client()
+                .await?
+                .query("SELECT function_id || '/' || id FROM tw_snapshots", &[])
+                .await?
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            for (location, size, age_ms) in list(blobs.as_ref(), "snapshots").await? {
+                let key = location.as_ref();
+                let Some(name) = key
+                    .strip_prefix("snapshots/")
+                    .and_then(|k| k.strip_suffix(".twsnap"))
+                else {
+                    continue;
+                };
+                if named.contains(name) || age_ms < grace_ms {
+                    continue;
+                }
+                if !dry_run {
+                    delete(blobs.as_ref(), &location).await?;
+                }
+                found.snapshots += 1;
+                found.bytes += size;
+            }
+            // Modules: under the module's lock, unnamed and untouched for the grace period.
+            for (location, size, age_ms) in list(blobs.as_ref(), "modules").await? {
+                let Some(sha) = location
+                    .as_ref()
+                    .strip_prefix("modules/")
+                    .and_then(|k| k.strip_suffix(".wasm"))
+                    .map(str::to_owned)
+                else {
+                    continue;
+                };
+                let mut client = db.client().await?;
+                let tx = client.transaction().await?;
+                lock_module(&tx, &sha).await?;
+                let row = tx
+                    .query_one(
+                        "SELECT
+                             EXISTS (SELECT 1 FROM tw_functions
+                                     WHERE record->>'module_sha256' = $1),
+                             (SELECT (EXTRACT(EPOCH FROM now() - created_at) * 1000)::BIGINT
+                              FROM tw_modules WHERE sha256 = $1)",
+                        &[&sha],
+                    )
+                    .await?;
+                let named: bool = row.get(0);
+                // No row: a blob stored by a deploy that crashed before its row; the object's
+                // own age counts then.
+                let touched_ms: i64 = row.get::<_, Option<i64>>(1).unwrap_or(age_ms);
+                if named || touched_ms < grace_ms {
+                    continue;
+                }
+                if !dry_run {
+                    delete(blobs.as_ref(), &module_key(&sha)).await?;
+                    tx.execute("DELETE FROM tw_modules WHERE sha256 = $1", &[&sha])
+                        .await?;
+                    tx.commit().await?;
+                }
+                found.modules += 1;
+                found.bytes += size;
+            }
+            Ok(found)
+        })
+    }
+}
+
+/// Takes the transaction-level lock of module `sha256` (see the module documentation).
+pub(crate) async fn lock_module(tx: &tokio_postgres::Transaction<'_>, sha256: &str) -> Shared<()> {
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('tw_modules:' || $1))",
+        &[&sha256],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn delete(blobs: &dyn ObjectStore, location: &ObjectPath) -> Shared<()> {
+    match blobs.delete(location).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
