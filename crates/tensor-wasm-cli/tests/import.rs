@@ -22,14 +22,11 @@ fn a_data_dir_moves_into_the_shared_store() {
     let s3 = S3Server::start();
     s3.create_bucket("tw-import");
     let database = pg.create_database("import");
-    let endpoint = s3.endpoint();
-    let env: Vec<(&str, &OsStr)> = vec![
-        ("AWS_ENDPOINT", OsStr::new(&endpoint)),
-        ("AWS_ALLOW_HTTP", OsStr::new("true")),
-        ("AWS_ACCESS_KEY_ID", OsStr::new("tensor-wasm-test")),
-        ("AWS_SECRET_ACCESS_KEY", OsStr::new("tensor-wasm-test")),
-        ("AWS_REGION", OsStr::new("us-east-1")),
-    ];
+    let client_env = s3.client_env();
+    let env: Vec<(&str, &OsStr)> = client_env
+        .iter()
+        .map(|(k, v)| (*k, v.as_os_str()))
+        .collect();
     let import = |dir: &Path| -> Output {
         Command::new(BIN)
             .arg("import-data-dir")

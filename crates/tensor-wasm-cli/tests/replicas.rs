@@ -52,14 +52,11 @@ fn three_replicas_share_functions_and_tokens() {
     let s3 = S3Server::start();
     s3.create_bucket("tw-replicas");
     let database = pg.create_database("replicas");
-    let endpoint = s3.endpoint();
-    let env: Vec<(&str, &OsStr)> = vec![
-        ("AWS_ENDPOINT", OsStr::new(&endpoint)),
-        ("AWS_ALLOW_HTTP", OsStr::new("true")),
-        ("AWS_ACCESS_KEY_ID", OsStr::new("tensor-wasm-test")),
-        ("AWS_SECRET_ACCESS_KEY", OsStr::new("tensor-wasm-test")),
-        ("AWS_REGION", OsStr::new("us-east-1")),
-    ];
+    let client_env = s3.client_env();
+    let env: Vec<(&str, &OsStr)> = client_env
+        .iter()
+        .map(|(k, v)| (*k, v.as_os_str()))
+        .collect();
     let args = [
         "--store",
         database.as_str(),
@@ -195,21 +192,7 @@ fn three_replicas_share_functions_and_tokens() {
         "requests_per_second": 100_000,
         "burst": 100_000,
     }));
-    for replica in [&b, &c] {
-        wait_until(
-            Duration::from_secs(1),
-            "the replica has the new quota",
-            || {
-                let (_, info) = request(
-                    "GET",
-                    &replica.url(&format!("/tenants/{tenant}")),
-                    &a.admin_auth(),
-                    None,
-                );
-                info["quotas"]["max_functions"] == json!(10)
-            },
-        );
-    }
+    quota_reaches(&[&b, &c], &a.admin_auth(), "max_functions", &json!(10));
     let replicas = [&a, &b, &c];
     let outcomes: Vec<(u16, String, Option<String>)> = std::thread::scope(|scope| {
         let deploys: Vec<_> = (0..50)
@@ -472,24 +455,8 @@ fn limits_are_shared_within_the_documented_overshoot(
             metric_sum(replica, "tensor_wasm_live_replicas", &[]) == 3.0
         });
     }
-    let tenant = a.tenant_id();
-    let quotas_reach = |field: &str, value: Value| {
-        for replica in replicas {
-            wait_until(
-                Duration::from_secs(1),
-                "the replica has the new quota",
-                || {
-                    let (_, info) = request(
-                        "GET",
-                        &replica.url(&format!("/tenants/{tenant}")),
-                        &a.admin_auth(),
-                        None,
-                    );
-                    info["quotas"][field] == value
-                },
-            );
-        }
-    };
+    let quotas_reach =
+        |field: &str, value: Value| quota_reaches(replicas, &a.admin_auth(), field, &value);
     let nap = a.deploy(&examples_dir().join("sleep.wat"), "name=nap-limits");
     for replica in replicas {
         wait_until(Duration::from_secs(1), "the replica serves nap", || {
@@ -499,19 +466,8 @@ fn limits_are_shared_within_the_documented_overshoot(
 
     patch(json!({ "max_concurrent_invocations": 4 }));
     quotas_reach("max_concurrent_invocations", json!(4));
-    let answers: Vec<Vec<(u16, Value)>> = std::thread::scope(|scope| {
-        let per_replica: Vec<Vec<_>> = replicas
-            .iter()
-            .map(|replica| {
-                (0..4)
-                    .map(|_| scope.spawn(|| replica.call(&nap, "nap", json!([1500]))))
-                    .collect()
-            })
-            .collect();
-        per_replica
-            .into_iter()
-            .map(|calls| calls.into_iter().map(|c| c.join().unwrap()).collect())
-            .collect()
+    let answers = at_once_on_each(replicas, 4, |replica| {
+        replica.call(&nap, "nap", json!([1500]))
     });
     for outcomes in &answers {
         let admitted = outcomes.iter().filter(|(status, _)| *status == 200).count();
@@ -530,23 +486,8 @@ fn limits_are_shared_within_the_documented_overshoot(
     patch(json!({ "max_concurrent_invocations": 32, "requests_per_second": 3, "burst": 3 }));
     quotas_reach("requests_per_second", json!(3));
     let start = std::time::Instant::now();
-    let answers: Vec<Vec<u16>> = std::thread::scope(|scope| {
-        let per_replica: Vec<Vec<_>> = replicas
-            .iter()
-            .map(|replica| {
-                (0..6)
-                    .map(|_| {
-                        scope.spawn(|| {
-                            request("GET", &replica.url("/functions"), &replica.auth(), None).0
-                        })
-                    })
-                    .collect()
-            })
-            .collect();
-        per_replica
-            .into_iter()
-            .map(|calls| calls.into_iter().map(|c| c.join().unwrap()).collect())
-            .collect()
+    let answers = at_once_on_each(replicas, 6, |replica| {
+        request("GET", &replica.url("/functions"), &replica.auth(), None).0
     });
     let elapsed = start.elapsed().as_secs();
     for statuses in &answers {
@@ -562,6 +503,40 @@ fn limits_are_shared_within_the_documented_overshoot(
     }
     patch(json!({ "requests_per_second": 100_000, "burst": 100_000 }));
     quotas_reach("requests_per_second", json!(100_000));
+}
+
+/// `call` sent `each` times to every replica, all at once; the answers per replica.
+fn at_once_on_each<T: Send>(
+    replicas: &[&ServeProcess],
+    each: usize,
+    call: impl Fn(&ServeProcess) -> T + Sync,
+) -> Vec<Vec<T>> {
+    std::thread::scope(|scope| {
+        let per_replica: Vec<Vec<_>> = replicas
+            .iter()
+            .map(|replica| (0..each).map(|_| scope.spawn(|| call(replica))).collect())
+            .collect();
+        per_replica
+            .into_iter()
+            .map(|calls| calls.into_iter().map(|c| c.join().unwrap()).collect())
+            .collect()
+    })
+}
+
+/// Waits until every replica's view of its tenant has quota `field` at `value` (a tenant
+/// change reaches the others through the change log).
+fn quota_reaches(replicas: &[&ServeProcess], admin: &str, field: &str, value: &Value) {
+    for replica in replicas {
+        let tenant = replica.tenant_id();
+        wait_until(
+            Duration::from_secs(1),
+            "the replica has the new quota",
+            || {
+                let url = replica.url(&format!("/tenants/{tenant}"));
+                request("GET", &url, admin, None).1["quotas"][field] == *value
+            },
+        );
+    }
 }
 
 /// Deploys `calc.wat` on `server` with `query`: status, error code (empty on success) and

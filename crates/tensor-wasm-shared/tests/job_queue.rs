@@ -6,13 +6,15 @@
 //! One test function, so that one server serves every case. Blobs are never touched here, so
 //! the object-store settings name a server that does not exist.
 
+mod common;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 use tensor_wasm_api::{Job, JobQueue, JobStatus, Submitted};
-use tensor_wasm_shared::{BlobStoreConfig, SharedStore};
+use tensor_wasm_shared::SharedStore;
 use tensor_wasm_test_support::servers::Postgres;
 use tensor_wasm_test_support::wait::wait_for;
 
@@ -21,15 +23,7 @@ fn store(pg: &Postgres, database: &str) -> SharedStore {
 }
 
 fn connect(url: &str) -> SharedStore {
-    let blobs = BlobStoreConfig {
-        url: "s3://unused".into(),
-        endpoint: Some("http://127.0.0.1:9".into()),
-        access_key_id: Some("unused".into()),
-        secret_access_key: Some("unused".into()),
-        region: Some("us-east-1".into()),
-        allow_http: true,
-    };
-    SharedStore::connect(url, &blobs).expect("connect")
+    SharedStore::connect(url, &common::no_blobs()).expect("connect")
 }
 
 fn job(n: u64, tenant: &str) -> Job {

@@ -4,22 +4,13 @@
 //! server without TLS and `sslrootcert` without `sslmode=require` are refused with clear
 //! errors.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
-use tensor_wasm_shared::{BlobStoreConfig, SharedStore};
+use tensor_wasm_shared::SharedStore;
 use tensor_wasm_test_support::servers::Postgres;
-
-fn blobs() -> BlobStoreConfig {
-    BlobStoreConfig {
-        url: "s3://unused".into(),
-        endpoint: Some("http://127.0.0.1:9".into()),
-        access_key_id: Some("unused".into()),
-        secret_access_key: Some("unused".into()),
-        region: Some("us-east-1".into()),
-        allow_http: true,
-    }
-}
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
@@ -104,7 +95,11 @@ fn the_store_connects_to_postgresql_over_verified_tls() {
     certificates(certs.path());
     let ca = certs.path().join("ca.crt");
     let with = |query: &str| format!("{url}?{query}");
-    let refused = |url: &str| SharedStore::connect(url, &blobs()).unwrap_err().to_string();
+    let refused = |url: &str| {
+        SharedStore::connect(url, &common::no_blobs())
+            .unwrap_err()
+            .to_string()
+    };
 
     // A server without TLS: `require` is refused, the default stays plain.
     let err = refused(&with(&format!(
@@ -112,7 +107,7 @@ fn the_store_connects_to_postgresql_over_verified_tls() {
         ca.display()
     )));
     assert!(err.contains("TLS"), "{err}");
-    SharedStore::connect(&url, &blobs()).expect("a plain connection");
+    SharedStore::connect(&url, &common::no_blobs()).expect("a plain connection");
 
     pg.enable_tls(
         &certs.path().join("server.crt"),
@@ -120,7 +115,7 @@ fn the_store_connects_to_postgresql_over_verified_tls() {
     );
     let store = SharedStore::connect(
         &with(&format!("sslmode=require&sslrootcert={}", ca.display())),
-        &blobs(),
+        &common::no_blobs(),
     )
     .expect("a verified TLS connection");
     store.latest_change().expect("a query over TLS");

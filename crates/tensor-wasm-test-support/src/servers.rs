@@ -276,6 +276,21 @@ impl S3Server {
         server
     }
 
+    /// The `AWS_*` environment a client of this server needs (endpoint, plain HTTP, test
+    /// credentials, region), as `serve` and the other commands read it.
+    pub fn client_env(&self) -> Vec<(&'static str, std::ffi::OsString)> {
+        [
+            ("AWS_ENDPOINT", self.endpoint()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "tensor-wasm-test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "tensor-wasm-test".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name, value.into()))
+        .collect()
+    }
+
     /// The S3 endpoint, `http://127.0.0.1:port`.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
