@@ -24,6 +24,7 @@
 
 pub mod abi;
 mod bounded;
+pub mod component;
 mod config;
 mod engine;
 mod error;

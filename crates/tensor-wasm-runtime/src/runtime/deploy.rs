@@ -162,6 +162,9 @@ impl Runtime {
         }
         let binary = wat::parse_bytes(module_bytes)
             .map_err(|e| RuntimeError::InvalidModule(truncate_message(format!("{e}"))))?;
+        if crate::component::is_component(&binary) {
+            return Err(crate::component::refusal(&binary));
+        }
         check_single_memory(&binary)?;
         let sha = sha256_hex(&binary);
         // A module is cached (and its artifact written) only once the deploy has
