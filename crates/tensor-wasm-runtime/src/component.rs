@@ -1,10 +1,19 @@
-//! WebAssembly components (WASI 0.2) at deploy: recognised, validated and classified by what
-//! they export, then refused with an error that says what was found and that running
-//! components is not built yet (issue 20, docs/components.md). Core modules are unaffected.
+//! WebAssembly components (WASI 0.2): recognised at deploy, validated and classified by what
+//! they export. Commands (`wasi:cli/run`) are deployed and run on wasmtime's WASI 0.2 host
+//! ([`ComponentHost`]) with the limits of a core module's function; HTTP handlers and typed
+//! exports are refused with an error that says what was found and that they are not built yet
+//! (issue 20, docs/components.md).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 use wasmparser::{ComponentExternalKind, Parser, Payload, Validator, WasmFeatures};
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Engine, ResourceLimiter};
+use wasmtime_wasi::p2::bindings::sync::CommandPre;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::error::RuntimeError;
+use crate::error::{truncate_message, RuntimeError};
 
 /// How a component would be invoked, from its exports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,16 +104,156 @@ fn interface_of(name: &str) -> &str {
         .map_or(name, |(interface, _)| interface)
 }
 
-/// The refusal of a component at deploy: what it is, and that running components is not
-/// built yet.
-pub(crate) fn refusal(binary: &[u8]) -> RuntimeError {
-    match classify(binary) {
-        Ok(style) => RuntimeError::UnsupportedFeature(format!(
-            "this is {}; running WebAssembly components (WASI 0.2) is not built yet \
-             (docs/components.md): deploy a core module (WASI preview 1) instead",
-            style.describe()
-        )),
-        Err(e) => e,
+/// The refusal of a component whose style is not built yet: what it is, and what runs.
+pub(crate) fn refusal(style: &ComponentStyle) -> RuntimeError {
+    RuntimeError::UnsupportedFeature(format!(
+        "this is {}; of WebAssembly components (WASI 0.2) only commands (exporting \
+         wasi:cli/run) run yet (docs/components.md): deploy a core module instead",
+        style.describe()
+    ))
+}
+
+/// What a component's store holds: its WASI 0.2 context, its resources and its limiter.
+pub(crate) struct ComponentState {
+    ctx: WasiCtx,
+    table: ResourceTable,
+    pub(crate) limiter: ComponentLimiter,
+}
+
+impl WasiView for ComponentState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.ctx,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl ComponentState {
+    pub(crate) fn new(ctx: WasiCtx, memory_limit: u64) -> Self {
+        ComponentState {
+            ctx,
+            table: ResourceTable::new(),
+            limiter: ComponentLimiter {
+                limit: usize::try_from(memory_limit).unwrap_or(usize::MAX),
+                used: 0,
+                hit: None,
+            },
+        }
+    }
+}
+
+/// Bounds the total of a component's linear memories (it has one per core instance that
+/// defines one) by the function's memory limit, and its tables.
+pub(crate) struct ComponentLimiter {
+    limit: usize,
+    used: usize,
+    /// The message of the growth refused for the limit, if one was.
+    pub(crate) hit: Option<String>,
+}
+
+/// Table elements a component's instance may have (as for core modules).
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+impl ResourceLimiter for ComponentLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let total = self.used - current.min(self.used) + desired;
+        if total <= self.limit {
+            self.used = total;
+            return Ok(true);
+        }
+        let message = format!(
+            "memory limit exceeded: the component's linear memories would take {total} bytes; \
+             the function's limit is {} bytes",
+            self.limit
+        );
+        self.hit = Some(message.clone());
+        Err(wasmtime::Error::msg(message))
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+/// The component engine, its WASI 0.2 linker, and the commands compiled and linked so far
+/// (by module sha256).
+pub(crate) struct ComponentHost {
+    pub(crate) engine: Engine,
+    linker: Linker<ComponentState>,
+    loaded: RwLock<HashMap<String, Arc<CommandPre<ComponentState>>>>,
+}
+
+impl ComponentHost {
+    pub(crate) fn new(engine: Engine) -> Result<Self, RuntimeError> {
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        Ok(ComponentHost {
+            engine,
+            linker,
+            loaded: RwLock::new(HashMap::new()),
+        })
+    }
+
+    /// The command `sha256`, compiled and linked from `binary` unless it is loaded already.
+    ///
+    /// # Errors
+    /// [`RuntimeError::InvalidModule`] when it does not compile, imports what this host does
+    /// not provide, or does not export `wasi:cli/run`.
+    pub(crate) fn command(
+        &self,
+        sha256: &str,
+        binary: impl FnOnce() -> Result<Vec<u8>, RuntimeError>,
+    ) -> Result<Arc<CommandPre<ComponentState>>, RuntimeError> {
+        if let Some(pre) = self.loaded(sha256) {
+            return Ok(pre);
+        }
+        let binary = binary()?;
+        let invalid = |what: &str, e: wasmtime::Error| {
+            RuntimeError::InvalidModule(truncate_message(format!("{what}: {e:#}")))
+        };
+        let component = Component::from_binary(&self.engine, &binary)
+            .map_err(|e| invalid("the component does not compile", e))?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| invalid("the component imports what this host does not provide", e))?;
+        let pre = Arc::new(
+            CommandPre::new(pre).map_err(|e| invalid("the component is not a command", e))?,
+        );
+        self.loaded
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(sha256.to_owned(), pre.clone());
+        Ok(pre)
+    }
+
+    /// The command `sha256` if it is loaded.
+    pub(crate) fn loaded(&self, sha256: &str) -> Option<Arc<CommandPre<ComponentState>>> {
+        self.loaded
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(sha256)
+            .cloned()
+    }
+
+    /// Forgets the command `sha256` (no function uses it any more).
+    pub(crate) fn forget(&self, sha256: &str) {
+        self.loaded
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(sha256);
     }
 }
 
@@ -162,13 +311,16 @@ mod tests {
     }
 
     #[test]
-    fn a_component_is_refused_saying_what_it_is() {
-        let err = refusal(&component(COMMAND)).to_string();
-        assert!(err.contains("WASI 0.2 command"), "{err}");
-        assert!(err.contains("not built yet"), "{err}");
-        // Damaged after the header: invalid, not unsupported.
+    fn a_style_not_built_yet_is_refused_saying_what_it_is() {
+        let err = refusal(&ComponentStyle::HttpHandler).to_string();
+        assert!(err.contains("HTTP handler"), "{err}");
+        assert!(err.contains("only commands"), "{err}");
+        // Damaged after the header: invalid.
         let mut damaged = component(COMMAND);
         damaged.truncate(damaged.len() - 3);
-        assert!(matches!(refusal(&damaged), RuntimeError::InvalidModule(_)));
+        assert!(matches!(
+            classify(&damaged),
+            Err(RuntimeError::InvalidModule(_))
+        ));
     }
 }

@@ -81,7 +81,20 @@ pub fn build_engine(config: &RuntimeConfig) -> Result<EngineParts> {
     })
 }
 
-/// One thread for the whole engine that advances its epoch every `tick`.
+/// The engine for WebAssembly components (WASI 0.2 commands): the same deadlines (epochs)
+/// and fuel as [`build_engine`]'s, with instances allocated on demand (a component holds
+/// several core instances and memories, which the core engine's pool does not size for) and
+/// host memory for its linear memories. A store's limiter bounds their total.
+pub fn build_component_engine(config: &RuntimeConfig) -> Result<Engine> {
+    let mut wasm = Config::new();
+    wasm.epoch_interruption(true)
+        .consume_fuel(config.fuel_enabled)
+        .wasm_component_model(true)
+        .allocation_strategy(InstanceAllocationStrategy::OnDemand);
+    Engine::new(&wasm).map_err(|e| RuntimeError::Engine(format!("{e:#}")))
+}
+
+/// One thread for the process's engines that advances their epochs every `tick`.
 ///
 /// Each store sets its deadline in ticks; a guest past its deadline traps with
 /// `Trap::Interrupt` at the next loop header or function entry. The thread
@@ -92,8 +105,8 @@ pub struct EpochTicker {
 }
 
 impl EpochTicker {
-    /// Starts the ticker thread.
-    pub fn start(engine: Engine, tick: Duration) -> Self {
+    /// Starts the ticker thread for `engines`.
+    pub fn start(engines: Vec<Engine>, tick: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
@@ -107,7 +120,9 @@ impl EpochTicker {
                 while !flag.load(Ordering::Relaxed) {
                     let due = start.elapsed().as_nanos() / tick.as_nanos().max(1);
                     while ticks < due {
-                        engine.increment_epoch();
+                        for engine in &engines {
+                            engine.increment_epoch();
+                        }
                         ticks += 1;
                     }
                     let next = start + tick * u32::try_from(ticks + 1).unwrap_or(u32::MAX);

@@ -171,6 +171,11 @@ pub(crate) fn classify(
     if let Some(message) = store.data_mut().limiter.hit.take() {
         return RuntimeError::MemoryLimit(message);
     }
+    classify_error(err, limits)
+}
+
+/// [`classify`] for a guest failure whose store has no limit hit to report.
+pub(crate) fn classify_error(err: wasmtime::Error, limits: &FunctionLimits) -> RuntimeError {
     if let Some(busy) = err.downcast_ref::<DispatchError>() {
         return RuntimeError::Busy(busy.to_string());
     }

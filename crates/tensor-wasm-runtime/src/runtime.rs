@@ -74,6 +74,8 @@ pub(crate) struct Inner {
     /// The snapshot encoder kept between captures (see
     /// [`RuntimeConfig::snapshot_encoder_keep_bytes`]).
     pub(crate) snapshot_encoder: Mutex<Option<tensor_wasm_snapshot::PortableEncoder>>,
+    /// WebAssembly components: their engine, WASI 0.2 linker and loaded commands.
+    pub(crate) components: crate::component::ComponentHost,
     _ticker: EpochTicker,
 }
 
@@ -183,7 +185,12 @@ impl Runtime {
             .into_iter()
             .map(|record| (record.id.clone(), Arc::new(FunctionEntry::new(record))))
             .collect();
-        let ticker = EpochTicker::start(engine.clone(), config.epoch_tick);
+        let components =
+            crate::component::ComponentHost::new(crate::engine::build_component_engine(&config)?)?;
+        let ticker = EpochTicker::start(
+            vec![engine.clone(), components.engine.clone()],
+            config.epoch_tick,
+        );
         let runtime = Runtime {
             inner: Arc::new(Inner {
                 config,
@@ -205,6 +212,7 @@ impl Runtime {
                 gpu,
                 memory_creator: parts.memory_creator,
                 snapshot_encoder: Mutex::new(None),
+                components,
                 _ticker: ticker,
             }),
         };

@@ -93,6 +93,10 @@ pub struct FunctionRecord {
     /// Snapshot every instance starts from (`None`: a fresh instance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_from_snapshot: Option<String>,
+    /// Whether the module is a WebAssembly component (a WASI 0.2 command) rather than a core
+    /// module.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub component: bool,
 }
 
 /// The durable description of a snapshot; the bytes are stored beside it.
@@ -586,6 +590,7 @@ mod tests {
                 raw_ptx: false,
             },
             start_from_snapshot: None,
+            component: false,
         }
     }
 

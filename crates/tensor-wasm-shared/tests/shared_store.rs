@@ -52,6 +52,7 @@ fn record(id: &str, module_sha256: &str) -> FunctionRecord {
             raw_ptx: false,
         },
         start_from_snapshot: None,
+        component: false,
     }
 }
 

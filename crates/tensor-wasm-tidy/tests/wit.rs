@@ -24,7 +24,12 @@ fn the_gpu_wit_package_resolves_and_is_documented() {
         ("tensor-wasm", "gpu")
     );
     assert_eq!(
-        package.name.version.as_ref().map(ToString::to_string).as_deref(),
+        package
+            .name
+            .version
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
         Some("0.1.0"),
         "the package is versioned"
     );

@@ -1,15 +1,19 @@
 //! WASI commands: stdin in, stdout and an exit code out, buffered
-//! ([`CommandOutput`]) or streamed as it is written.
+//! ([`CommandOutput`]) or streamed as it is written. A command is a core module's `_start`
+//! (WASI preview 1) or a component's `wasi:cli/run` (WASI 0.2), run with the same limits.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use wasmtime::Store;
+use wasmtime_wasi::p2::bindings::sync::CommandPre;
 use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
 
+use crate::component::ComponentState;
 use crate::error::{Result, RuntimeError};
-use crate::function_entry::Prepared;
-use crate::invocation_state::{classify, InvocationState};
+use crate::function_entry::{FunctionEntry, Prepared};
+use crate::invocation_state::{classify, classify_error, InvocationState};
 use crate::store::{FunctionRecord, InvocationStyle};
 use crate::Runtime;
 
@@ -44,11 +48,11 @@ impl Runtime {
                 "function {id} is an export-call function: send {{\"export\": ..., \"args\": [...]}}"
             )));
         }
-        let prepared = self.prepared(&entry)?;
+        let runner = self.command_runner(&entry)?;
         let _slot = self.take_slot()?;
         let cap = self.inner.config.max_output_bytes;
         let stdout = MemoryOutputPipe::new(cap);
-        let (mut store, stderr, run) = self.run_start(&prepared, record, stdin, stdout.clone());
+        let (mut store, stderr, run) = self.run_command(&runner, record, stdin, stdout.clone());
         let exit_code = match run {
             Ok(code) => code,
             Err(e) => {
@@ -59,7 +63,7 @@ impl Runtime {
                     return Err(RuntimeError::OutputTooLarge(cap));
                 }
                 log_stderr(record, &stderr.contents());
-                return Err(classify(e, &mut store, &record.limits));
+                return Err(store.classify(e, &record.limits));
             }
         };
         drop(store);
@@ -84,7 +88,7 @@ impl Runtime {
                 "function {id} is an export-call function: name the export to call"
             )));
         }
-        self.prepared(&entry).map(|_| ())
+        self.command_runner(&entry).map(drop)
     }
 
     /// Runs WASI command `id` with `io`'s input as stdin; each write to
@@ -116,13 +120,13 @@ impl Runtime {
                 "function {id} is an export-call function: name the export to call"
             )));
         }
-        let prepared = self.prepared(&entry)?;
+        let runner = self.command_runner(&entry)?;
         let _slot = self.take_slot()?;
         // The invocation's deadline (the store's starts a moment later).
         let deadline =
             std::time::Instant::now() + std::time::Duration::from_millis(record.limits.timeout_ms);
         let (stdin, stdout) = io.into_stdout(deadline);
-        let (mut store, stderr, run) = self.run_start(&prepared, record, stdin, stdout.clone());
+        let (mut store, stderr, run) = self.run_command(&runner, record, stdin, stdout.clone());
         let exit_code = match run {
             Ok(code) => code,
             Err(e) => {
@@ -132,7 +136,7 @@ impl Runtime {
                         usize::try_from(cap.0).unwrap_or(usize::MAX),
                     ));
                 }
-                return Err(classify(e, &mut store, &record.limits));
+                return Err(store.classify(e, &record.limits));
             }
         };
         // The stream ends when the last sender (the store's, then ours) is gone.
@@ -151,34 +155,65 @@ impl Runtime {
         })
     }
 
-    /// Instantiates a WASI command with `stdin`, `stdout` and a captured stderr, and runs
-    /// `_start`: `Ok(exit code)` when it returned or called `proc_exit`, the guest's error
-    /// otherwise.
-    fn run_start(
+    /// How function `entry` runs as a command: a core module's `_start` or a component's
+    /// `wasi:cli/run`, loaded if needed.
+    fn command_runner(&self, entry: &FunctionEntry) -> Result<Runner> {
+        Ok(if entry.record.component {
+            Runner::Component(self.component_command(entry)?)
+        } else {
+            Runner::Core(self.prepared(entry)?)
+        })
+    }
+
+    /// Instantiates a command with `stdin`, `stdout` and a captured stderr, and runs it:
+    /// `Ok(exit code)` when it returned or exited, the guest's error otherwise.
+    fn run_command(
         &self,
-        prepared: &Prepared,
+        runner: &Runner,
         record: &FunctionRecord,
         stdin: impl Into<bytes::Bytes>,
         stdout: impl wasmtime_wasi::cli::StdoutStream + 'static,
-    ) -> (
-        Store<InvocationState>,
-        MemoryOutputPipe,
-        wasmtime::Result<i32>,
-    ) {
+    ) -> (CommandStore, MemoryOutputPipe, wasmtime::Result<i32>) {
         let stderr = MemoryOutputPipe::new(STDERR_CAP);
-        let wasi = WasiCtxBuilder::new()
-            .stdin(MemoryInputPipe::new(stdin))
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stdin(MemoryInputPipe::new(stdin))
             .stdout(stdout)
             .stderr(stderr.clone())
             .monotonic_clock(crate::wasi_poll::ProcessClock)
-            .arg(&record.name)
-            .build_p1();
-        let (mut store, instance) = self.instantiate(prepared, record, Some(wasi));
-        let run = instance.and_then(|instance| {
-            instance
-                .get_typed_func::<(), ()>(&mut store, "_start")?
-                .call(&mut store, ())
-        });
+            .arg(&record.name);
+        let (store, run) = match runner {
+            Runner::Core(prepared) => {
+                let (mut store, instance) =
+                    self.instantiate(prepared, record, Some(wasi.build_p1()));
+                let run = instance.and_then(|instance| {
+                    instance
+                        .get_typed_func::<(), ()>(&mut store, "_start")?
+                        .call(&mut store, ())
+                });
+                (CommandStore::Core(store), run)
+            }
+            Runner::Component(pre) => {
+                let limits = &record.limits;
+                let state = ComponentState::new(wasi.build(), limits.memory_limit_bytes);
+                let mut store = Store::new(&self.inner.components.engine, state);
+                store.limiter(|s| &mut s.limiter);
+                store.set_epoch_deadline(self.deadline_ticks(limits));
+                store.epoch_deadline_trap();
+                if self.inner.config.fuel_enabled {
+                    store
+                        .set_fuel(limits.fuel.unwrap_or(u64::MAX))
+                        .expect("fuel is enabled in the component engine");
+                }
+                let run = pre.instantiate(&mut store).and_then(|command| {
+                    match command.wasi_cli_run().call_run(&mut store)? {
+                        Ok(()) => Ok(()),
+                        // `run` returned an error: the exit code a failing command has.
+                        Err(()) => Err(wasmtime::Error::new(I32Exit(1))),
+                    }
+                });
+                (CommandStore::Component(store), run)
+            }
+        };
         let code = match run {
             Ok(()) => Ok(0),
             Err(e) => match e.downcast_ref::<I32Exit>() {
@@ -187,6 +222,35 @@ impl Runtime {
             },
         };
         (store, stderr, code)
+    }
+}
+
+/// A command ready to run: a core module with `_start`, or a component with `wasi:cli/run`.
+enum Runner {
+    Core(Arc<Prepared>),
+    Component(Arc<CommandPre<ComponentState>>),
+}
+
+/// The store a command ran in, kept until its failure is classified.
+enum CommandStore {
+    Core(Store<InvocationState>),
+    Component(Store<ComponentState>),
+}
+
+impl CommandStore {
+    /// The runtime's error for guest failure `e` (a limit the store saw hit first).
+    fn classify(
+        &mut self,
+        e: wasmtime::Error,
+        limits: &crate::store::FunctionLimits,
+    ) -> RuntimeError {
+        match self {
+            CommandStore::Core(store) => classify(e, store, limits),
+            CommandStore::Component(store) => match store.data_mut().limiter.hit.take() {
+                Some(message) => RuntimeError::MemoryLimit(message),
+                None => classify_error(e, limits),
+            },
+        }
     }
 }
 

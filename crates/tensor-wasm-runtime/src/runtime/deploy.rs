@@ -96,6 +96,14 @@ impl Runtime {
     /// One function with its export signatures (loading it if needed).
     pub fn function(&self, id: &str) -> Result<FunctionInfo> {
         let entry = self.entry(id)?;
+        if entry.record.component {
+            // A command: nothing to call by name.
+            self.component_command(&entry)?;
+            return Ok(FunctionInfo {
+                record: entry.record.clone(),
+                exports: Vec::new(),
+            });
+        }
         let prepared = self.prepared(&entry)?;
         Ok(FunctionInfo {
             record: entry.record.clone(),
@@ -162,23 +170,28 @@ impl Runtime {
         }
         let binary = wat::parse_bytes(module_bytes)
             .map_err(|e| RuntimeError::InvalidModule(truncate_message(format!("{e}"))))?;
-        if crate::component::is_component(&binary) {
-            return Err(crate::component::refusal(&binary));
-        }
-        check_single_memory(&binary)?;
         let sha = sha256_hex(&binary);
-        // A module is cached (and its artifact written) only once the deploy has
+        let component = crate::component::is_component(&binary);
+        // A core module is cached (and its artifact written) only once the deploy has
         // succeeded: a module that compiles but fails to link or to pass the checks
         // below leaves nothing behind.
-        let (prepared, loaded) = match self.cached_prepared(&sha) {
-            Some(prepared) => (prepared, None),
-            None => {
-                let (module, source) = self.load_module(&sha, Some(&binary))?;
-                (Arc::new(self.prepare(&module)?), Some(source))
-            }
+        let (style, core, exports) = if component {
+            self.check_component(&sha, &binary, &spec)?;
+            (InvocationStyle::Wasi, None, Vec::new())
+        } else {
+            check_single_memory(&binary)?;
+            let (prepared, loaded) = match self.cached_prepared(&sha) {
+                Some(prepared) => (prepared, None),
+                None => {
+                    let (module, source) = self.load_module(&sha, Some(&binary))?;
+                    (Arc::new(self.prepare(&module)?), Some(source))
+                }
+            };
+            let module = prepared.pre.module();
+            check_shape(module, spec.style, &limits)?;
+            let exports = exports_of(module);
+            (spec.style, Some((prepared, loaded)), exports)
         };
-        let module = prepared.pre.module();
-        check_shape(module, spec.style, &limits)?;
 
         // The commit: module, record and catalogue entry under the read side
         // of the retired set, so a tenant delete either sees this function
@@ -206,12 +219,13 @@ impl Runtime {
             id: new_function_id(),
             tenant: spec.tenant.clone(),
             name: name.to_owned(),
-            style: spec.style,
+            style,
             module_sha256: sha,
             module_size: binary.len() as u64,
             created_at_ms: now_ms(),
             limits,
             start_from_snapshot: None,
+            component,
         };
         let bounds = crate::WriteBounds {
             max_functions: spec.max_functions,
@@ -220,22 +234,40 @@ impl Runtime {
         };
         self.inner.store.create_function(&record, &bounds)?;
         reservation.commit();
-        let info = FunctionInfo {
-            record,
-            exports: exports_of(module),
-        };
+        let info = FunctionInfo { record, exports };
         let entry = FunctionEntry::new(info.record.clone());
         self.inner
             .functions
             .write()
             .expect("lock")
             .insert(info.record.id.clone(), Arc::new(entry));
-        if let Some(source) = loaded {
+        if let Some((prepared, Some(source))) = core {
             self.keep_loaded(&info.record.module_sha256, source, &prepared);
         }
         drop(retired);
         tracing::info!(function = %info.record.id, name = %info.record.name, "deployed");
         Ok(info)
+    }
+
+    /// Checks a component at deploy: only commands run yet, without raw kernels or fuel
+    /// beyond what core modules allow; it must compile and link against the WASI 0.2 host.
+    fn check_component(&self, sha: &str, binary: &[u8], spec: &DeploySpec) -> Result<()> {
+        use crate::component::{classify, refusal, ComponentStyle};
+        let style = classify(binary)?;
+        if style != ComponentStyle::Command {
+            return Err(refusal(&style));
+        }
+        if spec.raw_ptx {
+            return Err(RuntimeError::UnsupportedFeature(
+                "components cannot launch kernels yet (the tensor-wasm:gpu interface is not \
+                 served to them; docs/components.md): deploy without raw_ptx"
+                    .into(),
+            ));
+        }
+        self.inner
+            .components
+            .command(sha, || Ok(binary.to_vec()))
+            .map(drop)
     }
 
     fn resolve_limits(&self, spec: &DeploySpec) -> Result<FunctionLimits> {

@@ -47,7 +47,12 @@ impl Runtime {
             .collect();
         let mut failed = 0;
         for entry in entries {
-            if let Err(e) = self.prepared(&entry) {
+            let loaded = if entry.record.component {
+                self.component_command(&entry).map(drop)
+            } else {
+                self.prepared(&entry).map(drop)
+            };
+            if let Err(e) = loaded {
                 tracing::error!(function = %entry.record.id, error = %e, "function failed to load");
                 failed += 1;
             }
@@ -134,6 +139,7 @@ impl Runtime {
         if used {
             return;
         }
+        self.inner.components.forget(sha);
         let mut loaded = self.inner.loaded.write().expect("lock");
         let removed = loaded.remove(sha);
         self.note_loaded_cache(&loaded, 0);
@@ -195,6 +201,19 @@ impl Runtime {
 
     /// The prepared form of a stored function: from the loaded-module cache, or
     /// loaded now (on first use, or after the cache evicted it).
+    /// The command component of `entry` (a function whose record says `component`), compiled
+    /// and linked, from the store's bytes unless it is loaded already.
+    pub(crate) fn component_command(
+        &self,
+        entry: &FunctionEntry,
+    ) -> Result<Arc<wasmtime_wasi::p2::bindings::sync::CommandPre<crate::component::ComponentState>>>
+    {
+        let sha = &entry.record.module_sha256;
+        self.inner
+            .components
+            .command(sha, || self.inner.store.module(sha))
+    }
+
     pub(crate) fn prepared(&self, entry: &FunctionEntry) -> Result<Arc<Prepared>> {
         let sha = &entry.record.module_sha256;
         if let Some(p) = self.cached_prepared(sha) {

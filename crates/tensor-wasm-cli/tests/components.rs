@@ -1,0 +1,83 @@
+//! WebAssembly components end to end (issue 20, the first style): a real `tensor-wasm serve`
+//! on a socket deploys a WASI 0.2 command component (`examples/echo-component.wat`) through
+//! `POST /functions` and runs it through `POST /functions/{id}/invoke` and `/invoke-stream`,
+//! stdin to stdout; a
+//! component that never ends is answered `invocation_timeout` at its deadline and the server
+//! keeps serving; a style not built yet is refused with `unsupported_feature`.
+
+use std::path::Path;
+
+use tensor_wasm_test_support::guests::{example, examples_dir};
+use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
+
+#[test]
+fn a_command_component_is_served_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServeProcess::start(Path::new(BIN), dir.path(), &[]);
+    let echo = server.deploy(&examples_dir().join("echo-component.wat"), "name=echo");
+    let (status, body) = server.get(&format!("/functions/{echo}"));
+    assert_eq!(status, 200);
+    let info = json_of(&body);
+    assert_eq!(
+        (info["component"].clone(), info["style"].clone()),
+        (true.into(), "wasi".into())
+    );
+
+    let invoke = format!("/functions/{echo}/invoke");
+    let (status, body, exit) = server.post(&invoke, "application/octet-stream", b"over http\n");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        (body.as_slice(), exit.as_deref()),
+        (&b"over http\n"[..], Some("0"))
+    );
+
+    // Streamed: the chunked body carries what the component wrote.
+    let streamed = ServeProcess::agent()
+        .post(&server.url(&format!("/functions/{echo}/invoke-stream")))
+        .set("authorization", &server.auth())
+        .set("accept", "application/octet-stream")
+        .send_bytes(b"streamed")
+        .expect("a streamed answer");
+    assert_eq!(streamed.content_type(), "application/octet-stream");
+    assert_eq!(streamed.into_string().unwrap(), "streamed");
+
+    // A component that never returns: answered at its deadline; the server keeps serving.
+    let spin = String::from_utf8(example("echo-component.wat"))
+        .unwrap()
+        .replace(
+            "call $echo i32.const 0))",
+            "(loop $l (br $l)) i32.const 0))",
+        );
+    let (status, body, _) = server.post(
+        "/functions?name=spin&timeout_ms=300",
+        "application/wasm",
+        spin.as_bytes(),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let spin = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let (status, body, _) = server.post(&format!("/functions/{spin}/invoke"), "text/plain", b"");
+    assert_eq!(
+        (status, error_code(&json_of(&body))),
+        (504, "invocation_timeout")
+    );
+    let (status, body, _) = server.post(&invoke, "application/octet-stream", b"still here");
+    assert_eq!((status, body.as_slice()), (200, &b"still here"[..]));
+
+    // Typed exports are recognised and refused, saying so.
+    let typed = br#"(component
+        (core module $m (func (export "add") (param i32 i32) (result i32)
+            local.get 0 local.get 1 i32.add))
+        (core instance $i (instantiate $m))
+        (func $add (param "a" s32) (param "b" s32) (result s32) (canon lift (core func $i "add")))
+        (export "add" (func $add)))"#;
+    let (status, body, _) = server.post("/functions?name=typed", "application/wasm", typed);
+    let body = json_of(&body);
+    assert_eq!(
+        (status, error_code(&body)),
+        (400, "unsupported_feature"),
+        "{body}"
+    );
+    server.terminate();
+}
