@@ -338,17 +338,18 @@ async fn bad_input_gets_documented_errors() {
             StatusCode::BAD_REQUEST,
             "invalid_module",
         ),
-        // A component with typed exports (WASI 0.2): recognised and refused as not built yet.
+        // An HTTP-handler component (WASI 0.2): recognised and refused as not built yet.
         (
             h.send(
                 Method::POST,
                 "/functions",
                 Some("application/wasm"),
                 br#"(component
-                    (core module $m (func (export "one") (result i32) i32.const 1))
+                    (core module $m (func (export "handle")))
                     (core instance $i (instantiate $m))
-                    (func $one (result s32) (canon lift (core func $i "one")))
-                    (export "one" (func $one)))"#
+                    (func $handle (canon lift (core func $i "handle")))
+                    (instance $h (export "handle" (func $handle)))
+                    (export "wasi:http/incoming-handler@0.2.0" (instance $h)))"#
                     .to_vec(),
             )
             .await,

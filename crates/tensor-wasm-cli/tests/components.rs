@@ -3,9 +3,13 @@
 //! `POST /functions` and runs it through `POST /functions/{id}/invoke` and `/invoke-stream`,
 //! stdin to stdout; a
 //! component that never ends is answered `invocation_timeout` at its deadline and the server
-//! keeps serving; a style not built yet is refused with `unsupported_feature`.
+//! keeps serving; a component's typed exports take JSON by their WIT types
+//! (`examples/typed-component.wat`); an HTTP handler (not built yet) is refused with
+//! `unsupported_feature`.
 
 use std::path::Path;
+
+use serde_json::json;
 
 use tensor_wasm_test_support::guests::{example, examples_dir};
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
@@ -65,14 +69,35 @@ fn a_command_component_is_served_over_http() {
     let (status, body, _) = server.post(&invoke, "application/octet-stream", b"still here");
     assert_eq!((status, body.as_slice()), (200, &b"still here"[..]));
 
-    // Typed exports are recognised and refused, saying so.
-    let typed = br#"(component
-        (core module $m (func (export "add") (param i32 i32) (result i32)
-            local.get 0 local.get 1 i32.add))
+    // Typed exports: JSON arguments by the exports' WIT types; a mismatch is a 400.
+    let typed = server.deploy(&examples_dir().join("typed-component.wat"), "name=typed");
+    let call = |body: &str| {
+        let path = format!("/functions/{typed}/invoke");
+        server.post(&path, "application/json", body.as_bytes())
+    };
+    let (status, body, _) = call(r#"{"export": "distance", "args": [{"x": 3, "y": 4}]}"#);
+    assert_eq!((status, json_of(&body)), (200, json!({"results": [5.0]})));
+    let (status, body, _) = call(r#"{"export": "checked-div", "args": [7, 0]}"#);
+    assert_eq!(
+        (status, json_of(&body)),
+        (200, json!({"results": [{"err": 7}]}))
+    );
+    let (status, body, _) = call(r#"{"export": "add", "args": ["x", 1]}"#);
+    let body = json_of(&body);
+    assert_eq!(
+        (status, error_code(&body)),
+        (400, "invalid_arguments"),
+        "{body}"
+    );
+
+    // HTTP handlers are recognised and refused, saying so.
+    let handler = br#"(component
+        (core module $m (func (export "handle")))
         (core instance $i (instantiate $m))
-        (func $add (param "a" s32) (param "b" s32) (result s32) (canon lift (core func $i "add")))
-        (export "add" (func $add)))"#;
-    let (status, body, _) = server.post("/functions?name=typed", "application/wasm", typed);
+        (func $handle (canon lift (core func $i "handle")))
+        (instance $h (export "handle" (func $handle)))
+        (export "wasi:http/incoming-handler@0.2.0" (instance $h)))"#;
+    let (status, body, _) = server.post("/functions?name=handler", "application/wasm", handler);
     let body = json_of(&body);
     assert_eq!(
         (status, error_code(&body)),

@@ -1,14 +1,14 @@
 //! WebAssembly components (WASI 0.2): recognised at deploy, validated and classified by what
-//! they export. Commands (`wasi:cli/run`) are deployed and run on wasmtime's WASI 0.2 host
-//! ([`ComponentHost`]) with the limits of a core module's function; HTTP handlers and typed
-//! exports are refused with an error that says what was found and that they are not built yet
-//! (issue 20, docs/components.md).
+//! they export. Commands (`wasi:cli/run`) and components with typed exports are deployed and
+//! run on wasmtime's WASI 0.2 host (`ComponentHost`) with the limits of a core module's
+//! function; HTTP handlers are refused with an error that says what was found and that they
+//! are not built yet (issue 20, docs/components.md).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use wasmparser::{ComponentExternalKind, Parser, Payload, Validator, WasmFeatures};
-use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::component::{Component, InstancePre, Linker, ResourceTable};
 use wasmtime::{Engine, ResourceLimiter};
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -108,9 +108,18 @@ fn interface_of(name: &str) -> &str {
 pub(crate) fn refusal(style: &ComponentStyle) -> RuntimeError {
     RuntimeError::UnsupportedFeature(format!(
         "this is {}; of WebAssembly components (WASI 0.2) only commands (exporting \
-         wasi:cli/run) run yet (docs/components.md): deploy a core module instead",
+         wasi:cli/run) and typed exports run yet (docs/components.md)",
         style.describe()
     ))
+}
+
+/// A component compiled and linked against the WASI 0.2 host, ready to instantiate.
+#[derive(Clone)]
+pub(crate) enum LoadedComponent {
+    /// It exports `wasi:cli/run`.
+    Command(Arc<CommandPre<ComponentState>>),
+    /// It exports functions of its own, called with JSON arguments.
+    Exports(Arc<InstancePre<ComponentState>>),
 }
 
 /// What a component's store holds: its WASI 0.2 context, its resources and its limiter.
@@ -186,12 +195,12 @@ impl ResourceLimiter for ComponentLimiter {
     }
 }
 
-/// The component engine, its WASI 0.2 linker, and the commands compiled and linked so far
+/// The component engine, its WASI 0.2 linker, and the components compiled and linked so far
 /// (by module sha256).
 pub(crate) struct ComponentHost {
     pub(crate) engine: Engine,
     linker: Linker<ComponentState>,
-    loaded: RwLock<HashMap<String, Arc<CommandPre<ComponentState>>>>,
+    loaded: RwLock<HashMap<String, LoadedComponent>>,
 }
 
 impl ComponentHost {
@@ -206,18 +215,24 @@ impl ComponentHost {
         })
     }
 
-    /// The command `sha256`, compiled and linked from `binary` unless it is loaded already.
+    /// The component `sha256`, compiled and linked from `binary` unless it is loaded already:
+    /// a command when it exports `wasi:cli/run`, its typed exports otherwise.
     ///
     /// # Errors
-    /// [`RuntimeError::InvalidModule`] when it does not compile, imports what this host does
-    /// not provide, or does not export `wasi:cli/run`.
-    pub(crate) fn command(
+    /// [`RuntimeError::InvalidModule`] when it does not compile or imports what this host
+    /// does not provide.
+    pub(crate) fn load(
         &self,
         sha256: &str,
         binary: impl FnOnce() -> Result<Vec<u8>, RuntimeError>,
-    ) -> Result<Arc<CommandPre<ComponentState>>, RuntimeError> {
-        if let Some(pre) = self.loaded(sha256) {
-            return Ok(pre);
+    ) -> Result<LoadedComponent, RuntimeError> {
+        if let Some(loaded) = self
+            .loaded
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(sha256)
+        {
+            return Ok(loaded.clone());
         }
         let binary = binary()?;
         let invalid = |what: &str, e: wasmtime::Error| {
@@ -229,26 +244,18 @@ impl ComponentHost {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| invalid("the component imports what this host does not provide", e))?;
-        let pre = Arc::new(
-            CommandPre::new(pre).map_err(|e| invalid("the component is not a command", e))?,
-        );
+        let loaded = match CommandPre::new(pre.clone()) {
+            Ok(command) => LoadedComponent::Command(Arc::new(command)),
+            Err(_) => LoadedComponent::Exports(Arc::new(pre)),
+        };
         self.loaded
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(sha256.to_owned(), pre.clone());
-        Ok(pre)
+            .insert(sha256.to_owned(), loaded.clone());
+        Ok(loaded)
     }
 
-    /// The command `sha256` if it is loaded.
-    pub(crate) fn loaded(&self, sha256: &str) -> Option<Arc<CommandPre<ComponentState>>> {
-        self.loaded
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(sha256)
-            .cloned()
-    }
-
-    /// Forgets the command `sha256` (no function uses it any more).
+    /// Forgets the component `sha256` (no function uses it any more).
     pub(crate) fn forget(&self, sha256: &str) {
         self.loaded
             .write()
@@ -314,7 +321,10 @@ mod tests {
     fn a_style_not_built_yet_is_refused_saying_what_it_is() {
         let err = refusal(&ComponentStyle::HttpHandler).to_string();
         assert!(err.contains("HTTP handler"), "{err}");
-        assert!(err.contains("only commands"), "{err}");
+        assert!(
+            err.contains("only commands") && err.contains("typed exports"),
+            "{err}"
+        );
         // Damaged after the header: invalid.
         let mut damaged = component(COMMAND);
         damaged.truncate(damaged.len() - 3);

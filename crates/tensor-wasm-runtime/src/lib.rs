@@ -25,6 +25,7 @@
 pub mod abi;
 mod bounded;
 pub mod component;
+pub mod component_values;
 mod config;
 mod engine;
 mod error;

@@ -12,6 +12,7 @@
 //! - `crate::snapshot`: capture and restore of instance state.
 
 mod command;
+mod component_call;
 mod deploy;
 mod invoke;
 mod load;

@@ -1,7 +1,8 @@
 //! WebAssembly components (WASI 0.2) through the runtime's public API: a command component
 //! (`wasi:cli/run`) deploys and runs like a WASI preview 1 command, stdin in and stdout out,
 //! with the function's deadline, memory limit and exit code; it is served again after a
-//! restart; styles not built yet and components this host cannot link are refused clearly.
+//! restart; typed exports take and give JSON by their WIT types; styles not built yet and
+//! components this host cannot link are refused clearly.
 //!
 //! The components are written in the component text format here, so that each test shows the
 //! whole guest; guests from real toolchains come with the rest of issue 20.
@@ -120,19 +121,20 @@ fn a_command_component_is_held_to_its_deadline_and_memory_limit() {
 fn components_this_host_cannot_run_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let rt = open(dir.path());
-    let typed = wat::parse_str(
+    let handler = wat::parse_str(
         r#"(component
-            (core module $m (func (export "add") (param i32 i32) (result i32)
-                local.get 0 local.get 1 i32.add))
+            (core module $m (func (export "handle")))
             (core instance $i (instantiate $m))
-            (func $add (param "a" s32) (param "b" s32) (result s32)
-                (canon lift (core func $i "add")))
-            (export "add" (func $add)))"#,
+            (func $handle (canon lift (core func $i "handle")))
+            (instance $h (export "handle" (func $handle)))
+            (export "wasi:http/incoming-handler@0.2.3" (instance $h)))"#,
     )
     .unwrap();
-    let err = rt.deploy(&typed, DeploySpec::export("typed")).unwrap_err();
+    let err = rt
+        .deploy(&handler, DeploySpec::export("handler"))
+        .unwrap_err();
     assert!(
-        matches!(&err, RuntimeError::UnsupportedFeature(m) if m.contains("typed exports (add)")),
+        matches!(&err, RuntimeError::UnsupportedFeature(m) if m.contains("HTTP handler")),
         "{err:?}"
     );
     let foreign = wat::parse_str(
@@ -153,4 +155,78 @@ fn components_this_host_cannot_run_are_refused_clearly() {
         "{err:?}"
     );
     assert!(rt.functions().is_empty(), "nothing refused was stored");
+}
+
+/// `examples/typed-component.wat`: JSON arguments converted by the exports' WIT types
+/// (integers, a record, an enum, an option, a string, a result), mismatches refused before
+/// anything runs with the place named, and the function's limits.
+#[test]
+fn typed_exports_take_and_give_json_by_their_wit_types() {
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = open(dir.path());
+    let wat = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/typed-component.wat"),
+    )
+    .unwrap();
+    let f = rt
+        .deploy(
+            &wat,
+            DeploySpec {
+                timeout_ms: Some(200),
+                ..DeploySpec::wasi("typed")
+            },
+        )
+        .unwrap();
+    assert!(f.record.component);
+    assert_eq!(f.record.style.as_str(), "export", "its exports decide");
+    let id = &f.record.id;
+    let call = |export: &str, args: serde_json::Value| {
+        rt.invoke_export(id, export, args.as_array().unwrap())
+    };
+    assert_eq!(call("add", json!([40, 2])).unwrap(), vec![json!(42)]);
+    assert_eq!(
+        call("distance", json!([{"x": 3, "y": 4}])).unwrap(),
+        vec![json!(5.0)]
+    );
+    assert_eq!(call("level", json!(["high"])).unwrap(), vec![json!(1)]);
+    assert_eq!(call("or-zero", json!([null])).unwrap(), vec![json!(0)]);
+    assert_eq!(call("or-zero", json!([7])).unwrap(), vec![json!(7)]);
+    assert_eq!(call("length", json!(["héllo"])).unwrap(), vec![json!(6)]);
+    assert_eq!(
+        call("checked-div", json!([7, 2])).unwrap(),
+        vec![json!({"ok": 3})]
+    );
+    assert_eq!(
+        call("checked-div", json!([7, 0])).unwrap(),
+        vec![json!({"err": 7})]
+    );
+
+    let refused = |export: &str, args: serde_json::Value| match call(export, args) {
+        Err(RuntimeError::InvalidArguments(m)) => m,
+        other => panic!("expected invalid arguments, got {other:?}"),
+    };
+    assert!(refused("add", json!(["x", 2])).contains("args[0] (a)"));
+    assert!(refused("add", json!([2147483648i64, 0])).contains("s32"));
+    assert!(refused("add", json!([1])).contains("takes 2 argument(s) (a, b), got 1"));
+    assert!(refused("distance", json!([{"x": 3}])).contains("args[0] (p).y: missing"));
+    assert!(refused("distance", json!([{"x": 3, "y": 4, "z": 5}])).contains("no field `z`"));
+    assert!(refused("level", json!(["mid"])).contains("one of low, high"));
+    assert!(matches!(
+        call("nope", json!([])),
+        Err(RuntimeError::UnknownExport(_))
+    ));
+    assert!(matches!(
+        call("boom", json!([])),
+        Err(RuntimeError::Trap(_))
+    ));
+    assert!(matches!(
+        call("spin", json!([])),
+        Err(RuntimeError::Timeout { timeout_ms: 200 })
+    ));
+    // A typed-export component is not a command.
+    assert!(matches!(
+        rt.invoke_command(id, Vec::new()),
+        Err(RuntimeError::WrongStyle(_))
+    ));
 }

@@ -10,7 +10,7 @@ use wasmtime_wasi::p2::bindings::sync::CommandPre;
 use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
 
-use crate::component::ComponentState;
+use crate::component::{ComponentState, LoadedComponent};
 use crate::error::{Result, RuntimeError};
 use crate::function_entry::{FunctionEntry, Prepared};
 use crate::invocation_state::{classify, classify_error, InvocationState};
@@ -158,11 +158,16 @@ impl Runtime {
     /// How function `entry` runs as a command: a core module's `_start` or a component's
     /// `wasi:cli/run`, loaded if needed.
     fn command_runner(&self, entry: &FunctionEntry) -> Result<Runner> {
-        Ok(if entry.record.component {
-            Runner::Component(self.component_command(entry)?)
-        } else {
-            Runner::Core(self.prepared(entry)?)
-        })
+        if !entry.record.component {
+            return Ok(Runner::Core(self.prepared(entry)?));
+        }
+        match self.component_of(entry)? {
+            LoadedComponent::Command(command) => Ok(Runner::Component(command)),
+            LoadedComponent::Exports(_) => Err(RuntimeError::WrongStyle(format!(
+                "function {} is a component with typed exports: name the export to call",
+                entry.record.id
+            ))),
+        }
     }
 
     /// Instantiates a command with `stdin`, `stdout` and a captured stderr, and runs it:
@@ -193,17 +198,7 @@ impl Runtime {
                 (CommandStore::Core(store), run)
             }
             Runner::Component(pre) => {
-                let limits = &record.limits;
-                let state = ComponentState::new(wasi.build(), limits.memory_limit_bytes);
-                let mut store = Store::new(&self.inner.components.engine, state);
-                store.limiter(|s| &mut s.limiter);
-                store.set_epoch_deadline(self.deadline_ticks(limits));
-                store.epoch_deadline_trap();
-                if self.inner.config.fuel_enabled {
-                    store
-                        .set_fuel(limits.fuel.unwrap_or(u64::MAX))
-                        .expect("fuel is enabled in the component engine");
-                }
+                let mut store = self.component_store(record, wasi.build());
                 let run = pre.instantiate(&mut store).and_then(|command| {
                     match command.wasi_cli_run().call_run(&mut store)? {
                         Ok(()) => Ok(()),
@@ -225,6 +220,29 @@ impl Runtime {
     }
 }
 
+impl Runtime {
+    /// A store for one invocation of component function `record`: its WASI context, its
+    /// memory limit over all the component's memories, its deadline and fuel.
+    pub(super) fn component_store(
+        &self,
+        record: &FunctionRecord,
+        ctx: wasmtime_wasi::WasiCtx,
+    ) -> Store<ComponentState> {
+        let limits = &record.limits;
+        let state = ComponentState::new(ctx, limits.memory_limit_bytes);
+        let mut store = Store::new(&self.inner.components.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        store.set_epoch_deadline(self.deadline_ticks(limits));
+        store.epoch_deadline_trap();
+        if self.inner.config.fuel_enabled {
+            store
+                .set_fuel(limits.fuel.unwrap_or(u64::MAX))
+                .expect("fuel is enabled in the component engine");
+        }
+        store
+    }
+}
+
 /// A command ready to run: a core module with `_start`, or a component with `wasi:cli/run`.
 enum Runner {
     Core(Arc<Prepared>),
@@ -232,14 +250,14 @@ enum Runner {
 }
 
 /// The store a command ran in, kept until its failure is classified.
-enum CommandStore {
+pub(super) enum CommandStore {
     Core(Store<InvocationState>),
     Component(Store<ComponentState>),
 }
 
 impl CommandStore {
     /// The runtime's error for guest failure `e` (a limit the store saw hit first).
-    fn classify(
+    pub(super) fn classify(
         &mut self,
         e: wasmtime::Error,
         limits: &crate::store::FunctionLimits,

@@ -97,8 +97,8 @@ impl Runtime {
     pub fn function(&self, id: &str) -> Result<FunctionInfo> {
         let entry = self.entry(id)?;
         if entry.record.component {
-            // A command: nothing to call by name.
-            self.component_command(&entry)?;
+            // Its typed exports have WIT types, which the core signatures cannot show.
+            self.component_of(&entry)?;
             return Ok(FunctionInfo {
                 record: entry.record.clone(),
                 exports: Vec::new(),
@@ -176,8 +176,8 @@ impl Runtime {
         // succeeded: a module that compiles but fails to link or to pass the checks
         // below leaves nothing behind.
         let (style, core, exports) = if component {
-            self.check_component(&sha, &binary, &spec)?;
-            (InvocationStyle::Wasi, None, Vec::new())
+            let style = self.check_component(&sha, &binary, &spec)?;
+            (style, None, Vec::new())
         } else {
             check_single_memory(&binary)?;
             let (prepared, loaded) = match self.cached_prepared(&sha) {
@@ -249,14 +249,21 @@ impl Runtime {
         Ok(info)
     }
 
-    /// Checks a component at deploy: only commands run yet, without raw kernels or fuel
-    /// beyond what core modules allow; it must compile and link against the WASI 0.2 host.
-    fn check_component(&self, sha: &str, binary: &[u8], spec: &DeploySpec) -> Result<()> {
+    /// Checks a component at deploy and returns the style its exports give it: a command
+    /// (`wasi`) or typed exports (`export`); other kinds are not built yet. It may not ask
+    /// for raw kernels, and must compile and link against the WASI 0.2 host.
+    fn check_component(
+        &self,
+        sha: &str,
+        binary: &[u8],
+        spec: &DeploySpec,
+    ) -> Result<InvocationStyle> {
         use crate::component::{classify, refusal, ComponentStyle};
-        let style = classify(binary)?;
-        if style != ComponentStyle::Command {
-            return Err(refusal(&style));
-        }
+        let style = match classify(binary)? {
+            ComponentStyle::Command => InvocationStyle::Wasi,
+            ComponentStyle::TypedExports(_) => InvocationStyle::Export,
+            other => return Err(refusal(&other)),
+        };
         if spec.raw_ptx {
             return Err(RuntimeError::UnsupportedFeature(
                 "components cannot launch kernels yet (the tensor-wasm:gpu interface is not \
@@ -264,10 +271,8 @@ impl Runtime {
                     .into(),
             ));
         }
-        self.inner
-            .components
-            .command(sha, || Ok(binary.to_vec()))
-            .map(drop)
+        self.inner.components.load(sha, || Ok(binary.to_vec()))?;
+        Ok(style)
     }
 
     fn resolve_limits(&self, spec: &DeploySpec) -> Result<FunctionLimits> {

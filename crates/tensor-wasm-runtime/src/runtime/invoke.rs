@@ -153,6 +153,9 @@ impl Runtime {
                 "function {id} is a WASI command; streaming is for export-call functions"
             )));
         }
+        if entry.record.component {
+            return self.check_component_export(&entry, export, args);
+        }
         let prepared = self.prepared(&entry)?;
         let ty = prepared
             .funcs
@@ -173,6 +176,15 @@ impl Runtime {
             return Err(RuntimeError::WrongStyle(format!(
                 "function {id} is a WASI command: send the request body as its stdin"
             )));
+        }
+        if entry.record.component {
+            if stream.is_some() {
+                return Err(RuntimeError::UnsupportedFeature(format!(
+                    "function {id} is a component: streaming a typed export's output is not \
+                     built yet; call it through /invoke"
+                )));
+            }
+            return self.call_component_export(&entry, export, args);
         }
         let prepared = self.prepared(&entry)?;
         self.call_export(&entry, &prepared, export, args, stream, None)

@@ -48,7 +48,7 @@ impl Runtime {
         let mut failed = 0;
         for entry in entries {
             let loaded = if entry.record.component {
-                self.component_command(&entry).map(drop)
+                self.component_of(&entry).map(drop)
             } else {
                 self.prepared(&entry).map(drop)
             };
@@ -201,17 +201,16 @@ impl Runtime {
 
     /// The prepared form of a stored function: from the loaded-module cache, or
     /// loaded now (on first use, or after the cache evicted it).
-    /// The command component of `entry` (a function whose record says `component`), compiled
-    /// and linked, from the store's bytes unless it is loaded already.
-    pub(crate) fn component_command(
+    /// The component of `entry` (a function whose record says `component`), compiled and
+    /// linked, from the store's bytes unless it is loaded already.
+    pub(crate) fn component_of(
         &self,
         entry: &FunctionEntry,
-    ) -> Result<Arc<wasmtime_wasi::p2::bindings::sync::CommandPre<crate::component::ComponentState>>>
-    {
+    ) -> Result<crate::component::LoadedComponent> {
         let sha = &entry.record.module_sha256;
         self.inner
             .components
-            .command(sha, || self.inner.store.module(sha))
+            .load(sha, || self.inner.store.module(sha))
     }
 
     pub(crate) fn prepared(&self, entry: &FunctionEntry) -> Result<Arc<Prepared>> {
