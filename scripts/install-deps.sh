@@ -115,6 +115,25 @@ if [[ ! -x "$SEAWEEDFS_TOOLS/bin/weed" ]] ||
   [[ -x "$SEAWEEDFS_TOOLS/bin/weed" ]] || { echo "weed did not install at $SEAWEEDFS_TOOLS/bin/weed" >&2; exit 1; }
 fi
 
+# --- componentize-py (component guests in Python) ----------------------------------
+# crates/tensor-wasm-cli/tests/python_guest.rs builds examples/components/python with
+# componentize-py (PyPI, pinned) into a WASI 0.2 component and runs it on a real server.
+# Installed into a virtual environment under .tools/componentize-py (git-ignored).
+COMPONENTIZE_PY_VERSION=0.25.1
+COMPONENTIZE_PY_TOOLS="$ROOT/.tools/componentize-py"
+if [[ ! -x "$COMPONENTIZE_PY_TOOLS/bin/componentize-py" ]] ||
+  ! "$COMPONENTIZE_PY_TOOLS/bin/python" -m pip show componentize-py 2>/dev/null |
+    grep -qx "Version: $COMPONENTIZE_PY_VERSION"; then
+  echo "installing componentize-py==$COMPONENTIZE_PY_VERSION into $COMPONENTIZE_PY_TOOLS ..."
+  PY=$(command -v python3 || command -v python) || { echo "python3 is needed for componentize-py" >&2; exit 1; }
+  rm -rf "$COMPONENTIZE_PY_TOOLS"
+  "$PY" -m venv "$COMPONENTIZE_PY_TOOLS"
+  PIP_ROOT_USER_ACTION=ignore "$COMPONENTIZE_PY_TOOLS/bin/python" -m pip install --quiet \
+    --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY_VERSION"
+  [[ -x "$COMPONENTIZE_PY_TOOLS/bin/componentize-py" ]] ||
+    { echo "componentize-py did not install in $COMPONENTIZE_PY_TOOLS" >&2; exit 1; }
+fi
+
 # --- valgrind + gungraun-runner (make icount) -------------------------------------
 # The instruction-count gate runs the hot-path benches of crates/tensor-wasm-icount
 # under valgrind's callgrind through gungraun. The runner binary must match the
