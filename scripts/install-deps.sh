@@ -116,14 +116,16 @@ if [[ ! -x "$SEAWEEDFS_TOOLS/bin/weed" ]] ||
 fi
 
 # --- componentize-py (component guests in Python) ----------------------------------
-# crates/tensor-wasm-cli/tests/python_guest.rs builds examples/components/python with
+# crates/tensor-wasm-cli/tests/toolchain_guests.rs builds examples/components/python with
 # componentize-py (PyPI, pinned) into a WASI 0.2 component and runs it on a real server.
 # Installed into a virtual environment under .tools/componentize-py (git-ignored).
 COMPONENTIZE_PY_VERSION=0.25.1
 COMPONENTIZE_PY_TOOLS="$ROOT/.tools/componentize-py"
+componentize_py_version() {
+  "$COMPONENTIZE_PY_TOOLS/bin/python" -m pip show componentize-py 2>/dev/null || true
+}
 if [[ ! -x "$COMPONENTIZE_PY_TOOLS/bin/componentize-py" ]] ||
-  ! "$COMPONENTIZE_PY_TOOLS/bin/python" -m pip show componentize-py 2>/dev/null |
-    grep -qx "Version: $COMPONENTIZE_PY_VERSION"; then
+  [[ "$(componentize_py_version)" != *"Version: $COMPONENTIZE_PY_VERSION"* ]]; then
   echo "installing componentize-py==$COMPONENTIZE_PY_VERSION into $COMPONENTIZE_PY_TOOLS ..."
   PY=$(command -v python3 || command -v python) || { echo "python3 is needed for componentize-py" >&2; exit 1; }
   rm -rf "$COMPONENTIZE_PY_TOOLS"
@@ -132,6 +134,30 @@ if [[ ! -x "$COMPONENTIZE_PY_TOOLS/bin/componentize-py" ]] ||
     --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY_VERSION"
   [[ -x "$COMPONENTIZE_PY_TOOLS/bin/componentize-py" ]] ||
     { echo "componentize-py did not install in $COMPONENTIZE_PY_TOOLS" >&2; exit 1; }
+fi
+
+# --- componentize-js (component guests in JavaScript) ------------------------------
+# The same test builds examples/components/js with componentize-js (npm, pinned) into
+# .tools/componentize-js (git-ignored). Needs Node.js and npm (Debian's packages if missing).
+COMPONENTIZE_JS_VERSION=0.23.0
+COMPONENTIZE_JS_TOOLS="$ROOT/.tools/componentize-js"
+COMPONENTIZE_JS_PACKAGE="$COMPONENTIZE_JS_TOOLS/node_modules/@bytecodealliance/componentize-js/package.json"
+if [[ ! -f "$COMPONENTIZE_JS_PACKAGE" ]] ||
+  ! grep -q "\"version\": \"$COMPONENTIZE_JS_VERSION\"" "$COMPONENTIZE_JS_PACKAGE"; then
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "installing Node.js and npm (componentize-js) ..."
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q nodejs npm >/dev/null
+  fi
+  echo "installing componentize-js@$COMPONENTIZE_JS_VERSION into $COMPONENTIZE_JS_TOOLS ..."
+  rm -rf "$COMPONENTIZE_JS_TOOLS"
+  mkdir -p "$COMPONENTIZE_JS_TOOLS"
+  npm install --silent --no-audit --no-fund --prefix "$COMPONENTIZE_JS_TOOLS" \
+    "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION"
+  [[ -x "$COMPONENTIZE_JS_TOOLS/node_modules/.bin/componentize-js" ]] ||
+    { echo "componentize-js did not install in $COMPONENTIZE_JS_TOOLS" >&2; exit 1; }
 fi
 
 # --- valgrind + gungraun-runner (make icount) -------------------------------------

@@ -1,4 +1,4 @@
-"""A TensorWasm function in Python: typed exports of a WASI 0.2 component (calc.wit)."""
+"""A TensorWasm function in Python: typed exports of a WASI 0.2 component (../calc.wit)."""
 
 import math
 
