@@ -344,12 +344,8 @@ async fn bad_input_gets_documented_errors() {
                 Method::POST,
                 "/functions",
                 Some("application/wasm"),
-                br#"(component
-                    (core module $m (func (export "handle")))
-                    (core instance $i (instantiate $m))
-                    (func $handle (canon lift (core func $i "handle")))
-                    (instance $h (export "handle" (func $handle)))
-                    (export "wasi:http/incoming-handler@0.2.0" (instance $h)))"#
+                tensor_wasm_test_support::guests::HTTP_HANDLER_COMPONENT
+                    .as_bytes()
                     .to_vec(),
             )
             .await,

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use tensor_wasm_test_support::guests::{example, examples_dir};
+use tensor_wasm_test_support::guests::{example, examples_dir, HTTP_HANDLER_COMPONENT};
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
@@ -91,13 +91,11 @@ fn a_command_component_is_served_over_http() {
     );
 
     // HTTP handlers are recognised and refused, saying so.
-    let handler = br#"(component
-        (core module $m (func (export "handle")))
-        (core instance $i (instantiate $m))
-        (func $handle (canon lift (core func $i "handle")))
-        (instance $h (export "handle" (func $handle)))
-        (export "wasi:http/incoming-handler@0.2.0" (instance $h)))"#;
-    let (status, body, _) = server.post("/functions?name=handler", "application/wasm", handler);
+    let (status, body, _) = server.post(
+        "/functions?name=handler",
+        "application/wasm",
+        HTTP_HANDLER_COMPONENT.as_bytes(),
+    );
     let body = json_of(&body);
     assert_eq!(
         (status, error_code(&body)),

@@ -81,7 +81,14 @@ fn js_component(out: &Path) -> PathBuf {
         .arg("--wit")
         .arg(components.join("calc.wit"))
         // Outgoing HTTP (fetch) is not offered to guests: built without it.
-        .args(["--world-name", "calc", "--disable", "http", "fetch-event", "-o"])
+        .args([
+            "--world-name",
+            "calc",
+            "--disable",
+            "http",
+            "fetch-event",
+            "-o",
+        ])
         .arg(&wasm),
         "componentize-js",
     );

@@ -161,9 +161,6 @@ pub(crate) struct ComponentLimiter {
     pub(crate) hit: Option<String>,
 }
 
-/// Table elements a component's instance may have (as for core modules).
-const MAX_TABLE_ELEMENTS: usize = 1 << 20;
-
 impl ResourceLimiter for ComponentLimiter {
     fn memory_growing(
         &mut self,
@@ -191,7 +188,8 @@ impl ResourceLimiter for ComponentLimiter {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS)
+        // As many as a core module's instance may have.
+        Ok(desired <= crate::invocation_state::MAX_TABLE_ELEMENTS)
     }
 }
 

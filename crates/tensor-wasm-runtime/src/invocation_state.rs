@@ -42,7 +42,7 @@ struct InvocationLimiter {
 }
 
 /// Table elements any instance may have; generous for real programs, bounded for hostile ones.
-const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+pub(crate) const MAX_TABLE_ELEMENTS: usize = 1 << 20;
 
 /// Table elements an inline call's instance may have (a larger table is more
 /// to initialise and reset on an async thread).

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use tensor_wasm_runtime::{DeploySpec, Runtime, RuntimeConfig, RuntimeError};
 use tensor_wasm_test_support::app::open_runtime;
+use tensor_wasm_test_support::guests::HTTP_HANDLER_COMPONENT;
 
 fn open(dir: &Path) -> Runtime {
     open_runtime(RuntimeConfig::for_tests(dir), &prometheus::Registry::new())
@@ -121,15 +122,7 @@ fn a_command_component_is_held_to_its_deadline_and_memory_limit() {
 fn components_this_host_cannot_run_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let rt = open(dir.path());
-    let handler = wat::parse_str(
-        r#"(component
-            (core module $m (func (export "handle")))
-            (core instance $i (instantiate $m))
-            (func $handle (canon lift (core func $i "handle")))
-            (instance $h (export "handle" (func $handle)))
-            (export "wasi:http/incoming-handler@0.2.3" (instance $h)))"#,
-    )
-    .unwrap();
+    let handler = wat::parse_str(HTTP_HANDLER_COMPONENT).unwrap();
     let err = rt
         .deploy(&handler, DeploySpec::export("handler"))
         .unwrap_err();

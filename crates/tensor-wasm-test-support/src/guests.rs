@@ -107,3 +107,12 @@ pub const FLOOD_COMMAND: &str = r#"(module
       (br_if $more (i32.eqz
         (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))))
     (call $proc_exit (i32.const 2))))"#;
+
+/// A component that exports `wasi:http/incoming-handler` (with a stand-in `handle`, enough to
+/// be classified): the style the server recognises but does not run yet.
+pub const HTTP_HANDLER_COMPONENT: &str = r#"(component
+    (core module $m (func (export "handle")))
+    (core instance $i (instantiate $m))
+    (func $handle (canon lift (core func $i "handle")))
+    (instance $h (export "handle" (func $handle)))
+    (export "wasi:http/incoming-handler@0.2.0" (instance $h)))"#;
