@@ -178,8 +178,7 @@ impl ResourceLimiter for ComponentLimiter {
              the function's limit is {} bytes",
             self.limit
         );
-        self.hit = Some(message.clone());
-        Err(wasmtime::Error::msg(message))
+        crate::invocation_state::refuse_growth(&mut self.hit, message)
     }
 
     fn table_growing(

@@ -53,6 +53,13 @@ pub const INLINE_MAX_TABLE_ELEMENTS: usize = 1 << 16;
 #[error("an inline call may not grow past its caps; it runs again on a blocking thread")]
 pub(crate) struct InlineCapExceeded;
 
+/// Refuses a memory or table growth past a limit: the message is kept in `hit` (the
+/// invocation's error reports it) and traps the guest.
+pub(crate) fn refuse_growth(hit: &mut Option<String>, message: String) -> wasmtime::Result<bool> {
+    *hit = Some(message.clone());
+    Err(wasmtime::Error::msg(message))
+}
+
 impl ResourceLimiter for InvocationLimiter {
     fn memory_growing(
         &mut self,
@@ -72,8 +79,7 @@ impl ResourceLimiter for InvocationLimiter {
              {desired} bytes; the function's limit is {} bytes",
             self.memory_limit
         );
-        self.hit = Some(message.clone());
-        Err(wasmtime::Error::msg(message))
+        refuse_growth(&mut self.hit, message)
     }
 
     fn table_growing(
@@ -93,8 +99,7 @@ impl ResourceLimiter for InvocationLimiter {
             "table limit exceeded: the guest asked to grow a table from {current} to {desired} \
              elements; the limit is {MAX_TABLE_ELEMENTS}"
         );
-        self.hit = Some(message.clone());
-        Err(wasmtime::Error::msg(message))
+        refuse_growth(&mut self.hit, message)
     }
 }
 
