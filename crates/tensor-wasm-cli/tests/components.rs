@@ -8,11 +8,13 @@
 //! `unsupported_feature`.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::json;
 
 use tensor_wasm_test_support::guests::{example, examples_dir, HTTP_HANDLER_COMPONENT};
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
+use tensor_wasm_test_support::wait::wait_for;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
 
@@ -88,6 +90,25 @@ fn a_command_component_is_served_over_http() {
         (status, error_code(&body)),
         (400, "invalid_arguments"),
         "{body}"
+    );
+
+    // An async job of a typed export.
+    let (status, body, _) = server.post(
+        &format!("/functions/{typed}/invoke-async"),
+        "application/json",
+        br#"{"export": "add", "args": [20, 22]}"#,
+    );
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let job = json_of(&body)["job_id"].as_str().unwrap().to_owned();
+    let (done, _) = wait_for(Duration::from_secs(10), "the job finishes", || {
+        let (status, body) = server.get(&format!("/jobs/{job}"));
+        assert_eq!(status, 200);
+        let body = json_of(&body);
+        (body["status"] != "queued" && body["status"] != "running").then_some(body)
+    });
+    assert_eq!(
+        (done["status"].clone(), done["results"].clone()),
+        (json!("succeeded"), json!([42]))
     );
 
     // HTTP handlers are recognised and refused, saying so.

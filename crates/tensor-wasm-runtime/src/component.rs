@@ -212,8 +212,10 @@ impl ComponentHost {
         })
     }
 
-    /// The component `sha256`, compiled and linked from `binary` unless it is loaded already:
-    /// a command when it exports `wasi:cli/run`, its typed exports otherwise.
+    /// The component `sha256`, compiled and linked from `binary` unless it is loaded already
+    /// or has an artifact in `artifacts`: a command when it exports `wasi:cli/run`, its typed
+    /// exports otherwise. A fresh compile's artifact is written when `write_artifact` (a
+    /// deploy writes it only once it has committed, with [`ComponentHost::write_artifact`]).
     ///
     /// # Errors
     /// [`RuntimeError::InvalidModule`] when it does not compile or imports what this host
@@ -221,6 +223,8 @@ impl ComponentHost {
     pub(crate) fn load(
         &self,
         sha256: &str,
+        artifacts: &crate::engine::ArtifactCache,
+        write_artifact: bool,
         binary: impl FnOnce() -> Result<Vec<u8>, RuntimeError>,
     ) -> Result<LoadedComponent, RuntimeError> {
         if let Some(loaded) = self
@@ -231,16 +235,26 @@ impl ComponentHost {
         {
             return Ok(loaded.clone());
         }
-        let binary = binary()?;
         let invalid = |what: &str, e: wasmtime::Error| {
             RuntimeError::InvalidModule(truncate_message(format!("{what}: {e:#}")))
         };
-        let component = Component::from_binary(&self.engine, &binary)
-            .map_err(|e| invalid("the component does not compile", e))?;
+        // Compiled once: from its artifact on later starts, written once it has linked.
+        let (component, compiled) = match artifacts.load_component(&self.engine, sha256) {
+            Some(component) => (component, false),
+            None => {
+                let binary = binary()?;
+                let component = Component::from_binary(&self.engine, &binary)
+                    .map_err(|e| invalid("the component does not compile", e))?;
+                (component, true)
+            }
+        };
         let pre = self
             .linker
             .instantiate_pre(&component)
             .map_err(|e| invalid("the component imports what this host does not provide", e))?;
+        if compiled && write_artifact {
+            artifacts.store_component(sha256, &component);
+        }
         let loaded = match CommandPre::new(pre.clone()) {
             Ok(command) => LoadedComponent::Command(Arc::new(command)),
             Err(_) => LoadedComponent::Exports(Arc::new(pre)),
@@ -250,6 +264,22 @@ impl ComponentHost {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(sha256.to_owned(), loaded.clone());
         Ok(loaded)
+    }
+
+    /// Writes the artifact of the loaded component `sha256` (after its deploy committed).
+    pub(crate) fn write_artifact(&self, sha256: &str, artifacts: &crate::engine::ArtifactCache) {
+        let loaded = self
+            .loaded
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(sha256)
+            .cloned();
+        let component = match &loaded {
+            Some(LoadedComponent::Command(pre)) => pre.instance_pre().component(),
+            Some(LoadedComponent::Exports(pre)) => pre.component(),
+            None => return,
+        };
+        artifacts.store_component(sha256, component);
     }
 
     /// Forgets the component `sha256` (no function uses it any more).

@@ -304,6 +304,20 @@ impl ArtifactCache {
 
     /// Loads the artifact of `module_sha256`, or `None` when there is no usable one.
     pub fn load(&self, engine: &Engine, module_sha256: &str) -> Option<Module> {
+        self.load_artifact(engine, module_sha256)
+    }
+
+    /// Loads the artifact of component `sha256` (compiled by the component engine, kept in
+    /// the same directory: a component's digest is never a core module's), or `None`.
+    pub(crate) fn load_component(
+        &self,
+        engine: &Engine,
+        sha256: &str,
+    ) -> Option<wasmtime::component::Component> {
+        self.load_artifact(engine, sha256)
+    }
+
+    fn load_artifact<T: Artifact>(&self, engine: &Engine, module_sha256: &str) -> Option<T> {
         let (artifact, sidecar) = self.paths(module_sha256);
         let loaded = (|| {
             let bytes = fs::read(&artifact).ok()?;
@@ -312,7 +326,7 @@ impl ArtifactCache {
                 tracing::warn!(path = %artifact.display(), "artifact digest mismatch; recompiling");
                 return None;
             }
-            match deserialize_artifact(engine, &bytes) {
+            match T::deserialize(engine, &bytes) {
                 Ok(module) => Some((module, bytes.len() + expected.len())),
                 Err(e) => {
                     tracing::warn!(path = %artifact.display(), error = %e, "artifact rejected; recompiling");
@@ -344,6 +358,15 @@ impl ArtifactCache {
     /// durably ([`tensor_wasm_durable::write_file`]), and evicts past the bounds.
     /// Failures only cost a recompile later, so they are logged, not returned.
     pub fn store(&self, module_sha256: &str, module: &Module) {
+        self.store_artifact(module_sha256, module);
+    }
+
+    /// [`ArtifactCache::store`] for a component that compiled and linked.
+    pub(crate) fn store_component(&self, sha256: &str, component: &wasmtime::component::Component) {
+        self.store_artifact(sha256, component);
+    }
+
+    fn store_artifact<T: Artifact>(&self, module_sha256: &str, module: &T) {
         let (artifact, sidecar) = self.paths(module_sha256);
         let result = (|| -> std::result::Result<u64, String> {
             let bytes = module.serialize().map_err(|e| format!("{e:#}"))?;
@@ -376,16 +399,44 @@ impl ArtifactCache {
     }
 }
 
-/// Turns artifact bytes written by [`ArtifactCache::store`] back into a module.
-#[allow(unsafe_code)]
-fn deserialize_artifact(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Module> {
-    // SAFETY: `Module::deserialize` trusts its input to be code produced by
-    // `Module::serialize` of a compatible engine. The bytes come from this
-    // server's own artifact directory, which is keyed by the engine's
-    // compatibility hash, and their sha256 was just checked against the
-    // sidecar written together with them; wasmtime additionally rejects
-    // artifacts of another version or configuration.
-    unsafe { Module::deserialize(engine, bytes) }
+/// Compiled code the cache keeps: core modules and components, turned back from the artifact
+/// bytes [`ArtifactCache::store`] wrote.
+trait Artifact: Sized {
+    fn serialize(&self) -> wasmtime::Result<Vec<u8>>;
+    fn deserialize(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Self>;
+}
+
+impl Artifact for Module {
+    fn serialize(&self) -> wasmtime::Result<Vec<u8>> {
+        Module::serialize(self)
+    }
+
+    #[allow(unsafe_code)]
+    fn deserialize(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Self> {
+        // SAFETY: `Module::deserialize` trusts its input to be code produced by
+        // `Module::serialize` of a compatible engine. The bytes come from this
+        // server's own artifact directory, which is keyed by the engine's
+        // compatibility hash, and their sha256 was just checked against the
+        // sidecar written together with them; wasmtime additionally rejects
+        // artifacts of another version or configuration.
+        unsafe { Module::deserialize(engine, bytes) }
+    }
+}
+
+impl Artifact for wasmtime::component::Component {
+    fn serialize(&self) -> wasmtime::Result<Vec<u8>> {
+        wasmtime::component::Component::serialize(self)
+    }
+
+    #[allow(unsafe_code)]
+    fn deserialize(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Self> {
+        // SAFETY: as for `Module::deserialize` above: bytes this server wrote with
+        // `Component::serialize`, checked against their sidecar digest just now, from a
+        // directory keyed by the core engine's compatibility hash; wasmtime rejects a
+        // component compiled by an engine of another version or configuration (the
+        // component engine's), which then compiles it again.
+        unsafe { wasmtime::component::Component::deserialize(engine, bytes) }
+    }
 }
 
 #[cfg(test)]

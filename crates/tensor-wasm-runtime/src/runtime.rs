@@ -50,7 +50,7 @@ pub(crate) struct Inner {
     engine: Engine,
     linker: Linker<InvocationState>,
     pub(crate) store: Arc<dyn FunctionStore>,
-    artifacts: ArtifactCache,
+    pub(crate) artifacts: ArtifactCache,
     pub(crate) functions: RwLock<HashMap<String, Arc<FunctionEntry>>>,
     /// Loaded modules (compiled, linked, ready to instantiate) by module sha256,
     /// bounded by [`crate::CacheLimits`]. Every invocation looks its module up here

@@ -37,6 +37,14 @@ fn a_command_component_runs_with_stdin_stdout_and_exit_code() {
         .unwrap();
     assert!(echo.record.component);
     assert!(echo.exports.is_empty());
+    // Its compiled code is kept, so a restart does not compile it again.
+    let artifact = format!("{}.cwasm", echo.record.module_sha256);
+    let artifacts: Vec<_> = std::fs::read_dir(dir.path().join("artifacts"))
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(artifacts.contains(&artifact), "{artifacts:?}");
     let out = rt
         .invoke_command(&echo.record.id, b"hello, component\n".to_vec())
         .unwrap();

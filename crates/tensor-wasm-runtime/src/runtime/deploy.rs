@@ -244,6 +244,12 @@ impl Runtime {
         if let Some((prepared, Some(source))) = core {
             self.keep_loaded(&info.record.module_sha256, source, &prepared);
         }
+        if component {
+            let sha = &info.record.module_sha256;
+            self.inner
+                .components
+                .write_artifact(sha, &self.inner.artifacts);
+        }
         drop(retired);
         tracing::info!(function = %info.record.id, name = %info.record.name, "deployed");
         Ok(info)
@@ -271,7 +277,10 @@ impl Runtime {
                     .into(),
             ));
         }
-        self.inner.components.load(sha, || Ok(binary.to_vec()))?;
+        let artifacts = &self.inner.artifacts;
+        self.inner
+            .components
+            .load(sha, artifacts, false, || Ok(binary.to_vec()))?;
         Ok(style)
     }
 

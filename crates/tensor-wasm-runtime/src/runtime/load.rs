@@ -210,7 +210,9 @@ impl Runtime {
         let sha = &entry.record.module_sha256;
         self.inner
             .components
-            .load(sha, || self.inner.store.module(sha))
+            .load(sha, &self.inner.artifacts, true, || {
+                self.inner.store.module(sha)
+            })
     }
 
     pub(crate) fn prepared(&self, entry: &FunctionEntry) -> Result<Arc<Prepared>> {
