@@ -92,6 +92,19 @@ fn a_command_component_is_served_over_http() {
         "{body}"
     );
 
+    // Snapshots of components are refused, saying so.
+    let (status, body, _) = server.post(
+        &format!("/functions/{typed}/snapshots"),
+        "application/json",
+        br#"{"init_export": "add"}"#,
+    );
+    let body = json_of(&body);
+    assert_eq!(
+        (status, error_code(&body)),
+        (422, "snapshot_unsupported"),
+        "{body}"
+    );
+
     // An async job of a typed export.
     let (status, body, _) = server.post(
         &format!("/functions/{typed}/invoke-async"),

@@ -113,6 +113,13 @@ impl Runtime {
     ) -> Result<SnapshotRecord> {
         let entry = self.entry(id)?;
         let record = &entry.record;
+        if record.component {
+            return Err(RuntimeError::SnapshotUnsupported(
+                "snapshots of WebAssembly components are not built yet (docs/components.md); \
+                 each invocation starts from a fresh instance"
+                    .into(),
+            ));
+        }
         if record.style != InvocationStyle::Export {
             return Err(RuntimeError::SnapshotUnsupported(
                 "a WASI command runs `_start` from scratch on every invocation; snapshots are \
