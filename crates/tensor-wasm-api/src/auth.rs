@@ -249,7 +249,9 @@ mod tests {
             let uri = template
                 .replace("{id}", "x")
                 .replace("{token_id}", "y")
-                .replace("{snapshot_id}", "z");
+                .replace("{snapshot_id}", "z")
+                .replace("{name}", "n")
+                .replace("{path}", "p/q");
             let public = matches!(*template, "/healthz" | "/readyz");
             for method in methods() {
                 for token in [None, Some("not-a-token"), Some(METRICS_TOKEN)] {

@@ -65,7 +65,7 @@ error_codes! {
     UnknownExport => "unknown_export", 400,
         "The module has no export of that name.";
     WrongStyle => "wrong_style", 400,
-        "The route does not serve the function's invocation style (export call or WASI command).";
+        "The route does not serve the function's invocation style (export call, WASI command or HTTP handler).";
     Unauthorized => "unauthorized", 401,
         "The bearer token is missing, malformed, unknown or revoked (sent with `WWW-Authenticate: Bearer`).";
     Forbidden => "forbidden", 403,
@@ -116,6 +116,8 @@ error_codes! {
         "A stored snapshot failed validation.";
     Internal => "internal", 500,
         "The server failed; the details are in its log, not in the response.";
+    HandlerFailed => "handler_failed", 502,
+        "An HTTP-handler component returned, or failed, without giving a response, or answered with a `wasi:http` error code instead of one.";
     NotReady => "not_ready", 503,
         "The server is still loading its functions, or is closing its instance slots.";
     ShuttingDown => "shutting_down", 503,

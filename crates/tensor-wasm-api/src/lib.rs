@@ -30,6 +30,7 @@ mod auth;
 mod body_deadline;
 pub mod error;
 mod functions;
+mod http_handler;
 mod jobs;
 mod metrics;
 mod openapi;
@@ -48,7 +49,7 @@ use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
-use axum::routing::{delete, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::Router;
 use prometheus::Registry;
 use tensor_wasm_runtime::Runtime;
@@ -293,6 +294,18 @@ pub fn router(state: AppState) -> Router {
         .route("/functions/{id}/invoke", post(routes::invoke))
         .route("/functions/{id}/invoke-stream", post(stream::invoke_stream))
         .route("/functions/{id}/invoke-async", post(jobs::invoke_async))
+        .route("/functions/{id}/http", any(http_handler::by_id))
+        .route("/functions/{id}/http/", any(http_handler::by_id))
+        .route("/functions/{id}/http/{*path}", any(http_handler::by_id))
+        .route("/functions/by-name/{name}/http", any(http_handler::by_name))
+        .route(
+            "/functions/by-name/{name}/http/",
+            any(http_handler::by_name),
+        )
+        .route(
+            "/functions/by-name/{name}/http/{*path}",
+            any(http_handler::by_name),
+        )
         .route("/jobs/{id}", get(jobs::get_job).delete(jobs::cancel_job))
         .route(
             "/tenants",

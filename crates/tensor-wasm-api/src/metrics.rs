@@ -54,6 +54,8 @@ pub const ROUTE_TEMPLATES: &[&str] = &[
     "/functions/{id}/invoke",
     "/functions/{id}/invoke-stream",
     "/functions/{id}/invoke-async",
+    "/functions/{id}/http/{path}",
+    "/functions/by-name/{name}/http/{path}",
     "/jobs/{id}",
     "/tenants",
     "/tenants/{id}",
@@ -63,6 +65,24 @@ pub const ROUTE_TEMPLATES: &[&str] = &[
 
 static ROUTES: std::sync::LazyLock<std::collections::HashSet<&'static str>> =
     std::sync::LazyLock::new(|| ROUTE_TEMPLATES.iter().copied().collect());
+
+/// The documented template of an HTTP handler's routes (the router has three for each: the
+/// bare prefix, with a trailing slash, and with `{*path}`); any other route as it is.
+fn http_handler_template(route: &str) -> &str {
+    for template in [
+        "/functions/{id}/http/{path}",
+        "/functions/by-name/{name}/http/{path}",
+    ] {
+        let prefix = &template[..template.len() - "/{path}".len()];
+        if route
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest == "/" || rest == "/{*path}")
+        {
+            return template;
+        }
+    }
+    route
+}
 
 /// Label values of one HTTP request, each from a fixed allow-list, so that no client can
 /// create label values (and so series) at will: a route outside [`ROUTE_TEMPLATES`] or an
@@ -79,7 +99,7 @@ impl HttpRequestLabels {
     /// Labels for a matched route template; `None` when `route` is not one the router
     /// serves.
     pub fn try_new(route: &str, method: &axum::http::Method) -> Option<Self> {
-        let route = ROUTES.get(route).copied()?;
+        let route = ROUTES.get(http_handler_template(route)).copied()?;
         Some(HttpRequestLabels {
             route,
             method: method_label(method),

@@ -148,9 +148,10 @@ mod tests {
                                     source_params.contains(param),
                                     "{at}: no path parameter `{param}`"
                                 );
-                            } else {
+                            } else if expression.starts_with('$') {
                                 panic!("{at}: unexpected expression `{expression}`");
                             }
+                            // Anything else is a constant (an HTTP handler's path).
                         }
                         edges
                             .entry(source.to_owned())

@@ -223,6 +223,7 @@ pub(crate) async fn invoke(
     let call = match style {
         InvocationStyle::Export => Some(parse_json::<ExportCallRequest>(&bytes)?),
         InvocationStyle::Wasi => None,
+        InvocationStyle::Http => return Err(Runtime::wrong_style(&id, style).into()),
     };
     // The permit moves into the blocking task: if the client goes away, the
     // slot stays taken until the guest has really finished.
@@ -310,7 +311,9 @@ pub(crate) fn owned_export_function(
     let (style, memory) = state.inner.runtime.invocation_of(id, tenant.id())?;
     if style != InvocationStyle::Export {
         return Err(RuntimeError::WrongStyle(format!(
-            "function {id} is a WASI command; {route} serves export-call functions"
+            "function {id} is not an export-call function ({} style); {route} serves \
+             export-call functions",
+            style.as_str()
         ))
         .into());
     }

@@ -31,7 +31,7 @@ use futures_core::Stream;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tensor_wasm_runtime::stream::{CommandExit, StreamIo, StreamLimits};
-use tensor_wasm_runtime::{is_valid_function_id, InvocationStyle, RuntimeError};
+use tensor_wasm_runtime::{is_valid_function_id, InvocationStyle, Runtime, RuntimeError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -219,6 +219,7 @@ pub(crate) async fn invoke_stream(
             }
             Call::Command
         }
+        InvocationStyle::Http => return Err(Runtime::wrong_style(&id, style).into()),
     };
     let text = match query.encoding.as_deref() {
         None | Some("base64") => false,

@@ -338,15 +338,27 @@ async fn bad_input_gets_documented_errors() {
             StatusCode::BAD_REQUEST,
             "invalid_module",
         ),
-        // An HTTP-handler component (WASI 0.2): recognised and refused as not built yet.
+        // An HTTP-handler component (WASI 0.2) whose `handle` has the wrong type.
         (
             h.send(
                 Method::POST,
                 "/functions",
                 Some("application/wasm"),
-                tensor_wasm_test_support::guests::HTTP_HANDLER_COMPONENT
+                tensor_wasm_test_support::guests::MISTYPED_HTTP_HANDLER_COMPONENT
                     .as_bytes()
                     .to_vec(),
+            )
+            .await,
+            StatusCode::BAD_REQUEST,
+            "invalid_module",
+        ),
+        // A component exporting nothing to invoke.
+        (
+            h.send(
+                Method::POST,
+                "/functions",
+                Some("application/wasm"),
+                b"(component)".to_vec(),
             )
             .await,
             StatusCode::BAD_REQUEST,
@@ -533,7 +545,9 @@ async fn openapi_document_matches_the_router() {
         let uri = path
             .replace("{id}", id)
             .replace("{token_id}", "tk-000000000000")
-            .replace("{snapshot_id}", "snap-000000000000000000000000");
+            .replace("{snapshot_id}", "snap-000000000000000000000000")
+            .replace("{name}", "no-such-handler")
+            .replace("{path}", "a/b");
         for method in all {
             let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
             let body = if method == "post" && path == "/functions" {
@@ -568,7 +582,7 @@ async fn openapi_document_matches_the_router() {
             }
         }
     }
-    assert_eq!(seen_routes, 24);
+    assert_eq!(seen_routes, 34);
     // The metrics route-label allow-list is exactly the documented routes.
     let mut documented: Vec<&str> = paths.keys().map(String::as_str).collect();
     let mut allowed = ROUTE_TEMPLATES.to_vec();

@@ -4,15 +4,15 @@
 //! stdin to stdout; a
 //! component that never ends is answered `invocation_timeout` at its deadline and the server
 //! keeps serving; a component's typed exports take JSON by their WIT types
-//! (`examples/typed-component.wat`); an HTTP handler (not built yet) is refused with
-//! `unsupported_feature`.
+//! (`examples/typed-component.wat`); an HTTP handler whose `handle` has the wrong type is
+//! refused with `invalid_module` (HTTP handlers that run: `http_handlers.rs`).
 
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
 
-use tensor_wasm_test_support::guests::{example, examples_dir, HTTP_HANDLER_COMPONENT};
+use tensor_wasm_test_support::guests::{example, examples_dir, MISTYPED_HTTP_HANDLER_COMPONENT};
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
 use tensor_wasm_test_support::wait::wait_for;
 
@@ -124,16 +124,23 @@ fn a_command_component_is_served_over_http() {
         (json!("succeeded"), json!([42]))
     );
 
-    // HTTP handlers are recognised and refused, saying so.
+    // An HTTP handler whose `handle` has the wrong type is refused, saying so.
     let (status, body, _) = server.post(
         "/functions?name=handler",
         "application/wasm",
-        HTTP_HANDLER_COMPONENT.as_bytes(),
+        MISTYPED_HTTP_HANDLER_COMPONENT.as_bytes(),
     );
     let body = json_of(&body);
     assert_eq!(
         (status, error_code(&body)),
-        (400, "unsupported_feature"),
+        (400, "invalid_module"),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("wasi:http/incoming-handler"),
         "{body}"
     );
     server.terminate();

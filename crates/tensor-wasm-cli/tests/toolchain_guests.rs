@@ -13,56 +13,23 @@ use std::process::Command;
 use serde_json::{json, Value};
 use tensor_wasm_test_support::guests::examples_dir;
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
+use tensor_wasm_test_support::toolchains::{build, componentize_py, tool};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
-
-/// A tool under `.tools/`, or where `variable` says; the test fails with how to install it.
-fn tool(variable: &str, under_tools: &str) -> PathBuf {
-    let path = std::env::var_os(variable).map_or_else(
-        || {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../.tools")
-                .join(under_tools)
-        },
-        PathBuf::from,
-    );
-    assert!(
-        path.exists(),
-        "{} is missing: run `make deps` (it installs the component toolchains)",
-        path.display()
-    );
-    path
-}
-
-/// Runs a toolchain's build; panics with its output when it fails.
-fn build(command: &mut Command, what: &str) {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("running {what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// `examples/components/python` built by componentize-py into `out`.
 fn python_component(out: &Path) -> PathBuf {
     let components = examples_dir().join("components");
     let wasm = out.join("calc-python.wasm");
     build(
-        Command::new(tool(
-            "TENSOR_WASM_COMPONENTIZE_PY",
-            "componentize-py/bin/componentize-py",
-        ))
-        .arg("-d")
-        .arg(components.join("calc.wit"))
-        .args(["-w", "calc", "componentize", "-p"])
-        .arg(components.join("python"))
-        .arg("app")
-        .arg("-o")
-        .arg(&wasm),
+        Command::new(componentize_py())
+            .arg("-d")
+            .arg(components.join("calc.wit"))
+            .args(["-w", "calc", "componentize", "-p"])
+            .arg(components.join("python"))
+            .arg("app")
+            .arg("-o")
+            .arg(&wasm),
         "componentize-py",
     );
     wasm

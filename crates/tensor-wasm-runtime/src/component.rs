@@ -1,8 +1,9 @@
 //! WebAssembly components (WASI 0.2): recognised at deploy, validated and classified by what
-//! they export. Commands (`wasi:cli/run`) and components with typed exports are deployed and
-//! run on wasmtime's WASI 0.2 host (`ComponentHost`) with the limits of a core module's
-//! function; HTTP handlers are refused with an error that says what was found and that they
-//! are not built yet (issue 20, docs/components.md).
+//! they export. HTTP handlers (`wasi:http/incoming-handler`), commands (`wasi:cli/run`) and
+//! components with typed exports are deployed and run on wasmtime's WASI 0.2 and `wasi:http`
+//! hosts (`ComponentHost`) with the limits of a core module's function; outgoing HTTP is
+//! refused. A component exporting none of these is refused with an error that says what was
+//! found (docs/components.md).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -12,6 +13,8 @@ use wasmtime::component::{Component, InstancePre, Linker, ResourceTable};
 use wasmtime::{Engine, ResourceLimiter};
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::p2::bindings::sync::ProxyPre;
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
 use crate::error::{truncate_message, RuntimeError};
 
@@ -104,11 +107,41 @@ fn interface_of(name: &str) -> &str {
         .map_or(name, |(interface, _)| interface)
 }
 
-/// The refusal of a component whose style is not built yet: what it is, and what runs.
+/// Whether `component` exports `wasi:http/incoming-handler` (some 0.2 version): `None` when
+/// it does not, `Some(Err)` saying why when its `handle` is not
+/// `func(request: incoming-request, response-out: response-outparam)` (two owned resources,
+/// no result).
+fn http_handler_export(engine: &Engine, component: &Component) -> Option<Result<(), String>> {
+    use wasmtime::component::types::{ComponentItem, Type};
+    let ty = component.component_type();
+    let (name, export) = ty
+        .exports(engine)
+        .find(|(name, _)| interface_of(name) == "wasi:http/incoming-handler")?;
+    let ComponentItem::ComponentInstance(instance) = export.ty else {
+        return Some(Err(format!("{name} is not an instance")));
+    };
+    let handle = instance.get_export(engine, "handle").map(|e| e.ty);
+    let Some(ComponentItem::ComponentFunc(func)) = handle else {
+        return Some(Err(format!("{name} has no function `handle`")));
+    };
+    let takes_two_resources =
+        func.params().len() == 2 && func.params().all(|(_, t)| matches!(t, Type::Own(_)));
+    Some(if takes_two_resources && func.results().len() == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name}'s `handle` is not func(request: incoming-request, response-out: \
+             response-outparam)"
+        ))
+    })
+}
+
+/// The refusal of a component with nothing to invoke: what it is, and what runs.
 pub(crate) fn refusal(style: &ComponentStyle) -> RuntimeError {
     RuntimeError::UnsupportedFeature(format!(
-        "this is {}; of WebAssembly components (WASI 0.2) only commands (exporting \
-         wasi:cli/run) and typed exports run yet (docs/components.md)",
+        "this is {}; a WebAssembly component (WASI 0.2) runs when it exports \
+         wasi:http/incoming-handler (an HTTP handler), wasi:cli/run (a command) or functions \
+         of its own (typed exports) (docs/components.md)",
         style.describe()
     ))
 }
@@ -116,17 +149,57 @@ pub(crate) fn refusal(style: &ComponentStyle) -> RuntimeError {
 /// A component compiled and linked against the WASI 0.2 host, ready to instantiate.
 #[derive(Clone)]
 pub(crate) enum LoadedComponent {
+    /// It exports `wasi:http/incoming-handler`.
+    Http(Arc<ProxyPre<ComponentState>>),
     /// It exports `wasi:cli/run`.
     Command(Arc<CommandPre<ComponentState>>),
     /// It exports functions of its own, called with JSON arguments.
     Exports(Arc<InstancePre<ComponentState>>),
 }
 
-/// What a component's store holds: its WASI 0.2 context, its resources and its limiter.
+/// What a component's store holds: its WASI 0.2 and `wasi:http` contexts, its resources and
+/// its limiter.
 pub(crate) struct ComponentState {
     ctx: WasiCtx,
     table: ResourceTable,
+    http: WasiHttpCtx,
+    hooks: OutgoingRefused,
     pub(crate) limiter: ComponentLimiter,
+}
+
+impl WasiHttpView for ComponentState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+/// The `wasi:http` hooks of a component: every outgoing request is refused with
+/// `HTTP-request-denied` (a function reaches nothing outside the server).
+struct OutgoingRefused;
+
+impl WasiHttpHooks for OutgoingRefused {
+    fn send_request(
+        &mut self,
+        request: http::Request<wasmtime_wasi_http::WasiBody>,
+        _options: Option<wasmtime_wasi_http::RequestOptions>,
+        _fut: Box<dyn std::future::Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+    ) -> Box<
+        dyn std::future::Future<
+                Output = wasmtime_wasi_http::Result<(
+                    http::Response<wasmtime_wasi_http::WasiBody>,
+                    Box<dyn std::future::Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+                )>,
+            > + Send,
+    > {
+        tracing::debug!(uri = %request.uri(), "outgoing HTTP from a component refused");
+        Box::new(std::future::ready(Err(
+            wasmtime_wasi_http::Error::HttpRequestDenied,
+        )))
+    }
 }
 
 impl WasiView for ComponentState {
@@ -143,6 +216,8 @@ impl ComponentState {
         ComponentState {
             ctx,
             table: ResourceTable::new(),
+            http: WasiHttpCtx::new(),
+            hooks: OutgoingRefused,
             limiter: ComponentLimiter {
                 limit: usize::try_from(memory_limit).unwrap_or(usize::MAX),
                 used: 0,
@@ -204,6 +279,7 @@ impl ComponentHost {
     pub(crate) fn new(engine: Engine) -> Result<Self, RuntimeError> {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .and_then(|()| wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker))
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         Ok(ComponentHost {
             engine,
@@ -213,7 +289,8 @@ impl ComponentHost {
     }
 
     /// The component `sha256`, compiled and linked from `binary` unless it is loaded already
-    /// or has an artifact in `artifacts`: a command when it exports `wasi:cli/run`, its typed
+    /// or has an artifact in `artifacts`: an HTTP handler when it exports
+    /// `wasi:http/incoming-handler`, a command when it exports `wasi:cli/run`, its typed
     /// exports otherwise. A fresh compile's artifact is written when `write_artifact` (a
     /// deploy writes it only once it has committed, with [`ComponentHost::write_artifact`]).
     ///
@@ -252,13 +329,25 @@ impl ComponentHost {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| invalid("the component imports what this host does not provide", e))?;
+        let loaded = match http_handler_export(&self.engine, pre.component()) {
+            Some(Err(why)) => {
+                return Err(RuntimeError::InvalidModule(truncate_message(format!(
+                    "its wasi:http/incoming-handler export cannot be served: {why}"
+                ))))
+            }
+            Some(Ok(())) => {
+                LoadedComponent::Http(Arc::new(ProxyPre::new(pre.clone()).map_err(|e| {
+                    invalid("its wasi:http/incoming-handler export cannot be served", e)
+                })?))
+            }
+            None => match CommandPre::new(pre.clone()) {
+                Ok(command) => LoadedComponent::Command(Arc::new(command)),
+                Err(_) => LoadedComponent::Exports(Arc::new(pre)),
+            },
+        };
         if compiled && write_artifact {
             artifacts.store_component(sha256, &component);
         }
-        let loaded = match CommandPre::new(pre.clone()) {
-            Ok(command) => LoadedComponent::Command(Arc::new(command)),
-            Err(_) => LoadedComponent::Exports(Arc::new(pre)),
-        };
         self.loaded
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -275,6 +364,7 @@ impl ComponentHost {
             .get(sha256)
             .cloned();
         let component = match &loaded {
+            Some(LoadedComponent::Http(pre)) => pre.instance_pre().component(),
             Some(LoadedComponent::Command(pre)) => pre.instance_pre().component(),
             Some(LoadedComponent::Exports(pre)) => pre.component(),
             None => return,
@@ -345,11 +435,11 @@ mod tests {
     }
 
     #[test]
-    fn a_style_not_built_yet_is_refused_saying_what_it_is() {
-        let err = refusal(&ComponentStyle::HttpHandler).to_string();
-        assert!(err.contains("HTTP handler"), "{err}");
+    fn a_component_with_nothing_to_invoke_is_refused_saying_what_runs() {
+        let err = refusal(&ComponentStyle::Nothing).to_string();
+        assert!(err.contains("exports nothing to invoke"), "{err}");
         assert!(
-            err.contains("only commands") && err.contains("typed exports"),
+            err.contains("wasi:http/incoming-handler") && err.contains("typed exports"),
             "{err}"
         );
         // Damaged after the header: invalid.

@@ -50,7 +50,9 @@ pub use error::{Result, RuntimeError};
 pub use invocation_state::INLINE_MAX_TABLE_ELEMENTS;
 pub use metrics::{Outcome, RuntimeMetrics};
 pub use quarantine::{inspect as inspect_quarantine, QuarantinedRecord, QUARANTINE_DIR};
-pub use runtime::{CommandOutput, DeploySpec, FunctionInfo, Runtime};
+pub use runtime::{
+    CommandOutput, DeploySpec, FunctionInfo, HttpAnswer, HttpBody, HttpBodyError, Runtime,
+};
 pub use snapshot::{RestoreMode, MAX_SNAPSHOTS_PER_FUNCTION};
 pub use storage_quota::{StorageLedger, StorageReservation};
 pub use store::{

@@ -14,12 +14,14 @@
 mod command;
 mod component_call;
 mod deploy;
+mod http_handler;
 mod invoke;
 mod load;
 mod refresh;
 
 pub use command::CommandOutput;
 pub use deploy::{DeploySpec, FunctionInfo};
+pub use http_handler::{HttpAnswer, HttpBody, HttpBodyError};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -346,6 +348,22 @@ impl Runtime {
             .get(id)
             .cloned()
             .ok_or_else(|| RuntimeError::FunctionNotFound(id.to_owned()))
+    }
+
+    /// The refusal of a call of function `id` through a route that does not serve its
+    /// `style`, saying how it is called.
+    pub fn wrong_style(id: &str, style: crate::InvocationStyle) -> RuntimeError {
+        RuntimeError::WrongStyle(match style {
+            crate::InvocationStyle::Export => format!(
+                "function {id} is an export-call function: send {{\"export\": ..., \"args\": [...]}}"
+            ),
+            crate::InvocationStyle::Wasi => {
+                format!("function {id} is a WASI command: send the request body as its stdin")
+            }
+            crate::InvocationStyle::Http => format!(
+                "function {id} is an HTTP handler: send requests to /functions/{id}/http/"
+            ),
+        })
     }
 
     /// A function's deadline in epoch ticks (its timeout rounded up to ticks).

@@ -42,6 +42,9 @@ pub enum InvocationStyle {
     /// Run the module's `_start` as a WASI preview 1 command: body to stdin,
     /// stdout to the response.
     Wasi,
+    /// A component exporting `wasi:http/incoming-handler`: served at its own HTTP routes,
+    /// the request passed through and the component's response streamed back.
+    Http,
 }
 
 impl InvocationStyle {
@@ -50,6 +53,7 @@ impl InvocationStyle {
         match self {
             InvocationStyle::Export => "export",
             InvocationStyle::Wasi => "wasi",
+            InvocationStyle::Http => "http",
         }
     }
 }

@@ -1,17 +1,18 @@
 //! WebAssembly components (WASI 0.2) through the runtime's public API: a command component
 //! (`wasi:cli/run`) deploys and runs like a WASI preview 1 command, stdin in and stdout out,
 //! with the function's deadline, memory limit and exit code; it is served again after a
-//! restart; typed exports take and give JSON by their WIT types; styles not built yet and
-//! components this host cannot link are refused clearly.
+//! restart; typed exports take and give JSON by their WIT types; components with nothing to
+//! invoke, a mistyped HTTP handler and components this host cannot link are refused clearly.
 //!
 //! The components are written in the component text format here, so that each test shows the
-//! whole guest; guests from real toolchains come with the rest of issue 20.
+//! whole guest; guests from real toolchains: `crates/tensor-wasm-cli/tests/toolchain_guests.rs`
+//! and `http_handlers.rs`.
 
 use std::path::Path;
 
 use tensor_wasm_runtime::{DeploySpec, Runtime, RuntimeConfig, RuntimeError};
 use tensor_wasm_test_support::app::open_runtime;
-use tensor_wasm_test_support::guests::HTTP_HANDLER_COMPONENT;
+use tensor_wasm_test_support::guests::MISTYPED_HTTP_HANDLER_COMPONENT;
 
 fn open(dir: &Path) -> Runtime {
     open_runtime(RuntimeConfig::for_tests(dir), &prometheus::Registry::new())
@@ -130,12 +131,20 @@ fn a_command_component_is_held_to_its_deadline_and_memory_limit() {
 fn components_this_host_cannot_run_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let rt = open(dir.path());
-    let handler = wat::parse_str(HTTP_HANDLER_COMPONENT).unwrap();
+    let handler = wat::parse_str(MISTYPED_HTTP_HANDLER_COMPONENT).unwrap();
     let err = rt
         .deploy(&handler, DeploySpec::export("handler"))
         .unwrap_err();
     assert!(
-        matches!(&err, RuntimeError::UnsupportedFeature(m) if m.contains("HTTP handler")),
+        matches!(&err, RuntimeError::InvalidModule(m) if m.contains("wasi:http/incoming-handler")),
+        "{err:?}"
+    );
+    let nothing = wat::parse_str("(component)").unwrap();
+    let err = rt
+        .deploy(&nothing, DeploySpec::export("nothing"))
+        .unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::UnsupportedFeature(m) if m.contains("nothing to invoke")),
         "{err:?}"
     );
     let foreign = wat::parse_str(

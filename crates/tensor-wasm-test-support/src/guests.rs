@@ -108,9 +108,9 @@ pub const FLOOD_COMMAND: &str = r#"(module
         (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))))
     (call $proc_exit (i32.const 2))))"#;
 
-/// A component that exports `wasi:http/incoming-handler` (with a stand-in `handle`, enough to
-/// be classified): the style the server recognises but does not run yet.
-pub const HTTP_HANDLER_COMPONENT: &str = r#"(component
+/// A component that exports `wasi:http/incoming-handler` with a `handle` of the wrong type
+/// (no parameters): classified as an HTTP handler, refused at deploy as `invalid_module`.
+pub const MISTYPED_HTTP_HANDLER_COMPONENT: &str = r#"(component
     (core module $m (func (export "handle")))
     (core instance $i (instantiate $m))
     (func $handle (canon lift (core func $i "handle")))

@@ -7,6 +7,8 @@
 //!   until the test lets it go ([`gate::GatedStore`]);
 //! - [`serve`]: the real `tensor-wasm serve` binary on a loopback port
 //!   ([`serve::ServeProcess`]);
+//! - [`toolchains`]: the component toolchains under `.tools/` and the `wasi:http` WIT the
+//!   server implements;
 //! - [`wait`]: bounded polling for a state ([`wait::wait_until`]) instead of
 //!   `sleep` as synchronisation, and [`wait::assert_holds_for`] for a property
 //!   that must keep holding over a window;
@@ -44,4 +46,5 @@ pub mod guests;
 pub mod pace;
 pub mod serve;
 pub mod servers;
+pub mod toolchains;
 pub mod wait;

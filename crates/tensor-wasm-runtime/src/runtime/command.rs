@@ -44,9 +44,7 @@ impl Runtime {
         let entry = self.entry(id)?;
         let record = &entry.record;
         if record.style != InvocationStyle::Wasi {
-            return Err(RuntimeError::WrongStyle(format!(
-                "function {id} is an export-call function: send {{\"export\": ..., \"args\": [...]}}"
-            )));
+            return Err(Runtime::wrong_style(id, record.style));
         }
         let runner = self.command_runner(&entry)?;
         let _slot = self.take_slot()?;
@@ -84,9 +82,7 @@ impl Runtime {
     pub fn check_command_call(&self, id: &str) -> Result<()> {
         let entry = self.entry(id)?;
         if entry.record.style != InvocationStyle::Wasi {
-            return Err(RuntimeError::WrongStyle(format!(
-                "function {id} is an export-call function: name the export to call"
-            )));
+            return Err(Runtime::wrong_style(id, entry.record.style));
         }
         self.command_runner(&entry).map(drop)
     }
@@ -116,9 +112,7 @@ impl Runtime {
         let entry = self.entry(id)?;
         let record = &entry.record;
         if record.style != InvocationStyle::Wasi {
-            return Err(RuntimeError::WrongStyle(format!(
-                "function {id} is an export-call function: name the export to call"
-            )));
+            return Err(Runtime::wrong_style(id, record.style));
         }
         let runner = self.command_runner(&entry)?;
         let _slot = self.take_slot()?;
@@ -163,10 +157,14 @@ impl Runtime {
         }
         match self.component_of(entry)? {
             LoadedComponent::Command(command) => Ok(Runner::Component(command)),
-            LoadedComponent::Exports(_) => Err(RuntimeError::WrongStyle(format!(
-                "function {} is a component with typed exports: name the export to call",
-                entry.record.id
-            ))),
+            LoadedComponent::Exports(_) => Err(Runtime::wrong_style(
+                &entry.record.id,
+                InvocationStyle::Export,
+            )),
+            LoadedComponent::Http(_) => Err(Runtime::wrong_style(
+                &entry.record.id,
+                InvocationStyle::Http,
+            )),
         }
     }
 
@@ -273,7 +271,7 @@ impl CommandStore {
 }
 
 /// Logs the last 4 KiB of a guest's stderr, if it wrote any.
-fn log_stderr(record: &FunctionRecord, stderr: &[u8]) {
+pub(super) fn log_stderr(record: &FunctionRecord, stderr: &[u8]) {
     if !stderr.is_empty() {
         tracing::info!(
             function = %record.id,

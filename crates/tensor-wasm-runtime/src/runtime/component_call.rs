@@ -30,10 +30,7 @@ impl Runtime {
         usize,
     )> {
         let LoadedComponent::Exports(pre) = self.component_of(entry)? else {
-            return Err(RuntimeError::WrongStyle(format!(
-                "function {} is a command component: send the request body as its stdin",
-                entry.record.id
-            )));
+            return Err(Runtime::wrong_style(&entry.record.id, entry.record.style));
         };
         let engine = &self.inner.components.engine;
         let ty = pre.component().component_type();

@@ -255,8 +255,9 @@ impl Runtime {
         Ok(info)
     }
 
-    /// Checks a component at deploy and returns the style its exports give it: a command
-    /// (`wasi`) or typed exports (`export`); other kinds are not built yet. It may not ask
+    /// Checks a component at deploy and returns the style its exports give it: an HTTP
+    /// handler (`http`), a command (`wasi`) or typed exports (`export`); a component with
+    /// nothing to invoke is refused. It may not ask
     /// for raw kernels, and must compile and link against the WASI 0.2 host.
     fn check_component(
         &self,
@@ -266,6 +267,7 @@ impl Runtime {
     ) -> Result<InvocationStyle> {
         use crate::component::{classify, refusal, ComponentStyle};
         let style = match classify(binary)? {
+            ComponentStyle::HttpHandler => InvocationStyle::Http,
             ComponentStyle::Command => InvocationStyle::Wasi,
             ComponentStyle::TypedExports(_) => InvocationStyle::Export,
             other => return Err(refusal(&other)),
@@ -473,5 +475,10 @@ fn check_shape(module: &Module, style: InvocationStyle, limits: &FunctionLimits)
                 ))
             }
         }
+        InvocationStyle::Http => Err(RuntimeError::InvalidConfig(
+            "style `http` is for components exporting wasi:http/incoming-handler; this is a \
+             core module (style `export` or `wasi`)"
+                .into(),
+        )),
     }
 }

@@ -149,9 +149,7 @@ impl Runtime {
     pub fn check_export_call(&self, id: &str, export: &str, args: &[Json]) -> Result<()> {
         let entry = self.entry(id)?;
         if entry.record.style != InvocationStyle::Export {
-            return Err(RuntimeError::WrongStyle(format!(
-                "function {id} is a WASI command; streaming is for export-call functions"
-            )));
+            return Err(Runtime::wrong_style(id, entry.record.style));
         }
         if entry.record.component {
             return self.check_component_export(&entry, export, args);
@@ -173,9 +171,7 @@ impl Runtime {
     ) -> Result<Vec<Json>> {
         let entry = self.entry(id)?;
         if entry.record.style != InvocationStyle::Export {
-            return Err(RuntimeError::WrongStyle(format!(
-                "function {id} is a WASI command: send the request body as its stdin"
-            )));
+            return Err(Runtime::wrong_style(id, entry.record.style));
         }
         if entry.record.component {
             if stream.is_some() {

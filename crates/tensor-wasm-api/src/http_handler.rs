@@ -1,0 +1,342 @@
+//! HTTP-handler components (`wasi:http/incoming-handler`) at their own routes:
+//! `/functions/{id}/http/{path}` and `/functions/by-name/{name}/http/{path}` (the caller's
+//! newest HTTP handler of that name). Any method; the request's method, `{path}`, query,
+//! headers (less `Authorization`, which the server consumed) and body reach the component,
+//! the body streamed and bounded by the server's body limit. The component's response is
+//! answered as soon as it sets one, its body streamed as it writes it.
+//!
+//! Deadlines: the response must begin within the function's deadline (plus
+//! [`DEADLINE_GRACE`]), else `504 invocation_timeout`; a body still streaming at that point
+//! is cut off (the connection aborts), and a request body still arriving then ends with an
+//! error the component reads. Either way the component's next read or write fails, so no
+//! slow client holds an instance slot past the deadline. A component that returns or fails
+//! without a response answers `502 handler_failed` (or its trap, limit or timeout code).
+
+use std::collections::HashMap;
+use std::future::Future as _;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{self, header, uri::Uri};
+use axum::response::Response;
+use axum::Extension;
+use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tensor_wasm_runtime::{
+    is_valid_function_id, HttpAnswer, HttpBody, HttpBodyError, InvocationStyle, Runtime,
+    RuntimeError,
+};
+use tensor_wasm_tenant::Tenant;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::auth::Caller;
+use crate::routes::{acquire_slot, invocation_guards, DEADLINE_GRACE};
+use crate::{ApiError, AppState, ErrorCode};
+
+/// Response frames buffered between the component and the client.
+const BUFFERED_FRAMES: usize = 4;
+
+/// `ANY /functions/{id}/http/{path}`.
+pub(crate) async fn by_id(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(params): Path<HashMap<String, String>>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let tenant = caller.tenant()?.clone();
+    let id = params.get("id").cloned().unwrap_or_default();
+    if !is_valid_function_id(&id) {
+        return Err(RuntimeError::FunctionNotFound(id).into());
+    }
+    // "", "functions", the id, "http", then the component's path.
+    serve(state, tenant, id, 4, req).await
+}
+
+/// `ANY /functions/by-name/{name}/http/{path}`: the caller's newest HTTP handler named
+/// `{name}`.
+pub(crate) async fn by_name(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(params): Path<HashMap<String, String>>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let tenant = caller.tenant()?.clone();
+    let name = params.get("name").cloned().unwrap_or_default();
+    let id = state
+        .inner
+        .runtime
+        .functions_of(tenant.id())
+        .into_iter()
+        .filter(|r| r.name == name && r.style == InvocationStyle::Http)
+        .max_by_key(|r| r.created_at_ms)
+        .map(|r| r.id)
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::NotFound,
+                format!("no HTTP handler named {name:?} is deployed"),
+            )
+        })?;
+    // "", "functions", "by-name", the name, "http", then the component's path.
+    serve(state, tenant, id, 5, req).await
+}
+
+/// Hands `req` to HTTP handler `id` of `tenant`; the component's path is what follows the
+/// first `skip` segments of the request's path.
+async fn serve(
+    state: AppState,
+    tenant: Arc<Tenant>,
+    id: String,
+    skip: usize,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let runtime: Runtime = state.inner.runtime.clone();
+    let (style, memory) = runtime.invocation_of(&id, tenant.id())?;
+    if style != InvocationStyle::Http {
+        return Err(Runtime::wrong_style(&id, style).into());
+    }
+    let timeout = runtime.timeout_of(&id)?;
+    let limit = state.inner.config.max_body_bytes as u64;
+    if req.body().size_hint().lower() > limit {
+        return Err(too_large(limit));
+    }
+    // Taken before the body is read, released when the component has returned.
+    let guards = invocation_guards(&tenant, memory, runtime.is_uvm_backed())?;
+    let permit = acquire_slot(&state).await?;
+    let deadline = Instant::now() + timeout;
+    let overflowed = Arc::new(AtomicBool::new(false));
+    let request = component_request(req, skip, limit, deadline, Arc::clone(&overflowed))?;
+    let (tx, rx) = oneshot::channel::<HttpAnswer>();
+    let task_id = id.clone();
+    let mut task = tokio::task::spawn_blocking(move || {
+        crate::priority::lower_blocking_priority();
+        let _held = (permit, guards);
+        runtime.invoke_http(&task_id, request, move |answer| {
+            // The client may be gone already; then nobody reads the answer.
+            let _ = tx.send(answer);
+        })
+    });
+    let waited = tokio::time::timeout_at(deadline + DEADLINE_GRACE, async {
+        match rx.await {
+            Ok(answer) => Ok(answer),
+            // No answer: the component returned or failed; its outcome says which.
+            Err(_) => Err((&mut task).await),
+        }
+    })
+    .await;
+    let overflow = || overflowed.load(Ordering::Acquire).then(|| too_large(limit));
+    match waited {
+        Err(_elapsed) => {
+            detach(id, task);
+            Err(RuntimeError::Timeout {
+                timeout_ms: timeout.as_millis() as u64,
+            }
+            .into())
+        }
+        Ok(Ok(Ok(response))) => {
+            detach(id, task);
+            Ok(stream_response(response, deadline + DEADLINE_GRACE))
+        }
+        Ok(Ok(Err(code))) => {
+            detach(id, task);
+            Err(overflow().unwrap_or_else(|| {
+                ApiError::new(
+                    ErrorCode::HandlerFailed,
+                    format!("the HTTP handler answered with the wasi:http error code {code}"),
+                )
+            }))
+        }
+        Ok(Err(outcome)) => {
+            let outcome = outcome.map_err(ApiError::internal)?;
+            if let Some(error) = overflow() {
+                return Err(error);
+            }
+            outcome?;
+            Err(ApiError::new(
+                ErrorCode::HandlerFailed,
+                "the HTTP handler returned without a response (it never set its \
+                 response-outparam)",
+            ))
+        }
+    }
+}
+
+fn too_large(limit: u64) -> ApiError {
+    ApiError::new(
+        ErrorCode::PayloadTooLarge,
+        format!("the request body is larger than the server's limit of {limit} bytes"),
+    )
+}
+
+/// Logs how a component that has answered (or was answered for) ends.
+fn detach(id: String, task: tokio::task::JoinHandle<Result<(), RuntimeError>>) {
+    tokio::spawn(async move {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::info!(function = %id, error = %e, "HTTP handler failed after its answer")
+            }
+            Err(e) => tracing::error!(function = %id, error = %e, "HTTP handler task failed"),
+        }
+    });
+}
+
+/// The request as the component sees it: `http://{Host}/{path}?{query}`, without
+/// `Authorization`, its body bounded by `limit` bytes and by `deadline`.
+fn component_request(
+    req: Request,
+    skip: usize,
+    limit: u64,
+    deadline: Instant,
+    overflowed: Arc<AtomicBool>,
+) -> Result<http::Request<HttpBody>, ApiError> {
+    let (mut parts, body) = req.into_parts();
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| h.parse::<http::uri::Authority>().is_ok())
+        .unwrap_or("localhost")
+        .to_owned();
+    parts.uri = Uri::builder()
+        .scheme("http")
+        .authority(host)
+        .path_and_query(component_path(&parts.uri, skip))
+        .build()
+        .map_err(|e| ApiError::bad_request(format!("the request's path: {e}")))?;
+    parts.headers.remove(header::AUTHORIZATION);
+    let body = BoundedBody {
+        inner: body,
+        limit,
+        seen: 0,
+        deadline: Box::pin(tokio::time::sleep_until(deadline)),
+        overflowed,
+    };
+    Ok(http::Request::from_parts(parts, body.boxed_unsync()))
+}
+
+/// What follows the first `skip` segments of `uri`'s path (at least `/`), with its query.
+fn component_path(uri: &Uri, skip: usize) -> String {
+    let rest = uri.path().splitn(skip + 1, '/').nth(skip).unwrap_or("");
+    match uri.query() {
+        Some(query) => format!("/{rest}?{query}"),
+        None => format!("/{rest}"),
+    }
+}
+
+/// A request body the component reads: at most `limit` bytes, until `deadline`.
+struct BoundedBody {
+    inner: Body,
+    limit: u64,
+    seen: u64,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    overflowed: Arc<AtomicBool>,
+}
+
+impl http_body::Body for BoundedBody {
+    type Data = Bytes;
+    type Error = HttpBodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, HttpBodyError>>> {
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(HttpBodyError::Cut(
+                "the request body did not arrive within the function's deadline".into(),
+            ))));
+        }
+        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(Some(Err(e))) => {
+                return Poll::Ready(Some(Err(HttpBodyError::Cut(e.to_string()))))
+            }
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
+        };
+        if let Some(data) = frame.data_ref() {
+            self.seen += data.len() as u64;
+            if self.seen > self.limit {
+                self.overflowed.store(true, Ordering::Release);
+                return Poll::Ready(Some(Err(HttpBodyError::TooLarge(self.limit))));
+            }
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The component's response, its body copied to the client by a task of its own until
+/// `deadline`: the copy goes on when the client reads slowly (and no longer than the
+/// deadline), and when it stops (deadline, client gone) the component's body is dropped,
+/// so the component's next write fails.
+fn stream_response(response: http::Response<HttpBody>, deadline: Instant) -> Response {
+    let (parts, mut body) = response.into_parts();
+    let (tx, rx) = mpsc::channel(BUFFERED_FRAMES);
+    tokio::spawn(async move {
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return,
+                Err(_elapsed) => Err(HttpBodyError::Cut(
+                    "the response body did not end within the function's deadline".into(),
+                )),
+            };
+            let last = frame.is_err();
+            let sent = tokio::time::timeout_at(deadline, tx.send(frame)).await;
+            if last || !matches!(sent, Ok(Ok(()))) {
+                return;
+            }
+        }
+    });
+    Response::from_parts(parts, Body::new(ChannelBody { rx }))
+}
+
+/// The frames the copying task sends, as a body.
+struct ChannelBody {
+    rx: mpsc::Receiver<Result<Frame<Bytes>, HttpBodyError>>,
+}
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = HttpBodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, HttpBodyError>>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_component_gets_the_path_after_the_route_and_the_query() {
+        let uri = |s: &str| s.parse::<Uri>().unwrap();
+        let id = "/functions/fn-0/http";
+        assert_eq!(component_path(&uri(id), 4), "/");
+        assert_eq!(component_path(&uri(&format!("{id}/")), 4), "/");
+        assert_eq!(
+            component_path(&uri(&format!("{id}/a/b%20c?x=1&y")), 4),
+            "/a/b%20c?x=1&y"
+        );
+        assert_eq!(
+            component_path(&uri("/functions/by-name/my%2Fapi/http/items/7?q"), 5),
+            "/items/7?q"
+        );
+    }
+}

@@ -1,0 +1,349 @@
+//! HTTP-handler components (issue 20): `examples/components/python/http_app.py`, built by
+//! componentize-py against the `wasi:http` WIT the server implements, deployed to a real
+//! `tensor-wasm serve` and called at `/functions/{id}/http/{path}` and
+//! `/functions/by-name/{name}/http/{path}` over real sockets: methods, paths, queries,
+//! headers, JSON bodies, a large body echoed as it streams, a streamed response, the
+//! component's own error statuses. Its hostile requests (an exception, an endless loop, a
+//! memory hog, an oversized body declared or chunked, a body that stops arriving) answer the
+//! usual codes and the server keeps serving.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tensor_wasm_test_support::guests::examples_dir;
+use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
+use tensor_wasm_test_support::toolchains::{
+    build, componentize_py, wasi_http_proxy_world, wasi_http_wit,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
+
+/// `examples/components/python/http_app.py` built by componentize-py into `out`.
+fn python_handler(out: &Path) -> PathBuf {
+    let wit = wasi_http_wit();
+    let wasm = out.join("http-python.wasm");
+    build(
+        Command::new(componentize_py())
+            .arg("-d")
+            .arg(&wit)
+            .arg("-w")
+            .arg(wasi_http_proxy_world(&wit))
+            .args(["componentize", "-p"])
+            .arg(examples_dir().join("components/python"))
+            .arg("http_app")
+            .arg("-o")
+            .arg(&wasm),
+        "componentize-py",
+    );
+    wasm
+}
+
+/// One request: status, headers (lowercase names) and body.
+fn request(
+    server: &ServeProcess,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let mut req = ServeProcess::agent()
+        .request(method, &server.url(path))
+        .set("authorization", &server.auth());
+    for (name, value) in headers {
+        req = req.set(name, value);
+    }
+    let response = match req.send_bytes(body) {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let status = response.status();
+    let names = response.headers_names();
+    let headers = names
+        .iter()
+        .map(|n| {
+            let value = response.header(n).unwrap_or_default().to_owned();
+            (n.to_ascii_lowercase(), value)
+        })
+        .collect();
+    let mut bytes = Vec::new();
+    response
+        .into_reader()
+        .read_to_end(&mut bytes)
+        .unwrap_or_else(|e| panic!("{method} {path}: reading the body: {e}"));
+    (status, headers, bytes)
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// A raw HTTP/1.1 exchange: `head` (without the blank line) then `body` parts written with
+/// `pause` between them. Returns the status code of the answer (not a `100 Continue`), or
+/// `None` when the server closed first, and the connection, still open.
+fn raw(
+    server: &ServeProcess,
+    head: &str,
+    parts: &[&[u8]],
+    pause: Duration,
+) -> (Option<u16>, TcpStream) {
+    let addr = server
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut stream = TcpStream::connect(&addr).expect("connecting");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let head = format!(
+        "{head}\r\nhost: {addr}\r\nauthorization: {}\r\n\r\n",
+        server.auth()
+    );
+    stream.write_all(head.as_bytes()).expect("writing the head");
+    for part in parts {
+        if stream.write_all(part).is_err() {
+            break;
+        }
+        std::thread::sleep(pause);
+    }
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let status = String::from_utf8_lossy(&answer)
+            .split("\r\n")
+            .filter_map(|line| line.strip_prefix("HTTP/1.1 "))
+            .filter_map(|rest| rest.get(..3)?.parse::<u16>().ok())
+            .find(|code| *code != 100);
+        if status.is_some() {
+            return (status, stream);
+        }
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return (None, stream),
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[test]
+fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests() {
+    let out = tempfile::tempdir().unwrap();
+    let wasm = python_handler(out.path());
+    let dir = tempfile::tempdir().unwrap();
+    // One instance slot: a slot a hostile request kept would refuse the last request.
+    let limit: usize = 32 << 20;
+    let server = ServeProcess::start(
+        Path::new(BIN),
+        dir.path(),
+        &[
+            "--max-body-bytes",
+            &limit.to_string(),
+            "--max-instances",
+            "1",
+            "--queue-timeout-ms",
+            "5000",
+        ],
+    );
+    let id = server.deploy(
+        &wasm,
+        "name=api&timeout_ms=5000&memory_limit_bytes=134217728",
+    );
+    let (status, body) = server.get(&format!("/functions/{id}"));
+    assert_eq!(status, 200);
+    assert_eq!(json_of(&body)["style"], "http");
+    let at = |path: &str| format!("/functions/{id}/http{path}");
+    let json = |(status, _, body): (u16, Vec<(String, String)>, Vec<u8>)| (status, json_of(&body));
+
+    // Method, path, query, headers and bodies pass through.
+    let (status, headers, body) = request(&server, "GET", &at("/hello"), &[], b"");
+    assert_eq!(
+        (status, body.as_slice()),
+        (200, &b"hello from Python\n"[..])
+    );
+    assert_eq!(header(&headers, "content-type"), Some("text/plain"));
+    assert_eq!(
+        json(request(
+            &server,
+            "DELETE",
+            &at("/items/7?x=1&y=two"),
+            &[],
+            b""
+        )),
+        (
+            200,
+            json!({"id": 7, "method": "DELETE", "query": {"x": "1", "y": "two"}})
+        )
+    );
+    assert_eq!(
+        json(request(&server, "GET", &at("/items/seven"), &[], b"")),
+        (400, json!({"error": "an item id is a number"}))
+    );
+    assert_eq!(
+        json(request(&server, "GET", &at("/nowhere"), &[], b"")),
+        (404, json!({"error": "not found", "path": "/nowhere"}))
+    );
+    assert_eq!(
+        json(request(&server, "GET", &at(""), &[], b"")),
+        (404, json!({"error": "not found", "path": "/"}))
+    );
+    let (status, seen) = json(request(
+        &server,
+        "GET",
+        &at("/headers"),
+        &[("x-tenant-thing", "blue")],
+        b"",
+    ));
+    assert_eq!((status, &seen["x-tenant-thing"]), (200, &json!("blue")));
+    assert_eq!(
+        json(request(
+            &server,
+            "POST",
+            &at("/sum"),
+            &[("content-type", "application/json")],
+            br#"{"numbers": [1, 2, 3.5]}"#
+        )),
+        (200, json!({"sum": 6.5}))
+    );
+    assert_eq!(
+        json(request(&server, "POST", &at("/sum"), &[], b"{not json")).0,
+        400
+    );
+    // A large body, echoed while it streams in.
+    let large: Vec<u8> = (0..900_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let (status, headers, body) = request(
+        &server,
+        "PUT",
+        &at("/echo"),
+        &[("content-type", "application/x-test")],
+        &large,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "content-type"), Some("application/x-test"));
+    assert!(body == large, "the echoed body differs");
+    let (status, _, body) = request(&server, "GET", &at("/stream?n=50"), &[], b"");
+    assert_eq!(status, 200);
+    let expected: String = (0..50).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&body), expected);
+    // By name.
+    assert_eq!(
+        request(
+            &server,
+            "GET",
+            "/functions/by-name/api/http/hello",
+            &[],
+            b""
+        )
+        .0,
+        200
+    );
+    let (status, body) = json(request(
+        &server,
+        "GET",
+        "/functions/by-name/nope/http/x",
+        &[],
+        b"",
+    ));
+    assert_eq!((status, error_code(&body)), (404, "not_found"));
+
+    // The wrong route for the style, both ways.
+    let (status, body, _) = server.post(
+        &format!("/functions/{id}/invoke"),
+        "application/json",
+        b"{}",
+    );
+    assert_eq!((status, error_code(&json_of(&body))), (400, "wrong_style"));
+    let echo = server.deploy(&examples_dir().join("echo-component.wat"), "name=echo");
+    let (status, body) = json(request(
+        &server,
+        "GET",
+        &format!("/functions/{echo}/http/"),
+        &[],
+        b"",
+    ));
+    assert_eq!((status, error_code(&body)), (400, "wrong_style"));
+
+    // Hostile requests.
+    let code = |r: (u16, Vec<(String, String)>, Vec<u8>)| {
+        let (status, body) = json(r);
+        (status, error_code(&body).to_owned())
+    };
+    assert_eq!(
+        code(request(&server, "GET", &at("/fail"), &[], b"")),
+        (502, "handler_failed".into())
+    );
+    assert_eq!(
+        code(request(&server, "GET", &at("/boom"), &[], b"")),
+        (500, "guest_trap".into())
+    );
+    let started = Instant::now();
+    assert_eq!(
+        code(request(&server, "GET", &at("/spin"), &[], b"")),
+        (504, "invocation_timeout".into())
+    );
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert_eq!(
+        code(request(&server, "GET", &at("/hog?mib=512"), &[], b"")),
+        (500, "memory_limit_exceeded".into())
+    );
+    assert_eq!(
+        json(request(&server, "GET", &at("/hog?mib=8"), &[], b"")),
+        (200, json!({"held": 8 << 20}))
+    );
+    // Declared: refused before the component starts.
+    assert_eq!(
+        raw(
+            &server,
+            &format!(
+                "POST {} HTTP/1.1\r\ncontent-length: {}",
+                at("/sum"),
+                limit + 1
+            ),
+            &[],
+            Duration::ZERO
+        )
+        .0,
+        Some(413)
+    );
+    // Chunked, so only the reading finds it too large.
+    let chunk = vec![b'1'; 1 << 20];
+    let mut chunked = Vec::new();
+    for _ in 0..(limit >> 20) + 8 {
+        chunked.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        chunked.extend_from_slice(&chunk);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    assert_eq!(
+        raw(
+            &server,
+            &format!("POST {} HTTP/1.1\r\ntransfer-encoding: chunked", at("/sum")),
+            &[&chunked],
+            Duration::ZERO
+        )
+        .0,
+        Some(413)
+    );
+    // A body that stops arriving: the handler's read fails at its deadline, which frees the
+    // one slot while the client still holds its connection open.
+    let started = Instant::now();
+    let (status, stalled) = raw(
+        &server,
+        &format!("POST {} HTTP/1.1\r\ncontent-length: 100", at("/sum")),
+        &[b"{\"numbers\": [1,"],
+        Duration::ZERO,
+    );
+    assert_eq!(status, Some(504));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
+    drop(stalled);
+
+    // Still serving.
+    assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
+    server.terminate();
+}
