@@ -58,7 +58,8 @@ pub(crate) async fn by_id(
 }
 
 /// `ANY /functions/by-name/{name}/http/{path}`: the caller's newest HTTP handler named
-/// `{name}`.
+/// `{name}`; `wrong_style` when the caller's functions of that name are none of them HTTP
+/// handlers.
 pub(crate) async fn by_name(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -67,20 +68,28 @@ pub(crate) async fn by_name(
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?.clone();
     let name = params.get("name").cloned().unwrap_or_default();
-    let id = state
+    let named: Vec<_> = state
         .inner
         .runtime
         .functions_of(tenant.id())
         .into_iter()
-        .filter(|r| r.name == name && r.style == InvocationStyle::Http)
-        .max_by_key(|r| r.created_at_ms)
-        .map(|r| r.id)
-        .ok_or_else(|| {
-            ApiError::new(
+        .filter(|r| r.name == name)
+        .collect();
+    let handler = named
+        .iter()
+        .filter(|r| r.style == InvocationStyle::Http)
+        .max_by_key(|r| r.created_at_ms);
+    let id = match (handler, named.first()) {
+        (Some(handler), _) => handler.id.clone(),
+        // Named, but not an HTTP handler: the function is there, the route is wrong.
+        (None, Some(other)) => return Err(Runtime::wrong_style(&other.id, other.style).into()),
+        (None, None) => {
+            return Err(ApiError::new(
                 ErrorCode::NotFound,
-                format!("no HTTP handler named {name:?} is deployed"),
-            )
-        })?;
+                format!("no function named {name:?} is deployed"),
+            ))
+        }
+    };
     // "", "functions", "by-name", the name, "http", then the component's path.
     serve(state, tenant, id, 5, req).await
 }

@@ -267,6 +267,14 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
         b"",
     ));
     assert_eq!((status, error_code(&body)), (400, "wrong_style"));
+    let (status, body) = json(request(
+        &server,
+        "GET",
+        "/functions/by-name/echo/http/",
+        &[],
+        b"",
+    ));
+    assert_eq!((status, error_code(&body)), (400, "wrong_style"));
 
     // Hostile requests.
     let code = |r: (u16, Vec<(String, String)>, Vec<u8>)| {

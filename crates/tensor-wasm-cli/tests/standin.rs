@@ -158,6 +158,25 @@ fn guests_launch_kernels_on_the_cuda_backend_over_the_stand_in() {
     );
 }
 
+/// The GPU for components on the CUDA backend: the Python function of
+/// `examples/components/python/gpu_app.py` (built by componentize-py) allocates
+/// `tensor-wasm:gpu` buffers in CUDA managed memory, chains `vector_add` and `scale` and runs
+/// `matmul` on them through the stand-in driver, with the same results as on the CPU backend.
+#[test]
+fn a_python_component_launches_kernels_on_gpu_buffers_over_the_stand_in() {
+    let out = tempfile::tempdir().unwrap();
+    let wasm = tensor_wasm_test_support::toolchains::python_gpu_component(out.path());
+    let standin = StandIn::new(&[]);
+    let data = tempfile::tempdir().unwrap();
+    let server = standin.serve(data.path());
+    tensor_wasm_test_support::toolchains::check_python_gpu(&server, &wasm);
+    server.terminate();
+
+    let calls = standin.calls("component buffers over the stand-in");
+    assert!(calls.contains_key("cuLaunchKernel 0"), "{calls:?}");
+    assert!(calls.contains_key("cuMemAllocManaged 0"), "{calls:?}");
+}
+
 /// A sticky device fault, reported by the launch, by the completion event's record or by
 /// its synchronization: the guest gets `DEVICE_ERROR` (-6), the server keeps serving, and the
 /// call that reported it is in the trace.

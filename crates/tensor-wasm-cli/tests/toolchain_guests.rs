@@ -13,7 +13,9 @@ use std::process::Command;
 use serde_json::{json, Value};
 use tensor_wasm_test_support::guests::examples_dir;
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
-use tensor_wasm_test_support::toolchains::{build, componentize_py, tool};
+use tensor_wasm_test_support::toolchains::{
+    build, check_python_gpu, componentize_py, python_gpu_component, tool,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
 
@@ -140,5 +142,19 @@ fn components_from_python_and_javascript_toolchains_are_served() {
     let server = ServeProcess::start(Path::new(BIN), dir.path(), &[]);
     check_calc(&server, &python, "calc-python");
     check_calc(&server, &js, "calc-js");
+    server.terminate();
+}
+
+/// The GPU for components: a Python function (`examples/components/python/gpu_app.py`) runs
+/// blueprints on `tensor-wasm:gpu` buffers on the CPU backend and checks their results against
+/// plain Python; its misuses of the interface get the core ABI's errors. (The same component
+/// on the emulated CUDA driver: `standin.rs`.)
+#[test]
+fn a_python_function_runs_kernels_on_gpu_buffers_on_the_cpu_backend() {
+    let out = tempfile::tempdir().unwrap();
+    let wasm = python_gpu_component(out.path());
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServeProcess::start(Path::new(BIN), dir.path(), &["--device", "cpu"]);
+    check_python_gpu(&server, &wasm);
     server.terminate();
 }

@@ -161,10 +161,12 @@ pub(crate) enum LoadedComponent {
 /// its limiter.
 pub(crate) struct ComponentState {
     ctx: WasiCtx,
-    table: ResourceTable,
+    pub(crate) table: ResourceTable,
     http: WasiHttpCtx,
     hooks: OutgoingRefused,
     pub(crate) limiter: ComponentLimiter,
+    /// The invocation's `tensor-wasm:gpu` state (its buffers and kernels).
+    pub(crate) gpu: Option<crate::component_gpu::ComponentGpu>,
 }
 
 impl WasiHttpView for ComponentState {
@@ -218,6 +220,7 @@ impl ComponentState {
             table: ResourceTable::new(),
             http: WasiHttpCtx::new(),
             hooks: OutgoingRefused,
+            gpu: None,
             limiter: ComponentLimiter {
                 limit: usize::try_from(memory_limit).unwrap_or(usize::MAX),
                 used: 0,
@@ -280,6 +283,7 @@ impl ComponentHost {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .and_then(|()| wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker))
+            .and_then(|()| crate::component_gpu::add_to_linker(&mut linker))
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         Ok(ComponentHost {
             engine,

@@ -153,7 +153,11 @@ impl GpuShared {
     /// A kernel for `descriptor`: a built-in, or a JIT blueprint (parsed,
     /// emitted through the kernel cache on CUDA, loaded once per process, or
     /// once per tenant context under context-per-tenant GPU isolation).
-    fn blueprint_kernel(&self, tenant: &TenantKey, descriptor: &str) -> Result<Kernel, Failure> {
+    pub(crate) fn blueprint_kernel(
+        &self,
+        tenant: &TenantKey,
+        descriptor: &str,
+    ) -> Result<Kernel, Failure> {
         if let Some(builtin) = BuiltinKernel::from_descriptor(descriptor) {
             return Ok(self.backend.load_builtin(builtin)?);
         }
@@ -176,7 +180,7 @@ impl GpuShared {
     /// A kernel from tenant CUDA C++: compiled by NVRTC for the device's exact
     /// architecture (once per tenant, source, entry and architecture, through
     /// the kernel cache, on disk too) and loaded as cubin for `tenant`.
-    fn cuda_kernel(
+    pub(crate) fn cuda_kernel(
         &self,
         tenant: &TenantKey,
         source: &str,
@@ -211,6 +215,50 @@ impl GpuShared {
             .as_ref()
             .ok_or_else(|| AbiError::new(code::DEVICE_ERROR, "cached kernel has no cubin"))?;
         Ok(self.backend.load_cubin(tenant, cubin, entry)?)
+    }
+}
+
+impl GpuShared {
+    /// Launches `kernel` for `tenant` on `memory` (buffer arguments are ranges of it), with a
+    /// dispatch permit waited for until `deadline`, and waits for it to complete: the one
+    /// launch path of the core ABI and of components' `tensor-wasm:gpu`. At the deadline the
+    /// kernel is cancelled: a CPU kernel stops at its next slice; a CUDA kernel cannot be
+    /// stopped and is waited for (the memory it uses stays the caller's until then; the API
+    /// answers the client at the deadline meanwhile). The tenant is charged the kernel's time
+    /// whatever the outcome.
+    pub(crate) fn launch_on(
+        &self,
+        tenant: &TenantKey,
+        deadline: Instant,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: &[tensor_wasm_gpu::KernelArg],
+        memory: &mut [u8],
+    ) -> Result<(), Failure> {
+        let permit = self.dispatcher.acquire_blocking_until(deadline)?;
+        let launched = Instant::now();
+        let outcome = tensor_wasm_gpu::launch(
+            &*self.backend,
+            tenant,
+            kernel,
+            config,
+            args,
+            memory,
+            |completion| {
+                self.dispatcher
+                    .track(permit, completion)
+                    .wait_until(deadline, |completion| completion.cancel())
+            },
+        )?;
+        self.kernel_seconds
+            .with_label_values(&[tenant.as_str()])
+            .inc_by(launched.elapsed().as_secs_f64());
+        match outcome {
+            Err(GpuError::Cancelled(_)) => Err(Failure::Deadline),
+            Err(e) => Err(e.into()),
+            Ok(()) if Instant::now() >= deadline => Err(Failure::Deadline),
+            Ok(()) => Ok(()),
+        }
     }
 }
 
@@ -290,7 +338,7 @@ impl GuestGpu {
 /// Why a host call failed: an error code for the guest, or a condition that
 /// ends the invocation (the dispatcher is saturated: the client gets 429; the
 /// invocation's deadline passed in the host call: `invocation_timeout`).
-enum Failure {
+pub(crate) enum Failure {
     Abi(AbiError),
     Saturated(DispatchError),
     Deadline,
@@ -433,38 +481,8 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
                 };
                 let args = abi::parse_args(mem, args_ptr, args_len)?;
                 let shared = gpu.shared.clone();
-                let deadline = gpu.deadline;
-                let permit = shared.dispatcher.acquire_blocking_until(deadline)?;
-                // At the deadline the kernel is cancelled: a CPU kernel stops at
-                // its next slice; a CUDA kernel cannot be stopped and is waited
-                // for (the memory it uses stays this instance's until then; the
-                // API answers the client at the deadline meanwhile).
-                let launched = Instant::now();
-                let outcome = tensor_wasm_gpu::launch(
-                    &*shared.backend,
-                    &gpu.tenant,
-                    &kernel,
-                    &config,
-                    &args,
-                    mem,
-                    |completion| {
-                        shared
-                            .dispatcher
-                            .track(permit, completion)
-                            .wait_until(deadline, |completion| completion.cancel())
-                    },
-                )?;
-                // Charged whatever the outcome: the device was busy for the tenant.
-                shared
-                    .kernel_seconds
-                    .with_label_values(&[gpu.tenant.as_str()])
-                    .inc_by(launched.elapsed().as_secs_f64());
-                match outcome {
-                    Err(GpuError::Cancelled(_)) => Err(Failure::Deadline),
-                    Err(e) => Err(e.into()),
-                    Ok(()) if Instant::now() >= deadline => Err(Failure::Deadline),
-                    Ok(()) => Ok(code::OK),
-                }
+                shared.launch_on(&gpu.tenant, gpu.deadline, &kernel, &config, &args, mem)?;
+                Ok(code::OK)
             })
         },
     )?;

@@ -25,6 +25,7 @@
 pub mod abi;
 mod bounded;
 pub mod component;
+mod component_gpu;
 pub mod component_values;
 mod config;
 mod engine;

@@ -106,3 +106,73 @@ pub fn wasi_http_proxy_world(wit: &Path) -> String {
     let (name, version) = package.split_once('@').expect("a versioned package");
     format!("{name}/proxy@{version}")
 }
+
+/// `examples/components/python/gpu_app.py` built by componentize-py into `out`, against
+/// `examples/components/gpu-demo.wit` with `sdk/wit/gpu.wit` as its dependency (laid out as WIT
+/// tools want it: the world, and the package it uses under `deps/`).
+pub fn python_gpu_component(out: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let wit = out.join("gpu-demo-wit");
+    std::fs::create_dir_all(wit.join("deps/tensor-wasm-gpu")).expect("a WIT directory");
+    for (from, to) in [
+        ("examples/components/gpu-demo.wit", "gpu-demo.wit"),
+        ("sdk/wit/gpu.wit", "deps/tensor-wasm-gpu/gpu.wit"),
+    ] {
+        std::fs::copy(root.join(from), wit.join(to)).unwrap_or_else(|e| panic!("{from}: {e}"));
+    }
+    let wasm = out.join("gpu-python.wasm");
+    build(
+        Command::new(componentize_py())
+            .arg("-d")
+            .arg(&wit)
+            .args(["-w", "gpu-demo", "componentize", "-p"])
+            .arg(root.join("examples/components/python"))
+            .arg("gpu_app")
+            .arg("-o")
+            .arg(&wasm),
+        "componentize-py",
+    );
+    wasm
+}
+
+/// Deploys the component of [`python_gpu_component`] to `server` and checks what it computes
+/// on the server's backend: `vector_add` then `scale` chained on device buffers equal to the
+/// same float arithmetic in Python, `matmul` within rounding of Python's, and each misuse of
+/// the GPU interface answered with the error the core ABI gives (the server serving on).
+pub fn check_python_gpu(server: &crate::serve::ServeProcess, wasm: &Path) {
+    use serde_json::{json, Value};
+    let id = server.deploy(
+        wasm,
+        "name=gpu-python&timeout_ms=20000&memory_limit_bytes=134217728",
+    );
+    let call = |export: &str, args: Value| -> Value {
+        let (status, body) = server.call(&id, export, args);
+        assert_eq!(status, 200, "{export}: {body}");
+        body["results"][0].clone()
+    };
+    let chained = call("add-then-scale", json!([1000, 1.5]));
+    assert_eq!(
+        chained,
+        json!({"ok": {"first": [375.0, 375.375, 375.75, 376.125], "mismatches": 0}})
+    );
+    let worst = call("matmul-check", json!([33, 17, 29]));
+    let worst = worst["ok"].as_f64().unwrap_or_else(|| panic!("{worst}"));
+    assert!(worst < 1e-3, "matmul differs from Python by {worst}");
+    for (what, error) in [
+        ("oversized", "Error_LimitExceeded"),
+        ("out-of-range", "Error_InvalidArgument"),
+        ("unknown-blueprint", "Error_InvalidArgument"),
+        ("raw-ptx", "Error_PermissionDenied"),
+        ("bad-args", "Error_InvalidArgument"),
+        ("hog", "Error_LimitExceeded"),
+    ] {
+        let answer = call("misuse", json!([what]));
+        let text = answer["ok"].as_str().unwrap_or_default();
+        assert!(text.starts_with(error), "{what}: {answer}");
+    }
+    assert_eq!(
+        call("add-then-scale", json!([8, 2.0]))["ok"]["mismatches"],
+        json!(0),
+        "still serving"
+    );
+}

@@ -220,14 +220,24 @@ impl Runtime {
 
 impl Runtime {
     /// A store for one invocation of component function `record`: its WASI context, its
-    /// memory limit over all the component's memories, its deadline and fuel.
+    /// memory limit over all the component's memories (and over its GPU buffers), its deadline
+    /// and fuel.
     pub(super) fn component_store(
         &self,
         record: &FunctionRecord,
         ctx: wasmtime_wasi::WasiCtx,
     ) -> Store<ComponentState> {
         let limits = &record.limits;
-        let state = ComponentState::new(ctx, limits.memory_limit_bytes);
+        let mut state = ComponentState::new(ctx, limits.memory_limit_bytes);
+        // Buffers of `tensor-wasm:gpu` take at most the memory limit, reserved on first use.
+        state.gpu = Some(crate::component_gpu::ComponentGpu::new(
+            self.inner.gpu.clone(),
+            &record.tenant,
+            limits.raw_ptx,
+            Instant::now() + std::time::Duration::from_millis(limits.timeout_ms),
+            self.is_uvm_backed(),
+            limits.memory_limit_bytes,
+        ));
         let mut store = Store::new(&self.inner.components.engine, state);
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(self.deadline_ticks(limits));

@@ -176,7 +176,7 @@ impl Runtime {
         // succeeded: a module that compiles but fails to link or to pass the checks
         // below leaves nothing behind.
         let (style, core, exports) = if component {
-            let style = self.check_component(&sha, &binary, &spec)?;
+            let style = self.check_component(&sha, &binary)?;
             (style, None, Vec::new())
         } else {
             check_single_memory(&binary)?;
@@ -257,14 +257,9 @@ impl Runtime {
 
     /// Checks a component at deploy and returns the style its exports give it: an HTTP
     /// handler (`http`), a command (`wasi`) or typed exports (`export`); a component with
-    /// nothing to invoke is refused. It may not ask
-    /// for raw kernels, and must compile and link against the WASI 0.2 host.
-    fn check_component(
-        &self,
-        sha: &str,
-        binary: &[u8],
-        spec: &DeploySpec,
-    ) -> Result<InvocationStyle> {
+    /// nothing to invoke is refused. It must compile and link against the WASI 0.2,
+    /// `wasi:http` and `tensor-wasm:gpu` hosts.
+    fn check_component(&self, sha: &str, binary: &[u8]) -> Result<InvocationStyle> {
         use crate::component::{classify, refusal, ComponentStyle};
         let style = match classify(binary)? {
             ComponentStyle::HttpHandler => InvocationStyle::Http,
@@ -272,13 +267,6 @@ impl Runtime {
             ComponentStyle::TypedExports(_) => InvocationStyle::Export,
             other => return Err(refusal(&other)),
         };
-        if spec.raw_ptx {
-            return Err(RuntimeError::UnsupportedFeature(
-                "components cannot launch kernels yet (the tensor-wasm:gpu interface is not \
-                 served to them; docs/components.md): deploy without raw_ptx"
-                    .into(),
-            ));
-        }
         let artifacts = &self.inner.artifacts;
         self.inner
             .components
