@@ -3,7 +3,8 @@
 # wasi-libc and the wasm32 compiler-rt builtins (to build the C example guest),
 # NVIDIA's ptxas (to check the hand-written PTX of tensor-wasm-gpu), NVIDIA's
 # NVRTC library (tensor-wasm-gpu compiles CUDA C++ with it), PostgreSQL 15 and
-# the pinned S3 server `weed` (the shared-store tests), valgrind and the pinned
+# the pinned S3 server `weed` (the shared-store tests), the component toolchains
+# (componentize-py, componentize-js, wit-bindgen, wasm-tools), valgrind and the pinned
 # gungraun-runner (the instruction-count gate, `make icount`).
 set -euo pipefail
 
@@ -159,6 +160,23 @@ if [[ ! -f "$COMPONENTIZE_JS_PACKAGE" ]] ||
   [[ -x "$COMPONENTIZE_JS_TOOLS/node_modules/.bin/componentize-js" ]] ||
     { echo "componentize-js did not install in $COMPONENTIZE_JS_TOOLS" >&2; exit 1; }
 fi
+
+# --- wit-bindgen + wasm-tools (component guests in C) ------------------------------
+# crates/tensor-wasm-cli/tests/toolchain_guests.rs generates C bindings for the examples'
+# WIT worlds with wit-bindgen, compiles them with clang (below) and wraps the core modules
+# into components with `wasm-tools component new`. Both from crates.io, pinned, built into
+# .tools/bin (git-ignored; several minutes, once).
+WIT_BINDGEN_VERSION=0.63.0
+WASM_TOOLS_VERSION=1.263.0
+for tool in "wit-bindgen-cli wit-bindgen $WIT_BINDGEN_VERSION" "wasm-tools wasm-tools $WASM_TOOLS_VERSION"; do
+  read -r crate bin version <<<"$tool"
+  if [[ "$("$ROOT/.tools/bin/$bin" --version 2>/dev/null)" != *" $version"* ]]; then
+    echo "installing $crate $version into $ROOT/.tools (a few minutes, once) ..."
+    cargo install --quiet --locked --root "$ROOT/.tools" "$crate" --version "=$version"
+    [[ "$("$ROOT/.tools/bin/$bin" --version 2>/dev/null)" == *" $version"* ]] ||
+      { echo "$crate $version did not install at $ROOT/.tools/bin/$bin" >&2; exit 1; }
+  fi
+done
 
 # --- valgrind + gungraun-runner (make icount) -------------------------------------
 # The instruction-count gate runs the hot-path benches of crates/tensor-wasm-icount

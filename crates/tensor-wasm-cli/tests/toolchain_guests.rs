@@ -1,11 +1,18 @@
-//! Functions from real component toolchains (issue 20): one WIT world
-//! (`examples/components/calc.wit`) implemented in Python (`examples/components/python/app.py`,
-//! built by componentize-py) and in JavaScript (`examples/components/js/app.js`, built by
-//! componentize-js), both pinned and installed by `make deps` under `.tools/`. Each is built
-//! here into a WASI 0.2 component, deployed to one real `tensor-wasm serve` and called through
-//! the HTTP API with JSON arguments converted by its WIT types. Their hostile variants (an
-//! exception, an endless loop, a memory hog) are answered with the usual error codes, and the
-//! server keeps serving.
+//! Functions from real component toolchains (issue 20), all pinned and installed by
+//! `make deps` under `.tools/`:
+//! - one WIT world (`examples/components/calc.wit`) implemented in Python
+//!   (`examples/components/python/app.py`, componentize-py), JavaScript
+//!   (`examples/components/js/app.js`, componentize-js) and C (`examples/components/c/calc.c`,
+//!   wit-bindgen, clang and `wasm-tools component new`), each deployed to a real
+//!   `tensor-wasm serve` and called with JSON arguments converted by its WIT types; their
+//!   hostile variants (an exception, an endless loop, a memory hog) answer the usual error
+//!   codes while the server keeps serving;
+//! - C in the other two styles: a command (`c/upper.c`) and an HTTP handler (`c/http.c`);
+//! - the GPU for components: a Python function (`python/gpu_app.py`) running blueprints on
+//!   `tensor-wasm:gpu` buffers on the CPU backend.
+//!
+//! Python's HTTP handler: `http_handlers.rs`; the GPU function over the emulated CUDA driver:
+//! `standin.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,7 +21,8 @@ use serde_json::{json, Value};
 use tensor_wasm_test_support::guests::examples_dir;
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
 use tensor_wasm_test_support::toolchains::{
-    build, check_python_gpu, componentize_py, python_gpu_component, tool,
+    build, c_component, check_python_gpu, componentize_py, python_gpu_component, tool,
+    wasi_http_proxy_world, wasi_http_wit, wit_with_wasi_deps,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
@@ -156,5 +164,94 @@ fn a_python_function_runs_kernels_on_gpu_buffers_on_the_cpu_backend() {
     let dir = tempfile::tempdir().unwrap();
     let server = ServeProcess::start(Path::new(BIN), dir.path(), &["--device", "cpu"]);
     check_python_gpu(&server, &wasm);
+    server.terminate();
+}
+
+/// C components from wit-bindgen and wasm-tools, one per style: `examples/components/c/calc.c`
+/// (typed exports of `calc.wit`, answering as the Python and JavaScript ones do),
+/// `upper.c` (a command, world `upper.wit`) and `http.c` (an HTTP handler, world
+/// `wasi:http/proxy`), each with its hostile requests.
+#[test]
+fn c_components_from_wit_bindgen_are_served_in_all_three_styles() {
+    let out = tempfile::tempdir().unwrap();
+    let components = examples_dir().join("components");
+    let c = components.join("c");
+    let calc = c_component(
+        out.path(),
+        &components.join("calc.wit"),
+        None,
+        "calc",
+        &c.join("calc.c"),
+    );
+    let upper_wit = wit_with_wasi_deps(out.path(), &components.join("upper.wit"));
+    let upper = c_component(
+        out.path(),
+        &upper_wit,
+        Some("upper"),
+        "upper",
+        &c.join("upper.c"),
+    );
+    let wit = wasi_http_wit();
+    let proxy = wasi_http_proxy_world(&wit);
+    let http = c_component(out.path(), &wit, Some(&proxy), "proxy", &c.join("http.c"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServeProcess::start(Path::new(BIN), dir.path(), &[]);
+    check_calc(&server, &calc, "calc-c");
+
+    // The command: stdin upper-cased to stdout.
+    let upper = server.deploy(&upper, "name=upper-c&timeout_ms=2000");
+    let run = |stdin: &[u8]| {
+        let (status, body, exit) =
+            server.post(&format!("/functions/{upper}/invoke"), "text/plain", stdin);
+        (status, body, exit)
+    };
+    let (status, body, exit) = run(b"hello, component world");
+    assert_eq!(
+        (status, body.as_slice(), exit.as_deref()),
+        (200, &b"HELLO, COMPONENT WORLD"[..], Some("0"))
+    );
+    let big: Vec<u8> = (0..200_000u32)
+        .map(|i| b"abc xyz\n"[i as usize % 8])
+        .collect();
+    let (status, body, _) = run(&big);
+    assert_eq!(status, 200);
+    assert!(
+        body == big.to_ascii_uppercase(),
+        "the large stdin came back changed"
+    );
+    let (status, body, _) = run(b"boom");
+    assert_eq!((status, error_code(&json_of(&body))), (500, "guest_trap"));
+    let (status, body, _) = run(b"spin");
+    assert_eq!(
+        (status, error_code(&json_of(&body))),
+        (504, "invocation_timeout")
+    );
+
+    // The HTTP handler.
+    let http = server.deploy(&http, "name=http-c&timeout_ms=2000");
+    let at = |path: &str| format!("/functions/{http}/http{path}");
+    assert_eq!(server.get(&at("/hello")), (200, b"hello from C\n".to_vec()));
+    let (status, body) = server.get(&at("/items/42?x=1"));
+    assert_eq!(
+        (status, json_of(&body)),
+        (200, json!({"id": 42, "method": "GET"}))
+    );
+    let (status, body) = server.get(&at("/nowhere"));
+    assert_eq!(
+        (status, json_of(&body)),
+        (404, json!({"error": "not found", "path": "/nowhere"}))
+    );
+    let (status, body, _) = server.post(&at("/echo"), "application/octet-stream", &big);
+    assert_eq!(status, 200);
+    assert!(body == big, "the echoed body differs");
+    let (status, body) = server.get(&at("/boom"));
+    assert_eq!((status, error_code(&json_of(&body))), (500, "guest_trap"));
+    let (status, body) = server.get(&at("/spin"));
+    assert_eq!(
+        (status, error_code(&json_of(&body))),
+        (504, "invocation_timeout")
+    );
+    assert_eq!(server.get(&at("/hello")).0, 200, "still serving");
     server.terminate();
 }
