@@ -180,6 +180,15 @@ gpu-suite-dry-run: gpu-suite
 scale-out-bench: deps
 	bash scripts/scale-out-bench.sh
 
+.PHONY: serve-compare
+## The same wasi:http components (examples/components/python/http_app.py, examples/components/c/
+## http.c) under `wasmtime serve` (wasmtime-cli 48.0.8, installed into .tools/bin when missing:
+## a long build, once) and `tensor-wasm serve`: identical answers to a request list, and the
+## hello-world handler's throughput, interleaved; writes bench-results/serve-compare/<date>.json
+## (then `make perf-doc`). Not part of `make test`.
+serve-compare: deps
+	python3 scripts/serve_compare.py
+
 .PHONY: cpu-kernels
 ## The CPU backend's kernels next to numpy/OpenBLAS on the same cores, one run: builds the
 ## cpu-kernels bench (release), creates .tools/cpu-peer (pinned numpy + threadpoolctl from PyPI)
