@@ -8,8 +8,9 @@
 //! Deadlines: the response must begin within the function's deadline (plus
 //! [`DEADLINE_GRACE`]), else `504 invocation_timeout`; a body still streaming at that point
 //! is cut off (the connection aborts), and a request body still arriving then ends with an
-//! error the component reads. Either way the component's next read or write fails, so no
-//! slow client holds an instance slot past the deadline. A component that returns or fails
+//! error the component reads (and, when no response comes, `504 invocation_timeout`, whatever
+//! the component did with the error). Either way the component's next read or write fails, so
+//! no slow client holds an instance slot past the deadline. A component that returns or fails
 //! without a response answers `502 handler_failed` (or its trap, limit or timeout code).
 
 use std::collections::HashMap;
@@ -117,8 +118,8 @@ async fn serve(
     let guards = invocation_guards(&tenant, memory, runtime.is_uvm_backed())?;
     let permit = acquire_slot(&state).await?;
     let deadline = Instant::now() + timeout;
-    let overflowed = Arc::new(AtomicBool::new(false));
-    let request = component_request(req, skip, limit, deadline, Arc::clone(&overflowed))?;
+    let cut = BodyCut::default();
+    let request = component_request(req, skip, limit, deadline, cut.clone())?;
     let (tx, rx) = oneshot::channel::<HttpAnswer>();
     let task_id = id.clone();
     let mut task = tokio::task::spawn_blocking(move || {
@@ -137,7 +138,19 @@ async fn serve(
         }
     })
     .await;
-    let overflow = || overflowed.load(Ordering::Acquire).then(|| too_large(limit));
+    // No response, and the request body was cut: that is the answer, whatever the component
+    // then did with the error it read (a trap, its own deadline).
+    let cut_short = || {
+        if cut.overflowed.load(Ordering::Acquire) {
+            Some(too_large(limit))
+        } else if cut.late.load(Ordering::Acquire) {
+            Some(ApiError::from(RuntimeError::Timeout {
+                timeout_ms: timeout.as_millis() as u64,
+            }))
+        } else {
+            None
+        }
+    };
     match waited {
         Err(_elapsed) => {
             detach(id, task);
@@ -152,7 +165,7 @@ async fn serve(
         }
         Ok(Ok(Err(code))) => {
             detach(id, task);
-            Err(overflow().unwrap_or_else(|| {
+            Err(cut_short().unwrap_or_else(|| {
                 ApiError::new(
                     ErrorCode::HandlerFailed,
                     format!("the HTTP handler answered with the wasi:http error code {code}"),
@@ -161,7 +174,7 @@ async fn serve(
         }
         Ok(Err(outcome)) => {
             let outcome = outcome.map_err(ApiError::internal)?;
-            if let Some(error) = overflow() {
+            if let Some(error) = cut_short() {
                 return Err(error);
             }
             outcome?;
@@ -194,6 +207,13 @@ fn detach(id: String, task: tokio::task::JoinHandle<Result<(), RuntimeError>>) {
     });
 }
 
+/// Whether a request body was cut off: past the size limit, or past the deadline.
+#[derive(Clone, Default)]
+struct BodyCut {
+    overflowed: Arc<AtomicBool>,
+    late: Arc<AtomicBool>,
+}
+
 /// The request as the component sees it: `http://{Host}/{path}?{query}`, without
 /// `Authorization`, its body bounded by `limit` bytes and by `deadline`.
 fn component_request(
@@ -201,7 +221,7 @@ fn component_request(
     skip: usize,
     limit: u64,
     deadline: Instant,
-    overflowed: Arc<AtomicBool>,
+    cut: BodyCut,
 ) -> Result<http::Request<HttpBody>, ApiError> {
     let (mut parts, body) = req.into_parts();
     let host = parts
@@ -223,7 +243,7 @@ fn component_request(
         limit,
         seen: 0,
         deadline: Box::pin(tokio::time::sleep_until(deadline)),
-        overflowed,
+        cut,
     };
     Ok(http::Request::from_parts(parts, body.boxed_unsync()))
 }
@@ -243,7 +263,7 @@ struct BoundedBody {
     limit: u64,
     seen: u64,
     deadline: Pin<Box<tokio::time::Sleep>>,
-    overflowed: Arc<AtomicBool>,
+    cut: BodyCut,
 }
 
 impl http_body::Body for BoundedBody {
@@ -255,6 +275,7 @@ impl http_body::Body for BoundedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, HttpBodyError>>> {
         if self.deadline.as_mut().poll(cx).is_ready() {
+            self.cut.late.store(true, Ordering::Release);
             return Poll::Ready(Some(Err(HttpBodyError::Cut(
                 "the request body did not arrive within the function's deadline".into(),
             ))));
@@ -270,7 +291,7 @@ impl http_body::Body for BoundedBody {
         if let Some(data) = frame.data_ref() {
             self.seen += data.len() as u64;
             if self.seen > self.limit {
-                self.overflowed.store(true, Ordering::Release);
+                self.cut.overflowed.store(true, Ordering::Release);
                 return Poll::Ready(Some(Err(HttpBodyError::TooLarge(self.limit))));
             }
         }

@@ -158,18 +158,24 @@ fn guests_launch_kernels_on_the_cuda_backend_over_the_stand_in() {
     );
 }
 
-/// The GPU for components on the CUDA backend: the Python function of
-/// `examples/components/python/gpu_app.py` (built by componentize-py) allocates
-/// `tensor-wasm:gpu` buffers in CUDA managed memory, chains `vector_add` and `scale` and runs
-/// `matmul` on them through the stand-in driver, with the same results as on the CPU backend.
+/// The GPU for components on the CUDA backend: the functions of
+/// `examples/components/python/gpu_app.py` (componentize-py) and `examples/components/c/gpu.c`
+/// (wit-bindgen) allocate `tensor-wasm:gpu` buffers in CUDA managed memory, chain `vector_add`
+/// and `scale` and run `matmul` on them through the stand-in driver, with the same results as
+/// on the CPU backend.
 #[test]
-fn a_python_component_launches_kernels_on_gpu_buffers_over_the_stand_in() {
+fn components_launch_kernels_on_gpu_buffers_over_the_stand_in() {
+    use tensor_wasm_test_support::toolchains::{
+        c_gpu_component, check_gpu_demo, python_gpu_component,
+    };
     let out = tempfile::tempdir().unwrap();
-    let wasm = tensor_wasm_test_support::toolchains::python_gpu_component(out.path());
+    let python = python_gpu_component(&out.path().join("python"));
+    let c = c_gpu_component(&out.path().join("c"));
     let standin = StandIn::new(&[]);
     let data = tempfile::tempdir().unwrap();
     let server = standin.serve(data.path());
-    tensor_wasm_test_support::toolchains::check_python_gpu(&server, &wasm);
+    check_gpu_demo(&server, &python, "gpu-python");
+    check_gpu_demo(&server, &c, "gpu-c");
     server.terminate();
 
     let calls = standin.calls("component buffers over the stand-in");

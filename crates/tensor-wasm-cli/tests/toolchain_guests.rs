@@ -8,8 +8,8 @@
 //!   hostile variants (an exception, an endless loop, a memory hog) answer the usual error
 //!   codes while the server keeps serving;
 //! - C in the other two styles: a command (`c/upper.c`) and an HTTP handler (`c/http.c`);
-//! - the GPU for components: a Python function (`python/gpu_app.py`) running blueprints on
-//!   `tensor-wasm:gpu` buffers on the CPU backend.
+//! - the GPU for components: one world (`gpu-demo.wit`) in Python, JavaScript and C running
+//!   blueprints on `tensor-wasm:gpu` buffers on the CPU backend.
 //!
 //! Python's HTTP handler: `http_handlers.rs`; the GPU function over the emulated CUDA driver:
 //! `standin.rs`.
@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 use tensor_wasm_test_support::guests::examples_dir;
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
 use tensor_wasm_test_support::toolchains::{
-    build, c_component, check_python_gpu, componentize_py, python_gpu_component, tool,
-    wasi_http_proxy_world, wasi_http_wit, wit_with_wasi_deps,
+    build, c_component, c_gpu_component, check_gpu_demo, componentize_py, js_gpu_component,
+    python_gpu_component, tool, wasi_http_proxy_world, wasi_http_wit, wit_with_wasi_deps,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
@@ -153,17 +153,29 @@ fn components_from_python_and_javascript_toolchains_are_served() {
     server.terminate();
 }
 
-/// The GPU for components: a Python function (`examples/components/python/gpu_app.py`) runs
-/// blueprints on `tensor-wasm:gpu` buffers on the CPU backend and checks their results against
-/// plain Python; its misuses of the interface get the core ABI's errors. (The same component
-/// on the emulated CUDA driver: `standin.rs`.)
+/// The GPU for components: one world (`examples/components/gpu-demo.wit`) in Python
+/// (`python/gpu_app.py`), JavaScript (`js/gpu.js`) and C (`c/gpu.c`) runs blueprints on
+/// `tensor-wasm:gpu` buffers on the CPU backend and checks their results against the guest's
+/// own arithmetic; their misuses of the interface get the core ABI's errors. (On the emulated
+/// CUDA driver: `standin.rs`.)
 #[test]
-fn a_python_function_runs_kernels_on_gpu_buffers_on_the_cpu_backend() {
+fn functions_in_three_languages_run_kernels_on_gpu_buffers_on_the_cpu_backend() {
     let out = tempfile::tempdir().unwrap();
-    let wasm = python_gpu_component(out.path());
+    let (python, js, c) = std::thread::scope(|scope| {
+        let python = scope.spawn(|| python_gpu_component(&out.path().join("python")));
+        let js = scope.spawn(|| js_gpu_component(&out.path().join("js")));
+        let c = scope.spawn(|| c_gpu_component(&out.path().join("c")));
+        (
+            python.join().unwrap(),
+            js.join().unwrap(),
+            c.join().unwrap(),
+        )
+    });
     let dir = tempfile::tempdir().unwrap();
     let server = ServeProcess::start(Path::new(BIN), dir.path(), &["--device", "cpu"]);
-    check_python_gpu(&server, &wasm);
+    check_gpu_demo(&server, &python, "gpu-python");
+    check_gpu_demo(&server, &js, "gpu-js");
+    check_gpu_demo(&server, &c, "gpu-c");
     server.terminate();
 }
 

@@ -107,10 +107,9 @@ pub fn wasi_http_proxy_world(wit: &Path) -> String {
     format!("{name}/proxy@{version}")
 }
 
-/// `examples/components/python/gpu_app.py` built by componentize-py into `out`, against
-/// `examples/components/gpu-demo.wit` with `sdk/wit/gpu.wit` as its dependency (laid out as WIT
-/// tools want it: the world, and the package it uses under `deps/`).
-pub fn python_gpu_component(out: &Path) -> PathBuf {
+/// `examples/components/gpu-demo.wit` with `sdk/wit/gpu.wit` as its dependency, laid out in
+/// `out` as WIT tools want it (the world, and the package it uses under `deps/`).
+pub fn gpu_demo_wit(out: &Path) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let wit = out.join("gpu-demo-wit");
     std::fs::create_dir_all(wit.join("deps/tensor-wasm-gpu")).expect("a WIT directory");
@@ -120,6 +119,14 @@ pub fn python_gpu_component(out: &Path) -> PathBuf {
     ] {
         std::fs::copy(root.join(from), wit.join(to)).unwrap_or_else(|e| panic!("{from}: {e}"));
     }
+    wit
+}
+
+/// `examples/components/python/gpu_app.py` built by componentize-py into `out` (world
+/// [`gpu_demo_wit`]).
+pub fn python_gpu_component(out: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let wit = gpu_demo_wit(out);
     let wasm = out.join("gpu-python.wasm");
     build(
         Command::new(componentize_py())
@@ -135,29 +142,76 @@ pub fn python_gpu_component(out: &Path) -> PathBuf {
     wasm
 }
 
-/// Deploys the component of [`python_gpu_component`] to `server` and checks what it computes
-/// on the server's backend: `vector_add` then `scale` chained on device buffers equal to the
-/// same float arithmetic in Python, `matmul` within rounding of Python's, and each misuse of
-/// the GPU interface answered with the error the core ABI gives (the server serving on).
-pub fn check_python_gpu(server: &crate::serve::ServeProcess, wasm: &Path) {
+/// `examples/components/js/gpu.js` built by componentize-js into `out` (world
+/// [`gpu_demo_wit`]).
+pub fn js_gpu_component(out: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let wit = gpu_demo_wit(out);
+    let wasm = out.join("gpu-js.wasm");
+    build(
+        Command::new(tool(
+            "TENSOR_WASM_COMPONENTIZE_JS",
+            "componentize-js/node_modules/.bin/componentize-js",
+        ))
+        .arg(root.join("examples/components/js/gpu.js"))
+        .arg("--wit")
+        .arg(&wit)
+        .args([
+            "--world-name",
+            "gpu-demo",
+            "--disable",
+            "http",
+            "fetch-event",
+            "-o",
+        ])
+        .arg(&wasm),
+        "componentize-js",
+    );
+    wasm
+}
+
+/// `examples/components/c/gpu.c` built with wit-bindgen, clang and wasm-tools into `out`
+/// (world [`gpu_demo_wit`]).
+pub fn c_gpu_component(out: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let wit = gpu_demo_wit(out);
+    c_component(
+        out,
+        &wit,
+        Some("gpu-demo"),
+        "gpu_demo",
+        &root.join("examples/components/c/gpu.c"),
+    )
+}
+
+/// Deploys a component of world `gpu-demo` ([`python_gpu_component`], [`js_gpu_component`],
+/// [`c_gpu_component`]) to `server` as `name` and checks what it computes on the server's
+/// backend: `vector_add` then `scale` chained on device buffers equal to the same float
+/// arithmetic in the guest, `matmul` within rounding of the guest's, and each misuse of the
+/// GPU interface answered with the error the core ABI gives (the server serving on).
+pub fn check_gpu_demo(server: &crate::serve::ServeProcess, wasm: &Path, name: &str) {
     use serde_json::{json, Value};
     let id = server.deploy(
         wasm,
-        "name=gpu-python&timeout_ms=20000&memory_limit_bytes=134217728",
+        &format!("name={name}&timeout_ms=20000&memory_limit_bytes=134217728"),
     );
     let call = |export: &str, args: Value| -> Value {
         let (status, body) = server.call(&id, export, args);
-        assert_eq!(status, 200, "{export}: {body}");
+        assert_eq!(status, 200, "{name} {export}: {body}");
         body["results"][0].clone()
     };
     let chained = call("add-then-scale", json!([1000, 1.5]));
     assert_eq!(
         chained,
-        json!({"ok": {"first": [375.0, 375.375, 375.75, 376.125], "mismatches": 0}})
+        json!({"ok": {"first": [375.0, 375.375, 375.75, 376.125], "mismatches": 0}}),
+        "{name}"
     );
     let worst = call("matmul-check", json!([33, 17, 29]));
     let worst = worst["ok"].as_f64().unwrap_or_else(|| panic!("{worst}"));
-    assert!(worst < 1e-3, "matmul differs from Python by {worst}");
+    assert!(
+        worst < 1e-3,
+        "{name}: matmul differs from the guest's by {worst}"
+    );
     for (what, error) in [
         ("oversized", "Error_LimitExceeded"),
         ("out-of-range", "Error_InvalidArgument"),
@@ -168,7 +222,7 @@ pub fn check_python_gpu(server: &crate::serve::ServeProcess, wasm: &Path) {
     ] {
         let answer = call("misuse", json!([what]));
         let text = answer["ok"].as_str().unwrap_or_default();
-        assert!(text.starts_with(error), "{what}: {answer}");
+        assert!(text.starts_with(error), "{name} {what}: {answer}");
     }
     assert_eq!(
         call("add-then-scale", json!([8, 2.0]))["ok"]["mismatches"],
