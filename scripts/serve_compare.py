@@ -55,7 +55,8 @@ def ensure_wasmtime():
               file=sys.stderr)
         run(["cargo", "install", "--quiet", "--locked", "--root", ROOT / ".tools",
              "wasmtime-cli", "--version", f"={WASMTIME_VERSION}", "--no-default-features",
-             "--features", "serve,cranelift,pooling-allocator,parallel-compilation"])
+             "--features",
+             "run,serve,component-model-async,cranelift,pooling-allocator,parallel-compilation"])
 
 
 def wasi_http_wit() -> Path:

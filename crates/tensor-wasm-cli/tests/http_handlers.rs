@@ -5,7 +5,9 @@
 //! headers, JSON bodies, a large body echoed as it streams, a streamed response, the
 //! component's own error statuses. Its hostile requests (an exception, an endless loop, a
 //! memory hog, an oversized body declared or chunked, a body that stops arriving) answer the
-//! usual codes and the server keeps serving.
+//! usual codes and the server keeps serving. The same API in JavaScript
+//! (`examples/components/js/http.js`, componentize-js) is served too. C's HTTP handler:
+//! `toolchain_guests.rs`.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -17,7 +19,7 @@ use serde_json::json;
 use tensor_wasm_test_support::guests::examples_dir;
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
 use tensor_wasm_test_support::toolchains::{
-    build, componentize_py, wasi_http_proxy_world, wasi_http_wit,
+    build, componentize_py, tool, wasi_http_proxy_world, wasi_http_wit, wasi_http_wit_as,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
@@ -353,5 +355,104 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
 
     // Still serving.
     assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
+    server.terminate();
+}
+
+/// An HTTP handler from componentize-js (`examples/components/js/http.js`, its fetch-event API),
+/// built against the server's `wasi:http` WIT as version 0.2.10, the version componentize-js
+/// 0.23.0's engine exports: the same JSON API over real sockets. An uncaught exception is
+/// answered 500 by the component's own runtime (a response it makes, not a trap); an endless
+/// loop is stopped at the deadline.
+#[test]
+fn an_http_handler_from_componentize_js_is_served() {
+    let out = tempfile::tempdir().unwrap();
+    let wit = wasi_http_wit_as(out.path(), "0.2.10");
+    let wasm = out.path().join("http-js.wasm");
+    build(
+        Command::new(tool(
+            "TENSOR_WASM_COMPONENTIZE_JS",
+            "componentize-js/node_modules/.bin/componentize-js",
+        ))
+        .arg(examples_dir().join("components/js/http.js"))
+        .arg("--wit")
+        .arg(&wit)
+        .args(["--world-name", "app", "-o"])
+        .arg(&wasm),
+        "componentize-js",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServeProcess::start(Path::new(BIN), dir.path(), &[]);
+    let id = server.deploy(&wasm, "name=api-js&timeout_ms=3000");
+    let at = |path: &str| format!("/functions/{id}/http{path}");
+    let json = |(status, _, body): (u16, Vec<(String, String)>, Vec<u8>)| (status, json_of(&body));
+
+    let (status, headers, body) = request(&server, "GET", &at("/hello"), &[], b"");
+    assert_eq!(
+        (status, body.as_slice()),
+        (200, &b"hello from JavaScript\n"[..])
+    );
+    assert_eq!(header(&headers, "content-type"), Some("text/plain"));
+    assert_eq!(
+        json(request(
+            &server,
+            "DELETE",
+            &at("/items/7?x=1&y=two"),
+            &[],
+            b""
+        )),
+        (
+            200,
+            json!({"id": 7, "method": "DELETE", "query": {"x": "1", "y": "two"}})
+        )
+    );
+    assert_eq!(
+        json(request(&server, "GET", &at("/items/x"), &[], b"")).0,
+        400
+    );
+    assert_eq!(
+        json(request(
+            &server,
+            "POST",
+            &at("/sum"),
+            &[],
+            br#"{"numbers": [1, 2, 3.5]}"#
+        )),
+        (200, json!({"sum": 6.5}))
+    );
+    assert_eq!(
+        json(request(&server, "POST", &at("/sum"), &[], b"{no")).0,
+        400
+    );
+    let (status, seen) = json(request(
+        &server,
+        "GET",
+        &at("/headers"),
+        &[("x-tenant-thing", "blue")],
+        b"",
+    ));
+    assert_eq!((status, &seen["x-tenant-thing"]), (200, &json!("blue")));
+    let large: Vec<u8> = (0..900_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let (status, headers, body) = request(
+        &server,
+        "PUT",
+        &at("/echo"),
+        &[("content-type", "application/x-test")],
+        &large,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "content-type"), Some("application/x-test"));
+    assert!(body == large, "the echoed body differs");
+    assert_eq!(
+        json(request(&server, "GET", &at("/nowhere"), &[], b"")),
+        (404, json!({"error": "not found", "path": "/nowhere"}))
+    );
+    assert_eq!(request(&server, "GET", &at("/boom"), &[], b"").0, 500);
+    let (status, body) = json(request(&server, "GET", &at("/spin"), &[], b""));
+    assert_eq!((status, error_code(&body)), (504, "invocation_timeout"));
+    assert_eq!(
+        request(&server, "GET", &at("/hello"), &[], b"").0,
+        200,
+        "still serving"
+    );
     server.terminate();
 }

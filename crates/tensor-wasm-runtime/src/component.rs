@@ -107,6 +107,23 @@ fn interface_of(name: &str) -> &str {
         .map_or(name, |(interface, _)| interface)
 }
 
+/// Runs `instantiate` once more when its first attempt failed to make the component's memory
+/// image: wasmtime puts a component's initial memory in a sealed memfd, made at its first
+/// instantiation, and Linux refuses the seals (`EBUSY`) while the memfd's pages are
+/// transiently pinned, as under heavy memory pressure. Nothing of the guest ran then, and
+/// wasmtime makes the image again at the next attempt.
+pub(crate) fn instantiate_retrying<T>(
+    mut instantiate: impl FnMut() -> wasmtime::Result<T>,
+) -> wasmtime::Result<T> {
+    match instantiate() {
+        Err(e) if format!("{e:#}").contains("memfd") => {
+            tracing::warn!(error = %format!("{e:#}"), "making a component's memory image failed; trying again");
+            instantiate()
+        }
+        other => other,
+    }
+}
+
 /// Whether `component` exports `wasi:http/incoming-handler` (some 0.2 version): `None` when
 /// it does not, `Some(Err)` saying why when its `handle` is not
 /// `func(request: incoming-request, response-out: response-outparam)` (two owned resources,

@@ -299,3 +299,73 @@ pub fn wit_with_wasi_deps(out: &Path, world_file: &Path) -> PathBuf {
     }
     dir
 }
+
+/// The WIT of [`wasi_http_wit`] as an earlier 0.2 patch version `version` (such as `0.2.10`),
+/// in `out`, with a world `app` that includes its `wasi:http/proxy`: the packages' versions
+/// rewritten and the items added after `version` (`@since` a later one) left out. For
+/// toolchains built against that version: componentize-js 0.23.0's engine exports
+/// `wasi:http/incoming-handler@0.2.10`. A 0.2 host serves any 0.2 patch version.
+pub fn wasi_http_wit_as(out: &Path, version: &str) -> PathBuf {
+    let patch = |v: &str| -> u32 {
+        v.strip_prefix("0.2.")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{v} is not a 0.2 version"))
+    };
+    let target = patch(version);
+    let source = wasi_http_wit();
+    let dir = out.join(format!("wasi-http-{version}"));
+    std::fs::create_dir_all(dir.join("deps")).expect("a WIT directory");
+    for entry in std::fs::read_dir(source.join("deps")).expect("the wasi:http WIT's deps") {
+        let path = entry.expect("an entry").path();
+        let text = std::fs::read_to_string(&path).expect("a WIT file");
+        let from = format!("@0.2.{}", source_patch(&text));
+        let to = format!("@{version}");
+        let (mut kept, mut docs, mut skipping) = (String::new(), String::new(), false);
+        for line in text.lines() {
+            let trimmed = line.trim_start();
+            if skipping {
+                // A later item ends at its `;` (the ones added in 0.2 patches are functions).
+                skipping = !trimmed.ends_with(';');
+                continue;
+            }
+            if trimmed.starts_with("///") {
+                docs.push_str(line);
+                docs.push('\n');
+                continue;
+            }
+            let since = trimmed
+                .strip_prefix("@since(version = ")
+                .and_then(|rest| rest.strip_suffix(')'));
+            if since.is_some_and(|v| v.starts_with("0.2.") && patch(v) > target) {
+                docs.clear();
+                skipping = true;
+                continue;
+            }
+            kept.push_str(&docs);
+            docs.clear();
+            kept.push_str(&line.replace(&from, &to));
+            kept.push('\n');
+        }
+        kept.push_str(&docs);
+        std::fs::write(
+            dir.join("deps").join(path.file_name().expect("a name")),
+            kept,
+        )
+        .expect("writing WIT");
+    }
+    std::fs::write(
+        dir.join("app.wit"),
+        format!("package tensor-wasm-tests:app;\n\nworld app {{\n    include wasi:http/proxy@{version};\n}}\n"),
+    )
+    .expect("writing the world");
+    dir
+}
+
+/// The patch number of the 0.2 version of the package a WIT file declares.
+fn source_patch(text: &str) -> u32 {
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix("package "))
+        .and_then(|p| p.split_once("@0.2."))
+        .and_then(|(_, rest)| rest.trim_end_matches(';').parse().ok())
+        .expect("a package of version 0.2.x")
+}

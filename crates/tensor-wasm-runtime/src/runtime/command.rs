@@ -197,7 +197,9 @@ impl Runtime {
             }
             Runner::Component(pre) => {
                 let mut store = self.component_store(record, wasi.build());
-                let run = pre.instantiate(&mut store).and_then(|command| {
+                let instance =
+                    crate::component::instantiate_retrying(|| pre.instantiate(&mut store));
+                let run = instance.and_then(|command| {
                     match command.wasi_cli_run().call_run(&mut store)? {
                         Ok(()) => Ok(()),
                         // `run` returned an error: the exit code a failing command has.

@@ -89,7 +89,8 @@ impl Runtime {
             .build();
         let mut store = self.component_store(record, ctx);
         let mut out = vec![Val::Bool(false); results];
-        let called = pre.instantiate(&mut store).and_then(|instance| {
+        let instance = crate::component::instantiate_retrying(|| pre.instantiate(&mut store));
+        let called = instance.and_then(|instance| {
             let func = instance
                 .get_func(&mut store, export)
                 .ok_or_else(|| wasmtime::Error::msg(format!("export {export} vanished")))?;

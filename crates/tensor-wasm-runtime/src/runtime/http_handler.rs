@@ -111,7 +111,7 @@ impl Runtime {
                     Err(code) => Err(format!("{code:?}")),
                 });
             })?;
-            let proxy = pre.instantiate(&mut store)?;
+            let proxy = crate::component::instantiate_retrying(|| pre.instantiate(&mut store))?;
             proxy
                 .wasi_http_incoming_handler()
                 .call_handle(&mut store, request, out)
