@@ -19,7 +19,7 @@ use serde_json::json;
 use tensor_wasm_test_support::guests::examples_dir;
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
 use tensor_wasm_test_support::toolchains::{
-    build, componentize_py, tool, wasi_http_proxy_world, wasi_http_wit, wasi_http_wit_as,
+    build, componentize_py, tool, wasi_http_proxy_world, wasi_http_wit, wasi_wit_as,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
@@ -366,7 +366,7 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
 #[test]
 fn an_http_handler_from_componentize_js_is_served() {
     let out = tempfile::tempdir().unwrap();
-    let wit = wasi_http_wit_as(out.path(), "0.2.10");
+    let wit = wasi_wit_as(out.path(), "0.2.10", None);
     let wasm = out.path().join("http-js.wasm");
     build(
         Command::new(tool(

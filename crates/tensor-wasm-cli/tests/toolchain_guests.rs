@@ -8,6 +8,7 @@
 //!   hostile variants (an exception, an endless loop, a memory hog) answer the usual error
 //!   codes while the server keeps serving;
 //! - C in the other two styles: a command (`c/upper.c`) and an HTTP handler (`c/http.c`);
+//! - commands in Python (`python/upper_cmd.py`) and JavaScript (`js/upper.js`);
 //! - the GPU for components: one world (`gpu-demo.wit`) in Python, JavaScript and C running
 //!   blueprints on `tensor-wasm:gpu` buffers on the CPU backend.
 //!
@@ -22,7 +23,8 @@ use tensor_wasm_test_support::guests::examples_dir;
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
 use tensor_wasm_test_support::toolchains::{
     build, c_component, c_gpu_component, check_gpu_demo, componentize_py, js_gpu_component,
-    python_gpu_component, tool, wasi_http_proxy_world, wasi_http_wit, wit_with_wasi_deps,
+    python_gpu_component, tool, wasi_http_proxy_world, wasi_http_wit, wasi_wit_as,
+    wit_with_wasi_deps,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
@@ -265,5 +267,95 @@ fn c_components_from_wit_bindgen_are_served_in_all_three_styles() {
         (504, "invocation_timeout")
     );
     assert_eq!(server.get(&at("/hello")).0, 200, "still serving");
+    server.terminate();
+}
+
+/// Commands from the Python and JavaScript toolchains: `examples/components/python/upper_cmd.py`
+/// (componentize-py, world `wasi:cli/command`: Python's own stdin and stdout) and
+/// `examples/components/js/upper.js` (componentize-js, world `upper.wit` against the WASI WIT as
+/// 0.2.10), stdin upper-cased to stdout. An exception is a trap in Python and a failing `run`
+/// (exit code 1) in JavaScript; an endless loop is stopped at the deadline.
+#[test]
+fn commands_from_python_and_javascript_toolchains_run() {
+    let out = tempfile::tempdir().unwrap();
+    let components = examples_dir().join("components");
+    let (python, js) = std::thread::scope(|scope| {
+        let python = scope.spawn(|| {
+            let wit = wasi_http_wit();
+            let wasm = out.path().join("upper-python.wasm");
+            let package =
+                wasi_http_proxy_world(&wit).replace("wasi:http/proxy", "wasi:cli/command");
+            build(
+                Command::new(componentize_py())
+                    .arg("-d")
+                    .arg(&wit)
+                    .args(["-w", &package, "componentize", "-p"])
+                    .arg(components.join("python"))
+                    .arg("upper_cmd")
+                    .arg("-o")
+                    .arg(&wasm),
+                "componentize-py",
+            );
+            wasm
+        });
+        let js = scope.spawn(|| {
+            let wit = wasi_wit_as(out.path(), "0.2.10", Some(&components.join("upper.wit")));
+            let wasm = out.path().join("upper-js.wasm");
+            build(
+                Command::new(tool(
+                    "TENSOR_WASM_COMPONENTIZE_JS",
+                    "componentize-js/node_modules/.bin/componentize-js",
+                ))
+                .arg(components.join("js/upper.js"))
+                .arg("--wit")
+                .arg(&wit)
+                .args(["--world-name", "upper", "-o"])
+                .arg(&wasm),
+                "componentize-js",
+            );
+            wasm
+        });
+        (python.join().unwrap(), js.join().unwrap())
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServeProcess::start(Path::new(BIN), dir.path(), &[]);
+    let big: Vec<u8> = (0..200_000u32)
+        .map(|i| b"abc xyz\n"[i as usize % 8])
+        .collect();
+    for (wasm, name, boom) in [
+        (&python, "upper-python", "trap"),
+        (&js, "upper-js", "exit 1"),
+    ] {
+        let id = server.deploy(wasm, &format!("name={name}&timeout_ms=3000"));
+        let run =
+            |stdin: &[u8]| server.post(&format!("/functions/{id}/invoke"), "text/plain", stdin);
+        let (status, body, exit) = run(b"hello, component world");
+        assert_eq!(
+            (status, body.as_slice(), exit.as_deref()),
+            (200, &b"HELLO, COMPONENT WORLD"[..], Some("0")),
+            "{name}"
+        );
+        let (status, body, _) = run(&big);
+        assert_eq!(status, 200, "{name}");
+        assert!(
+            body == big.to_ascii_uppercase(),
+            "{name}: the large stdin came back changed"
+        );
+        let (status, body, exit) = run(b"boom");
+        match boom {
+            "trap" => assert_eq!(
+                (status, error_code(&json_of(&body))),
+                (500, "guest_trap"),
+                "{name}"
+            ),
+            _ => assert_eq!((status, exit.as_deref()), (200, Some("1")), "{name}"),
+        }
+        let (status, body, _) = run(b"spin");
+        assert_eq!(
+            (status, error_code(&json_of(&body))),
+            (504, "invocation_timeout"),
+            "{name}"
+        );
+    }
     server.terminate();
 }

@@ -300,12 +300,13 @@ pub fn wit_with_wasi_deps(out: &Path, world_file: &Path) -> PathBuf {
     dir
 }
 
-/// The WIT of [`wasi_http_wit`] as an earlier 0.2 patch version `version` (such as `0.2.10`),
-/// in `out`, with a world `app` that includes its `wasi:http/proxy`: the packages' versions
-/// rewritten and the items added after `version` (`@since` a later one) left out. For
-/// toolchains built against that version: componentize-js 0.23.0's engine exports
-/// `wasi:http/incoming-handler@0.2.10`. A 0.2 host serves any 0.2 patch version.
-pub fn wasi_http_wit_as(out: &Path, version: &str) -> PathBuf {
+/// The WASI WIT of [`wasi_http_wit`] as an earlier 0.2 patch version `version` (such as
+/// `0.2.10`), in `out`: the packages' versions rewritten and the items added after `version`
+/// (`@since` a later one) left out; with the world file `world` beside them (its WASI versions
+/// rewritten too), or else a world `app` that includes `wasi:http/proxy`. For toolchains built
+/// against that version: componentize-js 0.23.0's engine imports and exports WASI 0.2.10. A
+/// 0.2 host serves any 0.2 patch version.
+pub fn wasi_wit_as(out: &Path, version: &str, world: Option<&Path>) -> PathBuf {
     let patch = |v: &str| -> u32 {
         v.strip_prefix("0.2.")
             .and_then(|p| p.parse().ok())
@@ -353,12 +354,29 @@ pub fn wasi_http_wit_as(out: &Path, version: &str) -> PathBuf {
         )
         .expect("writing WIT");
     }
-    std::fs::write(
-        dir.join("app.wit"),
-        format!("package tensor-wasm-tests:app;\n\nworld app {{\n    include wasi:http/proxy@{version};\n}}\n"),
-    )
-    .expect("writing the world");
+    let (name, text) = match world {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let from = format!("@0.2.{}", source_patch_of_wasi(&source));
+            let name = path.file_name().expect("a file name").to_owned();
+            (name, text.replace(&from, &format!("@{version}")))
+        }
+        None => (
+            "app.wit".into(),
+            format!(
+                "package tensor-wasm-tests:app;\n\nworld app {{\n    include \
+                 wasi:http/proxy@{version};\n}}\n"
+            ),
+        ),
+    };
+    std::fs::write(dir.join(name), text).expect("writing the world");
     dir
+}
+
+/// The patch number of the WASI 0.2 version of the WIT of [`wasi_http_wit`] at `wit`.
+fn source_patch_of_wasi(wit: &Path) -> u32 {
+    source_patch(&std::fs::read_to_string(wit.join("deps/http.wit")).expect("http.wit"))
 }
 
 /// The patch number of the 0.2 version of the package a WIT file declares.
