@@ -81,16 +81,52 @@ pub fn build_engine(config: &RuntimeConfig) -> Result<EngineParts> {
     })
 }
 
-/// The engine for WebAssembly components (WASI 0.2 commands): the same deadlines (epochs)
-/// and fuel as [`build_engine`]'s, with instances allocated on demand (a component holds
-/// several core instances and memories, which the core engine's pool does not size for) and
-/// host memory for its linear memories. A store's limiter bounds their total.
+/// Most core instances one component may instantiate (componentize-py's components have 16).
+pub const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 64;
+/// Most linear memories one component may define (toolchains' components define one).
+pub const MAX_MEMORIES_PER_COMPONENT: u32 = 16;
+/// Most tables one component may define.
+pub const MAX_TABLES_PER_COMPONENT: u32 = 64;
+
+/// Bytes of each pooled component memory and table reset with `memset` (of the pages written,
+/// where the kernel can say which) rather than returned to the kernel when a slot is freed:
+/// returning them (`madvise`) costs a TLB shootdown on every core per instance.
+const COMPONENT_KEEP_RESIDENT: u64 = 1 << 20;
+
+/// The engine for WebAssembly components: the same deadlines (epochs) and fuel as
+/// [`build_engine`]'s, and instances from a pool of their own, as core modules' are: one
+/// component slot per allowed concurrent instance, each component within
+/// [`MAX_CORE_INSTANCES_PER_COMPONENT`], [`MAX_MEMORIES_PER_COMPONENT`] and
+/// [`MAX_TABLES_PER_COMPONENT`] (checked when it compiles, so a deploy refuses a component
+/// beyond them), on average a quarter of each per slot, every memory at most the largest
+/// memory limit. Pooled slots are reused, not mapped and unmapped per instance: that mapping
+/// churn (and the TLB shootdowns of its unmapping) dominated a small HTTP handler's requests.
+/// A store's limiter bounds the total of a component's memories by its function's limit.
 pub fn build_component_engine(config: &RuntimeConfig) -> Result<Engine> {
     let mut wasm = Config::new();
     wasm.epoch_interruption(true)
         .consume_fuel(config.fuel_enabled)
-        .wasm_component_model(true)
-        .allocation_strategy(InstanceAllocationStrategy::OnDemand);
+        .wasm_component_model(true);
+    let slots = config.max_instances;
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(slots)
+        .total_core_instances(slots.saturating_mul(MAX_CORE_INSTANCES_PER_COMPONENT / 4))
+        .total_memories(slots.saturating_mul(MAX_MEMORIES_PER_COMPONENT / 4))
+        .total_tables(slots.saturating_mul(MAX_TABLES_PER_COMPONENT / 4))
+        .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
+        .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
+        .max_tables_per_component(MAX_TABLES_PER_COMPONENT)
+        .table_elements(crate::invocation_state::MAX_TABLE_ELEMENTS)
+        .max_memory_size(
+            usize::try_from(config.max_memory_limit_bytes).expect("memory cap fits in usize"),
+        )
+        .linear_memory_keep_resident(
+            usize::try_from(config.pool_keep_resident_bytes.max(COMPONENT_KEEP_RESIDENT))
+                .unwrap_or(usize::MAX),
+        )
+        .table_keep_resident(COMPONENT_KEEP_RESIDENT as usize)
+        .pagemap_scan(wasmtime::Enabled::Auto);
+    wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&wasm).map_err(|e| RuntimeError::Engine(format!("{e:#}")))
 }
 
