@@ -399,6 +399,29 @@ def run_index_section(out, cited):
                        f"{r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f}) | {ms(dl['p50_s'])} / {ms(dl['p99_s'])} | "
                        f"{ms(dsh['p50_s'])} / {ms(dsh['p99_s'])} | {ms(lag['p50_s'])} / {ms(lag['p99_s'])} |")
         out.append("")
+    files = sorted(glob.glob(os.path.join(RESULTS, "serve-compare", "*.json")))
+    if files:
+        out.append("### Side by side with `wasmtime serve` (`make serve-compare` output)\n")
+        out.append("The same `wasi:http` components under `wasmtime serve` (wasmtime-cli of the embedded "
+                   "wasmtime version) and `tensor-wasm serve`: the answers to a list of requests (status, "
+                   "content type, body) compared, and the throughput of a hello-world handler in C, "
+                   "interleaved rounds in one run (goal ≥ 1.0, issue 20).\n")
+        out.append("| run file | date | commit | answers identical | tensor-wasm req/s (median) | "
+                   "wasmtime serve req/s (median) | ratio (per round) | load-generator errors |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for path in files:
+            doc = load(path)
+            t = doc["throughput"]
+            rows = doc["requests"]["python"] + doc["requests"]["c"]
+            same = sum(1 for r in rows if r["identical"])
+            errors = t.get("errors_total", {})
+            out.append(f"| {link(rel(path))} | {doc.get('timestamp_utc')} | `{(doc.get('git_commit') or '')[:8]}` | "
+                       f"{same} of {len(rows)} | {t['median_req_per_s']['tensor_wasm']:.0f} | "
+                       f"{t['median_req_per_s']['wasmtime_serve']:.0f} | "
+                       f"{t['ratio_tensor_wasm_over_wasmtime_serve']:.3f} "
+                       f"({min(t['per_round_ratio']):.3f}-{max(t['per_round_ratio']):.3f}) | "
+                       f"{sum(errors.values()) if errors else '—'} |")
+        out.append("")
     texts = sorted(glob.glob(os.path.join(RESULTS, "**", "*.txt"), recursive=True))
     if texts:
         out.append("Raw tool output kept as text: " + ", ".join(link(rel(p), rel(p)[len("bench-results/"):])
