@@ -12,14 +12,13 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tensor_wasm_test_support::guests::examples_dir;
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
 use tensor_wasm_test_support::toolchains::{
-    build, componentize_py, tool, wasi_http_proxy_world, wasi_http_wit, wasi_wit_as,
+    componentize_js_build, componentize_py_build, wasi_http_proxy_world, wasi_http_wit, wasi_wit_as,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
@@ -28,19 +27,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
 fn python_handler(out: &Path) -> PathBuf {
     let wit = wasi_http_wit();
     let wasm = out.join("http-python.wasm");
-    build(
-        Command::new(componentize_py())
-            .arg("-d")
-            .arg(&wit)
-            .arg("-w")
-            .arg(wasi_http_proxy_world(&wit))
-            .args(["componentize", "-p"])
-            .arg(examples_dir().join("components/python"))
-            .arg("http_app")
-            .arg("-o")
-            .arg(&wasm),
-        "componentize-py",
-    );
+    componentize_py_build(&wit, &wasi_http_proxy_world(&wit), "http_app", &wasm);
     wasm
 }
 
@@ -77,6 +64,13 @@ fn request(
         .read_to_end(&mut bytes)
         .unwrap_or_else(|e| panic!("{method} {path}: reading the body: {e}"));
     (status, headers, bytes)
+}
+
+/// An answer's status and JSON body.
+fn json_answer(
+    (status, _, body): (u16, Vec<(String, String)>, Vec<u8>),
+) -> (u16, serde_json::Value) {
+    (status, json_of(&body))
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -133,6 +127,71 @@ fn raw(
     }
 }
 
+/// The answers every implementation of the examples' small JSON API gives (`http_app.py`,
+/// `http.js`), at the routes `at` makes: methods, paths, queries, headers, JSON, the handler's
+/// own 400 and 404, and a 900 kB body echoed with its content type.
+fn check_json_api(server: &ServeProcess, at: &dyn Fn(&str) -> String, language: &str) {
+    let (status, headers, body) = request(server, "GET", &at("/hello"), &[], b"");
+    let greeting = format!("hello from {language}\n");
+    assert_eq!((status, body.as_slice()), (200, greeting.as_bytes()));
+    assert_eq!(header(&headers, "content-type"), Some("text/plain"));
+    assert_eq!(
+        json_answer(request(
+            server,
+            "DELETE",
+            &at("/items/7?x=1&y=two"),
+            &[],
+            b""
+        )),
+        (
+            200,
+            json!({"id": 7, "method": "DELETE", "query": {"x": "1", "y": "two"}})
+        )
+    );
+    assert_eq!(
+        json_answer(request(server, "GET", &at("/items/seven"), &[], b"")),
+        (400, json!({"error": "an item id is a number"}))
+    );
+    assert_eq!(
+        json_answer(request(server, "GET", &at("/nowhere"), &[], b"")),
+        (404, json!({"error": "not found", "path": "/nowhere"}))
+    );
+    let (status, seen) = json_answer(request(
+        server,
+        "GET",
+        &at("/headers"),
+        &[("x-tenant-thing", "blue")],
+        b"",
+    ));
+    assert_eq!((status, &seen["x-tenant-thing"]), (200, &json!("blue")));
+    assert_eq!(
+        json_answer(request(
+            server,
+            "POST",
+            &at("/sum"),
+            &[("content-type", "application/json")],
+            br#"{"numbers": [1, 2, 3.5]}"#
+        )),
+        (200, json!({"sum": 6.5}))
+    );
+    assert_eq!(
+        json_answer(request(server, "POST", &at("/sum"), &[], b"{not json")).0,
+        400
+    );
+    // A large body, echoed (the Python one writes it back while it streams in).
+    let large: Vec<u8> = (0..900_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let (status, headers, body) = request(
+        server,
+        "PUT",
+        &at("/echo"),
+        &[("content-type", "application/x-test")],
+        &large,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "content-type"), Some("application/x-test"));
+    assert!(body == large, "the echoed body differs");
+}
+
 #[test]
 fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests() {
     let out = tempfile::tempdir().unwrap();
@@ -160,74 +219,13 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
     assert_eq!(status, 200);
     assert_eq!(json_of(&body)["style"], "http");
     let at = |path: &str| format!("/functions/{id}/http{path}");
-    let json = |(status, _, body): (u16, Vec<(String, String)>, Vec<u8>)| (status, json_of(&body));
 
     // Method, path, query, headers and bodies pass through.
-    let (status, headers, body) = request(&server, "GET", &at("/hello"), &[], b"");
+    check_json_api(&server, &at, "Python");
     assert_eq!(
-        (status, body.as_slice()),
-        (200, &b"hello from Python\n"[..])
-    );
-    assert_eq!(header(&headers, "content-type"), Some("text/plain"));
-    assert_eq!(
-        json(request(
-            &server,
-            "DELETE",
-            &at("/items/7?x=1&y=two"),
-            &[],
-            b""
-        )),
-        (
-            200,
-            json!({"id": 7, "method": "DELETE", "query": {"x": "1", "y": "two"}})
-        )
-    );
-    assert_eq!(
-        json(request(&server, "GET", &at("/items/seven"), &[], b"")),
-        (400, json!({"error": "an item id is a number"}))
-    );
-    assert_eq!(
-        json(request(&server, "GET", &at("/nowhere"), &[], b"")),
-        (404, json!({"error": "not found", "path": "/nowhere"}))
-    );
-    assert_eq!(
-        json(request(&server, "GET", &at(""), &[], b"")),
+        json_answer(request(&server, "GET", &at(""), &[], b"")),
         (404, json!({"error": "not found", "path": "/"}))
     );
-    let (status, seen) = json(request(
-        &server,
-        "GET",
-        &at("/headers"),
-        &[("x-tenant-thing", "blue")],
-        b"",
-    ));
-    assert_eq!((status, &seen["x-tenant-thing"]), (200, &json!("blue")));
-    assert_eq!(
-        json(request(
-            &server,
-            "POST",
-            &at("/sum"),
-            &[("content-type", "application/json")],
-            br#"{"numbers": [1, 2, 3.5]}"#
-        )),
-        (200, json!({"sum": 6.5}))
-    );
-    assert_eq!(
-        json(request(&server, "POST", &at("/sum"), &[], b"{not json")).0,
-        400
-    );
-    // A large body, echoed while it streams in.
-    let large: Vec<u8> = (0..900_000u32).map(|i| (i * 7 % 251) as u8).collect();
-    let (status, headers, body) = request(
-        &server,
-        "PUT",
-        &at("/echo"),
-        &[("content-type", "application/x-test")],
-        &large,
-    );
-    assert_eq!(status, 200);
-    assert_eq!(header(&headers, "content-type"), Some("application/x-test"));
-    assert!(body == large, "the echoed body differs");
     let (status, _, body) = request(&server, "GET", &at("/stream?n=50"), &[], b"");
     assert_eq!(status, 200);
     let expected: String = (0..50).map(|i| format!("line {i}\n")).collect();
@@ -244,7 +242,7 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
         .0,
         200
     );
-    let (status, body) = json(request(
+    let (status, body) = json_answer(request(
         &server,
         "GET",
         "/functions/by-name/nope/http/x",
@@ -261,7 +259,7 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
     );
     assert_eq!((status, error_code(&json_of(&body))), (400, "wrong_style"));
     let echo = server.deploy(&examples_dir().join("echo-component.wat"), "name=echo");
-    let (status, body) = json(request(
+    let (status, body) = json_answer(request(
         &server,
         "GET",
         &format!("/functions/{echo}/http/"),
@@ -269,7 +267,7 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
         b"",
     ));
     assert_eq!((status, error_code(&body)), (400, "wrong_style"));
-    let (status, body) = json(request(
+    let (status, body) = json_answer(request(
         &server,
         "GET",
         "/functions/by-name/echo/http/",
@@ -280,7 +278,7 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
 
     // Hostile requests.
     let code = |r: (u16, Vec<(String, String)>, Vec<u8>)| {
-        let (status, body) = json(r);
+        let (status, body) = json_answer(r);
         (status, error_code(&body).to_owned())
     };
     assert_eq!(
@@ -302,7 +300,7 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
         (500, "memory_limit_exceeded".into())
     );
     assert_eq!(
-        json(request(&server, "GET", &at("/hog?mib=8"), &[], b"")),
+        json_answer(request(&server, "GET", &at("/hog?mib=8"), &[], b"")),
         (200, json!({"held": 8 << 20}))
     );
     // Declared: refused before the component starts.
@@ -368,86 +366,16 @@ fn an_http_handler_from_componentize_js_is_served() {
     let out = tempfile::tempdir().unwrap();
     let wit = wasi_wit_as(out.path(), "0.2.10", None);
     let wasm = out.path().join("http-js.wasm");
-    build(
-        Command::new(tool(
-            "TENSOR_WASM_COMPONENTIZE_JS",
-            "componentize-js/node_modules/.bin/componentize-js",
-        ))
-        .arg(examples_dir().join("components/js/http.js"))
-        .arg("--wit")
-        .arg(&wit)
-        .args(["--world-name", "app", "-o"])
-        .arg(&wasm),
-        "componentize-js",
-    );
+    let source = examples_dir().join("components/js/http.js");
+    componentize_js_build(&source, &wit, "app", true, &wasm);
     let dir = tempfile::tempdir().unwrap();
     let server = ServeProcess::start(Path::new(BIN), dir.path(), &[]);
     let id = server.deploy(&wasm, "name=api-js&timeout_ms=3000");
     let at = |path: &str| format!("/functions/{id}/http{path}");
-    let json = |(status, _, body): (u16, Vec<(String, String)>, Vec<u8>)| (status, json_of(&body));
 
-    let (status, headers, body) = request(&server, "GET", &at("/hello"), &[], b"");
-    assert_eq!(
-        (status, body.as_slice()),
-        (200, &b"hello from JavaScript\n"[..])
-    );
-    assert_eq!(header(&headers, "content-type"), Some("text/plain"));
-    assert_eq!(
-        json(request(
-            &server,
-            "DELETE",
-            &at("/items/7?x=1&y=two"),
-            &[],
-            b""
-        )),
-        (
-            200,
-            json!({"id": 7, "method": "DELETE", "query": {"x": "1", "y": "two"}})
-        )
-    );
-    assert_eq!(
-        json(request(&server, "GET", &at("/items/x"), &[], b"")).0,
-        400
-    );
-    assert_eq!(
-        json(request(
-            &server,
-            "POST",
-            &at("/sum"),
-            &[],
-            br#"{"numbers": [1, 2, 3.5]}"#
-        )),
-        (200, json!({"sum": 6.5}))
-    );
-    assert_eq!(
-        json(request(&server, "POST", &at("/sum"), &[], b"{no")).0,
-        400
-    );
-    let (status, seen) = json(request(
-        &server,
-        "GET",
-        &at("/headers"),
-        &[("x-tenant-thing", "blue")],
-        b"",
-    ));
-    assert_eq!((status, &seen["x-tenant-thing"]), (200, &json!("blue")));
-    let large: Vec<u8> = (0..900_000u32).map(|i| (i * 13 % 251) as u8).collect();
-    let (status, headers, body) = request(
-        &server,
-        "PUT",
-        &at("/echo"),
-        &[("content-type", "application/x-test")],
-        &large,
-    );
-    assert_eq!(status, 200);
-    assert_eq!(header(&headers, "content-type"), Some("application/x-test"));
-    assert!(body == large, "the echoed body differs");
-    assert_eq!(
-        json(request(&server, "GET", &at("/nowhere"), &[], b"")),
-        (404, json!({"error": "not found", "path": "/nowhere"}))
-    );
+    check_json_api(&server, &at, "JavaScript");
     assert_eq!(request(&server, "GET", &at("/boom"), &[], b"").0, 500);
-    let (status, body) = json(request(&server, "GET", &at("/spin"), &[], b""));
+    let (status, body) = json_answer(request(&server, "GET", &at("/spin"), &[], b""));
     assert_eq!((status, error_code(&body)), (504, "invocation_timeout"));
     assert_eq!(
         request(&server, "GET", &at("/hello"), &[], b"").0,

@@ -16,61 +16,33 @@
 //! `standin.rs`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::{json, Value};
 use tensor_wasm_test_support::guests::examples_dir;
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
 use tensor_wasm_test_support::toolchains::{
-    build, c_component, c_gpu_component, check_gpu_demo, componentize_py, js_gpu_component,
-    python_gpu_component, tool, wasi_http_proxy_world, wasi_http_wit, wasi_wit_as,
+    c_component, c_gpu_component, check_gpu_demo, componentize_js_build, componentize_py_build,
+    js_gpu_component, python_gpu_component, wasi_http_proxy_world, wasi_http_wit, wasi_wit_as,
     wit_with_wasi_deps,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
 
-/// `examples/components/python` built by componentize-py into `out`.
+/// `examples/components/python/app.py` built by componentize-py into `out`.
 fn python_component(out: &Path) -> PathBuf {
-    let components = examples_dir().join("components");
     let wasm = out.join("calc-python.wasm");
-    build(
-        Command::new(componentize_py())
-            .arg("-d")
-            .arg(components.join("calc.wit"))
-            .args(["-w", "calc", "componentize", "-p"])
-            .arg(components.join("python"))
-            .arg("app")
-            .arg("-o")
-            .arg(&wasm),
-        "componentize-py",
-    );
+    let wit = examples_dir().join("components/calc.wit");
+    componentize_py_build(&wit, "calc", "app", &wasm);
     wasm
 }
 
-/// `examples/components/js` built by componentize-js into `out`.
+/// `examples/components/js/app.js` built by componentize-js into `out` (without `fetch`: the
+/// function needs none).
 fn js_component(out: &Path) -> PathBuf {
     let components = examples_dir().join("components");
     let wasm = out.join("calc-js.wasm");
-    build(
-        Command::new(tool(
-            "TENSOR_WASM_COMPONENTIZE_JS",
-            "componentize-js/node_modules/.bin/componentize-js",
-        ))
-        .arg(components.join("js/app.js"))
-        .arg("--wit")
-        .arg(components.join("calc.wit"))
-        // Outgoing HTTP (fetch) is not offered to guests: built without it.
-        .args([
-            "--world-name",
-            "calc",
-            "--disable",
-            "http",
-            "fetch-event",
-            "-o",
-        ])
-        .arg(&wasm),
-        "componentize-js",
-    );
+    let (source, wit) = (components.join("js/app.js"), components.join("calc.wit"));
+    componentize_js_build(&source, &wit, "calc", false, &wasm);
     wasm
 }
 
@@ -283,36 +255,14 @@ fn commands_from_python_and_javascript_toolchains_run() {
         let python = scope.spawn(|| {
             let wit = wasi_http_wit();
             let wasm = out.path().join("upper-python.wasm");
-            let package =
-                wasi_http_proxy_world(&wit).replace("wasi:http/proxy", "wasi:cli/command");
-            build(
-                Command::new(componentize_py())
-                    .arg("-d")
-                    .arg(&wit)
-                    .args(["-w", &package, "componentize", "-p"])
-                    .arg(components.join("python"))
-                    .arg("upper_cmd")
-                    .arg("-o")
-                    .arg(&wasm),
-                "componentize-py",
-            );
+            let world = wasi_http_proxy_world(&wit).replace("wasi:http/proxy", "wasi:cli/command");
+            componentize_py_build(&wit, &world, "upper_cmd", &wasm);
             wasm
         });
         let js = scope.spawn(|| {
             let wit = wasi_wit_as(out.path(), "0.2.10", Some(&components.join("upper.wit")));
             let wasm = out.path().join("upper-js.wasm");
-            build(
-                Command::new(tool(
-                    "TENSOR_WASM_COMPONENTIZE_JS",
-                    "componentize-js/node_modules/.bin/componentize-js",
-                ))
-                .arg(components.join("js/upper.js"))
-                .arg("--wit")
-                .arg(&wit)
-                .args(["--world-name", "upper", "-o"])
-                .arg(&wasm),
-                "componentize-js",
-            );
+            componentize_js_build(&components.join("js/upper.js"), &wit, "upper", false, &wasm);
             wasm
         });
         (python.join().unwrap(), js.join().unwrap())

@@ -33,6 +33,41 @@ pub fn componentize_py() -> PathBuf {
     )
 }
 
+/// `examples/components/python/<module>.py` built by componentize-py for `world` of the WIT at
+/// `wit` into `wasm`.
+pub fn componentize_py_build(wit: &Path, world: &str, module: &str, wasm: &Path) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    build(
+        Command::new(componentize_py())
+            .arg("-d")
+            .arg(wit)
+            .args(["-w", world, "componentize", "-p"])
+            .arg(root.join("examples/components/python"))
+            .arg(module)
+            .arg("-o")
+            .arg(wasm),
+        "componentize-py",
+    );
+}
+
+/// `source` built by componentize-js for `world` of the WIT at `wit` into `wasm`; without its
+/// `http` and `fetch-event` features unless `http` (an HTTP handler needs them).
+pub fn componentize_js_build(source: &Path, wit: &Path, world: &str, http: bool, wasm: &Path) {
+    let mut command = Command::new(tool(
+        "TENSOR_WASM_COMPONENTIZE_JS",
+        "componentize-js/node_modules/.bin/componentize-js",
+    ));
+    command
+        .arg(source)
+        .arg("--wit")
+        .arg(wit)
+        .args(["--world-name", world]);
+    if !http {
+        command.args(["--disable", "http", "fetch-event"]);
+    }
+    build(command.arg("-o").arg(wasm), "componentize-js");
+}
+
 /// Runs a toolchain's build; panics with its output when it fails.
 pub fn build(command: &mut Command, what: &str) {
     let out = command
@@ -125,20 +160,8 @@ pub fn gpu_demo_wit(out: &Path) -> PathBuf {
 /// `examples/components/python/gpu_app.py` built by componentize-py into `out` (world
 /// [`gpu_demo_wit`]).
 pub fn python_gpu_component(out: &Path) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let wit = gpu_demo_wit(out);
     let wasm = out.join("gpu-python.wasm");
-    build(
-        Command::new(componentize_py())
-            .arg("-d")
-            .arg(&wit)
-            .args(["-w", "gpu-demo", "componentize", "-p"])
-            .arg(root.join("examples/components/python"))
-            .arg("gpu_app")
-            .arg("-o")
-            .arg(&wasm),
-        "componentize-py",
-    );
+    componentize_py_build(&gpu_demo_wit(out), "gpu-demo", "gpu_app", &wasm);
     wasm
 }
 
@@ -146,27 +169,9 @@ pub fn python_gpu_component(out: &Path) -> PathBuf {
 /// [`gpu_demo_wit`]).
 pub fn js_gpu_component(out: &Path) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let wit = gpu_demo_wit(out);
     let wasm = out.join("gpu-js.wasm");
-    build(
-        Command::new(tool(
-            "TENSOR_WASM_COMPONENTIZE_JS",
-            "componentize-js/node_modules/.bin/componentize-js",
-        ))
-        .arg(root.join("examples/components/js/gpu.js"))
-        .arg("--wit")
-        .arg(&wit)
-        .args([
-            "--world-name",
-            "gpu-demo",
-            "--disable",
-            "http",
-            "fetch-event",
-            "-o",
-        ])
-        .arg(&wasm),
-        "componentize-js",
-    );
+    let source = root.join("examples/components/js/gpu.js");
+    componentize_js_build(&source, &gpu_demo_wit(out), "gpu-demo", false, &wasm);
     wasm
 }
 

@@ -282,6 +282,22 @@ impl CommandStore {
     }
 }
 
+/// The WASI context of a component invocation that takes no stdin (a typed export, an HTTP
+/// handler): its stderr captured (at most `cap` bytes; logged, not returned), the process
+/// clock, the function's name as `argv[0]`.
+pub(super) fn quiet_component_ctx(
+    record: &FunctionRecord,
+    cap: usize,
+) -> (wasmtime_wasi::WasiCtx, MemoryOutputPipe) {
+    let stderr = MemoryOutputPipe::new(cap);
+    let ctx = WasiCtxBuilder::new()
+        .stderr(stderr.clone())
+        .monotonic_clock(crate::wasi_poll::ProcessClock)
+        .arg(&record.name)
+        .build();
+    (ctx, stderr)
+}
+
 /// Logs the last 4 KiB of a guest's stderr, if it wrote any.
 pub(super) fn log_stderr(record: &FunctionRecord, stderr: &[u8]) {
     if !stderr.is_empty() {

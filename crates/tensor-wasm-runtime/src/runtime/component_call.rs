@@ -4,10 +4,8 @@
 
 use serde_json::Value as Json;
 use wasmtime::component::{types::ComponentItem, Val};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::WasiCtxBuilder;
 
-use super::command::CommandStore;
+use super::command::{log_stderr, quiet_component_ctx, CommandStore};
 use crate::component::LoadedComponent;
 use crate::component_values::{to_json, to_val};
 use crate::error::{Result, RuntimeError};
@@ -81,12 +79,7 @@ impl Runtime {
         let (pre, params, results) = self.component_call(entry, export, args)?;
         let _slot = self.take_slot()?;
         let record = &entry.record;
-        let stderr = MemoryOutputPipe::new(STDERR_CAP);
-        let ctx = WasiCtxBuilder::new()
-            .stderr(stderr.clone())
-            .monotonic_clock(crate::wasi_poll::ProcessClock)
-            .arg(&record.name)
-            .build();
+        let (ctx, stderr) = quiet_component_ctx(record, STDERR_CAP);
         let mut store = self.component_store(record, ctx);
         let mut out = vec![Val::Bool(false); results];
         let instance = crate::component::instantiate_retrying(|| pre.instantiate(&mut store));
@@ -96,11 +89,7 @@ impl Runtime {
                 .ok_or_else(|| wasmtime::Error::msg(format!("export {export} vanished")))?;
             func.call(&mut store, &params, &mut out)
         });
-        let written = stderr.contents();
-        if !written.is_empty() {
-            tracing::info!(function = %record.id, stderr = %String::from_utf8_lossy(&written),
-                "guest stderr");
-        }
+        log_stderr(record, &stderr.contents());
         match called {
             Ok(()) => Ok(out.iter().map(to_json).collect()),
             Err(e) => Err(CommandStore::Component(store).classify(e, &record.limits)),

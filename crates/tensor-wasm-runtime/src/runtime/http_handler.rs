@@ -8,12 +8,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use wasmtime_wasi_http::WasiHttpView;
 
-use super::command::{log_stderr, CommandStore};
+use super::command::{log_stderr, quiet_component_ctx, CommandStore};
 use crate::component::LoadedComponent;
 use crate::error::{Result, RuntimeError};
 use crate::store::InvocationStyle;
@@ -92,12 +90,7 @@ impl Runtime {
         };
         let _slot = self.take_slot()?;
         let record = &entry.record;
-        let stderr = MemoryOutputPipe::new(STDERR_CAP);
-        let ctx = WasiCtxBuilder::new()
-            .stderr(stderr.clone())
-            .monotonic_clock(crate::wasi_poll::ProcessClock)
-            .arg(&record.name)
-            .build();
+        let (ctx, stderr) = quiet_component_ctx(record, STDERR_CAP);
         let mut store = self.component_store(record, ctx);
         let called = (|| {
             let mut http = store.data_mut().http();
