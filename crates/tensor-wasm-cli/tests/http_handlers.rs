@@ -351,6 +351,18 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
     assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
     drop(stalled);
 
+    // A sleep shorter than the deadline is kept; one past it ends at the deadline, which frees
+    // the one slot then, not when the sleep would have ended.
+    assert_eq!(
+        json_answer(request(&server, "GET", &at("/sleep?s=0.2"), &[], b"")),
+        (200, json!({"slept": 0.2}))
+    );
+    let started = Instant::now();
+    let (status, body) = json_answer(request(&server, "GET", &at("/sleep?s=600"), &[], b""));
+    assert_eq!((status, error_code(&body)), (504, "invocation_timeout"));
+    assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
+    assert!(started.elapsed() < Duration::from_secs(30));
+
     // Still serving.
     assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
     server.terminate();

@@ -107,6 +107,74 @@ fn interface_of(name: &str) -> &str {
         .map_or(name, |(interface, _)| interface)
 }
 
+/// The `wasi:clocks/monotonic-clock` version the WASI 0.2 host registers.
+const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
+
+/// Replaces `subscribe-duration` and `subscribe-instant` of `wasi:clocks/monotonic-clock` with
+/// ones whose pollables are ready at the invocation's deadline at the latest. A component that
+/// sleeps (in `wasi:io/poll`, or `pollable.block`) past its deadline then wakes at it, and its
+/// next instruction traps at the epoch deadline: its instance slot and thread are free at the
+/// deadline, not when the sleep would have ended. Before the deadline a sleep is as asked.
+fn deadline_bounded_sleeps(linker: &mut Linker<ComponentState>) -> wasmtime::Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::p2::DynPollable;
+    linker.allow_shadowing(true);
+    let mut clock = linker.instance(MONOTONIC_CLOCK)?;
+    clock.func_wrap(
+        "subscribe-duration",
+        |mut store: wasmtime::StoreContextMut<'_, ComponentState>,
+         (nanos,): (u64,)|
+         -> wasmtime::Result<(Resource<DynPollable>,)> {
+            let until =
+                std::time::Instant::now().checked_add(std::time::Duration::from_nanos(nanos));
+            Ok((store.data_mut().sleep(until)?,))
+        },
+    )?;
+    clock.func_wrap(
+        "subscribe-instant",
+        |mut store: wasmtime::StoreContextMut<'_, ComponentState>,
+         (when,): (u64,)|
+         -> wasmtime::Result<(Resource<DynPollable>,)> {
+            // Instants are on the clock every component is given.
+            let until = Some(crate::wasi_poll::ProcessClock::instant(when));
+            Ok((store.data_mut().sleep(until)?,))
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// A pollable ready at an instant.
+struct SleepUntil(tokio::time::Instant);
+
+#[async_trait::async_trait]
+impl wasmtime_wasi::p2::Pollable for SleepUntil {
+    async fn ready(&mut self) {
+        tokio::time::sleep_until(self.0).await;
+    }
+}
+
+impl ComponentState {
+    /// A pollable ready at `until` (`None`: never) or at the invocation's deadline, whichever
+    /// comes first.
+    fn sleep(
+        &mut self,
+        until: Option<std::time::Instant>,
+    ) -> wasmtime::Result<wasmtime::component::Resource<wasmtime_wasi::p2::DynPollable>> {
+        let far = std::time::Instant::now() + std::time::Duration::from_secs(100 * 365 * 86_400);
+        let until = match (until, self.deadline) {
+            (Some(until), Some(deadline)) => until.min(deadline),
+            (Some(until), None) => until,
+            (None, Some(deadline)) => deadline,
+            (None, None) => far,
+        };
+        let sleep = self
+            .table
+            .push(SleepUntil(tokio::time::Instant::from_std(until)))?;
+        wasmtime_wasi::p2::subscribe(&mut self.table, sleep)
+    }
+}
+
 /// Runs `instantiate` once more when its first attempt failed to make the component's memory
 /// image: wasmtime puts a component's initial memory in a sealed memfd, made at its first
 /// instantiation, and Linux refuses the seals (`EBUSY`) while the memfd's pages are
@@ -182,6 +250,8 @@ pub(crate) struct ComponentState {
     http: WasiHttpCtx,
     hooks: OutgoingRefused,
     pub(crate) limiter: ComponentLimiter,
+    /// The invocation's deadline: no sleep of the component outlasts it.
+    pub(crate) deadline: Option<std::time::Instant>,
     /// The invocation's `tensor-wasm:gpu` state (its buffers and kernels).
     pub(crate) gpu: Option<crate::component_gpu::ComponentGpu>,
 }
@@ -238,6 +308,7 @@ impl ComponentState {
             http: WasiHttpCtx::new(),
             hooks: OutgoingRefused,
             gpu: None,
+            deadline: None,
             limiter: ComponentLimiter {
                 limit: usize::try_from(memory_limit).unwrap_or(usize::MAX),
                 used: 0,
@@ -301,6 +372,7 @@ impl ComponentHost {
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .and_then(|()| wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker))
             .and_then(|()| crate::component_gpu::add_to_linker(&mut linker))
+            .and_then(|()| deadline_bounded_sleeps(&mut linker))
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         Ok(ComponentHost {
             engine,

@@ -61,7 +61,7 @@ impl ProcessClock {
     }
 
     /// The instant `nanos` on this clock stands for.
-    fn instant(nanos: u64) -> Instant {
+    pub(crate) fn instant(nanos: u64) -> Instant {
         let origin = Self::origin();
         origin
             .checked_add(Duration::from_nanos(nanos))

@@ -10,10 +10,12 @@ Routes:
   GET  /stream?n=K       K lines written one after another
   GET  /fail             answers with a wasi:http error code instead of a response
   GET  /boom, /spin, /hog?mib=N   hostile: an exception, an endless loop, a memory hog
+  GET  /sleep?s=N        sleeps N seconds (wasi:io/poll), then answers
   anything else          404 {"error": "not found"}
 """
 
 import json
+import time
 from urllib.parse import parse_qs, urlsplit
 
 from componentize_py_types import Err, Ok
@@ -140,6 +142,10 @@ class IncomingHandler(exports.IncomingHandler):
         elif path == "/spin":
             while True:
                 pass
+        elif path == "/sleep":
+            seconds = float(query.get("s", "60"))
+            time.sleep(seconds)
+            respond(response_out, 200, {"slept": seconds})
         elif path == "/hog":
             held = bytearray(int(query.get("mib", "64")) << 20)
             respond(response_out, 200, {"held": len(held)})

@@ -231,12 +231,14 @@ impl Runtime {
     ) -> Store<ComponentState> {
         let limits = &record.limits;
         let mut state = ComponentState::new(ctx, limits.memory_limit_bytes);
+        let deadline = Instant::now() + std::time::Duration::from_millis(limits.timeout_ms);
+        state.deadline = Some(deadline);
         // Buffers of `tensor-wasm:gpu` take at most the memory limit, reserved on first use.
         state.gpu = Some(crate::component_gpu::ComponentGpu::new(
             self.inner.gpu.clone(),
             &record.tenant,
             limits.raw_ptx,
-            Instant::now() + std::time::Duration::from_millis(limits.timeout_ms),
+            deadline,
             self.is_uvm_backed(),
             limits.memory_limit_bytes,
         ));
