@@ -8,13 +8,23 @@
 # gungraun-runner (the instruction-count gate, `make icount`).
 set -euo pipefail
 
+# --- free disk -----------------------------------------------------------------
+# A clean `make test` writes about 6 GB under target/ and 1.5 GB under .tools/, and
+# `cargo install` builds its tools in a temporary directory; a build that runs out of
+# space fails late with a linker error, so a build from nothing says so first.
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NEED_FREE_MB=9000
+FREE_MB=$(df -Pm "$ROOT" | awk 'NR==2 {print $4}')
+if [[ ! -d "$ROOT/target/debug" && -n "$FREE_MB" && "$FREE_MB" -lt "$NEED_FREE_MB" ]]; then
+  echo "warning: ${FREE_MB} MB free on this disk; a clean \`make test\` needs about ${NEED_FREE_MB} MB (target/, .tools/ and cargo install's temporary builds)" >&2
+fi
+
 # --- ptxas -------------------------------------------------------------------
 # tensor-wasm-gpu's test `ptx_assembles_with_ptxas` runs ptxas on the builtin
 # kernels; it needs no GPU. ptxas comes from the PyPI wheel nvidia-cuda-nvcc,
 # pinned to CUDA 13.0 (the driver on the GPU machines), installed under
 # .tools/cuda (git-ignored) with .tools/cuda/bin -> the wheel's bin directory.
 # The test looks there, or at $TENSOR_WASM_PTXAS.
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 NVCC_WHEEL_VERSION=13.0.88
 CUDA_TOOLS="$ROOT/.tools/cuda"
 
