@@ -77,6 +77,16 @@ fn a_command_component_is_served_over_http() {
         let path = format!("/functions/{typed}/invoke");
         server.post(&path, "application/json", body.as_bytes())
     };
+    // The function lists its typed exports with their WIT types, so a client knows what to send.
+    let (status, body) = server.get(&format!("/functions/{typed}"));
+    assert_eq!(status, 200);
+    let listed = json_of(&body);
+    assert_eq!(
+        listed["typed_exports"][1],
+        json!({"name": "distance", "wit": "func(p: record { x: f64, y: f64 }) -> f64"}),
+        "{listed}"
+    );
+    assert_eq!(listed["exports"], json!([]));
     let (status, body, _) = call(r#"{"export": "distance", "args": [{"x": 3, "y": 4}]}"#);
     assert_eq!((status, json_of(&body)), (200, json!({"results": [5.0]})));
     let (status, body, _) = call(r#"{"export": "checked-div", "args": [7, 0]}"#);

@@ -38,6 +38,10 @@ fn a_command_component_runs_with_stdin_stdout_and_exit_code() {
         .unwrap();
     assert!(echo.record.component);
     assert!(echo.exports.is_empty());
+    assert!(
+        echo.typed_exports.is_empty(),
+        "a command has no typed exports"
+    );
     // Its compiled code is kept, so a restart does not compile it again.
     let artifact = format!("{}.cwasm", echo.record.module_sha256);
     let artifacts: Vec<_> = std::fs::read_dir(dir.path().join("artifacts"))
@@ -191,6 +195,30 @@ fn typed_exports_take_and_give_json_by_their_wit_types() {
     assert!(f.record.component);
     assert_eq!(f.record.style.as_str(), "export", "its exports decide");
     let id = &f.record.id;
+    // The deploy and the function's listing name each typed export with its WIT type.
+    let listed: Vec<(&str, &str)> = f
+        .typed_exports
+        .iter()
+        .map(|e| (e.name.as_str(), e.wit.as_str()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("add", "func(a: s32, b: s32) -> s32"),
+            ("distance", "func(p: record { x: f64, y: f64 }) -> f64"),
+            ("level", "func(l: enum { low, high }) -> u32"),
+            ("or-zero", "func(v: option<u32>) -> u32"),
+            ("length", "func(s: string) -> u32"),
+            ("checked-div", "func(a: s32, b: s32) -> result<s32, s32>"),
+            ("boom", "func()"),
+            ("spin", "func()"),
+        ]
+    );
+    assert!(
+        f.exports.is_empty(),
+        "core signatures cannot show WIT types"
+    );
+    assert_eq!(rt.function(id).unwrap().typed_exports, f.typed_exports);
     let call = |export: &str, args: serde_json::Value| {
         rt.invoke_export(id, export, args.as_array().unwrap())
     };

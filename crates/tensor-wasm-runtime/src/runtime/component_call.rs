@@ -1,13 +1,14 @@
 //! Typed exports of components: a call's JSON arguments checked and converted by the export's
 //! WIT types (`component_values`) before anything runs, then the call in a fresh instance with
-//! the function's limits, and its results back as JSON.
+//! the function's limits, and its results back as JSON; the exports' WIT types as the API
+//! lists them.
 
 use serde_json::Value as Json;
 use wasmtime::component::{types::ComponentItem, Val};
 
 use super::command::{log_stderr, quiet_component_ctx, CommandStore};
 use crate::component::LoadedComponent;
-use crate::component_values::{to_json, to_val};
+use crate::component_values::{func_wit, to_json, to_val, TypedExport};
 use crate::error::{Result, RuntimeError};
 use crate::function_entry::FunctionEntry;
 use crate::Runtime;
@@ -16,6 +17,26 @@ use crate::Runtime;
 const STDERR_CAP: usize = 64 << 10;
 
 impl Runtime {
+    /// The typed exports of `loaded` with their WIT types, in the component's order (none for
+    /// commands and HTTP handlers).
+    pub(super) fn typed_exports(&self, loaded: &LoadedComponent) -> Vec<TypedExport> {
+        let LoadedComponent::Exports(pre) = loaded else {
+            return Vec::new();
+        };
+        let engine = &self.inner.components.engine;
+        pre.component()
+            .component_type()
+            .exports(engine)
+            .filter_map(|(name, item)| match item.ty {
+                ComponentItem::ComponentFunc(func) => Some(TypedExport {
+                    name: name.to_owned(),
+                    wit: func_wit(&func),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The instance-to-be of component function `entry` and `args` converted for `export`.
     fn component_call(
         &self,

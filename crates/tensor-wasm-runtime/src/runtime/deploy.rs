@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use wasmtime::{ExternType, Module};
 
+use crate::component_values::TypedExport;
 use crate::error::{truncate_message, Result, RuntimeError};
 use crate::function_entry::FunctionEntry;
 use crate::store::{
@@ -66,8 +67,11 @@ impl DeploySpec {
 pub struct FunctionInfo {
     #[serde(flatten)]
     pub record: FunctionRecord,
-    /// Callable exports and their signatures.
+    /// Callable exports and their signatures (a core module's).
     pub exports: Vec<ExportSignature>,
+    /// A component's typed exports with their WIT types (absent for every other function).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub typed_exports: Vec<TypedExport>,
 }
 
 /// Milliseconds since the Unix epoch (0 if the clock is set before it).
@@ -98,16 +102,18 @@ impl Runtime {
         let entry = self.entry(id)?;
         if entry.record.component {
             // Its typed exports have WIT types, which the core signatures cannot show.
-            self.component_of(&entry)?;
+            let loaded = self.component_of(&entry)?;
             return Ok(FunctionInfo {
                 record: entry.record.clone(),
                 exports: Vec::new(),
+                typed_exports: self.typed_exports(&loaded),
             });
         }
         let prepared = self.prepared(&entry)?;
         Ok(FunctionInfo {
             record: entry.record.clone(),
             exports: exports_of(prepared.pre.module()),
+            typed_exports: Vec::new(),
         })
     }
 
@@ -175,9 +181,9 @@ impl Runtime {
         // A core module is cached (and its artifact written) only once the deploy has
         // succeeded: a module that compiles but fails to link or to pass the checks
         // below leaves nothing behind.
-        let (style, core, exports) = if component {
-            let style = self.check_component(&sha, &binary)?;
-            (style, None, Vec::new())
+        let (style, core, exports, typed_exports) = if component {
+            let (style, typed_exports) = self.check_component(&sha, &binary)?;
+            (style, None, Vec::new(), typed_exports)
         } else {
             check_single_memory(&binary)?;
             let (prepared, loaded) = match self.cached_prepared(&sha) {
@@ -190,7 +196,7 @@ impl Runtime {
             let module = prepared.pre.module();
             check_shape(module, spec.style, &limits)?;
             let exports = exports_of(module);
-            (spec.style, Some((prepared, loaded)), exports)
+            (spec.style, Some((prepared, loaded)), exports, Vec::new())
         };
 
         // The commit: module, record and catalogue entry under the read side
@@ -234,7 +240,11 @@ impl Runtime {
         };
         self.inner.store.create_function(&record, &bounds)?;
         reservation.commit();
-        let info = FunctionInfo { record, exports };
+        let info = FunctionInfo {
+            record,
+            exports,
+            typed_exports,
+        };
         let entry = FunctionEntry::new(info.record.clone());
         self.inner
             .functions
@@ -259,7 +269,12 @@ impl Runtime {
     /// handler (`http`), a command (`wasi`) or typed exports (`export`); a component with
     /// nothing to invoke is refused. It must compile and link against the WASI 0.2,
     /// `wasi:http` and `tensor-wasm:gpu` hosts.
-    fn check_component(&self, sha: &str, binary: &[u8]) -> Result<InvocationStyle> {
+    /// Classifies, compiles and links component `binary`: its style and its typed exports.
+    fn check_component(
+        &self,
+        sha: &str,
+        binary: &[u8],
+    ) -> Result<(InvocationStyle, Vec<TypedExport>)> {
         use crate::component::{classify, refusal, ComponentStyle};
         let style = match classify(binary)? {
             ComponentStyle::HttpHandler => InvocationStyle::Http,
@@ -268,10 +283,11 @@ impl Runtime {
             other => return Err(refusal(&other)),
         };
         let artifacts = &self.inner.artifacts;
-        self.inner
+        let loaded = self
+            .inner
             .components
             .load(sha, artifacts, false, || Ok(binary.to_vec()))?;
-        Ok(style)
+        Ok((style, self.typed_exports(&loaded)))
     }
 
     fn resolve_limits(&self, spec: &DeploySpec) -> Result<FunctionLimits> {
