@@ -168,6 +168,18 @@ pub struct ServeArgs {
         default_value_t = 0
     )]
     pool_keep_resident_bytes: u64,
+    /// Origins that WebAssembly components may send HTTP requests to
+    /// (`wasi:http/outgoing-handler`), comma-separated: `http://host[:port]` or
+    /// `https://host[:port]`, matched exactly by scheme, host and port. Every other request is
+    /// refused with `HTTP-request-denied`; none by default. Connections, response heads and
+    /// body reads end at the invocation's deadline.
+    #[arg(
+        long,
+        env = "TENSOR_WASM_OUTGOING_HTTP_ALLOW",
+        value_delimiter = ',',
+        value_name = "ORIGINS"
+    )]
+    outgoing_http_allow: Vec<tensor_wasm_runtime::Origin>,
     /// Bytes of snapshot encoder buffers kept between captures: a capture whose encoding
     /// fits writes into memory already there instead of faulting fresh pages in; costs up to
     /// that much resident memory once used. 0 frees them after every capture.
@@ -254,6 +266,7 @@ impl ServeArgs {
             inline_max_memory_bytes: self.inline_max_memory_bytes,
             pool_keep_resident_bytes: self.pool_keep_resident_bytes,
             snapshot_encoder_keep_bytes: self.snapshot_encoder_keep_bytes,
+            outgoing_http_allow: self.outgoing_http_allow.clone().into(),
             default_timeout: Duration::from_millis(self.default_timeout_ms),
             max_timeout: Duration::from_millis(self.max_timeout_ms),
             default_memory_limit_bytes: self.default_memory_limit_bytes,

@@ -6,11 +6,12 @@
 //! component's own error statuses. Its hostile requests (an exception, an endless loop, a
 //! memory hog, an oversized body declared or chunked, a body that stops arriving) answer the
 //! usual codes and the server keeps serving. The same API in JavaScript
-//! (`examples/components/js/http.js`, componentize-js) is served too. C's HTTP handler:
-//! `toolchain_guests.rs`.
+//! (`examples/components/js/http.js`, componentize-js) is served too. Outgoing HTTP reaches
+//! only the origins of `--outgoing-http-allow` (none by default) and ends at the deadline. C's
+//! HTTP handler: `toolchain_guests.rs`.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -354,9 +355,114 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
     assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
     assert!(started.elapsed() < Duration::from_secs(30));
 
+    // Outgoing HTTP is refused without an allow-list, the server's own API included.
+    let own = server.url("/healthz");
+    assert_eq!(
+        json_answer(request(
+            &server,
+            "GET",
+            &at(&format!("/fetch?url={own}")),
+            &[],
+            b""
+        )),
+        (200, json!({"error": "HttpRequestDenied"}))
+    );
+
     // Still serving.
     assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
     server.terminate();
+}
+
+/// A plain HTTP/1.1 server on a free port that answers every request with its path; and one
+/// that accepts connections and never answers. Their threads end with the test process.
+fn upstreams() -> (u16, u16) {
+    let answering = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ports = (
+        answering.local_addr().unwrap().port(),
+        silent.local_addr().unwrap().port(),
+    );
+    std::thread::spawn(move || {
+        for mut conn in answering.incoming().flatten() {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let head = String::from_utf8_lossy(&head);
+            let path = head.split(' ').nth(1).unwrap_or("?");
+            let body = format!("upstream saw {path}");
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    std::thread::spawn(move || {
+        let held: Vec<TcpStream> = silent.incoming().flatten().collect();
+        drop(held);
+    });
+    ports
+}
+
+/// `--outgoing-http-allow`: a component reaches the origins on it, exactly (scheme, host and
+/// port), and nothing else; a request to an upstream that never answers ends at the
+/// invocation's deadline and frees the one instance slot.
+#[test]
+fn outgoing_http_reaches_only_allowed_origins_and_ends_at_the_deadline() {
+    let out = tempfile::tempdir().unwrap();
+    let wasm = python_handler(out.path());
+    let (answering, silent) = upstreams();
+    let dir = tempfile::tempdir().unwrap();
+    let allow = format!("http://127.0.0.1:{answering},http://127.0.0.1:{silent}");
+    let server = ServeProcess::start(
+        Path::new(BIN),
+        dir.path(),
+        &["--outgoing-http-allow", &allow, "--max-instances", "1"],
+    );
+    let id = server.deploy(
+        &wasm,
+        "name=api&timeout_ms=3000&memory_limit_bytes=134217728",
+    );
+    let fetch = |url: &str| {
+        let path = format!("/functions/{id}/http/fetch?url={url}");
+        json_answer(request(&server, "GET", &path, &[], b""))
+    };
+    assert_eq!(
+        fetch(&format!("http://127.0.0.1:{answering}/items/7")),
+        (200, json!({"status": 200, "body": "upstream saw /items/7"}))
+    );
+    let denied = (200, json!({"error": "HttpRequestDenied"}));
+    // Another port, the same port by another name, another scheme: not on the list.
+    assert_eq!(fetch(&server.url("/healthz")), denied);
+    assert_eq!(fetch(&format!("http://localhost:{answering}/")), denied);
+    assert_eq!(fetch(&format!("https://127.0.0.1:{answering}/")), denied);
+
+    let started = Instant::now();
+    let (status, body) = fetch(&format!("http://127.0.0.1:{silent}/"));
+    assert_eq!((status, error_code(&body)), (504, "invocation_timeout"));
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert_eq!(
+        fetch(&format!("http://127.0.0.1:{answering}/again")),
+        (200, json!({"status": 200, "body": "upstream saw /again"}))
+    );
+    server.terminate();
+}
+
+/// A malformed allow-list stops the server at start with the reason.
+#[test]
+fn a_malformed_outgoing_allow_list_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .args(["--outgoing-http-allow", "http://example.com/api"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("has no path or query"), "{stderr}");
 }
 
 /// An HTTP handler from componentize-js (`examples/components/js/http.js`, its fetch-event API),

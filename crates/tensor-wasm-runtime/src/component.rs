@@ -14,9 +14,10 @@ use wasmtime::{Engine, ResourceLimiter};
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::sync::ProxyPre;
-use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::error::{truncate_message, RuntimeError};
+use crate::outgoing_http::{Origin, OutgoingHttp};
 
 /// How a component would be invoked, from its exports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -248,7 +249,8 @@ pub(crate) struct ComponentState {
     ctx: WasiCtx,
     pub(crate) table: ResourceTable,
     http: WasiHttpCtx,
-    hooks: OutgoingRefused,
+    /// Outgoing HTTP: to the allow-list's origins only, within the deadline.
+    hooks: OutgoingHttp,
     pub(crate) limiter: ComponentLimiter,
     /// The invocation's deadline: no sleep of the component outlasts it.
     pub(crate) deadline: Option<std::time::Instant>,
@@ -266,31 +268,6 @@ impl WasiHttpView for ComponentState {
     }
 }
 
-/// The `wasi:http` hooks of a component: every outgoing request is refused with
-/// `HTTP-request-denied` (a function reaches nothing outside the server).
-struct OutgoingRefused;
-
-impl WasiHttpHooks for OutgoingRefused {
-    fn send_request(
-        &mut self,
-        request: http::Request<wasmtime_wasi_http::WasiBody>,
-        _options: Option<wasmtime_wasi_http::RequestOptions>,
-        _fut: Box<dyn std::future::Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
-    ) -> Box<
-        dyn std::future::Future<
-                Output = wasmtime_wasi_http::Result<(
-                    http::Response<wasmtime_wasi_http::WasiBody>,
-                    Box<dyn std::future::Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
-                )>,
-            > + Send,
-    > {
-        tracing::debug!(uri = %request.uri(), "outgoing HTTP from a component refused");
-        Box::new(std::future::ready(Err(
-            wasmtime_wasi_http::Error::HttpRequestDenied,
-        )))
-    }
-}
-
 impl WasiView for ComponentState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {
@@ -301,12 +278,14 @@ impl WasiView for ComponentState {
 }
 
 impl ComponentState {
-    pub(crate) fn new(ctx: WasiCtx, memory_limit: u64) -> Self {
+    /// The state of one invocation: `memory_limit` over all its memories, outgoing HTTP to the
+    /// origins of `outgoing_allow` only.
+    pub(crate) fn new(ctx: WasiCtx, memory_limit: u64, outgoing_allow: Arc<[Origin]>) -> Self {
         ComponentState {
             ctx,
             table: ResourceTable::new(),
             http: WasiHttpCtx::new(),
-            hooks: OutgoingRefused,
+            hooks: OutgoingHttp::new(outgoing_allow),
             gpu: None,
             deadline: None,
             limiter: ComponentLimiter {
@@ -315,6 +294,12 @@ impl ComponentState {
                 hit: None,
             },
         }
+    }
+
+    /// Bounds the invocation's sleeps and outgoing HTTP by `deadline`.
+    pub(crate) fn set_deadline(&mut self, deadline: std::time::Instant) {
+        self.deadline = Some(deadline);
+        self.hooks.deadline = Some(deadline);
     }
 }
 

@@ -121,6 +121,10 @@ pub struct RuntimeConfig {
     /// there instead of faulting fresh pages in; the price is up to that much resident memory
     /// once a capture has used it. 0 frees the buffers after every capture.
     pub snapshot_encoder_keep_bytes: u64,
+    /// Origins a component's outgoing HTTP (`wasi:http/outgoing-handler`) may reach; a
+    /// request to any other is refused with `HTTP-request-denied`. Empty (the default):
+    /// functions reach nothing outside the server.
+    pub outgoing_http_allow: std::sync::Arc<[crate::Origin]>,
     /// Bounds of the loaded-module, artifact and blueprint-kernel caches.
     pub caches: CacheLimits,
 }
@@ -152,6 +156,7 @@ impl RuntimeConfig {
             snapshot_encoder_keep_bytes: 64 << 20,
             max_stored_bytes_per_tenant: 4 << 30,
             caches: CacheLimits::default(),
+            outgoing_http_allow: std::sync::Arc::from([]),
         }
     }
 

@@ -35,6 +35,7 @@ mod guest_gpu;
 mod instrument;
 mod invocation_state;
 mod metrics;
+mod outgoing_http;
 mod quarantine;
 mod runtime;
 mod snapshot;
@@ -50,6 +51,7 @@ pub use engine::{build_engine, engine_fingerprint, EngineParts, ModuleSource};
 pub use error::{Result, RuntimeError};
 pub use invocation_state::INLINE_MAX_TABLE_ELEMENTS;
 pub use metrics::{Outcome, RuntimeMetrics};
+pub use outgoing_http::Origin;
 pub use quarantine::{inspect as inspect_quarantine, QuarantinedRecord, QUARANTINE_DIR};
 pub use runtime::{
     CommandOutput, DeploySpec, FunctionInfo, HttpAnswer, HttpBody, HttpBodyError, Runtime,

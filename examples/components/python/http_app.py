@@ -11,6 +11,9 @@ Routes:
   GET  /fail             answers with a wasi:http error code instead of a response
   GET  /boom, /spin, /hog?mib=N   hostile: an exception, an endless loop, a memory hog
   GET  /sleep?s=N        sleeps N seconds (wasi:io/poll), then answers
+  GET  /fetch?url=U      GETs U through wasi:http/outgoing-handler: {"status", "body"}, or
+                         {"error": the wasi:http error code} (the server allows only the
+                         origins of --outgoing-http-allow)
   anything else          404 {"error": "not found"}
 """
 
@@ -20,7 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from componentize_py_types import Err, Ok
 from wit_world import exports
-from wit_world.imports import streams
+from wit_world.imports import outgoing_handler, streams
 from wit_world.imports.types import (
     ErrorCode_InternalError,
     Fields,
@@ -28,8 +31,11 @@ from wit_world.imports.types import (
     Method_Get,
     Method_Post,
     OutgoingBody,
+    OutgoingRequest,
     OutgoingResponse,
     ResponseOutparam,
+    Scheme_Http,
+    Scheme_Https,
 )
 
 # wasi:io allows at most 4096 bytes per blocking-write-and-flush.
@@ -71,8 +77,9 @@ def respond(response_out, status: int, value, content_type="application/json") -
     finish(body, stream)
 
 
-def read_all(request: IncomingRequest) -> bytes:
-    incoming = request.consume()
+def read_all(message) -> bytes:
+    """The whole body of an incoming request or response."""
+    incoming = message.consume()
     stream = incoming.stream()
     chunks = []
     while True:
@@ -85,6 +92,37 @@ def read_all(request: IncomingRequest) -> bytes:
     stream.__exit__(None, None, None)
     incoming.__exit__(None, None, None)
     return b"".join(chunks)
+
+
+def error_name(code) -> str:
+    return type(code).__name__.removeprefix("ErrorCode_")
+
+
+def fetch(url: str) -> dict:
+    """GETs `url` through wasi:http/outgoing-handler."""
+    parts = urlsplit(url)
+    request = OutgoingRequest(Fields())
+    request.set_scheme(Scheme_Https() if parts.scheme == "https" else Scheme_Http())
+    request.set_authority(parts.netloc)
+    request.set_path_with_query(parts.path or "/")
+    try:
+        future = outgoing_handler.handle(request, None)
+    except Err as e:
+        return {"error": error_name(e.value)}
+    pollable = future.subscribe()
+    while (answer := future.get()) is None:
+        pollable.block()
+    pollable.__exit__(None, None, None)
+    future.__exit__(None, None, None)
+    if isinstance(answer, Err):
+        return {"error": "response taken twice"}
+    if isinstance(answer.value, Err):
+        return {"error": error_name(answer.value.value)}
+    response = answer.value.value
+    status = response.status()
+    body = read_all(response)  # an incoming-response is consumed like a request
+    response.__exit__(None, None, None)
+    return {"status": status, "body": body.decode()}
 
 
 class IncomingHandler(exports.IncomingHandler):
@@ -146,6 +184,8 @@ class IncomingHandler(exports.IncomingHandler):
             seconds = float(query.get("s", "60"))
             time.sleep(seconds)
             respond(response_out, 200, {"slept": seconds})
+        elif path == "/fetch":
+            respond(response_out, 200, fetch(query.get("url", "")))
         elif path == "/hog":
             held = bytearray(int(query.get("mib", "64")) << 20)
             respond(response_out, 200, {"held": len(held)})

@@ -230,9 +230,13 @@ impl Runtime {
         ctx: wasmtime_wasi::WasiCtx,
     ) -> Store<ComponentState> {
         let limits = &record.limits;
-        let mut state = ComponentState::new(ctx, limits.memory_limit_bytes);
+        let mut state = ComponentState::new(
+            ctx,
+            limits.memory_limit_bytes,
+            self.inner.config.outgoing_http_allow.clone(),
+        );
         let deadline = Instant::now() + std::time::Duration::from_millis(limits.timeout_ms);
-        state.deadline = Some(deadline);
+        state.set_deadline(deadline);
         // Buffers of `tensor-wasm:gpu` take at most the memory limit, reserved on first use.
         state.gpu = Some(crate::component_gpu::ComponentGpu::new(
             self.inner.gpu.clone(),
