@@ -69,13 +69,7 @@ pub(crate) async fn by_name(
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?.clone();
     let name = params.get("name").cloned().unwrap_or_default();
-    let named: Vec<_> = state
-        .inner
-        .runtime
-        .functions_of(tenant.id())
-        .into_iter()
-        .filter(|r| r.name == name)
-        .collect();
+    let named = state.inner.runtime.functions_named(tenant.id(), &name);
     let handler = named
         .iter()
         .filter(|r| r.style == InvocationStyle::Http)

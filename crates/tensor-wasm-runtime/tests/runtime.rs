@@ -714,6 +714,11 @@ fn a_retired_tenant_gets_no_new_functions() {
         "{refused:?}"
     );
     assert_eq!(rt.functions_of("tn-00000000000000aa").len(), 1);
+    assert_eq!(rt.functions_named("tn-00000000000000aa", "calc").len(), 1);
+    assert!(rt.functions_named("tn-00000000000000bb", "calc").is_empty());
+    assert!(rt
+        .functions_named("tn-00000000000000aa", "other")
+        .is_empty());
     assert_eq!(modules(dir.path()), before, "no module stored for it");
     rt.deploy(&example("warm.wat"), spec("tn-00000000000000bb"))
         .unwrap();

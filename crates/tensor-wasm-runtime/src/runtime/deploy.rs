@@ -85,16 +85,28 @@ fn now_ms() -> u64 {
 impl Runtime {
     /// Every deployed function, oldest first.
     pub fn functions(&self) -> Vec<FunctionRecord> {
+        self.functions_where(|_| true)
+    }
+
+    /// The functions `keep` selects, oldest first; only those are cloned, so a lookup for one
+    /// tenant costs a comparison per other function, not a copy of its record.
+    fn functions_where(&self, keep: impl Fn(&FunctionRecord) -> bool) -> Vec<FunctionRecord> {
         let mut records: Vec<_> = self
             .inner
             .functions
             .read()
             .expect("lock")
             .values()
+            .filter(|e| keep(&e.record))
             .map(|e| e.record.clone())
             .collect();
         records.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
         records
+    }
+
+    /// The functions of `tenant` named `name`, oldest first.
+    pub fn functions_named(&self, tenant: &str, name: &str) -> Vec<FunctionRecord> {
+        self.functions_where(|r| r.tenant == tenant && r.name == name)
     }
 
     /// One function with its export signatures (loading it if needed).
@@ -152,9 +164,7 @@ impl Runtime {
 
     /// The functions `tenant` owns, oldest first.
     pub fn functions_of(&self, tenant: &str) -> Vec<FunctionRecord> {
-        let mut records = self.functions();
-        records.retain(|r| r.tenant == tenant);
-        records
+        self.functions_where(|r| r.tenant == tenant)
     }
 
     /// Deploys a module (binary or WAT text) as a new function. Durable when it returns.
