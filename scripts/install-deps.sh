@@ -9,7 +9,8 @@
 set -euo pipefail
 
 # --- free disk -----------------------------------------------------------------
-# A clean `make test` writes about 6 GB under target/ and 1.5 GB under .tools/, and
+# A clean `make test` writes about 6 GB under target/ and 1.5 GB under .tools/
+# (bench-results/2026-11-26-clean-ci-disk-and-time.txt), and
 # `cargo install` builds its tools in a temporary directory; a build that runs out of
 # space fails late with a linker error, so a build from nothing says so first.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
