@@ -629,6 +629,18 @@ def gpu_section(out):
                    f"passed{' (failed: ' + '; '.join(failed) + ')' if failed else ''}; compute-sanitizer memcheck "
                    f"clean: {doc.get('correctness', {}).get('sanitizer')}; zero copy: "
                    f"{(doc.get('correctness', {}).get('zero_copy') or {}).get('passed')}.\n")
+        bits = doc.get("correctness", {}).get("bit_identity_summary")
+        if bits:
+            out.append(f"Bit identity (the conformance set on the GPU against the CPU backend's record): "
+                       f"{bits.get('generated_equal')} of {bits.get('generated_cases')} launches of generated kernels "
+                       f"equal, {bits.get('generated_mismatches')} mismatches; CUDA C++ test kernels: "
+                       f"{bits.get('cuda_cpp_equal')} of {bits.get('cuda_cpp_cases')} equal"
+                       f"{' (' + '; '.join(bits.get('cuda_cpp_differences') or []) + ')' if bits.get('cuda_cpp_differences') else ''}.\n")
+        prov = doc.get("provenance") or {}
+        if prov.get("gpu_state") or prov.get("torch"):
+            state = prov.get("gpu_state") or {}
+            out.append("GPU state at the start: " + ", ".join(f"{k} {v}" for k, v in state.items())
+                       + f"; PyTorch {prov.get('torch')}.\n")
         out.append("| measurement | ours | peer | ratio | target | met |")
         out.append("|---|---|---|---|---|---|")
         for c in doc.get("comparisons", []):

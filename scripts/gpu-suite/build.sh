@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Assembles the GPU-suite artifact (`make gpu-suite`, after the release build):
 #
-#   DIR/bin/tensor-wasm, DIR/bin/gpu-suite   stripped release binaries
+#   DIR/bin/tensor-wasm.gz, DIR/bin/gpu-suite.gz  stripped release binaries, gzipped (run.sh
+#                                            unpacks them; together they exceed the carry limit
+#                                            uncompressed)
 #   DIR/examples/*.wat, DIR/examples/c/*.wasm the example guests
 #   DIR/run.sh, torch_peer.py, summarize.py, check_results.py
 #   DIR/BUILD_INFO.json                      commit, toolchain, sizes
 #   DIR/expected/http-check-cpu-build.json   the CPU backend's responses, recorded here
+#   DIR/expected/bit-identity.{json,bin}     the CPU backend's memory after every kernel of
+#                                            the conformance set (tensor_wasm_jit::conformance)
 #
 # and checks that it, with the working tree, fits the device tool's 64 MiB carry limit.
 # Usage: scripts/gpu-suite/build.sh DIR
@@ -83,14 +87,24 @@ LD_LIBRARY_PATH="$ROOT/.tools/nvrtc/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRA
   echo "gpu-suite: the CPU record failed (above); the artifact is not usable" >&2
   exit 1
 }
-rm -f "$PROV" "$DIR/expected/build.log"
+# The CPU backend's memory after every kernel of the conformance set: what the GPU's
+# bit-identity section must reproduce byte for byte.
+"$DIR/bin/gpu-suite" bit-identity --record "$DIR/expected" --device cpu --out "$DIR/expected" \
+  --provenance "$PROV" > "$DIR/expected/build.log" 2>&1 || {
+  cat "$DIR/expected/build.log"
+  echo "gpu-suite: the bit-identity record failed (above); the artifact is not usable" >&2
+  exit 1
+}
+rm -f "$PROV" "$DIR/expected/build.log" "$DIR/expected/bit-identity-record.json"
 
-artifact_bytes=$(du -sb "$DIR" | cut -f1)
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 echo "gpu-suite artifact: $DIR"
-for f in bin/tensor-wasm bin/gpu-suite; do
-  echo "  $f: $(mib "$(stat -c %s "$DIR/$f")")"
+for bin in tensor-wasm gpu-suite; do
+  plain=$(stat -c %s "$DIR/bin/$bin")
+  gzip -9 -n "$DIR/bin/$bin"
+  echo "  bin/$bin.gz: $(mib "$(stat -c %s "$DIR/bin/$bin.gz")") ($(mib "$plain") unpacked)"
 done
+artifact_bytes=$(du -sb "$DIR" | cut -f1)
 echo "  artifact total: $(mib "$artifact_bytes"); working tree that travels: $(mib "$tree_bytes")"
 echo "  together: $(mib $((artifact_bytes + tree_bytes))) of the 64 MiB the device tool carries"
 if (( artifact_bytes + tree_bytes > LIMIT )); then

@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DIR=${1:-.gpu-suite}
 case "$DIR" in /*) ;; *) DIR="$ROOT/$DIR" ;; esac
-[[ -x "$DIR/bin/gpu-suite" ]] || { echo "no artifact at $DIR: run make gpu-suite" >&2; exit 1; }
+[[ -f "$DIR/bin/gpu-suite.gz" ]] || { echo "no artifact at $DIR: run make gpu-suite" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 start=$(date +%s)

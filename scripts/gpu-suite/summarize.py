@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarises one GPU-suite results directory into summary.json and SUMMARY.md.
 
-Reads the section files the runner wrote (provenance.json, correctness.json, http-check.json,
+Reads the section files the runner wrote (provenance.json, bit-identity.json, correctness.json, http-check.json,
 latency.json, throughput.json, torch.json, unified-memory.json, jit.json, cold-start.json,
 concurrency.json, sanitizer.json, sections.tsv) and puts every measurement next to its peer
 with the issue's target. Standard library only. Usage: summarize.py RESULTS_DIR
@@ -10,8 +10,8 @@ import json
 import os
 import sys
 
-SECTIONS = ["correctness", "http-check-cpu", "http-check", "latency", "throughput", "torch",
-            "unified-memory", "jit", "cold-start", "concurrency", "correctness-sanitized",
+SECTIONS = ["bit-identity", "correctness", "http-check-cpu", "http-check", "latency", "throughput", "torch",
+            "unified-memory", "jit", "cold-start", "concurrency", "bit-identity-sanitized",
             "sanitizer"]
 
 
@@ -84,7 +84,7 @@ def build(r):
             status.append({k: s[k] for k in ("section", "exit", "seconds")})
     sections = []
     for s in status:
-        doc = docs.get(s["section"]) or docs.get({"sanitizer": "correctness-sanitized"}.get(s["section"], ""))
+        doc = docs.get(s["section"]) or docs.get({"sanitizer": "bit-identity-sanitized"}.get(s["section"], ""))
         checks = (doc or {}).get("checks", [])
         sections.append(dict(s, checks=len(checks),
                              failed=[c["name"] for c in checks if not c.get("pass")],
@@ -172,6 +172,8 @@ def build(r):
                                 note=f"p50 {fmt_ns(l['launch_latency'].get('p50_ns'))}, invocation p99 {fmt_ns(l['invocation_latency'].get('p99_ns'))}"))
 
     correctness = {
+        "bit_identity": [c for c in (docs["bit-identity"] or {}).get("checks", [])],
+        "bit_identity_summary": res(docs["bit-identity"], "summary"),
         "runtime_api": [c for c in (docs["correctness"] or {}).get("checks", [])],
         "http": [c for c in (docs["http-check"] or {}).get("checks", [])],
         "sanitizer": res(docs["sanitizer"], "clean"),
@@ -204,13 +206,14 @@ def markdown(s):
     m = s.get("machine") or {}
     out += [f"- machine: {m.get('cpu')}, {m.get('cores')} cores, {m.get('kernel')}",
             f"- GPU: {gpu.get('name', 'none')} ({gpu.get('memory_total', '')}); driver: {s['driver']}; CUDA: {s['cuda_version']}",
+            f"- GPU state at the start: {json.dumps((s.get('provenance') or {}).get('gpu_state'))}; PyTorch: {(s.get('provenance') or {}).get('torch')}",
             f"- commit: `{s['commit']}`; date: {s['date']}",
             f"- command: `{s['command']}`", "",
             "## Sections", "", "| section | exit | seconds | checks | failed |", "|---|---|---|---|---|"]
     for sec in s["sections"]:
         out.append(f"| {sec['section']} | {sec['exit']} | {sec['seconds']} | {sec['checks']} | {', '.join(sec['failed']) or '-'} |")
     out += ["", "## Correctness", ""]
-    for group in ("runtime_api", "http"):
+    for group in ("bit_identity", "runtime_api", "http"):
         for c in s["correctness"][group]:
             out.append(f"- [{'pass' if c['pass'] else 'FAIL'}] {c['name']}: {c['detail'][:300]}")
     san = s["correctness"]["sanitizer_detail"]

@@ -23,12 +23,7 @@ use tensor_wasm_jit::{
 use crate::common::{cuda_info, elapsed_ns, median, stats_ns, Memory, Section, Suite};
 
 /// Tenant CUDA C++: `y = a * x + y` with separate roundings (comparable bit for bit).
-pub const SAXPY_CU: &str = r#"
-extern "C" __global__ void tw_suite_saxpy(const float* x, float* y, float a, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __fadd_rn(__fmul_rn(a, x[i]), y[i]);
-}
-"#;
+const SAXPY: tensor_wasm_jit::conformance::CudaKernel = tensor_wasm_jit::conformance::SAXPY;
 
 const BLUEPRINTS: [&str; 3] = ["vector_add[4]", "matmul[16x16x16]", "conv2d[3x3,s1,p1]"];
 
@@ -63,7 +58,7 @@ fn nvrtc(
     let mut binary = None;
     for _ in 0..loads.min(3) {
         let start = Instant::now();
-        let compiled = compile_cuda(SAXPY_CU, "tw_suite_saxpy", arch)?;
+        let compiled = compile_cuda(SAXPY.source, SAXPY.entry, arch)?;
         compile.push(elapsed_ns(start));
         binary = Some(compiled);
     }
@@ -82,10 +77,10 @@ fn nvrtc(
         let (mut ptx_kernel, mut cubin_kernel) = (None, None);
         for _ in 0..loads {
             let start = Instant::now();
-            ptx_kernel = Some(backend.load_ptx(&tenant, &binary.ptx, "tw_suite_saxpy")?);
+            ptx_kernel = Some(backend.load_ptx(&tenant, &binary.ptx, SAXPY.entry)?);
             ptx.push(elapsed_ns(start));
             let start = Instant::now();
-            cubin_kernel = Some(backend.load_cubin(&tenant, &binary.cubin, "tw_suite_saxpy")?);
+            cubin_kernel = Some(backend.load_cubin(&tenant, &binary.cubin, SAXPY.entry)?);
             cubin.push(elapsed_ns(start));
         }
         for (what, kernel) in [("PTX", ptx_kernel), ("cubin", cubin_kernel)] {

@@ -9,6 +9,7 @@
 //!
 //! | section | what |
 //! |---|---|
+//! | `bit-identity` | every kernel of the conformance set (blueprints × dtypes and builtins on their fixed cases, the CUDA C++ test kernels): the whole memory after the launch compared with the CPU backend's record from the build machine |
 //! | `correctness` | every blueprint and builtin through the runtime API (guest → `wasi:cuda` → dispatcher → backend), equal to the CPU backend; hostile out-of-bounds launches refused before launch |
 //! | `http-check` | the real server binary over HTTP: every example and every blueprint, recorded or compared with a CPU record |
 //! | `latency` | launch to completion: raw cudarc launch + sync, the backend's `launch`, and the guest ABI, interleaved |
@@ -18,6 +19,7 @@
 //! | `cold-start` | snapshot restore to first kernel vs a fresh instance |
 //! | `concurrency` | dispatch throughput and latency with 1, 8 and 64 concurrent guests |
 
+mod bitident;
 mod coldstart;
 mod common;
 mod concurrency;
@@ -66,6 +68,21 @@ pub struct Common {
 
 #[derive(Debug, Subcommand)]
 enum SectionCommand {
+    /// Every kernel of the conformance set against the CPU backend's record (or, with
+    /// `--record`, that record made on the CPU backend).
+    BitIdentity {
+        #[command(flatten)]
+        common: Common,
+        /// Directory with the CPU record (`bit-identity.json`, `bit-identity.bin`) to compare with.
+        #[arg(long, conflicts_with = "record", required_unless_present = "record")]
+        expected: Option<PathBuf>,
+        /// Write the CPU backend's record to this directory instead (with `--device cpu`).
+        #[arg(long)]
+        record: Option<PathBuf>,
+        /// Name of the output file (without `.json`).
+        #[arg(long, default_value = "bit-identity")]
+        name: String,
+    },
     /// Every blueprint and builtin through the runtime API, against the CPU backend.
     Correctness {
         #[command(flatten)]
@@ -111,6 +128,19 @@ enum SectionCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (name, common): (String, Common) = match &cli.section {
+        SectionCommand::BitIdentity {
+            common,
+            record,
+            name,
+            ..
+        } => (
+            if record.is_some() {
+                "bit-identity-record".into()
+            } else {
+                name.clone()
+            },
+            common.clone(),
+        ),
         SectionCommand::Correctness { common, name, .. }
         | SectionCommand::HttpCheck { common, name, .. } => (name.clone(), common.clone()),
         SectionCommand::Latency(c) => ("latency".into(), c.clone()),
@@ -128,6 +158,13 @@ fn main() -> ExitCode {
         }
     };
     let outcome: anyhow::Result<Section> = match cli.section {
+        SectionCommand::BitIdentity {
+            expected, record, ..
+        } => match (record, expected) {
+            (Some(dir), _) => bitident::record(&suite, &dir),
+            (None, Some(dir)) => bitident::run(&suite, &dir),
+            (None, None) => unreachable!("clap requires --expected or --record"),
+        },
         SectionCommand::Correctness { subset, .. } => correctness::run(&suite, subset),
         SectionCommand::HttpCheck {
             server,
@@ -148,6 +185,8 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
+
+    use sha2::Digest as _;
     use std::process::Command;
 
     use tensor_wasm_gpu::{open_backend, DeviceChoice};
@@ -169,8 +208,9 @@ mod tests {
     #[test]
     fn plans_encode_within_the_launcher_layout() {
         let plans = plan::catalogue(2).unwrap();
-        // 26 blueprint kinds in f32 and i32 (div: f32 only), two shapes each, 3 builtins.
-        assert_eq!(plans.len(), (26 * 2 - 1) * 2 + 3 * 2);
+        // Every blueprint kind in f32 and i32 (div: f32 only), two shapes each, 3 builtins.
+        let kinds = tensor_wasm_jit::conformance::BLUEPRINT_KINDS.len();
+        assert_eq!(plans.len(), (kinds * 2 - 1) * 2 + 3 * 2);
         for p in plans.iter().chain(&plan::hostile_plans()) {
             let bytes = p.encode().unwrap();
             assert_eq!(bytes.len(), plan::PLAN_BYTES);
@@ -193,6 +233,67 @@ mod tests {
             let q = two.iter().find(|q| q.name == p.name).unwrap();
             assert_eq!(p.memory_image(), q.memory_image(), "{}", p.name);
         }
+    }
+
+    #[test]
+    fn bit_identity_reproduces_its_own_record_and_refuses_a_corrupted_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let common = crate::Common {
+            device: "cpu".into(),
+            out: dir.path().join("out"),
+            provenance: None,
+            quick: false,
+        };
+        let record = dir.path().join("expected");
+        let suite = crate::Suite::new("bit-identity-record", &common).unwrap();
+        let made = crate::bitident::record(&suite, &record).unwrap();
+        assert!(made.checks.iter().all(|c| c.pass));
+        let suite = crate::Suite::new("bit-identity", &common).unwrap();
+        let section = crate::bitident::run(&suite, &record).unwrap();
+        assert_eq!(
+            section.checks.len(),
+            1,
+            "CUDA C++ kernels are not run on the CPU"
+        );
+        assert!(section.checks[0].pass, "{}", section.checks[0].detail);
+        let summary = &section.results["summary"];
+        assert_eq!(summary["generated_mismatches"], 0);
+        assert!(summary["generated_cases"].as_u64().unwrap() > 500);
+        assert_eq!(summary["cuda_cpp_not_run"], 5);
+
+        // One expected byte changed (the index updated to match): the case is named.
+        let data_path = record.join("bit-identity.bin");
+        let mut data = std::fs::read(&data_path).unwrap();
+        data[100] ^= 0x40;
+        std::fs::write(&data_path, &data).unwrap();
+        let index_path = record.join("bit-identity.json");
+        let mut index: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+        let digest: String = sha2::Sha256::digest(&data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        index["data_sha256"] = digest.into();
+        std::fs::write(&index_path, index.to_string()).unwrap();
+        let section = crate::bitident::run(&suite, &record).unwrap();
+        assert!(!section.checks[0].pass);
+        let first = index["cases"][0]["name"].as_str().unwrap();
+        assert!(
+            section.checks[0]
+                .detail
+                .contains(&format!("{first}: 1 word(s) differ")),
+            "{}",
+            section.checks[0].detail
+        );
+
+        // A record whose data no longer matches its index is refused.
+        data[0] ^= 1;
+        std::fs::write(&data_path, &data).unwrap();
+        let error = crate::bitident::run(&suite, &record).err().unwrap();
+        assert!(
+            format!("{error:#}").contains("corrupted record"),
+            "{error:#}"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@
 use anyhow::{anyhow, bail, Context as _};
 use sha2::{Digest, Sha256};
 use tensor_wasm_gpu::{launch, Backend, BuiltinKernel, KernelArg, LaunchConfig, TenantKey};
+use tensor_wasm_jit::conformance::BLUEPRINT_KINDS;
 use tensor_wasm_jit::{
     conv2d_output_size, Blueprint, BlueprintKind, CompiledBlueprint, Dtype, Shape,
 };
@@ -532,42 +533,12 @@ fn shape_text(shape: &Shape) -> String {
     }
 }
 
-/// Every blueprint kind with several parameter choices, in both data types where defined
-/// (the list `crates/tensor-wasm-jit/tests/ptxas.rs` assembles).
-pub const BLUEPRINTS: [&str; 26] = [
-    "elementwise[add]",
-    "elementwise[sub]",
-    "elementwise[mul]",
-    "elementwise[div]",
-    "elementwise[max]",
-    "elementwise[min]",
-    "elementwise[relu]",
-    "elementwise[scale]",
-    "elementwise[fma]",
-    "vector_add[1]",
-    "vector_add[2]",
-    "vector_add[4]",
-    "vector_add[8]",
-    "vector_add[16]",
-    "reduce[sum]",
-    "reduce[max]",
-    "matmul[16x16x16]",
-    "matmul[32x32x8]",
-    "matmul[8x32x4]",
-    "matmul[1x1x1]",
-    "matmul[64x16x64]",
-    "conv2d[3x3]",
-    "conv2d[3x3,s2,p1]",
-    "conv2d[1x1]",
-    "conv2d[5x7,s3,p4]",
-    "conv2d[11x11,s8,p10]",
-];
-
-/// Every blueprint of [`BLUEPRINTS`] in f32 and i32 (where defined) with `shapes` shapes
+/// Every blueprint kind of the conformance set (`tensor_wasm_jit::conformance::BLUEPRINT_KINDS`)
+/// in f32 and i32 (where defined) with `shapes` shapes
 /// each (1 or 2), then the builtins.
 pub fn catalogue(shapes: usize) -> anyhow::Result<Vec<Plan>> {
     let mut plans = Vec::new();
-    for kernel in BLUEPRINTS {
+    for kernel in BLUEPRINT_KINDS {
         for dtype in ["f32", "i32"] {
             let Ok(blueprint) = Blueprint::parse(&format!("{kernel}:{dtype}")) else {
                 continue; // elementwise[div] is f32 only

@@ -63,6 +63,7 @@
 
 mod blueprint;
 mod cache;
+pub mod conformance;
 mod contract;
 mod cpu;
 mod cpu_parts;

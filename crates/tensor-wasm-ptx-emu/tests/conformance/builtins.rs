@@ -1,25 +1,20 @@
 //! The hand-written builtin kernels (`tensor-wasm-gpu/src/ptx/*.ptx`) in the interpreter
-//! against the CPU backend, over random sizes and block shapes and every schedule.
+//! against the CPU backend, over their fixed cases (`tensor_wasm_jit::conformance`, which the
+//! GPU suite runs on hardware) and random sizes and block shapes, under every schedule.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use tensor_wasm_gpu::{
-    open_backend, BuiltinKernel, DeviceChoice, KernelArg, LaunchConfig, TenantKey,
+use tensor_wasm_gpu::{open_backend, Backend, BuiltinKernel, DeviceChoice, Kernel, TenantKey};
+use tensor_wasm_jit::conformance::{
+    build_builtin, builtin_fixed_cases, BuiltinCase, BUILTIN_FIXED_CASES,
 };
 use tensor_wasm_jit::Dtype;
 use tensor_wasm_ptx_emu::{Module, Schedule};
 
-use crate::harness::{compare, run_emu, Layout, Rng};
+use crate::harness::{compare, run_emu};
 
-#[derive(Debug, Clone)]
-struct Case {
-    dims: [u32; 3],
-    block: [u32; 2],
-    grid_delta: [i32; 2],
-    seed: u64,
-}
-
-fn strategy(kernel: BuiltinKernel) -> impl Strategy<Value = Case> {
+/// Random cases of the same kind as the fixed ones (`BuiltinCase::draw`), shrinkable.
+fn strategy(kernel: BuiltinKernel) -> impl Strategy<Value = BuiltinCase> {
     let (dim, block_y) = match kernel {
         BuiltinKernel::Matmul => (0u32..14, 1u32..17),
         _ => (0u32..600, 1u32..2),
@@ -36,7 +31,7 @@ fn strategy(kernel: BuiltinKernel) -> impl Strategy<Value = Case> {
                 BuiltinKernel::Matmul => [1 + block[0] % 16, block[1]],
                 _ => block,
             };
-            Case {
+            BuiltinCase {
                 dims,
                 block,
                 grid_delta,
@@ -45,12 +40,64 @@ fn strategy(kernel: BuiltinKernel) -> impl Strategy<Value = Case> {
         })
 }
 
+/// The CPU backend's memory after `kernel`'s launch, against the interpreter's under each
+/// schedule.
+fn check(
+    backend: &dyn Backend,
+    loaded: &Kernel,
+    module: &Module,
+    kernel: BuiltinKernel,
+    case: &BuiltinCase,
+) -> Result<(), String> {
+    let tenant = TenantKey::new("ptx-emu");
+    let (config, args, layout) = build_builtin(kernel, case);
+    let mut expected = layout.memory.clone();
+    tensor_wasm_gpu::launch(
+        backend,
+        &tenant,
+        loaded,
+        &config,
+        &args,
+        &mut expected,
+        |completion| completion.wait_mut(),
+    )
+    .and_then(|done| done)
+    .map_err(|e| format!("CPU backend: {e}"))?;
+    for schedule in [
+        Schedule::InOrder,
+        Schedule::Reversed,
+        Schedule::Random(case.seed),
+    ] {
+        let actual = run_emu(
+            module,
+            kernel.descriptor(),
+            &config,
+            &args,
+            &layout.memory,
+            &layout.buffers,
+            schedule,
+        )
+        .map_err(|e| format!("{schedule:?}: {e}"))?;
+        compare(Dtype::F32, &expected, &actual)
+            .map_err(|e| format!("{kernel:?} {config:?} {schedule:?}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Every builtin on its fixed cases, then on random ones.
 pub fn run() {
     let backend = open_backend(DeviceChoice::Cpu).expect("CPU backend");
-    let tenant = TenantKey::new("ptx-emu");
     for kernel in BuiltinKernel::ALL {
         let module = Module::parse(kernel.ptx()).unwrap_or_else(|e| panic!("{kernel:?}: {e}"));
         let loaded = backend.load_builtin(kernel).expect("builtin");
+        for (index, case) in builtin_fixed_cases(kernel, BUILTIN_FIXED_CASES)
+            .iter()
+            .enumerate()
+        {
+            if let Err(error) = check(&*backend, &loaded, &module, kernel, case) {
+                panic!("builtin {kernel:?}, fixed case {index} {case:?}: {error}");
+            }
+        }
         let mut runner = TestRunner::new(Config {
             cases: 32,
             failure_persistence: None,
@@ -58,78 +105,7 @@ pub fn run() {
             ..Config::default()
         });
         let result = runner.run(&strategy(kernel), |case| {
-            let mut rng = Rng(case.seed);
-            let [d0, d1, d2] = case.dims;
-            let (lens, inputs, scalars): (Vec<usize>, Vec<usize>, Vec<KernelArg>) = match kernel {
-                BuiltinKernel::VectorAdd => {
-                    let n = d0 as usize;
-                    (vec![4 * n; 3], vec![n, n], vec![KernelArg::U32(d0)])
-                }
-                BuiltinKernel::Scale => {
-                    let n = d0 as usize;
-                    let alpha = KernelArg::F32(f32::from_bits(rng.f32_bits()));
-                    (vec![4 * n; 2], vec![n], vec![alpha, KernelArg::U32(d0)])
-                }
-                BuiltinKernel::Matmul => {
-                    let (m, n, k) = (d0 as usize, d1 as usize, d2 as usize);
-                    (
-                        vec![4 * m * k, 4 * k * n, 4 * m * n],
-                        vec![m * k, k * n],
-                        vec![KernelArg::U32(d0), KernelArg::U32(d1), KernelArg::U32(d2)],
-                    )
-                }
-            };
-            let mut layout = Layout::new(&lens);
-            for (index, &count) in inputs.iter().enumerate() {
-                layout.fill(index, count, Dtype::F32, &mut rng);
-            }
-            let mut args: Vec<KernelArg> = (0..lens.len()).map(|i| layout.arg(i)).collect();
-            args.extend(scalars);
-            let mut config = match kernel {
-                BuiltinKernel::Matmul => LaunchConfig::grid_2d(d1, d0, case.block),
-                _ => LaunchConfig::linear(d0, case.block[0]),
-            };
-            let axes = if kernel == BuiltinKernel::Matmul {
-                2
-            } else {
-                1
-            };
-            for axis in 0..axes {
-                let grid = i64::from(config.grid[axis]) + i64::from(case.grid_delta[axis]);
-                config.grid[axis] = grid.max(1) as u32;
-            }
-            let mut expected = layout.memory.clone();
-            tensor_wasm_gpu::launch(
-                &*backend,
-                &tenant,
-                &loaded,
-                &config,
-                &args,
-                &mut expected,
-                |completion| completion.wait_mut(),
-            )
-            .and_then(|done| done)
-            .map_err(|e| TestCaseError::fail(format!("CPU backend: {e}")))?;
-            for schedule in [
-                Schedule::InOrder,
-                Schedule::Reversed,
-                Schedule::Random(case.seed),
-            ] {
-                let actual = run_emu(
-                    &module,
-                    kernel.descriptor(),
-                    &config,
-                    &args,
-                    &layout.memory,
-                    &layout.buffers,
-                    schedule,
-                )
-                .map_err(|e| TestCaseError::fail(format!("{schedule:?}: {e}")))?;
-                compare(Dtype::F32, &expected, &actual).map_err(|e| {
-                    TestCaseError::fail(format!("{kernel:?} {config:?} {schedule:?}: {e}"))
-                })?;
-            }
-            Ok(())
+            check(&*backend, &loaded, &module, kernel, &case).map_err(TestCaseError::fail)
         });
         if let Err(error) = result {
             panic!("builtin {kernel:?}: {error}");

@@ -46,7 +46,7 @@ pub(crate) fn opcodes(ptx: &str) -> BTreeSet<String> {
 
 fn main() {
     let started = Instant::now();
-    let blueprints = blueprints::all();
+    let blueprints = tensor_wasm_jit::conformance::blueprints();
     let mut used = BTreeSet::new();
     for blueprint in &blueprints {
         for target in [

@@ -3,10 +3,10 @@
 //! the harness must catch as a wrong result, an illegal address, a race or a deadlock. This
 //! proves the conformance run can fail.
 
+use tensor_wasm_jit::conformance::{build, Case};
 use tensor_wasm_jit::{Blueprint, PtxTarget};
 use tensor_wasm_ptx_emu::{Module, Schedule};
 
-use crate::blueprints::{build, Case};
 use crate::harness::check_blueprint;
 
 /// One corruption: replace `from` (which must occur) by `to` in the PTX of `blueprint`, then
