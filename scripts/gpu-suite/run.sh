@@ -257,9 +257,16 @@ elif rc in ("", "skipped"):
     result = {"available": True, "tool": tool, "clean": None,
               "why": "not run in this invocation (--only, or the time budget was spent)"}
 else:
+    # One report is provoked on purpose: of tenant code the CUDA backend reads parameter sizes
+    # until the driver refuses the index past the last (cuda/modules.rs, param_sizes; drivers
+    # before CUDA 13.2 cannot count them). Counted apart; every other report fails the section.
+    probe = 'CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA API call to cuFuncGetParamInfo'
+    probes = log.count(probe)
+    errors = int(m.group(1)) if m else None
+    other = None if errors is None else errors - probes
     result = {"available": True, "tool": tool, "exit_code": rc,
-              "errors": int(m.group(1)) if m else None,
-              "clean": bool(m) and int(m.group(1)) == 0 and rc == "0",
+              "errors": errors, "tenant_parameter_probes": probes, "other_reports": other,
+              "clean": other == 0 and (rc == "0" or (rc == "86" and probes > 0)),
               "run": "gpu-suite bit-identity under compute-sanitizer --tool memcheck",
               "log_tail": log[-4000:]}
 doc = {"schema": "tensor-wasm/gpu-suite/1", "section": "sanitizer", "backend": device,

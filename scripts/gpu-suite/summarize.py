@@ -103,6 +103,12 @@ def build(r):
             a, b = res(lat, "backend", f"{p}_ns"), raw.get(f"{p}_ns")
             comps.append(comparison(f"launch-to-completion {p}: backend launch() vs raw cudarc",
                                     a, b, None, True, fmt_ns(a), fmt_ns(b)))
+        blocking = res(lat, "raw_blocking")
+        for p in ("p50", "p99") if blocking else ():
+            a, b = blocking.get(f"{p}_ns"), raw.get(f"{p}_ns")
+            comps.append(comparison(f"launch-to-completion {p}: raw launch + blocking-sync event wait vs raw stream sync",
+                                    a, b, None, True, fmt_ns(a), fmt_ns(b),
+                                    note="how the backend's lanes wait, on the calling thread: the cost of the wait alone"))
     # Throughput vs torch.
     tp, torch = docs["throughput"], docs["torch"]
     torch_rows = {row["op"]: row for row in (res(torch, "cases") or [])}

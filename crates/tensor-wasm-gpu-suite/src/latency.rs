@@ -6,6 +6,9 @@
 //!   validation and nothing else; the floor; CUDA only);
 //! - **backend**: `tensor_wasm_gpu::launch` (validation, the tenant's lane, completion through
 //!   the lane's event thread) on managed memory;
+//! - **raw-blocking**: the raw launch, then a wait on a blocking-sync event recorded after it,
+//!   on the calling thread (how the backend's lane waits, without its hand-over between
+//!   threads; a diagnostic of where the backend's time goes; CUDA only);
 //! - **abi**: a guest calling `wasi:cuda.launch` (argument parsing, dispatcher permit, the
 //!   backend launch, completion), timed inside the guest with WASI's monotonic clock.
 
@@ -45,21 +48,36 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
             let info = cuda_info(&*backend).expect("a CUDA backend has CUDA info");
             let kernel = raw::load(&ctx, &info, &plan.descriptor)?;
             let stream = raw::stream(&ctx)?;
+            let event = tensor_wasm_gpu::BlockingSyncEvent::new(&ctx)?;
             let mut memory = Memory::new(&*backend, image.len())?;
             memory.bytes().copy_from_slice(&image);
-            Some((kernel, stream, memory))
+            Some((kernel, stream, event, memory))
         }
         None => None,
     };
 
     let (mut raw_ns, mut api_ns, mut abi_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let mut blocking_ns = Vec::new();
     for _ in 0..rounds {
-        if let Some((kernel, stream, memory)) = raw_peer.as_mut() {
+        if let Some((kernel, stream, event, memory)) = raw_peer.as_mut() {
             for i in 0..warm + per_round {
                 let start = Instant::now();
                 kernel.launch_and_sync(stream, &plan.config, &plan.args, memory.bytes())?;
                 if i >= warm {
                     raw_ns.push(elapsed_ns(start));
+                }
+            }
+            for i in 0..warm + per_round {
+                let start = Instant::now();
+                kernel.launch_and_wait_blocking(
+                    stream,
+                    event,
+                    &plan.config,
+                    &plan.args,
+                    memory.bytes(),
+                )?;
+                if i >= warm {
+                    blocking_ns.push(elapsed_ns(start));
                 }
             }
         }
@@ -100,7 +118,7 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
         crate::plan::compare(plan.out_type, &api_out, &expected).0 == 0,
         "output of the last backend launch compared bit for bit",
     );
-    if let Some((_, _, memory)) = raw_peer.as_mut() {
+    if let Some((_, _, _, memory)) = raw_peer.as_mut() {
         let raw_out = memory.bytes()[o..o + l].to_vec();
         section.check(
             "raw cudarc launches computed vector_add like the CPU backend",
@@ -118,8 +136,9 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
         "method",
         json!({
             "rounds": rounds, "timed_per_round": per_round, "warmup_per_round": warm,
-            "order": "raw, backend, abi in every round",
+            "order": "raw, raw-blocking, backend, abi in every round",
             "raw": "cudarc cuLaunchKernel + cuStreamSynchronize on the calling thread (tensor_wasm_gpu::RawCudaKernel, validated like the backend), managed memory",
+            "raw_blocking": "the raw launch, then cuEventRecord + cuEventSynchronize of a CU_EVENT_BLOCKING_SYNC event on the calling thread (tensor_wasm_gpu::RawCudaKernel::launch_and_wait_blocking): how the backend's lane waits, without its hand-over between threads",
             "backend": "tensor_wasm_gpu::launch + Completion::wait_mut, managed memory",
             "abi": "guest wasi:cuda.launch timed in the guest (WASI monotonic clock), guest memory",
         }),
@@ -132,6 +151,9 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
             stats_ns(&raw_ns)
         },
     );
+    if !blocking_ns.is_empty() {
+        section.set("raw_blocking", stats_ns(&blocking_ns));
+    }
     section.set("backend", stats_ns(&api_ns));
     section.set("abi", stats_ns(&abi_ns));
     if !raw_ns.is_empty() {
@@ -141,6 +163,8 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
             "abi_over_raw_p99": ratio(&abi_ns, 0.99),
             "backend_over_raw_p50": ratio(&api_ns, 0.5),
             "backend_over_raw_p99": ratio(&api_ns, 0.99),
+            "raw_blocking_over_raw_p50": ratio(&blocking_ns, 0.5),
+            "raw_blocking_over_raw_p99": ratio(&blocking_ns, 0.99),
         });
         section.target(
             "abi launch-to-completion p50 / raw",

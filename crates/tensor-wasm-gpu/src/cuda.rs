@@ -50,6 +50,7 @@ use crate::{
     KernelProgram, LaunchConfig, TenantKey, TenantLaneStats,
 };
 
+pub(crate) use self::events::BlockingEvent;
 pub(crate) use self::launch::{driver_config, params_for_layout, push_params, Param};
 pub(crate) use self::modules::param_sizes;
 pub(crate) use self::probe::query_all_devices;

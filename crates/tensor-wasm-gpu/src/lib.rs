@@ -112,7 +112,7 @@ pub use isolation::{
 pub use kernel::{Backend, BuiltinKernel, Kernel, KernelArg, LaunchConfig};
 pub use nvrtc::{compile_cuda, nvrtc_available, nvrtc_version, CudaBinary};
 pub use program::{CpuPart, CpuParts, CpuSteps, KernelProgram};
-pub use raw_launch::{LaunchTimer, RawCudaKernel};
+pub use raw_launch::{BlockingSyncEvent, LaunchTimer, RawCudaKernel};
 pub use scoped::launch;
 pub use validate::{MAX_BLOCK_Z, MAX_GRID_X, MAX_GRID_YZ, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
 

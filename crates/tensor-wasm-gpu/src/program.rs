@@ -103,6 +103,14 @@ pub trait KernelProgram: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// The number of parameters of the PTX entry [`KernelProgram::ptx`] returns, when the
+    /// program knows it (its own emitter wrote the PTX), or `None` (the default). With a count
+    /// the CUDA backend reads exactly that many parameter sizes from the driver; without one it
+    /// reads until the driver refuses an index, an error compute-sanitizer reports.
+    fn param_count(&self) -> Option<usize> {
+        None
+    }
+
     /// (PTX text, entry name) for a device of this compute capability and driver version
     /// (`cuDriverGetVersion`, e.g. 13000 for CUDA 13.0).
     ///

@@ -27,6 +27,30 @@ use crate::cuda::{driver_config, param_sizes, params_for_layout, push_params, Pa
 use crate::validate;
 use crate::{BuiltinKernel, CudaDeviceInfo, GpuError, KernelArg, KernelProgram, LaunchConfig};
 
+/// A completion event made as the backend's lanes make theirs (`CU_EVENT_BLOCKING_SYNC`, no
+/// timing), for [`RawCudaKernel::launch_and_wait_blocking`].
+pub struct BlockingSyncEvent {
+    event: crate::cuda::BlockingEvent,
+}
+
+impl BlockingSyncEvent {
+    /// A new event of `ctx`.
+    ///
+    /// # Errors
+    /// `Cuda` when the driver cannot create it.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+        crate::cuda::BlockingEvent::new(ctx)
+            .map(|event| Self { event })
+            .map_err(|error| GpuError::cuda("creating a blocking-sync event", error))
+    }
+}
+
+impl fmt::Debug for BlockingSyncEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockingSyncEvent").finish_non_exhaustive()
+    }
+}
+
 /// What a [`RawCudaKernel`] runs, which decides how its launches are validated.
 enum Source {
     Builtin(BuiltinKernel),
@@ -134,7 +158,7 @@ impl RawCudaKernel {
         let function = module
             .load_function(entry)
             .map_err(|error| GpuError::cuda(&what, error))?;
-        let param_sizes = param_sizes(ctx, &function)?;
+        let param_sizes = param_sizes(ctx, &function, None)?;
         Ok(Self {
             source,
             entry: entry.to_owned(),
@@ -172,6 +196,46 @@ impl RawCudaKernel {
                 stream
                     .synchronize()
                     .map_err(|error| GpuError::cuda("waiting for the stream", error))
+            },
+        )
+    }
+
+    /// The same launch, then a wait on `event` recorded after it: a blocking-sync event, as
+    /// each lane of the backend waits on (the thread sleeps until the GPU's interrupt), on the
+    /// calling thread. Against [`RawCudaKernel::launch_and_sync`] it measures what that way of
+    /// waiting costs, apart from the backend's hand-over to and from its lane's waiter thread.
+    ///
+    /// # Errors
+    /// As [`RawCudaKernel::launch_and_sync`]; `InvalidArgument` for an event of another context.
+    pub fn launch_and_wait_blocking(
+        &self,
+        stream: &Arc<CudaStream>,
+        event: &BlockingSyncEvent,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory: &mut [u8],
+    ) -> Result<(), GpuError> {
+        if !Arc::ptr_eq(event.event.context(), &self.ctx) {
+            return Err(GpuError::InvalidArgument(format!(
+                "raw CUDA kernel `{}`: the event belongs to another CUDA context",
+                self.entry
+            )));
+        }
+        self.launch_then(
+            stream,
+            config,
+            args,
+            memory,
+            || Ok(()),
+            || {
+                event
+                    .event
+                    .record(stream)
+                    .map_err(|error| GpuError::cuda("recording the completion event", error))?;
+                event
+                    .event
+                    .synchronize()
+                    .map_err(|error| GpuError::cuda("waiting for the completion event", error))
             },
         )
     }

@@ -332,3 +332,104 @@ fn standin_raw_kernels_name_themselves_and_refuse_a_foreign_timer() {
         .unwrap_err();
     assert!(matches!(error, GpuError::InvalidArgument(_)), "{error:?}");
 }
+
+/// A program over [`PARAMS_PTX`] that declares its parameter count, as the JIT's blueprints do
+/// (or, with `declared` other than 6, gets it wrong).
+#[derive(Debug)]
+struct CountedProgram {
+    declared: usize,
+}
+
+impl crate::KernelProgram for CountedProgram {
+    fn name(&self) -> &str {
+        "counted"
+    }
+
+    fn fingerprint(&self) -> [u8; 16] {
+        [self.declared as u8; 16]
+    }
+
+    fn validate(&self, _: &LaunchConfig, _: &[KernelArg], _: usize) -> Result<(), GpuError> {
+        Ok(())
+    }
+
+    fn run_cpu(&self, _: &LaunchConfig, _: &[KernelArg], _: &mut [u8]) -> Result<(), GpuError> {
+        Err(GpuError::NotAvailable("CUDA only".into()))
+    }
+
+    fn param_count(&self) -> Option<usize> {
+        Some(self.declared)
+    }
+
+    fn ptx(&self, _: (u32, u32), _: i32) -> Result<(std::sync::Arc<str>, String), GpuError> {
+        Ok((std::sync::Arc::from(PARAMS_PTX), "params".to_owned()))
+    }
+}
+
+/// Regression test (the first GPU run, 2026-11-26: compute-sanitizer memcheck reported 75
+/// `CUDA_ERROR_INVALID_VALUE` answers to `cuFuncGetParamInfo`, one per kernel loaded): the
+/// backend found the end of every kernel's parameter list by asking for one past it. Kernels
+/// whose PTX our code wrote (the builtins, programs with a `param_count`) now load without one
+/// failing driver call; a program that declares the wrong count is refused.
+#[test]
+fn generated_kernels_load_without_a_failing_driver_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace");
+    let out = run_ignored_on_stand_in(
+        dir.path(),
+        "standin_generated_kernels_load_",
+        &[("TENSOR_WASM_STANDIN_TRACE", trace.to_str().unwrap())],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("1 passed"), "{stdout}");
+    let calls = std::fs::read_to_string(&trace).unwrap();
+    let queries: Vec<&str> = calls
+        .lines()
+        .filter(|line| line.starts_with("cuFuncGetParamInfo "))
+        .collect();
+    // The builtins and the program (6 parameters) each read once, no index past the last; then
+    // the program declaring 7: six answered, the seventh refused.
+    let builtins: usize = BuiltinKernel::ALL
+        .iter()
+        .map(|k| k.param_sizes().len())
+        .sum();
+    assert_eq!(queries.len(), builtins + 6 + 7, "{queries:?}");
+    let failed: Vec<usize> = (0..queries.len())
+        .filter(|&i| !queries[i].ends_with(" 0"))
+        .collect();
+    assert_eq!(failed, [queries.len() - 1], "{queries:?}");
+}
+
+#[test]
+#[ignore = "needs the stand-in CUDA driver (generated_kernels_load_without_a_failing_driver_call runs it)"]
+fn standin_generated_kernels_load_and_run() {
+    let Some(gpu) = stand_in_backend(GpuIsolation::StreamPerTenant) else {
+        return;
+    };
+    let tenant = TenantKey::new("tn-counted");
+    let kernel = gpu
+        .load_program(&tenant, std::sync::Arc::new(CountedProgram { declared: 6 }))
+        .unwrap();
+    let config = LaunchConfig::linear(1, 1);
+    launch(
+        &gpu,
+        &tenant,
+        &kernel,
+        &config,
+        &params_args(),
+        &mut [],
+        |c| c.wait_mut(),
+    )
+    .unwrap()
+    .unwrap();
+    // A program that declares more parameters than its PTX has is refused (the one failing
+    // call of this test: the driver refuses index 6).
+    let error = gpu
+        .load_program(&tenant, std::sync::Arc::new(CountedProgram { declared: 7 }))
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains("declares 7 parameters, the driver found 6"),
+        "{text}"
+    );
+}

@@ -104,6 +104,12 @@ impl KernelProgram for CompiledBlueprint {
             .cpu_parts(config, args, memory_len, workers)?)
     }
 
+    /// The emitter writes one PTX parameter per blueprint parameter (the conformance run checks
+    /// this for every blueprint of the set).
+    fn param_count(&self) -> Option<usize> {
+        Some(self.blueprint.params().len())
+    }
+
     fn ptx(
         &self,
         compute_capability: (u32, u32),

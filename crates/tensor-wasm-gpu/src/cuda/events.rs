@@ -16,7 +16,7 @@ use crate::GpuError;
 
 /// A CUDA event created with `CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING`: waiting on it
 /// puts the thread to sleep instead of spinning. (cudarc's `CudaEvent` takes one flag only.)
-pub(super) struct BlockingEvent {
+pub(crate) struct BlockingEvent {
     raw: sys::CUevent,
     ctx: Arc<CudaContext>,
 }
@@ -25,7 +25,7 @@ pub(super) struct BlockingEvent {
 unsafe impl Send for BlockingEvent {}
 
 impl BlockingEvent {
-    pub(super) fn new(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
         ctx.bind_to_thread()?;
         let flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as c_uint
             | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
@@ -38,14 +38,19 @@ impl BlockingEvent {
         })
     }
 
+    /// The context the event belongs to.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
     /// Records the work submitted to `stream` so far. The caller has bound the context.
-    pub(super) fn record(&self, stream: &CudaStream) -> Result<(), DriverError> {
+    pub(crate) fn record(&self, stream: &CudaStream) -> Result<(), DriverError> {
         // SAFETY: both handles are alive and belong to `self.ctx`.
         unsafe { sys::cuEventRecord(self.raw, stream.cu_stream()) }.result()
     }
 
     /// Blocks (sleeping) until the recorded work has finished; returns its error, if any.
-    pub(super) fn synchronize(&self) -> Result<(), DriverError> {
+    pub(crate) fn synchronize(&self) -> Result<(), DriverError> {
         // SAFETY: the event is alive.
         unsafe { sys::cuEventSynchronize(self.raw) }.result()
     }

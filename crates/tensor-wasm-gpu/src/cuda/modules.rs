@@ -121,7 +121,7 @@ impl BuiltinFunctions {
                 .map_err(|error| GpuError::cuda(&what, error))?;
             // The launch code passes exactly `param_sizes`; a mismatch would make the driver
             // read the wrong bytes, so refuse to open rather than launch it.
-            let sizes = param_sizes(ctx, &function)?;
+            let sizes = param_sizes(ctx, &function, Some(kernel.param_sizes().len()))?;
             if sizes != kernel.param_sizes() {
                 return Err(GpuError::Cuda(format!(
                     "builtin `{kernel}` has parameters of {sizes:?} bytes, the launch code \
@@ -159,7 +159,8 @@ impl CudaBackend {
     }
 
     /// Loads `entry` from a module image (PTX text without NUL bytes, or a checked cubin) into
-    /// `context` and reads its parameter layout; `owner` is the tenant and lane of tenant code.
+    /// `context` and reads its parameter layout (`params`: the count, when our own code says
+    /// it; see [`param_sizes`]); `owner` is the tenant and lane of tenant code.
     fn load_function(
         &self,
         context: &ContextState,
@@ -167,6 +168,7 @@ impl CudaBackend {
         image: Ptx,
         entry: &str,
         what: &str,
+        params: Option<usize>,
     ) -> Result<Arc<PtxFunction>, GpuError> {
         if entry.is_empty() || entry.contains('\0') {
             return Err(GpuError::InvalidArgument(format!(
@@ -181,7 +183,7 @@ impl CudaBackend {
         let function = module.load_function(entry).map_err(|error| {
             GpuError::cuda(&format!("finding entry `{entry}` in {what}"), error)
         })?;
-        let param_sizes = param_sizes(&context.ctx, &function)?;
+        let param_sizes = param_sizes(&context.ctx, &function, params)?;
         Ok(Arc::new(PtxFunction {
             backend_id: self.id,
             context_id: context.id,
@@ -205,7 +207,7 @@ impl CudaBackend {
             let lane = self.lane(tenant)?;
             let context = lane.context.clone();
             let owner = Some((tenant.clone(), lane));
-            let function = self.load_function(&context, owner, image, entry, what)?;
+            let function = self.load_function(&context, owner, image, entry, what, None)?;
             Ok(Kernel {
                 kind: KernelKind::Ptx(function),
             })
@@ -223,7 +225,8 @@ impl CudaBackend {
             let (ptx, entry) = program.ptx(self.compute_capability, self.driver_version)?;
             let what = format!("the PTX of program `{}`", program.name());
             let image = Self::ptx_image(&ptx, &what)?;
-            let function = self.load_function(context, None, image, &entry, &what)?;
+            let params = program.param_count();
+            let function = self.load_function(context, None, image, &entry, &what, params)?;
             let loaded = Arc::new(ProgramKernel {
                 program: program.clone(),
                 function: Some(function.clone()),
@@ -234,14 +237,26 @@ impl CudaBackend {
 }
 
 /// The size of each parameter of `function`, from `cuFuncGetParamInfo` (CUDA 12.4+).
+///
+/// `known` is the parameter count of a kernel whose PTX our own code wrote (a builtin, a
+/// program that declares [`KernelProgram::param_count`]): exactly those parameters are read,
+/// and a driver that reports fewer fails the load. Of tenant code the count is unknown (drivers
+/// before CUDA 13.2 have no `cuFuncGetParamCount`): the parameters are read until the driver
+/// answers `CUDA_ERROR_INVALID_VALUE` for the index past the last, the one driver error a load
+/// provokes on purpose (compute-sanitizer lists it; the GPU suite's sanitizer section counts
+/// it apart from every other report).
 pub(crate) fn param_sizes(
     ctx: &Arc<CudaContext>,
     function: &CudaFunction,
+    known: Option<usize>,
 ) -> Result<Vec<usize>, GpuError> {
     ctx.bind_to_thread()
         .map_err(|error| GpuError::cuda("binding the context", error))?;
     let mut sizes = Vec::new();
     loop {
+        if known == Some(sizes.len()) {
+            return Ok(sizes);
+        }
         if sizes.len() > MAX_TENANT_PARAMS {
             return Err(GpuError::InvalidArgument(format!(
                 "kernel has more than {MAX_TENANT_PARAMS} parameters"
@@ -256,8 +271,16 @@ pub(crate) fn param_sizes(
         .result();
         match queried {
             Ok(()) => sizes.push(size),
-            // Past the last parameter.
-            Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE)) => return Ok(sizes),
+            Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE)) => match known {
+                // Past the last parameter.
+                None => return Ok(sizes),
+                Some(count) => {
+                    return Err(GpuError::Cuda(format!(
+                        "the kernel's PTX declares {count} parameters, the driver found {}",
+                        sizes.len()
+                    )))
+                }
+            },
             Err(error) => return Err(GpuError::cuda("reading the kernel's parameters", error)),
         }
     }

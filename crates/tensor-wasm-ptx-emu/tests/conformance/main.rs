@@ -54,7 +54,16 @@ fn main() {
             PtxTarget::for_device((9, 0), 13000).unwrap(),
         ] {
             let ptx = blueprint.emit_ptx(&target);
-            Module::parse(&ptx).unwrap_or_else(|e| panic!("{blueprint} for {target}: {e}"));
+            let module =
+                Module::parse(&ptx).unwrap_or_else(|e| panic!("{blueprint} for {target}: {e}"));
+            // The CUDA backend reads exactly this many parameter sizes from the driver
+            // (`KernelProgram::param_count`).
+            let entry = module.kernel(&blueprint.entry_name()).expect("the entry");
+            assert_eq!(
+                entry.params().len(),
+                blueprint.params().len(),
+                "{blueprint} for {target}: PTX parameters"
+            );
             used.extend(opcodes(&ptx));
         }
     }
