@@ -619,7 +619,7 @@ def gpu_section(out):
         d = os.path.dirname(path)
         gpu = doc.get("gpu") or {}
         m = doc.get("machine") or {}
-        out.append(f"### {doc.get('run')}\n")
+        out.append(f"### {os.path.basename(d)}\n")
         out.append(f"From `{rel(d)}/` — GPU: {gpu.get('name')} ({gpu.get('memory_total')}); driver "
                    f"{doc.get('driver')}; CUDA {doc.get('cuda_version')}; machine: {m.get('cpu')}, "
                    f"{m.get('cores')} cores, {m.get('kernel')}; date: {doc.get('date')}; commit: "
