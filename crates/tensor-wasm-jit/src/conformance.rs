@@ -84,7 +84,7 @@ impl Rng {
         }))
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -94,7 +94,7 @@ impl Rng {
 
     /// A number below `n` (`n` > 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next_u64() % n
     }
 
     /// An f32's bits: special values, any bits, or ordinary values near 1 with full mantissas
@@ -118,11 +118,11 @@ impl Rng {
         ];
         match self.below(10) {
             0 => SPECIAL[self.below(SPECIAL.len() as u64) as usize],
-            1 => self.next() as u32,
+            1 => self.next_u64() as u32,
             _ => {
-                let sign = (self.next() as u32 & 1) << 31;
+                let sign = (self.next_u64() as u32 & 1) << 31;
                 let exponent = 120 + self.below(15) as u32;
-                sign | exponent << 23 | (self.next() as u32 & 0x007f_ffff)
+                sign | exponent << 23 | (self.next_u64() as u32 & 0x007f_ffff)
             }
         }
     }
@@ -133,7 +133,7 @@ impl Rng {
         match self.below(5) {
             0 => SPECIAL[self.below(SPECIAL.len() as u64) as usize] as u32,
             1 => self.below(7) as u32,
-            _ => self.next() as u32,
+            _ => self.next_u64() as u32,
         }
     }
 
@@ -272,7 +272,7 @@ impl Case {
             grid_delta,
             slack: rng.below(3) as usize,
             in_place: rng.below(2) == 1,
-            seed: rng.next(),
+            seed: rng.next_u64(),
         }
     }
 }
@@ -422,7 +422,7 @@ impl BuiltinCase {
             dims: [0; 3].map(|_: u32| rng.below(dim) as u32),
             block: block.map(|b: u64| 1 + rng.below(b) as u32),
             grid_delta: [0; 2].map(|_: i32| rng.below(4) as i32 - 1),
-            seed: rng.next(),
+            seed: rng.next_u64(),
         }
     }
 }
