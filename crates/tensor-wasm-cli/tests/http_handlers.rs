@@ -355,6 +355,21 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
     assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
     assert!(started.elapsed() < Duration::from_secs(30));
 
+    // Writes to a response body nobody reads (the response is never set) wait in the host, not
+    // in guest code the epoch deadline stops: they end at the deadline all the same, and the
+    // one slot is free again each time (issue 29; before, the first one kept it for good).
+    for _ in 0..3 {
+        let started = Instant::now();
+        let (status, body) = json_answer(request(&server, "GET", &at("/clog"), &[], b""));
+        assert_eq!(
+            (status, error_code(&body)),
+            (504, "invocation_timeout"),
+            "{body}"
+        );
+        assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
+        assert!(started.elapsed() < Duration::from_secs(30));
+    }
+
     // Outgoing HTTP is refused without an allow-list, the server's own API included.
     let own = server.url("/healthz");
     assert_eq!(

@@ -11,9 +11,9 @@ use std::sync::{Arc, RwLock};
 use wasmparser::{ComponentExternalKind, Parser, Payload, Validator, WasmFeatures};
 use wasmtime::component::{Component, InstancePre, Linker, ResourceTable};
 use wasmtime::{Engine, ResourceLimiter};
-use wasmtime_wasi::p2::bindings::sync::CommandPre;
+use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
-use wasmtime_wasi_http::p2::bindings::sync::ProxyPre;
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::error::{truncate_message, RuntimeError};
@@ -176,21 +176,54 @@ impl ComponentState {
     }
 }
 
-/// Runs `instantiate` once more when its first attempt failed to make the component's memory
-/// image: wasmtime puts a component's initial memory in a sealed memfd, made at its first
-/// instantiation, and Linux refuses the seals (`EBUSY`) while the memfd's pages are
-/// transiently pinned, as under heavy memory pressure. Nothing of the guest ran then, and
-/// wasmtime makes the image again at the next attempt.
-pub(crate) fn instantiate_retrying<T>(
-    mut instantiate: impl FnMut() -> wasmtime::Result<T>,
-) -> wasmtime::Result<T> {
-    match instantiate() {
-        Err(e) if format!("{e:#}").contains("memfd") => {
-            tracing::warn!(error = %format!("{e:#}"), "making a component's memory image failed; trying again");
-            instantiate()
+/// Awaits `instantiate` (an `instantiate_async` of a component's store), once more when its
+/// first attempt failed to make the component's memory image: wasmtime puts a component's
+/// initial memory in a sealed memfd, made at its first instantiation, and Linux refuses the
+/// seals (`EBUSY`) while the memfd's pages are transiently pinned, as under heavy memory
+/// pressure. Nothing of the guest ran then, and wasmtime makes the image again at the next
+/// attempt.
+macro_rules! instantiate_retrying {
+    ($instantiate:expr) => {
+        match $instantiate.await {
+            Err(e) if format!("{e:#}").contains("memfd") => {
+                tracing::warn!(error = %format!("{e:#}"), "making a component's memory image failed; trying again");
+                $instantiate.await
+            }
+            other => other,
         }
-        other => other,
-    }
+    };
+}
+pub(crate) use instantiate_retrying;
+
+/// Runs `call`, a component invocation's instantiation and call (borrowing its store), until
+/// it ends or `deadline` passes, whichever comes first; at the deadline the call is dropped
+/// and this returns [`DeadlineExceeded`](crate::invocation_state::DeadlineExceeded).
+///
+/// This is what bounds every wait of a component, whatever it waits in. Component stores are
+/// called asynchronously (`instantiate_async`, `call_async`): a host call that has to wait (a stream nobody
+/// drains, a pollable that is never ready, a socket, a sleep) suspends the call's future
+/// instead of blocking its thread, and dropping the future at the deadline unwinds the guest's
+/// stack and drops everything it held of the host. The caller then discards the store (it is
+/// never reused), which frees the instance slot and its memory. Guest code that computes
+/// without calling the host is stopped by the epoch deadline instead, as a core module is.
+/// The future runs on the calling thread (one per invocation, wasmtime-wasi's `in_tokio`), so
+/// a host call that blocks there, such as a GPU launch waiting for its kernel (itself bounded
+/// by the deadline), holds only its own invocation.
+pub(crate) fn run_until<T>(
+    deadline: Option<std::time::Instant>,
+    call: impl std::future::Future<Output = wasmtime::Result<T>>,
+) -> wasmtime::Result<T> {
+    wasmtime_wasi::runtime::in_tokio(async move {
+        let Some(deadline) = deadline else {
+            return call.await;
+        };
+        match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), call).await {
+            Ok(outcome) => outcome,
+            Err(_elapsed) => Err(wasmtime::Error::new(
+                crate::invocation_state::DeadlineExceeded,
+            )),
+        }
+    })
 }
 
 /// Whether `component` exports `wasi:http/incoming-handler` (some 0.2 version): `None` when
@@ -354,8 +387,8 @@ pub(crate) struct ComponentHost {
 impl ComponentHost {
     pub(crate) fn new(engine: Engine) -> Result<Self, RuntimeError> {
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .and_then(|()| wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker))
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .and_then(|()| wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker))
             .and_then(|()| crate::component_gpu::add_to_linker(&mut linker))
             .and_then(|()| deadline_bounded_sleeps(&mut linker))
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;

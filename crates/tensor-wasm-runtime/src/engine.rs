@@ -104,6 +104,9 @@ const COMPONENT_KEEP_RESIDENT: u64 = 1 << 20;
 /// A store's limiter bounds the total of a component's memories by its function's limit.
 pub fn build_component_engine(config: &RuntimeConfig) -> Result<Engine> {
     let mut wasm = Config::new();
+    // Calls on this engine's stores are async (wasmtime 48 needs no setting for that): each
+    // runs as a future that is dropped at the invocation's deadline, so a component blocked in
+    // any host wait ends then (`component::run_until`).
     wasm.epoch_interruption(true)
         .consume_fuel(config.fuel_enabled)
         .wasm_component_model(true);

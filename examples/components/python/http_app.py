@@ -10,6 +10,8 @@ Routes:
   GET  /stream?n=K       K lines written one after another
   GET  /fail             answers with a wasi:http error code instead of a response
   GET  /boom, /spin, /hog?mib=N   hostile: an exception, an endless loop, a memory hog
+  GET  /clog             hostile: writes to a response body nobody reads (the response is
+                         never set) until its deadline
   GET  /sleep?s=N        sleeps N seconds (wasi:io/poll), then answers
   GET  /fetch?url=U      GETs U through wasi:http/outgoing-handler: {"status", "body"}, or
                          {"error": the wasi:http error code} (the server allows only the
@@ -180,6 +182,12 @@ class IncomingHandler(exports.IncomingHandler):
         elif path == "/spin":
             while True:
                 pass
+        elif path == "/clog":
+            response = OutgoingResponse(Fields())
+            body = response.body()
+            stream = body.write()
+            while True:
+                stream.blocking_write_and_flush(b"x" * WRITE_CHUNK)
         elif path == "/sleep":
             seconds = float(query.get("s", "60"))
             time.sleep(seconds)

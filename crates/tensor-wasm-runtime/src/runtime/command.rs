@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use wasmtime::Store;
-use wasmtime_wasi::p2::bindings::sync::CommandPre;
+use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
 
@@ -197,10 +197,11 @@ impl Runtime {
             }
             Runner::Component(pre) => {
                 let mut store = self.component_store(record, wasi.build());
-                let instance =
-                    crate::component::instantiate_retrying(|| pre.instantiate(&mut store));
-                let run = instance.and_then(|command| {
-                    match command.wasi_cli_run().call_run(&mut store)? {
+                let deadline = store.data().deadline;
+                let run = crate::component::run_until(deadline, async {
+                    let command =
+                        crate::component::instantiate_retrying!(pre.instantiate_async(&mut store))?;
+                    match command.wasi_cli_run().call_run(&mut store).await? {
                         Ok(()) => Ok(()),
                         // `run` returned an error: the exit code a failing command has.
                         Err(()) => Err(wasmtime::Error::new(I32Exit(1))),

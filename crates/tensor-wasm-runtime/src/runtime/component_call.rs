@@ -103,12 +103,14 @@ impl Runtime {
         let (ctx, stderr) = quiet_component_ctx(record, STDERR_CAP);
         let mut store = self.component_store(record, ctx);
         let mut out = vec![Val::Bool(false); results];
-        let instance = crate::component::instantiate_retrying(|| pre.instantiate(&mut store));
-        let called = instance.and_then(|instance| {
+        let deadline = store.data().deadline;
+        let called = crate::component::run_until(deadline, async {
+            let instance =
+                crate::component::instantiate_retrying!(pre.instantiate_async(&mut store))?;
             let func = instance
                 .get_func(&mut store, export)
                 .ok_or_else(|| wasmtime::Error::msg(format!("export {export} vanished")))?;
-            func.call(&mut store, &params, &mut out)
+            func.call_async(&mut store, &params, &mut out).await
         });
         log_stderr(record, &stderr.contents());
         match called {

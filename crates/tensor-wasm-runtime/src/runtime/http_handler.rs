@@ -1,7 +1,8 @@
 //! HTTP-handler components (`wasi:http/incoming-handler`): one request handed to a fresh
 //! instance with the function's limits; the component's response (status and headers once it
 //! sets them, the body as it writes it) goes to the caller's callback, while the call goes on
-//! until `handle` returns. Outgoing HTTP is refused (`component::OutgoingRefused`).
+//! until `handle` returns or its deadline passes (`component::run_until`). Outgoing HTTP goes
+//! to the operator's allow-list only (`outgoing_http`).
 
 use std::time::Instant;
 
@@ -92,7 +93,8 @@ impl Runtime {
         let record = &entry.record;
         let (ctx, stderr) = quiet_component_ctx(record, STDERR_CAP);
         let mut store = self.component_store(record, ctx);
-        let called = (|| {
+        let deadline = store.data().deadline;
+        let called = crate::component::run_until(deadline, async {
             let mut http = store.data_mut().http();
             let request = http.new_incoming_request(Scheme::Http, request)?;
             let out = http.new_response_outparam_from_callback(move |answer| {
@@ -104,11 +106,12 @@ impl Runtime {
                     Err(code) => Err(format!("{code:?}")),
                 });
             })?;
-            let proxy = crate::component::instantiate_retrying(|| pre.instantiate(&mut store))?;
+            let proxy = crate::component::instantiate_retrying!(pre.instantiate_async(&mut store))?;
             proxy
                 .wasi_http_incoming_handler()
                 .call_handle(&mut store, request, out)
-        })();
+                .await
+        });
         log_stderr(record, &stderr.contents());
         called.map_err(|e| CommandStore::Component(store).classify(e, &record.limits))
     }
