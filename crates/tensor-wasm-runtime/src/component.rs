@@ -145,6 +145,37 @@ fn deadline_bounded_sleeps(linker: &mut Linker<ComponentState>) -> wasmtime::Res
     Ok(())
 }
 
+/// Tests only (`RuntimeConfig::test_never_ready_import`): `tensor-wasm:test/never@0.1.0`'s
+/// `never`, a `wasi:io/poll` pollable that is never ready. A component waiting on it (in
+/// `pollable.block`, or `poll` over a list holding it) waits in the host until its deadline
+/// drops the call: the proof that the deadline bounds any host wait, not only those of the
+/// interfaces that bound their own (sleeps, bodies, outgoing requests).
+fn never_ready_import(linker: &mut Linker<ComponentState>) -> wasmtime::Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::p2::DynPollable;
+    linker.instance("tensor-wasm:test/never@0.1.0")?.func_wrap(
+        "never",
+        |mut store: wasmtime::StoreContextMut<'_, ComponentState>,
+         (): ()|
+         -> wasmtime::Result<(Resource<DynPollable>,)> {
+            let table = &mut store.data_mut().table;
+            let never = table.push(NeverReady)?;
+            Ok((wasmtime_wasi::p2::subscribe(table, never)?,))
+        },
+    )?;
+    Ok(())
+}
+
+/// A pollable that is never ready.
+struct NeverReady;
+
+#[async_trait::async_trait]
+impl wasmtime_wasi::p2::Pollable for NeverReady {
+    async fn ready(&mut self) {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// A pollable ready at an instant.
 struct SleepUntil(tokio::time::Instant);
 
@@ -385,12 +416,21 @@ pub(crate) struct ComponentHost {
 }
 
 impl ComponentHost {
-    pub(crate) fn new(engine: Engine) -> Result<Self, RuntimeError> {
+    /// The host of `engine`; with `never_ready_import` (tests only) it also links
+    /// [`never_ready_import`].
+    pub(crate) fn new(engine: Engine, never_ready_import: bool) -> Result<Self, RuntimeError> {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .and_then(|()| wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker))
             .and_then(|()| crate::component_gpu::add_to_linker(&mut linker))
             .and_then(|()| deadline_bounded_sleeps(&mut linker))
+            .and_then(|()| {
+                if never_ready_import {
+                    self::never_ready_import(&mut linker)
+                } else {
+                    Ok(())
+                }
+            })
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         Ok(ComponentHost {
             engine,

@@ -127,6 +127,11 @@ pub struct RuntimeConfig {
     pub outgoing_http_allow: std::sync::Arc<[crate::Origin]>,
     /// Bounds of the loaded-module, artifact and blueprint-kernel caches.
     pub caches: CacheLimits,
+    /// Tests only (no flag or setting of the server reaches it): links
+    /// `tensor-wasm:test/never@0.1.0`, whose `never` returns a `wasi:io/poll` pollable that is
+    /// never ready, so that a test can hold a component in a host wait no interface would end.
+    #[doc(hidden)]
+    pub test_never_ready_import: bool,
 }
 
 impl RuntimeConfig {
@@ -157,6 +162,7 @@ impl RuntimeConfig {
             max_stored_bytes_per_tenant: 4 << 30,
             caches: CacheLimits::default(),
             outgoing_http_allow: std::sync::Arc::from([]),
+            test_never_ready_import: false,
         }
     }
 

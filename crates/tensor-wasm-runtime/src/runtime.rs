@@ -188,8 +188,10 @@ impl Runtime {
             .into_iter()
             .map(|record| (record.id.clone(), Arc::new(FunctionEntry::new(record))))
             .collect();
-        let components =
-            crate::component::ComponentHost::new(crate::engine::build_component_engine(&config)?)?;
+        let components = crate::component::ComponentHost::new(
+            crate::engine::build_component_engine(&config)?,
+            config.test_never_ready_import,
+        )?;
         let ticker = EpochTicker::start(
             vec![engine.clone(), components.engine.clone()],
             config.epoch_tick,
