@@ -1,9 +1,10 @@
 //! WebAssembly components (WASI 0.2): recognised at deploy, validated and classified by what
 //! they export. HTTP handlers (`wasi:http/incoming-handler`), commands (`wasi:cli/run`) and
 //! components with typed exports are deployed and run on wasmtime's WASI 0.2 and `wasi:http`
-//! hosts (`ComponentHost`) with the limits of a core module's function; outgoing HTTP is
-//! refused. A component exporting none of these is refused with an error that says what was
-//! found (docs/components.md).
+//! hosts (`ComponentHost`) with the limits of a core module's function; outgoing HTTP reaches
+//! the operator's allow-list only, and every call ends at its deadline (`run_until`). A
+//! component exporting none of these is refused with an error that says what was found
+//! (docs/components.md).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -240,8 +241,11 @@ pub(crate) use instantiate_retrying;
 /// The future runs on the calling thread (one per invocation, wasmtime-wasi's `in_tokio`), so
 /// a host call that blocks there, such as a GPU launch waiting for its kernel (itself bounded
 /// by the deadline), holds only its own invocation.
+///
+/// `cancelled` counts the calls dropped at their deadline.
 pub(crate) fn run_until<T>(
     deadline: Option<std::time::Instant>,
+    cancelled: &prometheus::IntCounter,
     call: impl std::future::Future<Output = wasmtime::Result<T>>,
 ) -> wasmtime::Result<T> {
     wasmtime_wasi::runtime::in_tokio(async move {
@@ -250,9 +254,12 @@ pub(crate) fn run_until<T>(
         };
         match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), call).await {
             Ok(outcome) => outcome,
-            Err(_elapsed) => Err(wasmtime::Error::new(
-                crate::invocation_state::DeadlineExceeded,
-            )),
+            Err(_elapsed) => {
+                cancelled.inc();
+                Err(wasmtime::Error::new(
+                    crate::invocation_state::DeadlineExceeded,
+                ))
+            }
         }
     })
 }

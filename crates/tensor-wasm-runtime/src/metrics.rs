@@ -107,6 +107,9 @@ pub struct RuntimeMetrics {
     /// Kernel time charged to each tenant: launch to completion of its
     /// kernels, overruns past a deadline included (a CUDA kernel runs on).
     pub(crate) kernel_seconds: CounterVec,
+    /// Component invocations ended at their deadline by dropping their call, by style
+    /// (`command`, `export`, `http`).
+    pub(crate) component_deadline_cancellations: IntCounterVec,
     /// Metrics of the kernel dispatcher.
     pub dispatch: DispatchMetrics,
     /// Metrics of the compiled-kernel cache.
@@ -246,6 +249,13 @@ impl RuntimeMetrics {
             cache_entries,
             cache_bytes,
             cache_evictions,
+            component_deadline_cancellations: IntCounterVec::new(
+                Opts::new(
+                    "tensor_wasm_component_deadline_cancellations_total",
+                    "Component invocations ended at their deadline by dropping the call, by style (command, export, http).",
+                ),
+                &["style"],
+            )?,
             dispatch: DispatchMetrics::register(registry)?,
             kernel_cache: KernelCacheMetrics::register(registry)?,
         };
@@ -266,6 +276,12 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.cache_entries.clone()))?;
         registry.register(Box::new(metrics.cache_bytes.clone()))?;
         registry.register(Box::new(metrics.cache_evictions.clone()))?;
+        registry.register(Box::new(metrics.component_deadline_cancellations.clone()))?;
+        for style in ["command", "export", "http"] {
+            metrics
+                .component_deadline_cancellations
+                .with_label_values(&[style]);
+        }
         for mode in ["lazy", "eager"] {
             metrics.snapshot_restores.with_label_values(&[mode]);
         }

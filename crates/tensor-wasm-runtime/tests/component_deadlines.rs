@@ -99,14 +99,26 @@ fn blocker(style: &str, how: &str) -> Vec<u8> {
     wat::parse_str(&wat).unwrap_or_else(|e| panic!("{style}/{how}: {e}\n{wat}"))
 }
 
-/// A runtime with the test import and one instance slot.
-fn open(dir: &std::path::Path) -> Runtime {
+/// A runtime with the test import and one instance slot, its metrics in `registry`.
+fn open(dir: &std::path::Path, registry: &prometheus::Registry) -> Runtime {
     let config = RuntimeConfig {
         max_instances: 1,
         test_never_ready_import: true,
         ..RuntimeConfig::for_tests(dir)
     };
-    open_runtime(config, &prometheus::Registry::new())
+    open_runtime(config, registry)
+}
+
+/// `tensor_wasm_component_deadline_cancellations_total` of `style`.
+fn cancellations(registry: &prometheus::Registry, style: &str) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == "tensor_wasm_component_deadline_cancellations_total")
+        .flat_map(|family| family.get_metric().iter())
+        .filter(|metric| metric.get_label().iter().any(|l| l.value() == style))
+        .map(|metric| metric.get_counter().get_value())
+        .sum()
 }
 
 fn request() -> http::Request<HttpBody> {
@@ -131,8 +143,10 @@ fn invoke(rt: &Runtime, style: &str, id: &str) -> RuntimeError {
 #[test]
 fn a_component_waiting_on_a_never_ready_pollable_ends_at_its_deadline_in_every_style() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = open(dir.path());
+    let registry = prometheus::Registry::new();
+    let rt = open(dir.path(), &registry);
     for style in ["command", "export", "http"] {
+        assert_eq!(cancellations(&registry, style), 0.0);
         for how in ["block", "poll"] {
             let spec = DeploySpec {
                 timeout_ms: Some(TIMEOUT_MS),
@@ -166,5 +180,7 @@ fn a_component_waiting_on_a_never_ready_pollable_ends_at_its_deadline_in_every_s
                 );
             }
         }
+        // Both waits, twice each: every one dropped at its deadline and counted.
+        assert_eq!(cancellations(&registry, style), 4.0, "{style}");
     }
 }

@@ -198,15 +198,17 @@ impl Runtime {
             Runner::Component(pre) => {
                 let mut store = self.component_store(record, wasi.build());
                 let deadline = store.data().deadline;
-                let run = crate::component::run_until(deadline, async {
-                    let command =
-                        crate::component::instantiate_retrying!(pre.instantiate_async(&mut store))?;
-                    match command.wasi_cli_run().call_run(&mut store).await? {
-                        Ok(()) => Ok(()),
-                        // `run` returned an error: the exit code a failing command has.
-                        Err(()) => Err(wasmtime::Error::new(I32Exit(1))),
-                    }
-                });
+                let run =
+                    crate::component::run_until(deadline, &self.cancelled("command"), async {
+                        let command = crate::component::instantiate_retrying!(
+                            pre.instantiate_async(&mut store)
+                        )?;
+                        match command.wasi_cli_run().call_run(&mut store).await? {
+                            Ok(()) => Ok(()),
+                            // `run` returned an error: the exit code a failing command has.
+                            Err(()) => Err(wasmtime::Error::new(I32Exit(1))),
+                        }
+                    });
                 (CommandStore::Component(store), run)
             }
         };
@@ -222,6 +224,14 @@ impl Runtime {
 }
 
 impl Runtime {
+    /// The counter of component invocations of `style` dropped at their deadline.
+    pub(super) fn cancelled(&self, style: &str) -> prometheus::IntCounter {
+        self.inner
+            .metrics
+            .component_deadline_cancellations
+            .with_label_values(&[style])
+    }
+
     /// A store for one invocation of component function `record`: its WASI context, its
     /// memory limit over all the component's memories (and over its GPU buffers), its deadline
     /// and fuel.

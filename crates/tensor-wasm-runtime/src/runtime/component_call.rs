@@ -104,7 +104,7 @@ impl Runtime {
         let mut store = self.component_store(record, ctx);
         let mut out = vec![Val::Bool(false); results];
         let deadline = store.data().deadline;
-        let called = crate::component::run_until(deadline, async {
+        let called = crate::component::run_until(deadline, &self.cancelled("export"), async {
             let instance =
                 crate::component::instantiate_retrying!(pre.instantiate_async(&mut store))?;
             let func = instance

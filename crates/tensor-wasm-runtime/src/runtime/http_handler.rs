@@ -94,7 +94,7 @@ impl Runtime {
         let (ctx, stderr) = quiet_component_ctx(record, STDERR_CAP);
         let mut store = self.component_store(record, ctx);
         let deadline = store.data().deadline;
-        let called = crate::component::run_until(deadline, async {
+        let called = crate::component::run_until(deadline, &self.cancelled("http"), async {
             let mut http = store.data_mut().http();
             let request = http.new_incoming_request(Scheme::Http, request)?;
             let out = http.new_response_outparam_from_callback(move |answer| {
