@@ -370,6 +370,8 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
         assert!(started.elapsed() < Duration::from_secs(30));
     }
 
+    hostile_waits_in_a_row(&server, &wasm);
+
     // Outgoing HTTP is refused without an allow-list, the server's own API included.
     let own = server.url("/healthz");
     assert_eq!(
@@ -386,6 +388,62 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
     // Still serving.
     assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
     server.terminate();
+}
+
+/// 50 hostile invocations in a row of a handler deployed with a 200 ms deadline, each waiting
+/// in the host (a write to a body nobody reads, `blocking-flush` on it, a `splice` into it, a
+/// `poll` on its never-ready pollable): each answers 504 `invocation_timeout`, and then the
+/// same tenant's normal call answers 200 and the server's instance slots and the tenant's
+/// guest memory are back to idle (issue 29).
+fn hostile_waits_in_a_row(server: &ServeProcess, wasm: &Path) {
+    let id = server.deploy(
+        wasm,
+        "name=hostile&timeout_ms=200&memory_limit_bytes=134217728",
+    );
+    let at = |path: &str| format!("/functions/{id}/http{path}");
+    let body = vec![b'y'; 256 << 10];
+    for (i, (method, path)) in [
+        ("GET", "/clog"),
+        ("GET", "/flush"),
+        ("POST", "/splice"),
+        ("GET", "/pollwrite"),
+    ]
+    .iter()
+    .cycle()
+    .take(50)
+    .enumerate()
+    {
+        let sent: &[u8] = if *method == "POST" { &body } else { b"" };
+        let (status, answer) = json_answer(request(server, method, &at(path), &[], sent));
+        assert_eq!(
+            (status, error_code(&answer)),
+            (504, "invocation_timeout"),
+            "{i}: {path}: {answer}"
+        );
+    }
+    assert_eq!(request(server, "GET", &at("/hello"), &[], b"").0, 200);
+    // Every series of each gauge (one per tenant for the guest memory) at 0.
+    let idle = || {
+        let text = String::from_utf8(server.get("/metrics").1).expect("UTF-8 metrics");
+        let values: Vec<f64> = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("tensor_wasm_instance_slots_in_use")
+                    || l.starts_with("tensor_wasm_tenant_guest_memory_bytes")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        values.len() >= 2 && values.iter().all(|v| *v == 0.0)
+    };
+    tensor_wasm_test_support::wait::wait_until(
+        Duration::from_secs(10),
+        "instance slots and guest memory back to idle",
+        idle,
+    );
+    let cancelled = server
+        .metric("tensor_wasm_component_deadline_cancellations_total{style=\"http\"}")
+        .unwrap_or(0.0);
+    assert!(cancelled >= 50.0, "{cancelled}");
 }
 
 /// A plain HTTP/1.1 server on a free port that answers every request with its path; and one

@@ -110,6 +110,8 @@ pub struct RuntimeMetrics {
     /// Component invocations ended at their deadline by dropping their call, by style
     /// (`command`, `export`, `http`).
     pub(crate) component_deadline_cancellations: IntCounterVec,
+    /// Instance slots held by running invocations (of `--max-instances`).
+    pub(crate) slots_in_use: IntGauge,
     /// Metrics of the kernel dispatcher.
     pub dispatch: DispatchMetrics,
     /// Metrics of the compiled-kernel cache.
@@ -256,6 +258,10 @@ impl RuntimeMetrics {
                 ),
                 &["style"],
             )?,
+            slots_in_use: IntGauge::new(
+                "tensor_wasm_instance_slots_in_use",
+                "Instance slots held by running invocations (of --max-instances).",
+            )?,
             dispatch: DispatchMetrics::register(registry)?,
             kernel_cache: KernelCacheMetrics::register(registry)?,
         };
@@ -277,6 +283,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.cache_bytes.clone()))?;
         registry.register(Box::new(metrics.cache_evictions.clone()))?;
         registry.register(Box::new(metrics.component_deadline_cancellations.clone()))?;
+        registry.register(Box::new(metrics.slots_in_use.clone()))?;
         for style in ["command", "export", "http"] {
             metrics
                 .component_deadline_cancellations

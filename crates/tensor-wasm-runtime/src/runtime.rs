@@ -99,11 +99,12 @@ impl std::fmt::Debug for Runtime {
 }
 
 /// Releases an instance slot when dropped.
-pub(crate) struct SlotGuard<'a>(&'a AtomicU32);
+pub(crate) struct SlotGuard<'a>(&'a AtomicU32, &'a prometheus::IntGauge);
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+        self.1.dec();
     }
 }
 
@@ -383,7 +384,9 @@ impl Runtime {
                 "all {max} instance slots are busy"
             )));
         }
-        Ok(SlotGuard(slots))
+        let in_use = &self.inner.metrics.slots_in_use;
+        in_use.inc();
+        Ok(SlotGuard(slots, in_use))
     }
 
     fn finish<T>(&self, start: Instant, result: &Result<T>) {

@@ -26,6 +26,7 @@ pub struct TenantMetrics {
     denied: IntCounterVec,
     live_instances: IntGaugeVec,
     concurrent_invocations: IntGaugeVec,
+    guest_memory_bytes: IntGaugeVec,
 }
 
 /// The series of one tenant, resolved once.
@@ -35,6 +36,7 @@ pub(crate) struct TenantSeries {
     pub(crate) denied: [IntCounter; QUOTA_LABELS],
     pub(crate) live_instances: IntGauge,
     pub(crate) concurrent_invocations: IntGauge,
+    pub(crate) guest_memory_bytes: IntGauge,
 }
 
 fn quota_label(index: usize) -> &'static str {
@@ -50,6 +52,7 @@ impl TenantMetrics {
         registry.register(Box::new(metrics.denied.clone()))?;
         registry.register(Box::new(metrics.live_instances.clone()))?;
         registry.register(Box::new(metrics.concurrent_invocations.clone()))?;
+        registry.register(Box::new(metrics.guest_memory_bytes.clone()))?;
         Ok(metrics)
     }
 
@@ -74,6 +77,13 @@ impl TenantMetrics {
                 Opts::new(
                     "tensor_wasm_tenant_concurrent_invocations",
                     "Invocations of a tenant running now.",
+                ),
+                &["tenant"],
+            )?,
+            guest_memory_bytes: IntGaugeVec::new(
+                Opts::new(
+                    "tensor_wasm_tenant_guest_memory_bytes",
+                    "Guest memory held by a tenant's running invocations (its max_guest_memory_bytes quota), in bytes.",
                 ),
                 &["tenant"],
             )?,
@@ -107,6 +117,7 @@ impl TenantMetrics {
             }),
             live_instances: self.live_instances.with_label_values(&[tenant_id]),
             concurrent_invocations: self.concurrent_invocations.with_label_values(&[tenant_id]),
+            guest_memory_bytes: self.guest_memory_bytes.with_label_values(&[tenant_id]),
         }
     }
 
@@ -121,6 +132,7 @@ impl TenantMetrics {
         let _ = self
             .concurrent_invocations
             .remove_label_values(&[tenant_id]);
+        let _ = self.guest_memory_bytes.remove_label_values(&[tenant_id]);
     }
 }
 

@@ -328,6 +328,7 @@ impl Meter {
         let gauge = match resource {
             Resource::LiveInstances => &self.series.live_instances,
             Resource::ConcurrentInvocations => &self.series.concurrent_invocations,
+            Resource::GuestMemoryBytes => &self.series.guest_memory_bytes,
             _ => return,
         };
         let delta = i64::try_from(amount).unwrap_or(i64::MAX);

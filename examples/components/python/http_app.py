@@ -12,6 +12,9 @@ Routes:
   GET  /boom, /spin, /hog?mib=N   hostile: an exception, an endless loop, a memory hog
   GET  /clog             hostile: writes to a response body nobody reads (the response is
                          never set) until its deadline
+  GET  /flush            hostile: fills such a body, then blocking-flush on it
+  POST /splice           hostile: splices its request body into such a body
+  GET  /pollwrite        hostile: fills such a body, then polls its never-ready pollable
   GET  /sleep?s=N        sleeps N seconds (wasi:io/poll), then answers
   GET  /fetch?url=U      GETs U through wasi:http/outgoing-handler: {"status", "body"}, or
                          {"error": the wasi:http error code} (the server allows only the
@@ -25,7 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from componentize_py_types import Err, Ok
 from wit_world import exports
-from wit_world.imports import outgoing_handler, streams
+from wit_world.imports import outgoing_handler, poll, streams
 from wit_world.imports.types import (
     ErrorCode_InternalError,
     Fields,
@@ -127,6 +130,33 @@ def fetch(url: str) -> dict:
     return {"status": status, "body": body.decode()}
 
 
+def clog(shape: str, request: IncomingRequest) -> None:
+    """Hostile shapes that wait in the host, never in Python code: each writes to the body of
+    a response it never sets, which nobody reads, and waits for room in it."""
+    response = OutgoingResponse(Fields())
+    body = response.body()
+    stream = body.write()
+    if shape == "/clog":
+        while True:
+            stream.blocking_write_and_flush(b"x" * WRITE_CHUNK)
+    if shape == "/splice":
+        incoming = request.consume()
+        source = incoming.stream()
+        while True:
+            stream.blocking_splice(source, WRITE_CHUNK)
+    # Fill the body as far as it takes without waiting.
+    while True:
+        room = stream.check_write()
+        if room == 0:
+            break
+        stream.write(b"x" * min(room, WRITE_CHUNK))
+    if shape == "/flush":
+        stream.blocking_flush()
+    else:
+        poll.poll([stream.subscribe()])
+    raise RuntimeError(f"{shape} returned")
+
+
 class IncomingHandler(exports.IncomingHandler):
     def handle(self, request: IncomingRequest, response_out: ResponseOutparam) -> None:
         url = urlsplit(request.path_with_query() or "/")
@@ -182,12 +212,8 @@ class IncomingHandler(exports.IncomingHandler):
         elif path == "/spin":
             while True:
                 pass
-        elif path == "/clog":
-            response = OutgoingResponse(Fields())
-            body = response.body()
-            stream = body.write()
-            while True:
-                stream.blocking_write_and_flush(b"x" * WRITE_CHUNK)
+        elif path in ("/clog", "/flush", "/splice", "/pollwrite"):
+            clog(path, request)
         elif path == "/sleep":
             seconds = float(query.get("s", "60"))
             time.sleep(seconds)
