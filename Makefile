@@ -180,6 +180,14 @@ gpu-suite-dry-run: gpu-suite
 scale-out-bench: deps
 	bash scripts/scale-out-bench.sh
 
+.PHONY: component-release
+## How long after its deadline a component blocked in the host frees its instance slot (issue
+## 29, goal p99 <= 100 ms): release build of the runtime's component_deadlines test, its ignored
+## `release_latency`; writes bench-results/component-release/<date>.json. Not part of `make test`.
+component-release:
+	TENSOR_WASM_RELEASE_OUT=$(CURDIR)/bench-results/component-release/$$(date -u +%F).json \
+	  $(CARGO) test --release -p tensor-wasm-runtime --test component_deadlines -- --ignored release_latency --nocapture
+
 .PHONY: serve-compare
 ## The same wasi:http components (examples/components/python/http_app.py, examples/components/c/
 ## http.c) under `wasmtime serve` (wasmtime-cli 48.0.8, installed into .tools/bin when missing:
