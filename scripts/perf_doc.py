@@ -422,6 +422,21 @@ def run_index_section(out, cited):
                        f"({min(t['per_round_ratio']):.3f}-{max(t['per_round_ratio']):.3f}) | "
                        f"{sum(errors.values()) if errors else '—'} |")
         out.append("")
+    files = sorted(glob.glob(os.path.join(RESULTS, "component-release", "*.json")))
+    if files:
+        out.append("### Components released at their deadline (`make component-release` output)\n")
+        out.append("How long after its deadline a component held in a host wait that never ends (a "
+                   "test-only pollable) returns and frees its instance slot, per style and wait, "
+                   "100 invocations each with a 50 ms deadline (goal p99 ≤ 100 ms, issue 29).\n")
+        out.append("| run file | date | commit | style | wait | p50 | p99 | max |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for path in files:
+            doc = load(path)
+            for c in doc["cases"]:
+                out.append(f"| {link(rel(path))} | {doc.get('date')} | `{(doc.get('commit') or '')[:8]}` | "
+                           f"{c['style']} | {c['wait']} | {c['p50_ms']:.2f} ms | {c['p99_ms']:.2f} ms | "
+                           f"{c['max_ms']:.2f} ms |")
+        out.append("")
     texts = sorted(glob.glob(os.path.join(RESULTS, "**", "*.txt"), recursive=True))
     if texts:
         out.append("Raw tool output kept as text: " + ", ".join(link(rel(p), rel(p)[len("bench-results/"):])
