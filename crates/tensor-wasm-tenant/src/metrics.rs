@@ -153,18 +153,18 @@ mod tests {
         let registry = Registry::new();
         let metrics = TenantMetrics::register(&registry).unwrap();
         let series = metrics.series("tn-0000000000000001");
-        assert_eq!(series_count(&registry), QUOTA_LABELS + 2);
+        assert_eq!(series_count(&registry), QUOTA_LABELS + 3);
         series.denied[RATE_INDEX].inc();
         assert_eq!(metrics.denied("tn-0000000000000009", "max_functions"), 0);
-        assert_eq!(series_count(&registry), QUOTA_LABELS + 2);
+        assert_eq!(series_count(&registry), QUOTA_LABELS + 3);
         assert_eq!(
             metrics.denied("tn-0000000000000001", "requests_per_second"),
             1
         );
         metrics.series("tn-0000000000000002");
-        assert_eq!(series_count(&registry), 2 * (QUOTA_LABELS + 2));
+        assert_eq!(series_count(&registry), 2 * (QUOTA_LABELS + 3));
         metrics.remove("tn-0000000000000001");
-        assert_eq!(series_count(&registry), QUOTA_LABELS + 2);
+        assert_eq!(series_count(&registry), QUOTA_LABELS + 3);
     }
 
     #[test]

@@ -536,6 +536,10 @@ mod tests {
         t.release(Resource::LiveInstances, 10);
         assert_eq!(t.usage(Resource::LiveInstances), 0);
         assert_eq!(t.meter.series.live_instances.get(), 0);
+        t.set_usage(Resource::GuestMemoryBytes, 1 << 20);
+        assert_eq!(t.meter.series.guest_memory_bytes.get(), 1 << 20);
+        t.release(Resource::GuestMemoryBytes, 1 << 20);
+        assert_eq!(t.meter.series.guest_memory_bytes.get(), 0);
         t.set_usage(Resource::ModuleBytes, 9);
         assert_eq!(t.usage(Resource::ModuleBytes), 0);
     }
