@@ -181,8 +181,8 @@ scale-out-bench: deps
 	bash scripts/scale-out-bench.sh
 
 .PHONY: component-release
-## How long after its deadline a component blocked in the host frees its instance slot (issue
-## 29, goal p99 <= 100 ms): release build of the runtime's component_deadlines test, its ignored
+## How long after its deadline a component blocked in the host frees its instance slot (goal
+## p99 <= 100 ms): release build of the runtime's component_deadlines test, its ignored
 ## `release_latency`; writes bench-results/component-release/<date>.json. Not part of `make test`.
 component-release:
 	TENSOR_WASM_RELEASE_OUT=$(CURDIR)/bench-results/component-release/$$(date -u +%F).json \

@@ -427,7 +427,7 @@ def run_index_section(out, cited):
         out.append("### Components released at their deadline (`make component-release` output)\n")
         out.append("How long after its deadline a component held in a host wait that never ends (a "
                    "test-only pollable) returns and frees its instance slot, per style and wait, "
-                   "100 invocations each with a 50 ms deadline (goal p99 ≤ 100 ms, issue 29).\n")
+                   "100 invocations each with a 50 ms deadline (goal p99 ≤ 100 ms).\n")
         out.append("| run file | date | commit | style | wait | p50 | p99 | max |")
         out.append("|---|---|---|---|---|---|---|---|")
         for path in files:

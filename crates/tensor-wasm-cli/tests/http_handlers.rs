@@ -357,7 +357,7 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
 
     // Writes to a response body nobody reads (the response is never set) wait in the host, not
     // in guest code the epoch deadline stops: they end at the deadline all the same, and the
-    // one slot is free again each time (issue 29; before, the first one kept it for good).
+    // one slot is free again each time.
     for _ in 0..3 {
         let started = Instant::now();
         let (status, body) = json_answer(request(&server, "GET", &at("/clog"), &[], b""));
@@ -394,7 +394,7 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
 /// in the host (a write to a body nobody reads, `blocking-flush` on it, a `splice` into it, a
 /// `poll` on its never-ready pollable): each answers 504 `invocation_timeout`, and then the
 /// same tenant's normal call answers 200 and the server's instance slots and the tenant's
-/// guest memory are back to idle (issue 29).
+/// guest memory are back to idle.
 fn hostile_waits_in_a_row(server: &ServeProcess, wasm: &Path) {
     let id = server.deploy(
         wasm,

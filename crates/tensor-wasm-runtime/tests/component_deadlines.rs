@@ -1,4 +1,4 @@
-//! Every wait of a component ends at its deadline, whatever it waits in (issue 29). The
+//! Every wait of a component ends at its deadline, whatever it waits in. The
 //! runtime links the test-only import `tensor-wasm:test/never@0.1.0`
 //! (`RuntimeConfig::test_never_ready_import`), whose pollable is never ready; a component
 //! waiting on it, with `pollable.block` or with `poll` over a list holding it, waits in the
@@ -185,7 +185,7 @@ fn a_component_waiting_on_a_never_ready_pollable_ends_at_its_deadline_in_every_s
     }
 }
 
-/// Release latency (issue 29: goal p99 ≤ 100 ms): how long after its deadline an invocation
+/// Release latency (goal p99 ≤ 100 ms): how long after its deadline an invocation
 /// blocked in the host returns, which is when its instance slot is free again (the slot guard
 /// is dropped before the call returns). Measured from the call's start plus the timeout, a
 /// moment before the store's own deadline, so each figure is an upper bound. `make
