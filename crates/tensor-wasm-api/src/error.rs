@@ -107,7 +107,9 @@ error_codes! {
     GuestTrap => "guest_trap", 500,
         "The guest trapped (unreachable, out-of-bounds access, stack overflow, ...).";
     MemoryLimitExceeded => "memory_limit_exceeded", 500,
-        "The guest tried to grow its memory past the function's limit.";
+        "The guest tried to grow its memory past the function's limit (for a component: its linear memories, GPU buffers and the bytes it handed the host together).";
+    ResourceLimitExceeded => "resource_limit_exceeded", 500,
+        "A component held more host resources at once than `--component-max-resources` allows (default 10000), or a `wasi:http` fields resource past `--component-max-field-bytes` (default 64 KiB).";
     FuelExhausted => "fuel_exhausted", 500,
         "The guest used up its fuel budget (servers started with `--fuel`).";
     OutputTooLarge => "output_too_large", 500,
@@ -244,6 +246,9 @@ impl From<RuntimeError> for ApiError {
             RuntimeError::Trap(_) => ApiError::new(ErrorCode::GuestTrap, message),
             RuntimeError::Timeout { .. } => ApiError::new(ErrorCode::InvocationTimeout, message),
             RuntimeError::MemoryLimit(_) => ApiError::new(ErrorCode::MemoryLimitExceeded, message),
+            RuntimeError::ResourceLimit(_) => {
+                ApiError::new(ErrorCode::ResourceLimitExceeded, message)
+            }
             RuntimeError::FuelExhausted(_) => ApiError::new(ErrorCode::FuelExhausted, message),
             RuntimeError::OutputTooLarge(_) => ApiError::new(ErrorCode::OutputTooLarge, message),
             RuntimeError::Busy(_) => ApiError::busy(message),

@@ -15,7 +15,9 @@ use tensor_wasm_api::{
 };
 use tensor_wasm_dispatch::DispatchConfig;
 use tensor_wasm_gpu::{open_backend_with, DeviceChoice, GpuIsolation};
-use tensor_wasm_runtime::{CacheLimits, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics};
+use tensor_wasm_runtime::{
+    CacheLimits, ComponentLimits, GuestMemory, Runtime, RuntimeConfig, RuntimeMetrics,
+};
 use tensor_wasm_tenant::{Bootstrap, Resource, TenantMetrics};
 
 use crate::shared::Stores;
@@ -180,6 +182,16 @@ pub struct ServeArgs {
         value_name = "ORIGINS"
     )]
     outgoing_http_allow: Vec<tensor_wasm_runtime::Origin>,
+    /// Host resources (streams, pollables, `wasi:http` fields, requests, responses, GPU
+    /// buffers ...) one component invocation may hold at once; one more ends it with
+    /// `resource_limit_exceeded`.
+    #[arg(long, env = "TENSOR_WASM_COMPONENT_MAX_RESOURCES", default_value_t = ComponentLimits::default().max_resources)]
+    component_max_resources: usize,
+    /// Bytes one `wasi:http` fields resource of a component may hold (names and values plus
+    /// a per-entry overhead); past it the invocation ends with `resource_limit_exceeded`.
+    /// The fields themselves are charged to the function's memory limit too.
+    #[arg(long, env = "TENSOR_WASM_COMPONENT_MAX_FIELD_BYTES", default_value_t = ComponentLimits::default().max_field_bytes)]
+    component_max_field_bytes: usize,
     /// Bytes of snapshot encoder buffers kept between captures: a capture whose encoding
     /// fits writes into memory already there instead of faulting fresh pages in; costs up to
     /// that much resident memory once used. 0 frees them after every capture.
@@ -248,6 +260,11 @@ fn init_logging(format: LogFormat) {
 
 impl ServeArgs {
     fn runtime_config(&self) -> anyhow::Result<RuntimeConfig> {
+        anyhow::ensure!(
+            self.component_max_resources >= 16,
+            "--component-max-resources must be at least 16 (a component's WASI streams and \
+             an HTTP handler's request and response take some)"
+        );
         let backend = open_backend_with(self.device, self.gpu_isolation)
             .with_context(|| format!("opening the `{}` kernel device", self.device))?;
         Ok(RuntimeConfig {
@@ -276,6 +293,10 @@ impl ServeArgs {
             fuel_enabled: self.fuel,
             max_output_bytes: self.max_output_bytes,
             max_stored_bytes_per_tenant: self.max_stored_bytes_per_tenant,
+            component_limits: ComponentLimits {
+                max_resources: self.component_max_resources,
+                max_field_bytes: self.component_max_field_bytes,
+            },
             caches: CacheLimits {
                 module_entries: self.module_cache_entries,
                 module_bytes: self.module_cache_bytes,

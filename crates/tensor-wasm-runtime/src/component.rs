@@ -17,6 +17,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use crate::component_charge::MemoryBudget;
 use crate::error::{truncate_message, RuntimeError};
 use crate::outgoing_http::{Origin, OutgoingHttp};
 
@@ -315,14 +316,17 @@ pub(crate) enum LoadedComponent {
 }
 
 /// What a component's store holds: its WASI 0.2 and `wasi:http` contexts, its resources and
-/// its limiter.
+/// its memory budget.
 pub(crate) struct ComponentState {
     ctx: WasiCtx,
     pub(crate) table: ResourceTable,
     http: WasiHttpCtx,
     /// Outgoing HTTP: to the allow-list's origins only, within the deadline.
     hooks: OutgoingHttp,
-    pub(crate) limiter: ComponentLimiter,
+    /// Its one memory budget: linear memories, GPU buffers and bytes the host holds for it.
+    pub(crate) budget: MemoryBudget,
+    /// The bytes one of its `wasi:http` fields resources may hold.
+    pub(crate) field_size_limit: usize,
     /// The invocation's deadline: no sleep of the component outlasts it.
     pub(crate) deadline: Option<std::time::Instant>,
     /// The invocation's `tensor-wasm:gpu` state (its buffers and kernels).
@@ -349,21 +353,28 @@ impl WasiView for ComponentState {
 }
 
 impl ComponentState {
-    /// The state of one invocation: `memory_limit` over all its memories, outgoing HTTP to the
+    /// The state of one invocation: `memory_limit` over all its memories and what it makes
+    /// the host hold, at most `limits.max_resources` host resources, outgoing HTTP to the
     /// origins of `outgoing_allow` only.
-    pub(crate) fn new(ctx: WasiCtx, memory_limit: u64, outgoing_allow: Arc<[Origin]>) -> Self {
+    pub(crate) fn new(
+        ctx: WasiCtx,
+        memory_limit: u64,
+        limits: crate::ComponentLimits,
+        outgoing_allow: Arc<[Origin]>,
+    ) -> Self {
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(limits.max_resources);
+        let mut http = WasiHttpCtx::new();
+        http.set_field_size_limit(limits.max_field_bytes);
         ComponentState {
             ctx,
-            table: ResourceTable::new(),
-            http: WasiHttpCtx::new(),
+            table,
+            http,
             hooks: OutgoingHttp::new(outgoing_allow),
             gpu: None,
             deadline: None,
-            limiter: ComponentLimiter {
-                limit: usize::try_from(memory_limit).unwrap_or(usize::MAX),
-                used: 0,
-                hit: None,
-            },
+            budget: MemoryBudget::new(memory_limit),
+            field_size_limit: limits.max_field_bytes,
         }
     }
 
@@ -374,33 +385,19 @@ impl ComponentState {
     }
 }
 
-/// Bounds the total of a component's linear memories (it has one per core instance that
-/// defines one) by the function's memory limit, and its tables.
-pub(crate) struct ComponentLimiter {
-    limit: usize,
-    used: usize,
-    /// The message of the growth refused for the limit, if one was.
-    pub(crate) hit: Option<String>,
-}
-
-impl ResourceLimiter for ComponentLimiter {
+/// Bounds a component's linear memories, with its GPU buffers and the bytes it handed the
+/// host, by the function's memory limit, and its tables.
+impl ResourceLimiter for MemoryBudget {
     fn memory_growing(
         &mut self,
         current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let total = self.used - current.min(self.used) + desired;
-        if total <= self.limit {
-            self.used = total;
-            return Ok(true);
+        match self.grow_linear(current, desired) {
+            Ok(()) => Ok(true),
+            Err(message) => Err(wasmtime::Error::msg(message)),
         }
-        let message = format!(
-            "memory limit exceeded: the component's linear memories would take {total} bytes; \
-             the function's limit is {} bytes",
-            self.limit
-        );
-        crate::invocation_state::refuse_growth(&mut self.hit, message)
     }
 
     fn table_growing(
@@ -430,6 +427,7 @@ impl ComponentHost {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .and_then(|()| wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker))
             .and_then(|()| crate::component_gpu::add_to_linker(&mut linker))
+            .and_then(|()| crate::component_charge::charge_http_calls(&mut linker))
             .and_then(|()| deadline_bounded_sleeps(&mut linker))
             .and_then(|()| {
                 if never_ready_import {

@@ -7,9 +7,10 @@
 //! is (UVM), host pages otherwise, reserved on the first `allocate` at the function's memory
 //! limit and given back when the invocation ends. A launch passes the arena as the kernel's
 //! memory and each buffer argument as its range in it, so buffers reach kernels without a copy
-//! and chained kernels never round-trip through the guest. The total of an invocation's live
-//! buffers is bounded by its memory limit, which the API charges to the tenant's GPU-memory
-//! quota as it does for a core module on CUDA managed memory.
+//! and chained kernels never round-trip through the guest. An invocation's live buffers share
+//! its memory limit with its linear memories (`component_charge::MemoryBudget`): one
+//! invocation never holds more than the limit in all. The API charges the limit to the
+//! tenant's GPU-memory quota as it does for a core module on CUDA managed memory.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -208,6 +209,11 @@ impl Arena {
     }
 }
 
+/// The bytes a buffer of `len` takes of the memory budget: its range in the arena.
+fn charged(len: u64) -> u64 {
+    len.max(1).next_multiple_of(BUFFER_ALIGN)
+}
+
 /// Adds `tensor-wasm:gpu` to a component linker.
 pub(crate) fn add_to_linker(linker: &mut Linker<ComponentState>) -> wasmtime::Result<()> {
     bindings::Guest::add_to_linker::<_, HasSelf<ComponentState>>(linker, |state| state)
@@ -255,10 +261,27 @@ impl buffers::HostBuffer for ComponentState {
                 ),
             )
         })?;
-        Ok(self.table.push(GpuBuffer {
+        // Buffers share the memory limit with the component's linear memories.
+        if let Err(message) = self.budget.take_gpu(charged(len_bytes)) {
+            if let Some(arena) = self.gpu.as_mut().and_then(|gpu| gpu.arena.as_mut()) {
+                arena.give(offset, len_bytes);
+            }
+            return Err(AbiError::new(code::LIMIT_EXCEEDED, message).into());
+        }
+        let buffer = GpuBuffer {
             offset,
             len: len_bytes,
-        })?)
+        };
+        match self.table.push(buffer) {
+            Ok(resource) => Ok(resource),
+            Err(e) => {
+                self.budget.give_gpu(charged(len_bytes));
+                if let Some(arena) = self.gpu.as_mut().and_then(|gpu| gpu.arena.as_mut()) {
+                    arena.give(offset, len_bytes);
+                }
+                Err(e.into())
+            }
+        }
     }
 
     fn len(&mut self, buffer: Resource<GpuBuffer>) -> wasmtime::Result<u64> {
@@ -294,6 +317,7 @@ impl buffers::HostBuffer for ComponentState {
         if let Some(arena) = self.gpu.as_mut().and_then(|gpu| gpu.arena.as_mut()) {
             arena.give(buffer.offset, buffer.len);
         }
+        self.budget.give_gpu(charged(buffer.len));
         Ok(())
     }
 }

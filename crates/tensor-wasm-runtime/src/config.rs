@@ -48,6 +48,30 @@ impl Default for CacheLimits {
     }
 }
 
+/// Bounds of what one component invocation may make the host hold (docs/components.md, "Host
+/// resources"). The bytes it hands the host are charged to the function's memory limit as
+/// well (`component_charge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ComponentLimits {
+    /// Host resources (streams, pollables, `wasi:http` fields, requests and responses, GPU
+    /// buffers ...) one invocation may hold at once; one more is refused with
+    /// `resource_limit_exceeded`.
+    pub max_resources: usize,
+    /// Bytes one `wasi:http` `fields` resource may hold, in wasmtime-wasi-http's accounting
+    /// (names and values plus a per-entry overhead). WASI 0.2 has no error for a full map, so
+    /// a field past it ends the invocation with `resource_limit_exceeded`.
+    pub max_field_bytes: usize,
+}
+
+impl Default for ComponentLimits {
+    fn default() -> Self {
+        ComponentLimits {
+            max_resources: 10_000,
+            max_field_bytes: 64 << 10,
+        }
+    }
+}
+
 /// Settings of a [`crate::Runtime`]; every field has a production default.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
@@ -127,6 +151,8 @@ pub struct RuntimeConfig {
     pub outgoing_http_allow: std::sync::Arc<[crate::Origin]>,
     /// Bounds of the loaded-module, artifact and blueprint-kernel caches.
     pub caches: CacheLimits,
+    /// Bounds of the host resources a component invocation may hold.
+    pub component_limits: ComponentLimits,
     /// Tests only (no flag or setting of the server reaches it): links
     /// `tensor-wasm:test/never@0.1.0`, whose `never` returns a `wasi:io/poll` pollable that is
     /// never ready, so that a test can hold a component in a host wait no interface would end.
@@ -161,6 +187,7 @@ impl RuntimeConfig {
             snapshot_encoder_keep_bytes: 64 << 20,
             max_stored_bytes_per_tenant: 4 << 30,
             caches: CacheLimits::default(),
+            component_limits: ComponentLimits::default(),
             outgoing_http_allow: std::sync::Arc::from([]),
             test_never_ready_import: false,
         }

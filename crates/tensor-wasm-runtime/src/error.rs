@@ -40,6 +40,10 @@ pub enum RuntimeError {
     /// The guest tried to grow its memory (or tables) past the function's limit.
     #[error("{0}")]
     MemoryLimit(String),
+    /// A component held more host resources, or a bigger `wasi:http` fields resource, than
+    /// the server allows one invocation (`ComponentLimits`).
+    #[error("resource limit exceeded: {0}")]
+    ResourceLimit(String),
     /// The guest used up its fuel budget.
     #[error("invocation ran out of fuel (budget {0})")]
     FuelExhausted(u64),

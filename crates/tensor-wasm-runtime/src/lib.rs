@@ -25,6 +25,7 @@
 pub mod abi;
 mod bounded;
 pub mod component;
+mod component_charge;
 mod component_gpu;
 pub mod component_values;
 mod config;
@@ -46,7 +47,7 @@ mod values;
 mod wasi_poll;
 
 pub use bounded::{BoundedLru, CacheBounds};
-pub use config::{CacheLimits, GuestMemory, RuntimeConfig};
+pub use config::{CacheLimits, ComponentLimits, GuestMemory, RuntimeConfig};
 pub use engine::{build_engine, engine_fingerprint, EngineParts, ModuleSource};
 pub use error::{Result, RuntimeError};
 pub use invocation_state::INLINE_MAX_TABLE_ELEMENTS;

@@ -156,6 +156,16 @@ impl WasiHttpHooks for OutgoingHttp {
             ))
         })
     }
+
+    /// What an outgoing body's stream buffers is charged to the invocation when the body is
+    /// opened (`component_charge`).
+    fn p2_outgoing_body_buffer_chunks(&mut self) -> usize {
+        crate::component_charge::BODY_BUFFER_CHUNKS
+    }
+
+    fn p2_outgoing_body_chunk_size(&mut self) -> usize {
+        crate::component_charge::BODY_CHUNK_BYTES
+    }
 }
 
 /// The guest's request options with no wait longer than what is left until `deadline`

@@ -13,7 +13,7 @@ use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
 use crate::component::{ComponentState, LoadedComponent};
 use crate::error::{Result, RuntimeError};
 use crate::function_entry::{FunctionEntry, Prepared};
-use crate::invocation_state::{classify, classify_error, InvocationState};
+use crate::invocation_state::{classify, InvocationState};
 use crate::store::{FunctionRecord, InvocationStyle};
 use crate::Runtime;
 
@@ -244,11 +244,13 @@ impl Runtime {
         let mut state = ComponentState::new(
             ctx,
             limits.memory_limit_bytes,
+            self.inner.config.component_limits,
             self.inner.config.outgoing_http_allow.clone(),
         );
         let deadline = Instant::now() + std::time::Duration::from_millis(limits.timeout_ms);
         state.set_deadline(deadline);
-        // Buffers of `tensor-wasm:gpu` take at most the memory limit, reserved on first use.
+        // Buffers of `tensor-wasm:gpu` share the memory limit with linear memory; their arena
+        // is reserved on first use.
         state.gpu = Some(crate::component_gpu::ComponentGpu::new(
             self.inner.gpu.clone(),
             &record.tenant,
@@ -258,7 +260,10 @@ impl Runtime {
             limits.memory_limit_bytes,
         ));
         let mut store = Store::new(&self.inner.components.engine, state);
-        store.limiter(|s| &mut s.limiter);
+        store.limiter(|s| &mut s.budget);
+        // What one call lifts from the guest (a typed export's results included) is bounded
+        // by the memory limit before it becomes host values.
+        store.set_hostcall_fuel(usize::try_from(limits.memory_limit_bytes).unwrap_or(usize::MAX));
         store.set_epoch_deadline(self.deadline_ticks(limits));
         store.epoch_deadline_trap();
         if self.inner.config.fuel_enabled {
@@ -291,9 +296,9 @@ impl CommandStore {
     ) -> RuntimeError {
         match self {
             CommandStore::Core(store) => classify(e, store, limits),
-            CommandStore::Component(store) => match store.data_mut().limiter.hit.take() {
+            CommandStore::Component(store) => match store.data_mut().budget.hit.take() {
                 Some(message) => RuntimeError::MemoryLimit(message),
-                None => classify_error(e, limits),
+                None => crate::component_charge::classify(e, limits, store.data()),
             },
         }
     }
