@@ -28,8 +28,8 @@ use axum::Extension;
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tensor_wasm_runtime::{
-    is_valid_function_id, HttpAnswer, HttpBody, HttpBodyError, InvocationStyle, Runtime,
-    RuntimeError,
+    is_valid_function_id, ClientPresent, ClientWatch, HttpAnswer, HttpBody, HttpBodyError,
+    InvocationStyle, Runtime, RuntimeError,
 };
 use tensor_wasm_tenant::Tenant;
 use tokio::sync::{mpsc, oneshot};
@@ -116,12 +116,16 @@ async fn serve(
     let request = component_request(req, skip, limit, deadline, cut.clone())?;
     let (tx, rx) = oneshot::channel::<HttpAnswer>();
     let task_id = id.clone();
+    // Dropped with this future when the client goes away, which ends the component there.
+    let (present, watch) = ClientWatch::pair();
     let mut task = tokio::task::spawn_blocking(move || {
         crate::priority::lower_blocking_priority();
         let _held = (permit, guards);
-        runtime.invoke_http(&task_id, request, move |answer| {
-            // The client may be gone already; then nobody reads the answer.
-            let _ = tx.send(answer);
+        watch.scope(|| {
+            runtime.invoke_http(&task_id, request, move |answer| {
+                // The client may be gone already; then nobody reads the answer.
+                let _ = tx.send(answer);
+            })
         })
     });
     let waited = tokio::time::timeout_at(deadline + DEADLINE_GRACE, async {
@@ -155,7 +159,11 @@ async fn serve(
         }
         Ok(Ok(Ok(response))) => {
             detach(id, task);
-            Ok(stream_response(response, deadline + DEADLINE_GRACE))
+            Ok(stream_response(
+                response,
+                deadline + DEADLINE_GRACE,
+                present,
+            ))
         }
         Ok(Ok(Err(code))) => {
             detach(id, task);
@@ -304,15 +312,20 @@ impl http_body::Body for BoundedBody {
 /// The component's response, its body copied to the client by a task of its own until
 /// `deadline`: the copy goes on when the client reads slowly (and no longer than the
 /// deadline), and when it stops (deadline, client gone) the component's body is dropped,
-/// so the component's next write fails.
-fn stream_response(response: http::Response<HttpBody>, deadline: Instant) -> Response {
+/// so the component's next write fails, and `present` with it, which ends the component.
+/// A body that ends releases `present`: the component then returns on its own.
+fn stream_response(
+    response: http::Response<HttpBody>,
+    deadline: Instant,
+    present: ClientPresent,
+) -> Response {
     let (parts, mut body) = response.into_parts();
     let (tx, rx) = mpsc::channel(BUFFERED_FRAMES);
     tokio::spawn(async move {
         loop {
             let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
                 Ok(Some(frame)) => frame,
-                Ok(None) => return,
+                Ok(None) => return present.release(),
                 Err(_elapsed) => Err(HttpBodyError::Cut(
                     "the response body did not end within the function's deadline".into(),
                 )),

@@ -14,7 +14,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 use tensor_wasm_runtime::{
-    is_valid_function_id, CommandOutput, InvocationStyle, Runtime, RuntimeError,
+    is_valid_function_id, ClientWatch, CommandOutput, InvocationStyle, Runtime, RuntimeError,
 };
 use tensor_wasm_tenant::{QuotaGuard, Resource, Tenant};
 
@@ -228,6 +228,9 @@ pub(crate) async fn invoke(
     // The permit moves into the blocking task: if the client goes away, the
     // slot stays taken until the guest has really finished.
     let permit = acquire_slot(&state).await?;
+    // Dropped with this future when the client goes away: a component invocation ends then
+    // (a core module at its deadline).
+    let (_present, watch) = ClientWatch::pair();
     match call {
         Some(call) => {
             // A short import-free call is answered here, without the hand-off
@@ -243,7 +246,7 @@ pub(crate) async fn invoke(
                 timeout,
                 blocking(move || {
                     let _held = (permit, guards);
-                    runtime.invoke_export(&id, &call.export, &call.args)
+                    watch.scope(|| runtime.invoke_export(&id, &call.export, &call.args))
                 }),
             )
             .await?;
@@ -255,7 +258,7 @@ pub(crate) async fn invoke(
                 timeout,
                 blocking(move || {
                     let _held = (permit, guards);
-                    runtime.invoke_command(&id, stdin)
+                    watch.scope(|| runtime.invoke_command(&id, stdin))
                 }),
             )
             .await?;

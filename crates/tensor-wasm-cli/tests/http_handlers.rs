@@ -298,6 +298,13 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
         json_answer(request(&server, "GET", &at("/hog?mib=8"), &[], b"")),
         (200, json!({"held": 8 << 20}))
     );
+    // Header fields the handler keeps making are charged to its memory limit: the host
+    // refuses them there, not hundreds of megabytes later.
+    assert_eq!(
+        code(request(&server, "GET", &at("/hoard"), &[], b"")),
+        (500, "memory_limit_exceeded".into())
+    );
+    assert_eq!(request(&server, "GET", &at("/hello"), &[], b"").0, 200);
     // Declared: refused before the component starts.
     assert_eq!(
         raw(
@@ -371,6 +378,7 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
     }
 
     hostile_waits_in_a_row(&server, &wasm);
+    a_client_going_away_ends_the_component(&server, &wasm);
 
     // Outgoing HTTP is refused without an allow-list, the server's own API included.
     let own = server.url("/healthz");
@@ -390,60 +398,55 @@ fn an_http_handler_from_componentize_py_is_served_and_survives_hostile_requests(
     server.terminate();
 }
 
-/// 50 hostile invocations in a row of a handler deployed with a 200 ms deadline, each waiting
-/// in the host (a write to a body nobody reads, `blocking-flush` on it, a `splice` into it, a
-/// `poll` on its never-ready pollable): each answers 504 `invocation_timeout`, and then the
-/// same tenant's normal call answers 200 and the server's instance slots and the tenant's
-/// guest memory are back to idle.
+/// 50 hostile invocations in a row (`serve::hostile_waits_in_a_row`) of the Python handler
+/// deployed with a 200 ms deadline.
 fn hostile_waits_in_a_row(server: &ServeProcess, wasm: &Path) {
     let id = server.deploy(
         wasm,
         "name=hostile&timeout_ms=200&memory_limit_bytes=134217728",
     );
-    let at = |path: &str| format!("/functions/{id}/http{path}");
-    let body = vec![b'y'; 256 << 10];
-    for (i, (method, path)) in [
-        ("GET", "/clog"),
-        ("GET", "/flush"),
-        ("POST", "/splice"),
-        ("GET", "/pollwrite"),
-    ]
-    .iter()
-    .cycle()
-    .take(50)
-    .enumerate()
-    {
-        let sent: &[u8] = if *method == "POST" { &body } else { b"" };
-        let (status, answer) = json_answer(request(server, method, &at(path), &[], sent));
-        assert_eq!(
-            (status, error_code(&answer)),
-            (504, "invocation_timeout"),
-            "{i}: {path}: {answer}"
-        );
-    }
-    assert_eq!(request(server, "GET", &at("/hello"), &[], b"").0, 200);
-    // Every series of each gauge (one per tenant for the guest memory) at 0.
-    let idle = || {
-        let text = String::from_utf8(server.get("/metrics").1).expect("UTF-8 metrics");
-        let values: Vec<f64> = text
-            .lines()
-            .filter(|l| {
-                l.starts_with("tensor_wasm_instance_slots_in_use")
-                    || l.starts_with("tensor_wasm_tenant_guest_memory_bytes")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-            .collect();
-        values.len() >= 2 && values.iter().all(|v| *v == 0.0)
+    tensor_wasm_test_support::serve::hostile_waits_in_a_row(server, &id);
+}
+
+/// A client that goes away while the handler waits in the host (a write to a body nobody
+/// reads) ends the invocation then, far before its deadline (10 minutes): the instance slot is
+/// free again and the same tenant's next call answers.
+fn a_client_going_away_ends_the_component(server: &ServeProcess, wasm: &Path) {
+    let id = server.deploy(wasm, "name=abandoned&timeout_ms=600000");
+    let addr = server
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let slots = || {
+        server
+            .metric("tensor_wasm_instance_slots_in_use")
+            .unwrap_or(-1.0)
     };
-    tensor_wasm_test_support::wait::wait_until(
-        Duration::from_secs(10),
-        "instance slots and guest memory back to idle",
-        idle,
+    tensor_wasm_test_support::wait::wait_until(Duration::from_secs(10), "no slot in use", || {
+        slots() == 0.0
+    });
+    let mut client = TcpStream::connect(&addr).expect("connecting");
+    let head = format!(
+        "GET /functions/{id}/http/clog HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\n\r\n",
+        server.auth()
     );
-    let cancelled = server
-        .metric("tensor_wasm_component_deadline_cancellations_total{style=\"http\"}")
-        .unwrap_or(0.0);
-    assert!(cancelled >= 50.0, "{cancelled}");
+    client
+        .write_all(head.as_bytes())
+        .expect("writing the request");
+    tensor_wasm_test_support::wait::wait_until(
+        Duration::from_secs(30),
+        "the handler holds a slot",
+        || slots() == 1.0,
+    );
+    drop(client);
+    tensor_wasm_test_support::wait::wait_until(
+        Duration::from_secs(30),
+        "the slot freed when the client went away",
+        || slots() == 0.0,
+    );
+    let at = format!("/functions/{id}/http/hello");
+    assert_eq!(request(server, "GET", &at, &[], b"").0, 200);
 }
 
 /// A plain HTTP/1.1 server on a free port that answers every request with its path; and one

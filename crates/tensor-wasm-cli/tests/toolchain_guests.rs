@@ -156,7 +156,8 @@ fn functions_in_three_languages_run_kernels_on_gpu_buffers_on_the_cpu_backend() 
 /// C components from wit-bindgen and wasm-tools, one per style: `examples/components/c/calc.c`
 /// (typed exports of `calc.wit`, answering as the Python and JavaScript ones do),
 /// `upper.c` (a command, world `upper.wit`) and `http.c` (an HTTP handler, world
-/// `wasi:http/proxy`), each with its hostile requests.
+/// `wasi:http/proxy`), each with its hostile requests: the HTTP handler's waits in the host
+/// (`serve::hostile_waits_in_a_row`) and its hoarded header fields among them.
 #[test]
 fn c_components_from_wit_bindgen_are_served_in_all_three_styles() {
     let out = tempfile::tempdir().unwrap();
@@ -179,7 +180,7 @@ fn c_components_from_wit_bindgen_are_served_in_all_three_styles() {
     );
     let wit = wasi_http_wit();
     let proxy = wasi_http_proxy_world(&wit);
-    let http = c_component(out.path(), &wit, Some(&proxy), "proxy", &c.join("http.c"));
+    let http_wasm = c_component(out.path(), &wit, Some(&proxy), "proxy", &c.join("http.c"));
 
     let dir = tempfile::tempdir().unwrap();
     let server = ServeProcess::start(Path::new(BIN), dir.path(), &[]);
@@ -215,7 +216,7 @@ fn c_components_from_wit_bindgen_are_served_in_all_three_styles() {
     );
 
     // The HTTP handler.
-    let http = server.deploy(&http, "name=http-c&timeout_ms=2000");
+    let http = server.deploy(&http_wasm, "name=http-c&timeout_ms=2000");
     let at = |path: &str| format!("/functions/{http}/http{path}");
     assert_eq!(server.get(&at("/hello")), (200, b"hello from C\n".to_vec()));
     let (status, body) = server.get(&at("/items/42?x=1"));
@@ -238,7 +239,20 @@ fn c_components_from_wit_bindgen_are_served_in_all_three_styles() {
         (status, error_code(&json_of(&body))),
         (504, "invocation_timeout")
     );
+    // Header fields it keeps making count against its memory limit (32 MiB here).
+    let hoarder = server.deploy(
+        &http_wasm,
+        "name=http-c-hoard&timeout_ms=30000&memory_limit_bytes=33554432",
+    );
+    let (status, body) = server.get(&format!("/functions/{hoarder}/http/hoard"));
+    assert_eq!(
+        (status, error_code(&json_of(&body))),
+        (500, "memory_limit_exceeded")
+    );
     assert_eq!(server.get(&at("/hello")).0, 200, "still serving");
+    // Waits in the host, 50 in a row, each ended at a 200 ms deadline.
+    let hostile = server.deploy(&http_wasm, "name=http-c-hostile&timeout_ms=200");
+    tensor_wasm_test_support::serve::hostile_waits_in_a_row(&server, &hostile);
     server.terminate();
 }
 

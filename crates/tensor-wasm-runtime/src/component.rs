@@ -229,13 +229,15 @@ macro_rules! instantiate_retrying {
 pub(crate) use instantiate_retrying;
 
 /// Runs `call`, a component invocation's instantiation and call (borrowing its store), until
-/// it ends or `deadline` passes, whichever comes first; at the deadline the call is dropped
-/// and this returns [`DeadlineExceeded`](crate::invocation_state::DeadlineExceeded).
+/// it ends, `deadline` passes or the invocation's client goes away ([`ClientWatch::scope`]),
+/// whichever comes first. At the deadline the call is dropped and this returns
+/// [`DeadlineExceeded`](crate::invocation_state::DeadlineExceeded); when the client goes away,
+/// [`ClientGone`](crate::stream::ClientGone).
 ///
 /// This is what bounds every wait of a component, whatever it waits in. Component stores are
-/// called asynchronously (`instantiate_async`, `call_async`): a host call that has to wait (a stream nobody
-/// drains, a pollable that is never ready, a socket, a sleep) suspends the call's future
-/// instead of blocking its thread, and dropping the future at the deadline unwinds the guest's
+/// called asynchronously (`instantiate_async`, `call_async`): a host call that has to wait (a
+/// stream nobody drains, a pollable that is never ready, a socket, a sleep) suspends the
+/// call's future instead of blocking its thread, and dropping the future unwinds the guest's
 /// stack and drops everything it held of the host. The caller then discards the store (it is
 /// never reused), which frees the instance slot and its memory. Guest code that computes
 /// without calling the host is stopped by the epoch deadline instead, as a core module is.
@@ -249,20 +251,93 @@ pub(crate) fn run_until<T>(
     cancelled: &prometheus::IntCounter,
     call: impl std::future::Future<Output = wasmtime::Result<T>>,
 ) -> wasmtime::Result<T> {
+    let client = CLIENT.take();
     wasmtime_wasi::runtime::in_tokio(async move {
-        let Some(deadline) = deadline else {
-            return call.await;
-        };
-        match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), call).await {
-            Ok(outcome) => outcome,
-            Err(_elapsed) => {
-                cancelled.inc();
-                Err(wasmtime::Error::new(
-                    crate::invocation_state::DeadlineExceeded,
-                ))
+        let timed = async {
+            let Some(deadline) = deadline else {
+                return call.await;
+            };
+            match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), call).await {
+                Ok(outcome) => outcome,
+                Err(_elapsed) => {
+                    cancelled.inc();
+                    Err(wasmtime::Error::new(
+                        crate::invocation_state::DeadlineExceeded,
+                    ))
+                }
             }
+        };
+        let gone = async {
+            // A send: the client's end was dropped. No send (released), or no watch: never.
+            let dropped = match client {
+                Some(ClientWatch(rx)) => rx.await.is_ok(),
+                None => false,
+            };
+            if !dropped {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            biased;
+            outcome = timed => outcome,
+            () = gone => Err(wasmtime::Error::new(crate::stream::ClientGone)),
         }
     })
+}
+
+thread_local! {
+    /// The watch of the invocation this thread runs ([`ClientWatch::scope`]).
+    static CLIENT: std::cell::Cell<Option<ClientWatch>> = const { std::cell::Cell::new(None) };
+}
+
+/// The client's end of a [`ClientWatch`]: held for as long as the client waits for the
+/// invocation's answer (or reads its streamed body). Dropping it cancels the invocation;
+/// [`ClientPresent::release`] stops watching instead.
+#[derive(Debug)]
+pub struct ClientPresent {
+    tx: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl ClientPresent {
+    /// The client no longer needs the invocation to end with it (its answer is complete):
+    /// the invocation goes on to its own end, or its deadline.
+    pub fn release(mut self) {
+        // Dropped without a send: the watch never fires.
+        self.tx.take();
+    }
+}
+
+impl Drop for ClientPresent {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            // The invocation may have ended already; then nobody listens.
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Watches an invocation's client: a component invocation run in [`ClientWatch::scope`] is
+/// dropped, as at its deadline, when the [`ClientPresent`] end is dropped, and fails with
+/// [`RuntimeError::ClientGone`]. Core modules are not watched: they end at their deadline.
+#[derive(Debug)]
+pub struct ClientWatch(tokio::sync::oneshot::Receiver<()>);
+
+impl ClientWatch {
+    /// A watch and its client's end.
+    pub fn pair() -> (ClientPresent, ClientWatch) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (ClientPresent { tx: Some(tx) }, ClientWatch(rx))
+    }
+
+    /// Runs `invocation` (a call of [`crate::Runtime`] that runs a function on this thread)
+    /// watching the client: the first component call in it ends when the client goes away.
+    pub fn scope<R>(self, invocation: impl FnOnce() -> R) -> R {
+        CLIENT.set(Some(self));
+        let result = invocation();
+        // Not taken when no component ran.
+        CLIENT.take();
+        result
+    }
 }
 
 /// Whether `component` exports `wasi:http/incoming-handler` (some 0.2 version): `None` when

@@ -47,6 +47,7 @@ mod values;
 mod wasi_poll;
 
 pub use bounded::{BoundedLru, CacheBounds};
+pub use component::{ClientPresent, ClientWatch};
 pub use config::{CacheLimits, ComponentLimits, GuestMemory, RuntimeConfig};
 pub use engine::{build_engine, engine_fingerprint, EngineParts, ModuleSource};
 pub use error::{Result, RuntimeError};

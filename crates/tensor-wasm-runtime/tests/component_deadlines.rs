@@ -9,7 +9,9 @@
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
-use tensor_wasm_runtime::{DeploySpec, HttpBody, Runtime, RuntimeConfig, RuntimeError};
+use tensor_wasm_runtime::{
+    ClientWatch, DeploySpec, HttpBody, Runtime, RuntimeConfig, RuntimeError,
+};
 use tensor_wasm_test_support::app::open_runtime;
 
 /// The deadline of the blocking functions.
@@ -182,6 +184,56 @@ fn a_component_waiting_on_a_never_ready_pollable_ends_at_its_deadline_in_every_s
         }
         // Both waits, twice each: every one dropped at its deadline and counted.
         assert_eq!(cancellations(&registry, style), 4.0, "{style}");
+    }
+}
+
+/// `tensor_wasm_instance_slots_in_use`.
+fn slots_in_use(registry: &prometheus::Registry) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == "tensor_wasm_instance_slots_in_use")
+        .flat_map(|family| family.get_metric().iter())
+        .map(|metric| metric.get_gauge().get_value())
+        .sum()
+}
+
+#[test]
+fn a_component_whose_client_goes_away_ends_then_in_every_style() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = prometheus::Registry::new();
+    let rt = open(dir.path(), &registry);
+    for style in ["command", "export", "http"] {
+        let spec = DeploySpec {
+            // Far away: only the client's going away can end these calls within the test.
+            timeout_ms: Some(600_000),
+            ..match style {
+                "export" => DeploySpec::export(format!("gone-{style}")),
+                _ => DeploySpec::wasi(format!("gone-{style}")),
+            }
+        };
+        let id = rt.deploy(&blocker(style, "block"), spec).unwrap().record.id;
+        let (present, watch) = ClientWatch::pair();
+        let call = {
+            let rt = rt.clone();
+            std::thread::spawn(move || watch.scope(|| invoke(&rt, style, &id)))
+        };
+        tensor_wasm_test_support::wait::wait_until(
+            Duration::from_secs(30),
+            "the invocation holds the one slot",
+            || slots_in_use(&registry) == 1.0,
+        );
+        drop(present);
+        let error = call.join().unwrap();
+        assert!(
+            matches!(error, RuntimeError::ClientGone),
+            "{style}: {error:?}"
+        );
+        assert_eq!(slots_in_use(&registry), 0.0, "{style}");
+    }
+    // Not counted as deadline cancellations.
+    for style in ["command", "export", "http"] {
+        assert_eq!(cancellations(&registry, style), 0.0, "{style}");
     }
 }
 

@@ -310,3 +310,61 @@ pub fn json_of(body: &[u8]) -> Value {
 pub fn error_code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or("<none>")
 }
+
+/// The hostile waits the examples' HTTP handlers share (`http_app.py`, `http.c`): `/clog`
+/// (writes to a response body nobody reads), `/flush` (`blocking-flush` on it), `/splice` (a
+/// request body spliced into it) and `/pollwrite` (`poll` on its never-ready pollable), 50 in
+/// a row on handler `id`, deployed with a short deadline. Each waits in the host, where the
+/// epoch deadline cannot stop it, and must answer 504 `invocation_timeout` all the same. Then
+/// the handler's `/hello` answers 200, the server's instance slots and every tenant's guest
+/// memory gauge are back at 0, and each of the 50 was counted as dropped at its deadline.
+pub fn hostile_waits_in_a_row(server: &ServeProcess, id: &str) {
+    let at = |path: &str| format!("/functions/{id}/http{path}");
+    let cancelled = || {
+        server
+            .metric("tensor_wasm_component_deadline_cancellations_total{style=\"http\"}")
+            .unwrap_or(0.0)
+    };
+    let before = cancelled();
+    let body = vec![b'y'; 256 << 10];
+    for (i, path) in ["/clog", "/flush", "/splice", "/pollwrite"]
+        .iter()
+        .cycle()
+        .take(50)
+        .enumerate()
+    {
+        let (status, answer) = if *path == "/splice" {
+            let (status, answer, _) = server.post(&at(path), "application/octet-stream", &body);
+            (status, answer)
+        } else {
+            server.get(&at(path))
+        };
+        assert_eq!(
+            (status, error_code(&json_of(&answer))),
+            (504, "invocation_timeout"),
+            "{i}: {path}: {}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    assert_eq!(server.get(&at("/hello")).0, 200, "still serving");
+    // Every series of each gauge (one per tenant for the guest memory) at 0.
+    let idle = || {
+        let text = String::from_utf8(server.get("/metrics").1).expect("UTF-8 metrics");
+        let values: Vec<f64> = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("tensor_wasm_instance_slots_in_use")
+                    || l.starts_with("tensor_wasm_tenant_guest_memory_bytes")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        values.len() >= 2 && values.iter().all(|v| *v == 0.0)
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "instance slots and guest memory back to idle",
+        idle,
+    );
+    let counted = cancelled() - before;
+    assert!(counted >= 50.0, "{counted} deadline cancellations counted");
+}

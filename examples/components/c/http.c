@@ -5,6 +5,12 @@
  *   GET  /items/{n}    {"id": n, "method": "..."}
  *   ANY  /echo         the request body back, streamed as it arrives
  *   GET  /boom, /spin  hostile: a trap, an endless loop
+ *   GET  /clog         hostile: writes to a response body nobody reads (the response is never
+ *                      set) until its deadline
+ *   GET  /flush        hostile: fills such a body, then blocking-flush on it
+ *   POST /splice       hostile: splices its request body into such a body
+ *   GET  /pollwrite    hostile: fills such a body, then polls its never-ready pollable
+ *   GET  /hoard        hostile: keeps making header fields with 60 kB values
  *   anything else      404 {"error": "not found"}
  */
 #include <stdlib.h>
@@ -94,6 +100,83 @@ static const char *method_name(const wasi_http_types_method_t *m) {
     return m->tag < sizeof names / sizeof *names ? names[m->tag] : "OTHER";
 }
 
+/* Hostile shapes that wait in the host, never in C code: each writes to the body of a
+ * response it never sets, which nobody reads, and waits for room in it. */
+static void clog(const char *shape, wasi_http_types_borrow_incoming_request_t req) {
+    wasi_http_types_own_outgoing_response_t response =
+        wasi_http_types_constructor_outgoing_response(wasi_http_types_constructor_fields());
+    body_t body;
+    if (!wasi_http_types_method_outgoing_response_body(
+            wasi_http_types_borrow_outgoing_response(response), &body))
+        abort();
+    sink_t sink;
+    if (!wasi_http_types_method_outgoing_body_write(wasi_http_types_borrow_outgoing_body(body),
+                                                    &sink))
+        abort();
+    wasi_io_streams_borrow_output_stream_t stream = wasi_io_streams_borrow_output_stream(sink);
+    static uint8_t chunk[4096];
+    memset(chunk, 'x', sizeof chunk);
+    wasi_io_streams_stream_error_t err;
+    if (strcmp(shape, "/clog") == 0) {
+        for (;;) {
+            proxy_list_u8_t data = {chunk, sizeof chunk};
+            if (!wasi_io_streams_method_output_stream_blocking_write_and_flush(stream, &data, &err))
+                abort();
+        }
+    }
+    if (strcmp(shape, "/splice") == 0) {
+        wasi_http_types_own_incoming_body_t incoming;
+        if (!wasi_http_types_method_incoming_request_consume(req, &incoming)) abort();
+        wasi_http_types_own_input_stream_t source;
+        if (!wasi_http_types_method_incoming_body_stream(
+                wasi_http_types_borrow_incoming_body(incoming), &source))
+            abort();
+        for (;;) {
+            uint64_t moved;
+            if (!wasi_io_streams_method_output_stream_blocking_splice(
+                    stream, wasi_io_streams_borrow_input_stream(source), sizeof chunk, &moved,
+                    &err))
+                abort();
+        }
+    }
+    /* Fill the body as far as it takes without waiting. */
+    for (;;) {
+        uint64_t room;
+        if (!wasi_io_streams_method_output_stream_check_write(stream, &room, &err)) abort();
+        if (room == 0) break;
+        proxy_list_u8_t data = {chunk, room < sizeof chunk ? (size_t)room : sizeof chunk};
+        if (!wasi_io_streams_method_output_stream_write(stream, &data, &err)) abort();
+    }
+    if (strcmp(shape, "/flush") == 0) {
+        wasi_io_streams_method_output_stream_blocking_flush(stream, &err);
+    } else {
+        wasi_io_poll_own_pollable_t ready = wasi_io_streams_method_output_stream_subscribe(stream);
+        wasi_io_poll_borrow_pollable_t borrowed = wasi_io_poll_borrow_pollable(ready);
+        wasi_io_poll_list_borrow_pollable_t list = {&borrowed, 1};
+        proxy_list_u32_t which;
+        wasi_io_poll_poll(&list, &which);
+    }
+    abort(); /* never reached: the wait ends with the invocation */
+}
+
+/* Header fields with 60 kB values, kept until the host refuses one. */
+static void hoard(void) {
+    static uint8_t value[60000];
+    memset(value, 'v', sizeof value);
+    for (;;) {
+        wasi_http_types_own_fields_t fields = wasi_http_types_constructor_fields();
+        wasi_http_types_field_name_t name;
+        proxy_string_dup(&name, "x-hoard");
+        wasi_http_types_field_value_t data = {value, sizeof value};
+        wasi_http_types_header_error_t err;
+        if (!wasi_http_types_method_fields_append(wasi_http_types_borrow_fields(fields), &name,
+                                                  &data, &err))
+            abort();
+        proxy_string_free(&name);
+        /* `fields` is kept: never dropped. */
+    }
+}
+
 void exports_wasi_http_incoming_handler_handle(
     exports_wasi_http_incoming_handler_own_incoming_request_t request,
     exports_wasi_http_incoming_handler_own_response_outparam_t out) {
@@ -151,6 +234,11 @@ void exports_wasi_http_incoming_handler_handle(
     } else if (strcmp(path, "/spin") == 0) {
         for (volatile int forever = 1; forever;) {
         }
+    } else if (strcmp(path, "/clog") == 0 || strcmp(path, "/flush") == 0 ||
+               strcmp(path, "/splice") == 0 || strcmp(path, "/pollwrite") == 0) {
+        clog(path, req);
+    } else if (strcmp(path, "/hoard") == 0) {
+        hoard();
     } else {
         append(json, sizeof json, "{\"error\": \"not found\", \"path\": \"");
         append(json, sizeof json, path);

@@ -15,6 +15,8 @@ Routes:
   GET  /flush            hostile: fills such a body, then blocking-flush on it
   POST /splice           hostile: splices its request body into such a body
   GET  /pollwrite        hostile: fills such a body, then polls its never-ready pollable
+  GET  /hoard?bytes=N    hostile: keeps making header fields with an N-byte value (default
+                         60000) until the host refuses them (they count against its memory)
   GET  /sleep?s=N        sleeps N seconds (wasi:io/poll), then answers
   GET  /fetch?url=U      GETs U through wasi:http/outgoing-handler: {"status", "body"}, or
                          {"error": the wasi:http error code} (the server allows only the
@@ -214,6 +216,11 @@ class IncomingHandler(exports.IncomingHandler):
                 pass
         elif path in ("/clog", "/flush", "/splice", "/pollwrite"):
             clog(path, request)
+        elif path == "/hoard":
+            value = b"v" * int(query.get("bytes", "60000"))
+            kept = []
+            while True:
+                kept.append(Fields.from_list([("x-hoard", value)]))
         elif path == "/sleep":
             seconds = float(query.get("s", "60"))
             time.sleep(seconds)
