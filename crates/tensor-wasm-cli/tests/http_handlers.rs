@@ -559,7 +559,12 @@ fn an_http_handler_from_componentize_js_is_served() {
     let at = |path: &str| format!("/functions/{id}/http{path}");
 
     check_json_api(&server, &at, "JavaScript");
-    assert_eq!(request(&server, "GET", &at("/boom"), &[], b"").0, 500);
+    // componentize-js answers an exception with a 500 whose body it never finishes: the body
+    // is cut, as the WIT asks of an unfinished body, after the status.
+    assert_eq!(
+        raw(&server, &format!("GET {} HTTP/1.1", at("/boom")), &[]).0,
+        Some(500)
+    );
     let (status, body) = json_answer(request(&server, "GET", &at("/spin"), &[], b""));
     assert_eq!((status, error_code(&body)), (504, "invocation_timeout"));
     assert_eq!(

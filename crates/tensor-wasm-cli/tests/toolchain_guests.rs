@@ -16,6 +16,7 @@
 //! `standin.rs`.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tensor_wasm_test_support::guests::examples_dir;
@@ -248,6 +249,32 @@ fn c_components_from_wit_bindgen_are_served_in_all_three_styles() {
     assert_eq!(
         (status, error_code(&json_of(&body))),
         (500, "memory_limit_exceeded")
+    );
+    assert_eq!(server.get(&at("/hello")).0, 200, "still serving");
+    // A request body that stops arriving: the handler (which answers 200 before it reads)
+    // waits in the host for the rest; at the deadline (2 s) the response is cut off and the
+    // connection closed, while the client still holds its side open.
+    let addr = server
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut stalled = std::net::TcpStream::connect(&addr).expect("connecting");
+    let head = format!(
+        "POST {} HTTP/1.1\r\nhost: {addr}\r\nauthorization: {}\r\ncontent-length: 100\r\n\r\n0123456789",
+        at("/echo"),
+        server.auth()
+    );
+    std::io::Write::write_all(&mut stalled, head.as_bytes()).expect("writing");
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut answer = Vec::new();
+    std::io::Read::read_to_end(&mut stalled, &mut answer).expect("closed before 30 s");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && !answer.ends_with("0\r\n\r\n"),
+        "{answer}"
     );
     assert_eq!(server.get(&at("/hello")).0, 200, "still serving");
     // Waits in the host, 50 in a row, each ended at a 200 ms deadline.

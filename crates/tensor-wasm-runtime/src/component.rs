@@ -402,6 +402,8 @@ pub(crate) struct ComponentState {
     pub(crate) budget: MemoryBudget,
     /// The bytes one of its `wasi:http` fields resources may hold.
     pub(crate) field_size_limit: usize,
+    /// Its outgoing bodies, and which it finished.
+    pub(crate) finishing: crate::component_charge::Finishing,
     /// The invocation's deadline: no sleep of the component outlasts it.
     pub(crate) deadline: Option<std::time::Instant>,
     /// The invocation's `tensor-wasm:gpu` state (its buffers and kernels).
@@ -450,6 +452,7 @@ impl ComponentState {
             deadline: None,
             budget: MemoryBudget::new(memory_limit),
             field_size_limit: limits.max_field_bytes,
+            finishing: Default::default(),
         }
     }
 

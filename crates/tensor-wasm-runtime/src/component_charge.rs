@@ -11,6 +11,9 @@
 //!   reader is slow or absent). These stay charged until the invocation ends, also after the
 //!   guest drops them: the charge is a bound of what the host holds, never less than it.
 //!
+//! Outgoing bodies are watched too ([`Finishing`]): one that ends without the component's
+//! `finish` reaches its reader as an error, as the WIT asks, not as a complete body.
+//!
 //! The calls that take bytes are linked over wasmtime-wasi-http's own (`charge_http_calls`):
 //! each charges first and then does what wasmtime-wasi-http does. A charge past the limit
 //! ends the invocation with `memory_limit_exceeded`. Besides the budget, the host-resource
@@ -19,10 +22,14 @@
 //! export's results included) by the store's hostcall fuel, set to the memory limit: a
 //! `list<u8>` result is refused before it becomes one host value per byte.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use http_body_util::BodyExt;
 use wasmtime::component::{Linker, Resource};
 use wasmtime::StoreContextMut;
 use wasmtime_wasi_http::p2::bindings::http::types::{self as http, HeaderError};
-use wasmtime_wasi_http::p2::body::HostOutgoingBody;
+use wasmtime_wasi_http::p2::body::{HostOutgoingBody, HyperOutgoingBody};
 use wasmtime_wasi_http::p2::types::{HostOutgoingRequest, HostOutgoingResponse};
 use wasmtime_wasi_http::{FieldMap, WasiHttpCtxView, WasiHttpView};
 
@@ -147,6 +154,69 @@ impl MemoryBudget {
     }
 }
 
+/// The outgoing bodies (of responses and of outgoing requests) a component opened, and whether
+/// it finished each. wasmtime-wasi-http ends a body the guest dropped without `finish` (or that
+/// was dropped with the guest, at a trap or its deadline) as if it were complete; the WIT says
+/// such a body is incomplete and the error must reach the other side. Each body's reader side
+/// is wrapped ([`CutUnlessFinished`]) so that its end without `finish` is an error: the
+/// client's connection is cut (no final chunk), an upstream's request fails.
+#[derive(Default)]
+pub(crate) struct Finishing {
+    /// By the body resource's handle.
+    bodies: std::collections::HashMap<u32, Arc<AtomicBool>>,
+}
+
+impl Finishing {
+    /// Watches `body`, just opened, whose reader side is `hyper`.
+    fn watch(&mut self, body: &Resource<HostOutgoingBody>, hyper: &mut Option<HyperOutgoingBody>) {
+        let Some(inner) = hyper.take() else {
+            return;
+        };
+        let finished = Arc::new(AtomicBool::new(false));
+        self.bodies.insert(body.rep(), finished.clone());
+        *hyper = Some(CutUnlessFinished { inner, finished }.boxed_unsync());
+    }
+
+    /// `body` is being finished.
+    fn finished(&mut self, body: &Resource<HostOutgoingBody>) {
+        if let Some(finished) = self.bodies.remove(&body.rep()) {
+            finished.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// An outgoing body whose end is an error unless the component finished it.
+struct CutUnlessFinished {
+    inner: HyperOutgoingBody,
+    finished: Arc<AtomicBool>,
+}
+
+impl http_body::Body for CutUnlessFinished {
+    type Data = bytes::Bytes;
+    type Error = wasmtime_wasi_http::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(None) if !self.finished.load(Ordering::Acquire) => {
+                Poll::Ready(Some(Err(wasmtime_wasi_http::Error::HttpProtocolError)))
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream() && self.finished.load(Ordering::Acquire)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Bytes of one field as charged.
 fn field_bytes(name: &str, value: &[u8]) -> usize {
     name.len() + value.len() + FIELD_OVERHEAD
@@ -167,7 +237,10 @@ type Store<'a> = StoreContextMut<'a, ComponentState>;
 /// Links, over wasmtime-wasi-http's, the `wasi:http/types` calls that hand the host bytes to
 /// keep: each charges them to the invocation's [`MemoryBudget`] first.
 pub(crate) fn charge_http_calls(linker: &mut Linker<ComponentState>) -> wasmtime::Result<()> {
-    use http::{HostFields, HostOutgoingRequest as Request, HostOutgoingResponse as Response};
+    use http::{
+        HostFields, HostOutgoingBody as HostOutgoingBodyCalls, HostOutgoingRequest as Request,
+        HostOutgoingResponse as Response,
+    };
     linker.allow_shadowing(true);
     let mut types = linker.instance(HTTP_TYPES)?;
     types.func_wrap(
@@ -290,7 +363,12 @@ pub(crate) fn charge_http_calls(linker: &mut Linker<ComponentState>) -> wasmtime
                 .budget
                 .charge_host(BODY_BYTES, "the buffer of an outgoing request body")?;
             let mut view: WasiHttpCtxView<'_> = state.http();
-            Ok((Request::body(&mut view, request)?,))
+            let opened = Request::body(&mut view, Resource::new_borrow(request.rep()))?;
+            if let Ok(body) = &opened {
+                let hyper = &mut state.table.get_mut(&request)?.body;
+                state.finishing.watch(body, hyper);
+            }
+            Ok((opened,))
         },
     )?;
     types.func_wrap(
@@ -303,7 +381,27 @@ pub(crate) fn charge_http_calls(linker: &mut Linker<ComponentState>) -> wasmtime
                 .budget
                 .charge_host(BODY_BYTES, "the buffer of a response body")?;
             let mut view: WasiHttpCtxView<'_> = state.http();
-            Ok((Response::body(&mut view, response)?,))
+            let opened = Response::body(&mut view, Resource::new_borrow(response.rep()))?;
+            if let Ok(body) = &opened {
+                let hyper = &mut state.table.get_mut(&response)?.body;
+                state.finishing.watch(body, hyper);
+            }
+            Ok((opened,))
+        },
+    )?;
+    types.func_wrap(
+        "[static]outgoing-body.finish",
+        |mut store: Store<'_>,
+         (body, trailers): (Resource<HostOutgoingBody>, Option<Resource<FieldMap>>)|
+         -> wasmtime::Result<(Result<(), http::ErrorCode>,)> {
+            let state = store.data_mut();
+            // Marked before the body's end reaches its reader.
+            state.finishing.finished(&body);
+            let finished = HostOutgoingBodyCalls::finish(&mut state.http(), body, trailers);
+            match finished {
+                Ok(()) => Ok((Ok(()),)),
+                Err(e) => Ok((Err(e.downcast()?),)),
+            }
         },
     )?;
     linker.allow_shadowing(false);
