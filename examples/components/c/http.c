@@ -100,6 +100,16 @@ static const char *method_name(const wasi_http_types_method_t *m) {
     return m->tag < sizeof names / sizeof *names ? names[m->tag] : "OTHER";
 }
 
+/* The request's body and its stream. */
+static void open_request_body(wasi_http_types_borrow_incoming_request_t req,
+                              wasi_http_types_own_incoming_body_t *incoming,
+                              wasi_http_types_own_input_stream_t *source) {
+    if (!wasi_http_types_method_incoming_request_consume(req, incoming)) abort();
+    if (!wasi_http_types_method_incoming_body_stream(
+            wasi_http_types_borrow_incoming_body(*incoming), source))
+        abort();
+}
+
 /* Hostile shapes that wait in the host, never in C code: each writes to the body of a
  * response it never sets, which nobody reads, and waits for room in it. */
 static void clog(const char *shape, wasi_http_types_borrow_incoming_request_t req) {
@@ -126,11 +136,8 @@ static void clog(const char *shape, wasi_http_types_borrow_incoming_request_t re
     }
     if (strcmp(shape, "/splice") == 0) {
         wasi_http_types_own_incoming_body_t incoming;
-        if (!wasi_http_types_method_incoming_request_consume(req, &incoming)) abort();
         wasi_http_types_own_input_stream_t source;
-        if (!wasi_http_types_method_incoming_body_stream(
-                wasi_http_types_borrow_incoming_body(incoming), &source))
-            abort();
+        open_request_body(req, &incoming, &source);
         for (;;) {
             uint64_t moved;
             if (!wasi_io_streams_method_output_stream_blocking_splice(
@@ -207,11 +214,8 @@ void exports_wasi_http_incoming_handler_handle(
         respond(out, 200, "application/json", json);
     } else if (strcmp(path, "/echo") == 0) {
         wasi_http_types_own_incoming_body_t incoming;
-        if (!wasi_http_types_method_incoming_request_consume(req, &incoming)) abort();
         wasi_http_types_own_input_stream_t source;
-        if (!wasi_http_types_method_incoming_body_stream(
-                wasi_http_types_borrow_incoming_body(incoming), &source))
-            abort();
+        open_request_body(req, &incoming, &source);
         body_t body;
         sink_t sink;
         start(out, 200, "application/octet-stream", &body, &sink);
