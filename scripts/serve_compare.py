@@ -13,8 +13,13 @@ reference host: wasmtime-cli of the wasmtime version TensorWasm embeds, installe
 2. Throughput of the C handler's hello-world route: closed-loop keep-alive load by the
    in-repo load generator, interleaved (TensorWasm, wasmtime serve, ...) for ROUNDS rounds.
 
+3. With BASELINE_BIN (the `tensor-wasm` binary of another commit, built by the caller), that
+   server is started the same way and its hello-world route joins every round, so this
+   commit's throughput is compared with that commit's in the same run (an A/B).
+
 Writes bench-results/serve-compare/<date>[-N].json. Exits 1 when an answer differs.
-Knobs (environment): ROUNDS (5), ROUND_S (5), CONNECTIONS (16), WARMUP_S (2).
+Knobs (environment): ROUNDS (5), ROUND_S (5), CONNECTIONS (16), WARMUP_S (2), BASELINE_BIN
+(unset), BASELINE_COMMIT (what BASELINE_BIN was built from, recorded in the run file).
 """
 
 import datetime
@@ -38,6 +43,8 @@ ROUNDS = int(os.environ.get("ROUNDS", "5"))
 ROUND_S = int(os.environ.get("ROUND_S", "5"))
 CONNECTIONS = int(os.environ.get("CONNECTIONS", "16"))
 WARMUP_S = int(os.environ.get("WARMUP_S", "2"))
+BASELINE_BIN = os.environ.get("BASELINE_BIN")
+BASELINE_COMMIT = os.environ.get("BASELINE_COMMIT", "unknown")
 
 
 def run(cmd, **kw):
@@ -193,6 +200,37 @@ def loadgen(url, seconds, bearer):
     return json.loads(out.stdout)
 
 
+def start_tensor_wasm(binary, data, components, procs, err):
+    """`binary serve` on a free port with its data in `data` (appended to `procs`), the
+    tenant's quotas raised, `components` deployed: its port, their ids, its credentials."""
+    port = free_port()
+    procs.append(subprocess.Popen(
+        [binary, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", data],
+        stdout=subprocess.DEVNULL, stderr=open(err, "w"),
+        env={k: v for k, v in os.environ.items() if k != "RUST_LOG"}))
+    wait_http(port, "/readyz")
+    creds = json.loads((data / "credentials.json").read_text())
+    auth = {"authorization": f"Bearer {creds['tenant_token']}"}
+    admin = {"authorization": f"Bearer {creds['admin_token']}",
+             "content-type": "application/json"}
+    # Room for the load: the quotas' refusals are answers too, but fast ones.
+    quotas = json.dumps({"quotas": {
+        "requests_per_second": 10_000_000, "burst": 10_000_000,
+        "max_concurrent_invocations": 100_000, "max_live_instances": 100_000,
+        "max_guest_memory_bytes": 1 << 44, "max_gpu_memory_bytes": 1 << 44}}).encode()
+    status, _, text = request(port, "PATCH", f"/tenants/{creds['tenant_id']}", admin, quotas)
+    assert status == 200, text
+    ids = {}
+    for kind, wasm in components.items():
+        status, _, text = request(
+            port, "POST",
+            f"/functions?name=http-{kind}&timeout_ms=30000&memory_limit_bytes={64 << 20}",
+            {**auth, "content-type": "application/wasm"}, wasm.read_bytes())
+        assert status == 201, text
+        ids[kind] = json.loads(text)["id"]
+    return port, ids, creds
+
+
 def median(values):
     values = sorted(values)
     n = len(values)
@@ -211,33 +249,16 @@ def main():
     procs = []
     try:
         components, world = build_components(tmp)
-        tw_port = free_port()
-        data = tmp / "data"
-        procs.append(subprocess.Popen(
-            [ROOT / "target/release/tensor-wasm", "serve", "--listen", f"127.0.0.1:{tw_port}",
-             "--data-dir", data], stdout=subprocess.DEVNULL, stderr=open(tmp / "tw.err", "w"),
-            env={k: v for k, v in os.environ.items() if k != "RUST_LOG"}))
-        wait_http(tw_port, "/readyz")
-        creds = json.loads((data / "credentials.json").read_text())
+        tw_port, ids, creds = start_tensor_wasm(ROOT / "target/release/tensor-wasm",
+                                                tmp / "data", components, procs, tmp / "tw.err")
         auth = {"authorization": f"Bearer {creds['tenant_token']}"}
-        admin = {"authorization": f"Bearer {creds['admin_token']}",
-                 "content-type": "application/json"}
-        # Room for the load: the quotas' refusals are answers too, but fast ones.
-        quotas = json.dumps({"quotas": {
-            "requests_per_second": 10_000_000, "burst": 10_000_000,
-            "max_concurrent_invocations": 100_000, "max_live_instances": 100_000,
-            "max_guest_memory_bytes": 1 << 44, "max_gpu_memory_bytes": 1 << 44}}).encode()
-        status, _, text = request(tw_port, "PATCH", f"/tenants/{creds['tenant_id']}", admin,
-                                  quotas)
-        assert status == 200, text
-        ids = {}
-        for kind, wasm in components.items():
-            status, _, text = request(
-                tw_port, "POST",
-                f"/functions?name=http-{kind}&timeout_ms=30000&memory_limit_bytes={64 << 20}",
-                {**auth, "content-type": "application/wasm"}, wasm.read_bytes())
-            assert status == 201, text
-            ids[kind] = json.loads(text)["id"]
+        baseline = None
+        if BASELINE_BIN:
+            port, base_ids, base_creds = start_tensor_wasm(
+                Path(BASELINE_BIN), tmp / "baseline-data", components, procs,
+                tmp / "baseline.err")
+            baseline = (f"http://127.0.0.1:{port}/functions/{base_ids['c']}/http/hello",
+                        base_creds["tenant_token"])
         wt_ports = {}
         for kind, wasm in components.items():
             port = free_port()
@@ -263,13 +284,20 @@ def main():
         bearer = creds["tenant_token"]
         warm = {"tensor_wasm": loadgen(tw_url, WARMUP_S, bearer),
                 "wasmtime_serve": loadgen(wt_url, WARMUP_S, bearer)}
+        if baseline:
+            warm["baseline"] = loadgen(baseline[0], WARMUP_S, baseline[1])
         rounds = []
         for n in range(1, ROUNDS + 1):
             a = loadgen(tw_url, ROUND_S, bearer)
             b = loadgen(wt_url, ROUND_S, bearer)
-            print(f"round {n}: tensor-wasm {a['req_per_s']:.0f} req/s, wasmtime serve "
-                  f"{b['req_per_s']:.0f} req/s", file=sys.stderr)
-            rounds.append({"round": n, "tensor_wasm": a, "wasmtime_serve": b})
+            row = {"round": n, "tensor_wasm": a, "wasmtime_serve": b}
+            line = (f"round {n}: tensor-wasm {a['req_per_s']:.0f} req/s, wasmtime serve "
+                    f"{b['req_per_s']:.0f} req/s")
+            if baseline:
+                row["baseline"] = loadgen(baseline[0], ROUND_S, baseline[1])
+                line += f", baseline {row['baseline']['req_per_s']:.0f} req/s"
+            print(line, file=sys.stderr)
+            rounds.append(row)
     finally:
         for p in procs:
             p.terminate()
@@ -337,6 +365,17 @@ def main():
                        "met": ratio >= 1.0 and not any(errors.values())},
         },
     }
+    if BASELINE_BIN:
+        c_rps = [r["baseline"]["req_per_s"] for r in rounds]
+        result["throughput"]["baseline"] = {
+            "commit": BASELINE_COMMIT,
+            "median_req_per_s": median(c_rps),
+            "errors_total": sum(r["baseline"]["errors"] for r in rounds),
+            "ratio_tensor_wasm_over_baseline": round(median(a_rps) / median(c_rps), 3),
+            "per_round_ratio": [round(a / c, 3) for a, c in zip(a_rps, c_rps)],
+        }
+        result["command"] = (f"BASELINE_BIN=<{BASELINE_COMMIT} build> BASELINE_COMMIT="
+                             f"{BASELINE_COMMIT} " + result["command"])
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"answers identical: {result['all_identical']}; throughput ratio tensor-wasm / "
           f"wasmtime serve: {ratio}; wrote {out.relative_to(ROOT)}", file=sys.stderr)
