@@ -334,6 +334,84 @@ pub fn error_codes_missing(readme: &str, codes: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// README's error-code table (rows `` | `code` | status | … | ``): each code's status.
+pub fn error_code_statuses(readme: &str) -> BTreeMap<String, u16> {
+    readme
+        .lines()
+        .filter_map(|line| {
+            let mut cells = line.strip_prefix("| `")?.splitn(2, "` | ");
+            let code = cells.next()?;
+            let status = cells.next()?.get(..3)?.parse().ok()?;
+            Some((code.to_owned(), status))
+        })
+        .collect()
+}
+
+/// A word of prose without the punctuation around it.
+fn bare(word: &str) -> &str {
+    word.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+}
+
+/// Status codes that `text` (the file `path`) names beside an error code and that differ from
+/// `table` (code → status): "429 `busy`", "429 busy" and "`busy` (429)".
+pub fn status_code_drift(path: &str, text: &str, table: &BTreeMap<String, u16>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for pair in words.windows(2) {
+            let (first, second) = (bare(pair[0]), bare(pair[1]));
+            let named = match (first.parse::<u16>(), second.parse::<u16>()) {
+                (Ok(status), _) if (100..600).contains(&status) => Some((second, status)),
+                (_, Ok(status)) if (100..600).contains(&status) && pair[1].starts_with('(') => {
+                    Some((first, status))
+                }
+                _ => None,
+            };
+            if let Some((code, status)) = named {
+                if let Some(&expected) = table.get(code) {
+                    if expected != status {
+                        found.push(format!(
+                            "{path}:{}: `{code}` is named with {status}; the error-code table \
+                             answers it with {expected}",
+                            n + 1
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Makefile targets (`name:` at the start of a line, not a pattern or file rule) that
+/// `build` (BUILD.md) never names as `` `make name` ``.
+pub fn undocumented_make_targets(makefile: &str, build: &str) -> Vec<String> {
+    let documented: BTreeSet<&str> = build
+        .split("`make ")
+        .skip(1)
+        .filter_map(|rest| {
+            let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))?;
+            Some(&rest[..end])
+        })
+        .collect();
+    let targets: BTreeSet<&str> = makefile
+        .lines()
+        .filter(|line| line.starts_with(|c: char| c.is_ascii_lowercase()))
+        .filter_map(|line| {
+            let (name, rest) = line.split_once(':')?;
+            let is_target = !rest.starts_with('=')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+            is_target.then_some(name)
+        })
+        .collect();
+    targets
+        .difference(&documented)
+        .map(|t| format!("BUILD.md: the target table does not name `make {t}` (Makefile)"))
+        .collect()
+}
+
 /// Each workspace package and the workspace packages it has a normal (not dev, not
 /// build) dependency on, from `cargo metadata --format-version 1 --no-deps`.
 pub fn crate_graph(metadata: &serde_json::Value) -> BTreeMap<String, BTreeSet<String>> {
@@ -487,6 +565,30 @@ fn resolve(dir: &[&str], target: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_named_against_the_table_is_reported() {
+        let readme = "| `busy` | 429 | Every slot. |\n| `internal` | 500 | Failed. |\n";
+        let table = error_code_statuses(readme);
+        assert_eq!(table.get("busy"), Some(&429));
+        let text = "a slot, else `503 busy`.\nok: 429 `busy`, and `internal` (500).\n\
+                    wrong: `internal` (502); 404 not found.";
+        let found = status_code_drift("doc.md", text, &table);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].starts_with("doc.md:1:") && found[0].contains("503"));
+        assert!(found[1].starts_with("doc.md:3:") && found[1].contains("502"));
+    }
+
+    #[test]
+    fn a_make_target_missing_from_build_md_is_reported() {
+        let makefile = ".PHONY: a\ntest: deps\n\tcargo test\nCARGO ?= cargo\nX := 1\n\
+                        examples/c/%.wasm: x\nserve-compare: deps\n";
+        let build = "| `make test` | … |\n";
+        assert_eq!(
+            undocumented_make_targets(makefile, build),
+            vec!["BUILD.md: the target table does not name `make serve-compare` (Makefile)"]
+        );
+    }
 
     #[test]
     fn a_file_without_a_module_doc_is_reported() {

@@ -180,6 +180,34 @@ fn the_readme_lists_every_route_and_error_code() {
 }
 
 #[test]
+fn statuses_named_in_prose_match_the_error_code_table() {
+    let table = tensor_wasm_tidy::error_code_statuses(&read("README.md"));
+    assert!(
+        table.len() > 30,
+        "README's error-code table: {} codes",
+        table.len()
+    );
+    let mut docs = vec![root().join("README.md"), root().join("BUILD.md")];
+    walk(&root().join("docs"), "md", &mut docs);
+    let found = docs
+        .iter()
+        .flat_map(|path| {
+            let text = std::fs::read_to_string(path).expect("a doc");
+            tensor_wasm_tidy::status_code_drift(&rel(path), &text, &table)
+        })
+        .collect();
+    assert_clean("status codes in prose", found);
+}
+
+#[test]
+fn build_md_names_every_make_target() {
+    assert_clean(
+        "make targets",
+        tensor_wasm_tidy::undocumented_make_targets(&read("Makefile"), &read("BUILD.md")),
+    );
+}
+
+#[test]
 fn the_crate_graph_in_the_architecture_doc_is_cargo_metadata() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
