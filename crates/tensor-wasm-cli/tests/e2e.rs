@@ -1141,3 +1141,69 @@ fn an_unreadable_function_record_is_quarantined_and_its_module_kept() {
     );
     server.terminate();
 }
+
+/// A backup taken as docs/deploy.md says (`tar` of `layout::backup_paths()`, the server
+/// stopped), restored into an empty data dir: the function still starts from its snapshot
+/// (its init does not run again), the snapshot is listed, a finished job's result is there,
+/// and the tenant's token still works.
+#[test]
+fn backup_and_restore_keep_functions_snapshots_and_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let warm = server.deploy(&examples().join("warm.wat"), "name=warm");
+    let ok = |out: &std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json_of(&out.stdout)
+    };
+    let snap = ok(&server.cli(&["snapshot", "create", &warm, "--init", "init"], b""))["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let initialised = server.call(&warm, "lookup", json!([7])).1["results"].clone();
+    let out = server.cli(&["invoke", &warm, "--export", "init_runs", "--async"], b"");
+    let job = json_of(&out.stdout)["job_id"].as_str().unwrap().to_owned();
+    let out = server.cli(&["job", &job], b"");
+    assert_eq!(json_of(&out.stdout)["status"], "succeeded");
+    server.terminate();
+
+    let archive = dir.path().join("backup.tgz");
+    let data = dir.path();
+    let status = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(data)
+        .args(["--ignore-failed-read", "-czf"])
+        .arg(&archive)
+        .args(tensor_wasm_runtime::layout::backup_paths())
+        .status()
+        .expect("tar");
+    assert!(status.success());
+    let restored = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(restored.path())
+        .arg("-xzf")
+        .arg(&archive)
+        .status()
+        .expect("tar");
+    assert!(status.success());
+
+    let server = start(restored.path(), &[]);
+    assert_eq!(
+        server.call(&warm, "init_runs", json!([])).1["results"],
+        json!([1]),
+        "started from the snapshot, init not run again"
+    );
+    assert_eq!(
+        server.call(&warm, "lookup", json!([7])).1["results"],
+        initialised
+    );
+    let listed = ok(&server.cli(&["snapshot", "list", &warm], b""));
+    assert_eq!(listed["start_from_snapshot"], json!(snap));
+    let out = server.cli(&["job", &job, "--no-wait"], b"");
+    assert_eq!(json_of(&out.stdout)["status"], "succeeded");
+    server.terminate();
+}

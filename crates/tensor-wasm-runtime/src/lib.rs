@@ -35,6 +35,7 @@ mod function_entry;
 mod guest_gpu;
 mod instrument;
 mod invocation_state;
+pub mod layout;
 mod metrics;
 mod outgoing_http;
 mod quarantine;

@@ -324,7 +324,7 @@ impl Runtime {
     ) -> Result<FunctionInfo> {
         {
             let _lock = self.inner.record_lock.lock().expect("lock");
-            let entry = self.entry(id)?;
+            self.entry(id)?;
             let target = match snapshot {
                 None => None,
                 Some(wanted) => {
@@ -344,19 +344,10 @@ impl Runtime {
                     Some(found.id.clone())
                 }
             };
-            if target != entry.record.start_from_snapshot {
-                let record = FunctionRecord {
-                    start_from_snapshot: target,
-                    ..entry.record.clone()
-                };
-                self.inner.store.put_function(&record)?;
-                let replacement = FunctionEntry::new(record);
-                self.inner
-                    .functions
-                    .write()
-                    .expect("lock")
-                    .insert(id.to_owned(), Arc::new(replacement));
-            }
+            self.modify_record(id, |record| {
+                record.start_from_snapshot = target.clone();
+                Ok(())
+            })?;
         }
         self.function(id)
     }

@@ -142,6 +142,21 @@ pub trait FunctionStore: Send + Sync + 'static {
     fn module(&self, sha256: &str) -> Result<Vec<u8>>;
     /// Writes a function record atomically; durable when it returns.
     fn put_function(&self, record: &FunctionRecord) -> Result<()>;
+    /// Writes `new` in place of the stored record of function `old.id` if that record is still
+    /// `old`; durable when it returns `Ok(true)`. `Ok(false)` when it changed since it was
+    /// read (read it again and retry), [`RuntimeError::FunctionNotFound`] when it is gone: a
+    /// change never re-creates a deleted function. The default compares and writes: right for
+    /// a store that one process owns, whose writers hold the runtime's record lock.
+    fn replace_function(&self, old: &FunctionRecord, new: &FunctionRecord) -> Result<bool> {
+        match self.function(&old.id)? {
+            None => Err(RuntimeError::FunctionNotFound(old.id.clone())),
+            Some(current) if current == *old => {
+                self.put_function(new)?;
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+        }
+    }
     /// Writes the record of a new function, refusing it when its tenant already has
     /// `bounds.max_functions` functions ([`RuntimeError::FunctionQuotaExceeded`]) or its
     /// module would take the tenant past `bounds.max_stored_bytes`
@@ -151,6 +166,15 @@ pub trait FunctionStore: Send + Sync + 'static {
     fn create_function(&self, record: &FunctionRecord, bounds: &WriteBounds) -> Result<()> {
         let _ = bounds;
         self.put_function(record)
+    }
+    /// Whether a new function of `tenant` whose module takes `adding` bytes would pass
+    /// `bounds` now, checked before the module is stored so that a deploy a quota refuses
+    /// stores nothing. [`FunctionStore::create_function`] still counts, exactly, in its own
+    /// transaction: this check only spares the upload of what would be refused anyway. The
+    /// default admits: a store used by one process relies on that process's own counts.
+    fn check_new_function(&self, tenant: &str, adding: u64, bounds: &WriteBounds) -> Result<()> {
+        let _ = (tenant, adding, bounds);
+        Ok(())
     }
     /// Deletes a function record; `false` if it did not exist.
     fn delete_function(&self, id: &str) -> Result<bool>;

@@ -15,6 +15,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "replicas",
         include_str!("../migrations/0004_replicas.sql"),
     ),
+    (
+        5,
+        "versions",
+        include_str!("../migrations/0005_versions.sql"),
+    ),
 ];
 
 /// Key of the session-level advisory lock held while migrating (ASCII "twmigrat").

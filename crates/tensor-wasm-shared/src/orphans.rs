@@ -47,6 +47,25 @@ async fn list(blobs: &dyn ObjectStore, prefix: &str) -> Shared<Vec<(ObjectPath, 
 }
 
 impl SharedStore {
+    /// How many objects object storage holds for this store (modules and snapshot images), and
+    /// their bytes: a listing, for operators' checks and tests.
+    ///
+    /// # Errors
+    /// When object storage cannot be reached.
+    pub fn blob_totals(&self) -> Result<(u64, u64)> {
+        let blobs = self.blobs.clone();
+        self.with_db("blobs", move |_db| async move {
+            let (mut count, mut bytes) = (0u64, 0u64);
+            for prefix in ["modules", "snapshots"] {
+                for (_, size, _) in list(blobs.as_ref(), prefix).await? {
+                    count += 1;
+                    bytes += size;
+                }
+            }
+            Ok((count, bytes))
+        })
+    }
+
     /// Removes (or with `dry_run` only counts) the orphaned blobs older than `grace`.
     ///
     /// # Errors

@@ -339,6 +339,33 @@ async fn over_stored_bytes(
     )
 }
 
+/// The refusal of a new function of `tenant` with `adding` bytes of module: the tenant has
+/// `bounds.max_functions` functions already, or the bytes would take it past
+/// `bounds.max_stored_bytes`. Exact when called holding [`lock_tenant`].
+async fn new_function_refusal(
+    tx: &tokio_postgres::Transaction<'_>,
+    tenant: &str,
+    adding: u64,
+    bounds: &WriteBounds,
+) -> Shared<Option<RuntimeError>> {
+    if let Some(limit) = bounds.max_functions {
+        let count: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM tw_functions WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await?
+            .get(0);
+        if count as u64 >= limit {
+            return Ok(Some(RuntimeError::FunctionQuotaExceeded {
+                tenant: tenant.to_owned(),
+                limit,
+            }));
+        }
+    }
+    over_stored_bytes(tx, tenant, adding, bounds).await
+}
+
 /// Key of the transaction-level advisory lock that orders the change log (ASCII "twchange").
 const CHANGES_LOCK_KEY: i64 = 0x7477_6368_616e_6765;
 
@@ -413,7 +440,8 @@ impl FunctionStore for SharedStore {
             execute_logged(
                 &db,
                 "INSERT INTO tw_functions (id, tenant, record) VALUES ($1, $2, $3)
-                 ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, updated_at = now()",
+                 ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record,
+                     version = tw_functions.version + 1, updated_at = now()",
                 &[&id, &tenant, &json],
                 "function",
                 &id,
@@ -421,6 +449,19 @@ impl FunctionStore for SharedStore {
             .await
             .map(drop)
         })
+    }
+
+    fn check_new_function(&self, tenant: &str, adding: u64, bounds: &WriteBounds) -> Result<()> {
+        if bounds.max_functions.is_none() && bounds.max_stored_bytes.is_none() {
+            return Ok(());
+        }
+        let (tenant, bounds) = (tenant.to_owned(), *bounds);
+        let refused = self.with_db("tw_functions", move |db| async move {
+            let mut client = db.client().await?;
+            let tx = client.transaction().await?;
+            new_function_refusal(&tx, &tenant, adding, &bounds).await
+        })?;
+        refused.map_or(Ok(()), Err)
     }
 
     fn create_function(&self, record: &FunctionRecord, bounds: &WriteBounds) -> Result<()> {
@@ -433,19 +474,7 @@ impl FunctionStore for SharedStore {
             let mut client = db.client().await?;
             let tx = client.transaction().await?;
             lock_tenant(&tx, &tenant).await?;
-            if let Some(limit) = bounds.max_functions {
-                let count: i64 = tx
-                    .query_one(
-                        "SELECT count(*) FROM tw_functions WHERE tenant = $1",
-                        &[&tenant],
-                    )
-                    .await?
-                    .get(0);
-                if count as u64 >= limit {
-                    return Ok(Some(RuntimeError::FunctionQuotaExceeded { tenant, limit }));
-                }
-            }
-            if let Some(refusal) = over_stored_bytes(&tx, &tenant, adding, &bounds).await? {
+            if let Some(refusal) = new_function_refusal(&tx, &tenant, adding, &bounds).await? {
                 return Ok(Some(refusal));
             }
             tx.execute(
@@ -473,6 +502,44 @@ impl FunctionStore for SharedStore {
             .await?;
             Ok(deleted > 0)
         })
+    }
+
+    fn replace_function(&self, old: &FunctionRecord, new: &FunctionRecord) -> Result<bool> {
+        let id = old.id.clone();
+        let current = self.with_db("tw_functions", |db| async move {
+            let client = db.client().await?;
+            let row = client
+                .query_opt(
+                    "SELECT record, version FROM tw_functions WHERE id = $1",
+                    &[&id],
+                )
+                .await?;
+            row.map(|row| {
+                let record: FunctionRecord =
+                    from_json(row.get(0), &format!("function record {id}"))?;
+                Ok((record, row.get::<_, i64>(1)))
+            })
+            .transpose()
+        })?;
+        let Some((current, version)) = current else {
+            return Err(RuntimeError::FunctionNotFound(old.id.clone()));
+        };
+        if current != *old {
+            return Ok(false);
+        }
+        let (id, json) = (new.id.clone(), to_json(new));
+        let written = self.with_db("tw_functions", |db| async move {
+            execute_logged(
+                &db,
+                "UPDATE tw_functions SET record = $2, version = version + 1, updated_at = now()
+                 WHERE id = $1 AND version = $3",
+                &[&id, &json, &version],
+                "function",
+                &id,
+            )
+            .await
+        })?;
+        Ok(written == 1)
     }
 
     fn function(&self, id: &str) -> Result<Option<FunctionRecord>> {

@@ -9,6 +9,9 @@ use tensor_wasm_tenant::{StoredAdmin, StoredTenant, TenantError, TenantStore};
 use crate::error::SharedStoreError;
 use crate::store::{decode_rows, execute_logged, from_json, Shared, SharedStore};
 
+/// How many times a change is read and applied again when other writers keep coming first.
+pub(crate) const MAX_WRITE_ATTEMPTS: usize = 32;
+
 /// Key of the advisory lock under which a replica opens its registry and bootstraps the
 /// administrator and the default tenant, so that replicas starting together bootstrap once
 /// (ASCII "twbootst").
@@ -43,7 +46,8 @@ impl TenantStore for SharedStore {
             execute_logged(
                 &db,
                 "INSERT INTO tw_tenants (id, record) VALUES ($1, $2)
-                 ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, updated_at = now()",
+                 ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record,
+                     version = tw_tenants.version + 1, updated_at = now()",
                 &[&id, &json],
                 "tenant",
                 &id,
@@ -51,6 +55,57 @@ impl TenantStore for SharedStore {
             .await
             .map(drop)
         })
+    }
+
+    fn modify(
+        &self,
+        id: &str,
+        change: &mut dyn FnMut(&mut StoredTenant) -> Result<(), TenantError>,
+    ) -> Result<StoredTenant, TenantError> {
+        for _ in 0..MAX_WRITE_ATTEMPTS {
+            let key = id.to_owned();
+            let current = self.tenants_db("tw_tenants", |db| async move {
+                let client = db.client().await?;
+                let row = client
+                    .query_opt(
+                        "SELECT record, version FROM tw_tenants WHERE id = $1",
+                        &[&key],
+                    )
+                    .await?;
+                row.map(|row| {
+                    let record: StoredTenant =
+                        from_json(row.get(0), &format!("tenant record {key}"))?;
+                    Ok((record, row.get::<_, i64>(1)))
+                })
+                .transpose()
+            })?;
+            let Some((mut record, version)) = current else {
+                return Err(TenantError::NotFound(id.to_owned()));
+            };
+            change(&mut record)?;
+            let (key, json) = (
+                id.to_owned(),
+                serde_json::to_value(&record).expect("tenant records serialize"),
+            );
+            let written = self.tenants_db("tw_tenants", |db| async move {
+                execute_logged(
+                    &db,
+                    "UPDATE tw_tenants SET record = $2, version = version + 1, updated_at = now()
+                     WHERE id = $1 AND version = $3",
+                    &[&key, &json, &version],
+                    "tenant",
+                    &key,
+                )
+                .await
+            })?;
+            if written == 1 {
+                return Ok(record);
+            }
+            // Another writer came first, or the tenant is gone: read again.
+        }
+        Err(TenantError::Unavailable(format!(
+            "tenant {id}: {MAX_WRITE_ATTEMPTS} other writers changed it first; retry"
+        )))
     }
 
     fn delete(&self, id: &str) -> Result<bool, TenantError> {

@@ -91,6 +91,10 @@ fn the_shared_store_on_real_postgresql_and_s3() {
     tenants_are_shared_and_bootstrapped_once(&pg, &s3);
     stored_bytes_and_snapshot_counts_hold_exactly_across_replicas(&pg, &s3);
     orphaned_blobs_are_collected_after_the_grace_period(&pg, &s3);
+    concurrent_tenant_changes_are_never_lost(&pg, &s3);
+    a_change_never_re_creates_a_deleted_function(&pg, &s3);
+    records_written_before_versions_upgrade(&pg, &s3);
+    a_deploy_refused_by_a_quota_uploads_nothing(&pg, &s3);
 }
 
 fn migrations_apply_once_when_replicas_start_together(pg: &Postgres, s3: &S3Server) {
@@ -635,4 +639,228 @@ fn orphaned_blobs_are_collected_after_the_grace_period(pg: &Postgres, s3: &S3Ser
     // Deployed again after its collection: the module is stored again, whole.
     assert_eq!(store.put_module(&gone_module).unwrap(), gone_sha);
     assert_eq!(store.module(&gone_sha).unwrap(), gone_module);
+}
+
+/// Two replicas change one tenant at the same moment, each from its own copy: B revokes a
+/// token (or grants the raw-kernel capability) while A creates another token. Every change
+/// is kept: the revoked token never authenticates again (a third registry, opened fresh, and
+/// A itself after it adopts the stored record), and the grant holds. Before changes were
+/// written against the version read, the slower writer put its stale copy back (about half
+/// of such rounds brought a revoked token back).
+fn concurrent_tenant_changes_are_never_lost(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("tenant_races");
+    let config = blobs(s3, "tw-test", "tenant-races");
+    let open = || {
+        let store = Arc::new(SharedStore::connect(&url, &config).unwrap());
+        TenantRegistry::open(store, TenantMetrics::unregistered().unwrap()).unwrap()
+    };
+    let (a, b) = (open(), open());
+    let (info, _) = a
+        .create_tenant("racer", Quotas::default(), GpuIsolation::default())
+        .unwrap();
+    b.reload_tenant(&info.id).unwrap();
+    let mut revoked = Vec::new();
+    for round in 0..20 {
+        let victim = a
+            .create_token(&info.id, &format!("victim-{round}"))
+            .unwrap();
+        b.reload_tenant(&info.id).unwrap();
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                barrier.wait();
+                assert!(b.revoke_token(&info.id, &victim.info.id).unwrap());
+                b.set_raw_ptx(&info.id, round % 2 == 0).unwrap();
+            });
+            scope.spawn(|| {
+                barrier.wait();
+                a.create_token(&info.id, &format!("other-{round}")).unwrap();
+            });
+        });
+        revoked.push(victim);
+        // B's grant of this round is the last write to the capability.
+        let fresh = open();
+        let tenant = fresh.lookup(&info.id).unwrap();
+        assert_eq!(tenant.raw_ptx(), round % 2 == 0, "round {round}");
+    }
+    let fresh = open();
+    a.reload_tenant(&info.id).unwrap();
+    for (round, token) in revoked.iter().enumerate() {
+        assert!(
+            fresh.authenticate(&token.secret).is_none() && a.authenticate(&token.secret).is_none(),
+            "round {round}: the revoked token authenticates again"
+        );
+    }
+    // Every token created is kept: 20 victims (revoked) and 20 others.
+    let stored = fresh.info(&info.id).unwrap();
+    assert_eq!(stored.tokens.len(), 1 + 40, "{stored:?}");
+}
+
+/// A change made on a replica that has not yet seen a delete made elsewhere finds the function
+/// gone and says so; it does not write the record back.
+fn a_change_never_re_creates_a_deleted_function(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("undelete");
+    let config = blobs(s3, "tw-test", "undelete");
+    let store = Arc::new(SharedStore::connect(&url, &config).unwrap());
+    let module = store.put_module(b"\0asm\x01\0\0\0").unwrap();
+    let a = record("fn-undelete", &module);
+    store.put_function(&a).unwrap();
+    let mut changed = a.clone();
+    changed.limits.raw_ptx = true;
+    // Changed since it was read: refused, nothing written.
+    let mut other = a.clone();
+    other.limits.timeout_ms += 1;
+    store.put_function(&other).unwrap();
+    assert!(!store.replace_function(&a, &changed).unwrap());
+    assert_eq!(store.function("fn-undelete").unwrap(), Some(other.clone()));
+    // As read: written.
+    let mut next = other.clone();
+    next.limits.raw_ptx = true;
+    assert!(store.replace_function(&other, &next).unwrap());
+    // Deleted meanwhile: not found, and still deleted.
+    assert!(store.delete_function("fn-undelete").unwrap());
+    let err = store.replace_function(&next, &changed).unwrap_err();
+    assert!(
+        matches!(err, tensor_wasm_runtime::RuntimeError::FunctionNotFound(_)),
+        "{err:?}"
+    );
+    assert_eq!(store.function("fn-undelete").unwrap(), None);
+
+    // The same through a runtime that still holds the function (it has not yet seen the
+    // delete another replica made): its change answers not found and writes nothing back.
+    let dir = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig {
+        guest_memory: GuestMemory::Pooled,
+        allow_raw_ptx: true,
+        ..RuntimeConfig::for_tests(dir.path())
+    };
+    let metrics = RuntimeMetrics::register(&prometheus::Registry::new()).unwrap();
+    let rt = Runtime::open(config, store.clone(), metrics).unwrap();
+    let wat = "(module (func (export \"f\") (result i32) i32.const 1))";
+    let id = rt
+        .deploy(wat.as_bytes(), DeploySpec::export("soon-deleted"))
+        .unwrap()
+        .record
+        .id;
+    assert!(
+        store.delete_function(&id).unwrap(),
+        "deleted by another replica"
+    );
+    let err = rt.set_raw_ptx(&id, true).unwrap_err();
+    assert!(
+        matches!(err, tensor_wasm_runtime::RuntimeError::FunctionNotFound(_)),
+        "{err:?}"
+    );
+    assert_eq!(store.function(&id).unwrap(), None, "re-created by a change");
+    assert_eq!(
+        psql(pg, "undelete", "SELECT count(*) FROM tw_functions"),
+        vec!["0"]
+    );
+}
+
+/// A database written before records had versions (schema 4) is migrated in place: its
+/// tenant and function records keep their contents, start at version 0, and take changes.
+fn records_written_before_versions_upgrade(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("upgrade");
+    let config = blobs(s3, "tw-test", "upgrade");
+    // Schema 4 as the previous build left it, with one tenant and one function in it.
+    let store = SharedStore::connect(&url, &config).unwrap();
+    let registry =
+        TenantRegistry::open(Arc::new(store), TenantMetrics::unregistered().unwrap()).unwrap();
+    let (info, old_token) = registry
+        .create_tenant("old", Quotas::default(), GpuIsolation::default())
+        .unwrap();
+    let store = SharedStore::connect(&url, &config).unwrap();
+    let module = store.put_module(b"\0asm\x01\0\0\0").unwrap();
+    store.put_function(&record("fn-old", &module)).unwrap();
+    drop(registry);
+    psql(
+        pg,
+        "upgrade",
+        "ALTER TABLE tw_tenants DROP COLUMN version; ALTER TABLE tw_functions DROP COLUMN version; \
+         DELETE FROM tw_schema_migrations WHERE version = 5",
+    );
+    assert_eq!(
+        psql(
+            pg,
+            "upgrade",
+            "SELECT max(version) FROM tw_schema_migrations"
+        ),
+        vec!["4"]
+    );
+    // This build migrates it.
+    let store = Arc::new(SharedStore::connect(&url, &config).unwrap());
+    assert_eq!(
+        psql(
+            pg,
+            "upgrade",
+            "SELECT max(version) FROM tw_schema_migrations"
+        ),
+        vec![SCHEMA_VERSION.to_string()]
+    );
+    assert_eq!(
+        psql(pg, "upgrade", "SELECT version FROM tw_tenants"),
+        vec!["0"]
+    );
+    let registry =
+        TenantRegistry::open(store.clone(), TenantMetrics::unregistered().unwrap()).unwrap();
+    assert!(registry.authenticate(&old_token.secret).is_some());
+    registry.create_token(&info.id, "after-upgrade").unwrap();
+    assert_eq!(
+        psql(pg, "upgrade", "SELECT version FROM tw_tenants"),
+        vec!["1"]
+    );
+    let old = store
+        .function("fn-old")
+        .unwrap()
+        .expect("the function survives");
+    let mut patched = old.clone();
+    patched.limits.raw_ptx = true;
+    assert!(store.replace_function(&old, &patched).unwrap());
+    assert_eq!(store.function("fn-old").unwrap(), Some(patched));
+}
+
+/// A tenant at its function-count cap, or at its stored-bytes quota, deploys again: the deploy
+/// is refused and object storage holds exactly the objects and bytes it held before (the
+/// counts are checked before the module is uploaded). Before, each refused deploy of a
+/// distinct module left it in the bucket.
+fn a_deploy_refused_by_a_quota_uploads_nothing(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("quota_first");
+    let store = Arc::new(SharedStore::connect(&url, &blobs(s3, "tw-test", "quota-first")).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let rt = open_runtime(dir.path(), store.clone());
+    let module = |n: u32| format!("(module (func (export \"f{n}\") (result i32) i32.const {n}))");
+    let spec = |name: &str, max_functions: u64, max_stored_bytes: u64| DeploySpec {
+        tenant: "quota-first".into(),
+        max_functions: Some(max_functions),
+        max_stored_bytes: Some(max_stored_bytes),
+        ..DeploySpec::export(name)
+    };
+    rt.deploy(module(1).as_bytes(), spec("one", 1, 1 << 20))
+        .unwrap();
+    let before = store.blob_totals().unwrap();
+    assert_eq!(before.0, 1, "{before:?}");
+    for n in 2..6 {
+        let err = rt
+            .deploy(module(n).as_bytes(), spec(&format!("f{n}"), 1, 1 << 20))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                tensor_wasm_runtime::RuntimeError::FunctionQuotaExceeded { .. }
+            ),
+            "{err:?}"
+        );
+        let err = rt
+            .deploy(module(n).as_bytes(), spec(&format!("g{n}"), 10, 10))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                tensor_wasm_runtime::RuntimeError::StorageQuotaExceeded { .. }
+            ),
+            "{err:?}"
+        );
+    }
+    assert_eq!(store.blob_totals().unwrap(), before);
 }

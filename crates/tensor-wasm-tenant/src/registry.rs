@@ -399,11 +399,9 @@ impl TenantRegistry {
         name: Option<&str>,
     ) -> Result<TenantInfo, TenantError> {
         let mut records = self.records();
-        let current = records
-            .tenants
-            .get(id)
-            .ok_or_else(|| TenantError::NotFound(id.to_owned()))?;
-        let mut record = current.clone();
+        if !records.tenants.contains_key(id) {
+            return Err(TenantError::NotFound(id.to_owned()));
+        }
         if let Some(name) = name {
             if !is_valid_tenant_name(name) {
                 return Err(TenantError::InvalidName(name.to_owned()));
@@ -415,15 +413,16 @@ impl TenantRegistry {
             {
                 return Err(TenantError::NameTaken(name.to_owned()));
             }
-            record.name = name.to_owned();
         }
-        record.quotas.apply(patch);
-        self.store.put(&record)?;
-        if let Some(tenant) = read(&self.live).get(id) {
-            tenant.set_profile(&record.name, &record.quotas);
-        }
+        let record = self.store.modify(id, &mut |record| {
+            if let Some(name) = name {
+                record.name = name.to_owned();
+            }
+            record.quotas.apply(patch);
+            Ok(())
+        })?;
         let info = info_of(&record);
-        records.tenants.insert(id.to_owned(), record);
+        self.adopt(&mut records, record);
         tracing::info!(tenant = %id, "tenant updated");
         Ok(info)
     }
@@ -434,18 +433,15 @@ impl TenantRegistry {
     /// ([`Tenant::raw_ptx`]). Only the admin may call this (the API checks).
     pub fn set_raw_ptx(&self, id: &str, granted: bool) -> Result<TenantInfo, TenantError> {
         let mut records = self.records();
-        let current = records
-            .tenants
-            .get(id)
-            .ok_or_else(|| TenantError::NotFound(id.to_owned()))?;
-        let mut record = current.clone();
-        record.raw_ptx = granted;
-        self.store.put(&record)?;
-        if let Some(tenant) = read(&self.live).get(id) {
-            tenant.set_raw_ptx(granted);
+        if !records.tenants.contains_key(id) {
+            return Err(TenantError::NotFound(id.to_owned()));
         }
+        let record = self.store.modify(id, &mut |record| {
+            record.raw_ptx = granted;
+            Ok(())
+        })?;
         let info = info_of(&record);
-        records.tenants.insert(id.to_owned(), record);
+        self.adopt(&mut records, record);
         tracing::info!(tenant = %id, granted, "raw-kernel capability changed");
         Ok(info)
     }
@@ -492,20 +488,15 @@ impl TenantRegistry {
         label: &str,
     ) -> Result<NewToken, TenantError> {
         check_label(label)?;
-        let current = records
-            .tenants
-            .get(id)
-            .ok_or_else(|| TenantError::NotFound(id.to_owned()))?;
-        let tenant = read(&self.live)
-            .get(id)
-            .cloned()
-            .ok_or_else(|| TenantError::NotFound(id.to_owned()))?;
-        let (stored_token, token, hash) = mint_token(label)?;
-        let mut record = current.clone();
-        record.tokens.push(stored_token);
-        self.store.put(&record)?;
-        records.tenants.insert(id.to_owned(), record);
-        write(&self.credentials).insert(hash, Credential::Tenant(tenant));
+        if !records.tenants.contains_key(id) {
+            return Err(TenantError::NotFound(id.to_owned()));
+        }
+        let (stored_token, token, _hash) = mint_token(label)?;
+        let record = self.store.modify(id, &mut |record| {
+            record.tokens.push(stored_token.clone());
+            Ok(())
+        })?;
+        self.adopt(records, record);
         tracing::info!(tenant = %id, token = %token.info.id, "token created");
         Ok(token)
     }
@@ -515,25 +506,23 @@ impl TenantRegistry {
     /// `Ok(false)` when it has none, `NotFound` when there is no such tenant.
     pub fn revoke_token(&self, id: &str, token_id: &str) -> Result<bool, TenantError> {
         let mut records = self.records();
-        let current = records
-            .tenants
-            .get(id)
-            .ok_or_else(|| TenantError::NotFound(id.to_owned()))?;
-        let Some(index) = current.tokens.iter().position(|t| t.id == token_id) else {
-            return Ok(false);
-        };
-        if current.tokens[index].revoked {
-            return Ok(true);
+        if !records.tenants.contains_key(id) {
+            return Err(TenantError::NotFound(id.to_owned()));
         }
-        let mut record = current.clone();
-        record.tokens[index].revoked = true;
-        self.store.put(&record)?;
-        if let Some(hash) = parse_hash(&record.tokens[index].sha256) {
-            write(&self.credentials).remove(&hash);
+        let mut found = false;
+        let record = self.store.modify(id, &mut |record| {
+            found = false;
+            if let Some(token) = record.tokens.iter_mut().find(|t| t.id == token_id) {
+                found = true;
+                token.revoked = true;
+            }
+            Ok(())
+        })?;
+        self.adopt(&mut records, record);
+        if found {
+            tracing::info!(tenant = %id, token = %token_id, "token revoked");
         }
-        records.tenants.insert(id.to_owned(), record);
-        tracing::info!(tenant = %id, token = %token_id, "token revoked");
-        Ok(true)
+        Ok(found)
     }
 
     /// Brings tenant `id` up to date with the store, for a replica that follows a shared
@@ -546,21 +535,32 @@ impl TenantRegistry {
     /// The store's error; the registry is then unchanged.
     pub fn reload_tenant(&self, id: &str) -> Result<(), TenantError> {
         let mut records = self.records();
-        let fresh = self.store.get(id)?;
+        match self.store.get(id)? {
+            Some(record) => self.adopt(&mut records, record),
+            None => {
+                write(&self.credentials).retain(
+                    |_, credential| !matches!(credential, Credential::Tenant(t) if t.id() == id),
+                );
+                records.tenants.remove(id);
+                if let Some(tenant) = write(&self.live).remove(id) {
+                    tenant.mark_deleted();
+                    self.metrics.remove(id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `record`, as the store holds it now, this registry's view of its tenant: its
+    /// live tenant's name, quotas and capability, and its credentials (exactly its tokens
+    /// that are not revoked). Usage counters stay as they are.
+    fn adopt(&self, records: &mut Records, record: StoredTenant) {
+        let id = record.id.clone();
         let mut credentials = write(&self.credentials);
         credentials
             .retain(|_, credential| !matches!(credential, Credential::Tenant(t) if t.id() == id));
-        let Some(record) = fresh else {
-            drop(credentials);
-            records.tenants.remove(id);
-            if let Some(tenant) = write(&self.live).remove(id) {
-                tenant.mark_deleted();
-                self.metrics.remove(id);
-            }
-            return Ok(());
-        };
         let tenant = write(&self.live)
-            .entry(id.to_owned())
+            .entry(id.clone())
             .or_insert_with(|| {
                 Arc::new(Tenant::new(
                     record.id.clone(),
@@ -580,8 +580,7 @@ impl TenantRegistry {
                 credentials.insert(hash, Credential::Tenant(Arc::clone(&tenant)));
             }
         }
-        records.tenants.insert(id.to_owned(), record);
-        Ok(())
+        records.tenants.insert(id, record);
     }
 
     /// Brings the admin credential up to date with the store (bootstrapped or replaced by

@@ -90,6 +90,27 @@ pub trait TenantStore: Send + Sync + 'static {
     fn get(&self, id: &str) -> Result<Option<StoredTenant>, TenantError> {
         Ok(self.all()?.into_iter().find(|tenant| tenant.id == id))
     }
+    /// Changes the record of tenant `id` by `change`, applied to the record as stored now
+    /// (never to a copy read earlier), and returns the record written. A shared store writes
+    /// conditionally on the version it read and, when another writer came first, reads again
+    /// and applies `change` again, so that no concurrent change is lost. `NotFound` when
+    /// there is no such tenant: a change never re-creates a deleted one. An error of
+    /// `change` is returned as it is, with nothing written.
+    ///
+    /// The default reads, changes and writes back: right for a store that one process owns,
+    /// whose registry serializes its writes.
+    fn modify(
+        &self,
+        id: &str,
+        change: &mut dyn FnMut(&mut StoredTenant) -> Result<(), TenantError>,
+    ) -> Result<StoredTenant, TenantError> {
+        let mut record = self
+            .get(id)?
+            .ok_or_else(|| TenantError::NotFound(id.to_owned()))?;
+        change(&mut record)?;
+        self.put(&record)?;
+        Ok(record)
+    }
     /// Inserts or replaces the admin record.
     fn put_admin(&self, admin: &StoredAdmin) -> Result<(), TenantError>;
     /// The admin record, if one was written.

@@ -228,6 +228,15 @@ impl Runtime {
             self.inner
                 .storage
                 .reserve(&spec.tenant, binary.len() as u64, quota, || Ok(()))?;
+        let bounds = crate::WriteBounds {
+            max_functions: spec.max_functions,
+            max_stored_bytes: Some(quota),
+            ..crate::WriteBounds::default()
+        };
+        // A deploy the shared counts refuse stores nothing.
+        self.inner
+            .store
+            .check_new_function(&spec.tenant, binary.len() as u64, &bounds)?;
         let stored_sha = self.inner.store.put_module(&binary)?;
         debug_assert_eq!(stored_sha, sha);
         let record = FunctionRecord {
@@ -242,11 +251,6 @@ impl Runtime {
             limits,
             start_from_snapshot: None,
             component,
-        };
-        let bounds = crate::WriteBounds {
-            max_functions: spec.max_functions,
-            max_stored_bytes: Some(quota),
-            ..crate::WriteBounds::default()
         };
         self.inner.store.create_function(&record, &bounds)?;
         reservation.commit();
@@ -346,23 +350,50 @@ impl Runtime {
         {
             let _lock = self.inner.record_lock.lock().expect("lock");
             let entry = self.entry(id)?;
-            if raw_ptx != entry.record.limits.raw_ptx {
-                if raw_ptx {
-                    self.check_raw_ptx_grant(&entry.record.tenant)?;
-                }
-                let mut record = entry.record.clone();
+            if raw_ptx {
+                self.check_raw_ptx_grant(&entry.record.tenant)?;
+            }
+            self.modify_record(id, |record| {
                 record.limits.raw_ptx = raw_ptx;
-                self.inner.store.put_function(&record)?;
+                Ok(())
+            })?;
+        }
+        self.function(id)
+    }
+
+    /// Changes the record of function `id` by `change`, applied to the record as the store
+    /// holds it now (not to this replica's copy, which may be behind another replica's
+    /// change), and makes the result this runtime's entry. The write is conditional on the
+    /// record read ([`crate::FunctionStore::replace_function`]); when another writer came first it
+    /// is read and changed again. A function deleted meanwhile stays deleted
+    /// ([`RuntimeError::FunctionNotFound`]). The caller holds `record_lock`.
+    pub(crate) fn modify_record(
+        &self,
+        id: &str,
+        change: impl Fn(&mut FunctionRecord) -> Result<()>,
+    ) -> Result<()> {
+        const ATTEMPTS: usize = 32;
+        for _ in 0..ATTEMPTS {
+            let current = self
+                .inner
+                .store
+                .function(id)?
+                .ok_or_else(|| RuntimeError::FunctionNotFound(id.to_owned()))?;
+            let mut record = current.clone();
+            change(&mut record)?;
+            if record == current || self.inner.store.replace_function(&current, &record)? {
                 // The loaded module stays in the module cache (keyed by its hash).
-                let replacement = FunctionEntry::new(record);
                 self.inner
                     .functions
                     .write()
                     .expect("lock")
-                    .insert(id.to_owned(), Arc::new(replacement));
+                    .insert(id.to_owned(), Arc::new(FunctionEntry::new(record)));
+                return Ok(());
             }
         }
-        self.function(id)
+        Err(RuntimeError::StoreUnavailable(format!(
+            "function {id}: {ATTEMPTS} other writers changed it first; retry"
+        )))
     }
 
     /// Whether a function of `tenant` may be given the raw-kernel
