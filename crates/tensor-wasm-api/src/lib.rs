@@ -62,6 +62,7 @@ pub use jobs::{Claim, Job, JobLimits, JobQueue, JobStatus, QueueSettings, Submit
 pub use metrics::{HttpMetrics, HttpRequestLabels, ROUTE_TEMPLATES};
 pub use openapi::OPENAPI_JSON;
 pub use serve::{serve, ServeLimits};
+pub use tenants::RegistryPolicy;
 
 /// Settings of the HTTP layer.
 #[derive(Clone)]
@@ -145,10 +146,9 @@ impl AppState {
     /// `registry`, which `/metrics` serves. Starts not ready (see
     /// [`AppState::set_ready`]).
     ///
-    /// Passes every tenant's GPU isolation level to the runtime
-    /// ([`Runtime::set_tenant_gpu_isolation`]); the tenant admin routes keep
-    /// it in sync afterwards. Tenants created or deleted on `tenants` other
-    /// than through those routes reach the runtime at the next start.
+    /// Makes `tenants` the runtime's one source of tenant policy
+    /// ([`RegistryPolicy`], [`Runtime::set_tenant_policy`]): a tenant's capability and GPU
+    /// isolation level are read from it when they are needed, never copied.
     pub fn new(
         runtime: Runtime,
         registry: Registry,
@@ -157,12 +157,8 @@ impl AppState {
         auth: AuthMode,
     ) -> prometheus::Result<Self> {
         let http = HttpMetrics::register(&registry)?;
-        // The runtime learns each tenant's GPU isolation level from here and
-        // from the tenant admin routes (which keep it in sync).
-        for tenant in tenants.list() {
-            tenants::sync_gpu_isolation(&runtime, &tenant.id, tenant.gpu_isolation);
-            tenants::sync_raw_ptx(&runtime, &tenant.id, tenant.raw_ptx);
-        }
+        // The runtime asks the registry for each tenant's capability and isolation level.
+        runtime.set_tenant_policy(Arc::new(tenants::RegistryPolicy::new(tenants.clone())));
         let slots = Arc::new(Semaphore::new(runtime.config().max_instances as usize));
         let metrics_token = config.metrics_token.clone();
         Ok(AppState {

@@ -9,7 +9,11 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tensor_wasm_tenant::{is_valid_tenant_id, GpuIsolation, Quotas, QuotasPatch, TenantError};
+use std::sync::Arc;
+
+use tensor_wasm_tenant::{
+    is_valid_tenant_id, GpuIsolation, Quotas, QuotasPatch, TenantError, TenantRegistry,
+};
 
 use crate::auth::Caller;
 use crate::{ApiError, AppState, ErrorCode};
@@ -33,20 +37,56 @@ pub(crate) fn runtime_gpu_isolation(
     }
 }
 
-/// Tells the runtime whether tenant `id` holds the raw-kernel capability
-/// (its raw-kernel functions start only while it does).
-pub(crate) fn sync_raw_ptx(runtime: &tensor_wasm_runtime::Runtime, id: &str, granted: bool) {
-    runtime.set_tenant_raw_ptx(id, granted);
+/// The tenant registry as the runtime's one source of tenant policy
+/// ([`tensor_wasm_runtime::TenantPolicy`]): the capability and GPU isolation level each tenant
+/// has in the registry now, which the admin routes change and a replica's change-log follower
+/// reloads. With a freshness check (a replica of a shared store), a replica that cannot vouch
+/// for being current answers that no tenant holds the raw-kernel capability (fail closed).
+pub struct RegistryPolicy {
+    tenants: Arc<TenantRegistry>,
+    fresh: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
-/// Tells the runtime the GPU isolation level tenant `id` recorded (see
-/// [`runtime_gpu_isolation`]).
-pub(crate) fn sync_gpu_isolation(
-    runtime: &tensor_wasm_runtime::Runtime,
-    id: &str,
-    level: GpuIsolation,
-) {
-    runtime.set_tenant_gpu_isolation(id, runtime_gpu_isolation(level));
+impl std::fmt::Debug for RegistryPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryPolicy")
+            .field("tenants", &self.tenants.len())
+            .field("following", &self.fresh.is_some())
+            .finish()
+    }
+}
+
+impl RegistryPolicy {
+    /// The policy of `tenants`, always current (one process owns the registry).
+    pub fn new(tenants: Arc<TenantRegistry>) -> Self {
+        RegistryPolicy {
+            tenants,
+            fresh: None,
+        }
+    }
+
+    /// The policy of `tenants` kept current by a change-log follower; `fresh` says whether
+    /// it has read the log recently enough.
+    pub fn following(
+        tenants: Arc<TenantRegistry>,
+        fresh: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) -> Self {
+        RegistryPolicy {
+            tenants,
+            fresh: Some(fresh),
+        }
+    }
+}
+
+impl tensor_wasm_runtime::TenantPolicy for RegistryPolicy {
+    fn raw_ptx(&self, tenant: &str) -> Option<bool> {
+        let granted = self.tenants.lookup(tenant)?.raw_ptx();
+        Some(granted && self.fresh.as_ref().is_none_or(|fresh| fresh()))
+    }
+
+    fn gpu_isolation(&self, tenant: &str) -> Option<tensor_wasm_runtime::GpuIsolation> {
+        runtime_gpu_isolation(self.tenants.lookup(tenant)?.isolation())
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,10 +165,6 @@ pub(crate) async fn create_tenant(
             .set_raw_ptx(&info.id, true)
             .map_err(tenant_error)?;
     }
-    // Before the token is returned, so no function of the tenant can have
-    // been instantiated at another level.
-    sync_gpu_isolation(&state.inner.runtime, &info.id, info.gpu_isolation);
-    sync_raw_ptx(&state.inner.runtime, &info.id, info.raw_ptx);
     let location = format!("/tenants/{}", info.id);
     let body = json!({ "tenant": info, "token": token.secret, "token_id": token.info.id });
     Ok((
@@ -184,17 +220,13 @@ pub(crate) async fn update_tenant(
         .update(&id, &req.quotas, req.name.as_deref())
         .map_err(tenant_error)?;
     if let Some(granted) = req.raw_ptx {
-        // Withheld from the runtime before the record says so: a revoke
-        // stops new instances as soon as the admin sees it answered.
-        if !granted {
-            sync_raw_ptx(&state.inner.runtime, &id, false);
-        }
+        // The runtime asks the registry (`RegistryPolicy`): a revoke stops new instances
+        // once the registry holds it, before this answers.
         info = state
             .inner
             .tenants
             .set_raw_ptx(&id, granted)
             .map_err(tenant_error)?;
-        sync_raw_ptx(&state.inner.runtime, &id, info.raw_ptx);
     }
     Ok(Json(
         serde_json::to_value(info).map_err(ApiError::internal)?,
@@ -238,7 +270,6 @@ pub(crate) async fn delete_tenant(
                     tracing::warn!(tenant = %id, error = %e.message, "could not forget a deleted tenant's jobs");
                 }
             }
-            state.inner.runtime.set_tenant_gpu_isolation(&id, None);
             Ok(StatusCode::NO_CONTENT)
         }
         Ok(false) => Err(tenant_not_found(&id)),

@@ -182,6 +182,11 @@ pub struct ServeArgs {
         value_name = "ORIGINS"
     )]
     outgoing_http_allow: Vec<tensor_wasm_runtime::Origin>,
+    /// With `--store`: how long a replica may go without reading the shared change log to its
+    /// end before it fails closed: no tenant's raw-kernel functions start or deploy there, and
+    /// `/readyz` answers 503, until it has caught up again.
+    #[arg(long, env = "TENSOR_WASM_POLICY_STALE_MS", default_value_t = 5000)]
+    policy_stale_ms: u64,
     /// Host resources (streams, pollables, `wasi:http` fields, requests, responses, GPU
     /// buffers ...) one component invocation may hold at once; one more ends it with
     /// `resource_limit_exceeded`.
@@ -386,6 +391,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         jobs: args.jobs.limits(),
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
     };
+    let tenants_for_policy = tenants.clone();
     let state = AppState::new(runtime.clone(), registry, api, tenants, auth)?;
     if let Some(queue) = stores.job_queue() {
         state.use_job_queue(queue, queue_settings.clone())?;
@@ -394,11 +400,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         // Not ready while the shared store's database cannot be reached (loaded functions
         // still answer; the load balancer sends new traffic elsewhere).
         let connected = follower.connection_state();
+        let freshness = follower.freshness();
+        let bound = Duration::from_millis(args.policy_stale_ms);
+        let fresh = {
+            let freshness = freshness.clone();
+            Arc::new(move || freshness.within(bound))
+        };
+        // Behind the change log: no tenant holds the raw-kernel capability here.
+        runtime.set_tenant_policy(Arc::new(tensor_wasm_api::RegistryPolicy::following(
+            tenants_for_policy,
+            fresh,
+        )));
         state.set_ready_check(Arc::new(move || {
-            if connected.load(std::sync::atomic::Ordering::Acquire) {
-                Ok(())
-            } else {
+            if !connected.load(std::sync::atomic::Ordering::Acquire) {
                 Err("the shared store's database cannot be reached".into())
+            } else if !freshness.within(bound) {
+                Err(format!(
+                    "the shared store's change log was not read within {} ms \
+                     (--policy-stale-ms)",
+                    bound.as_millis()
+                ))
+            } else {
+                Ok(())
             }
         }));
     }

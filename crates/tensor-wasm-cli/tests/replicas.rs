@@ -62,6 +62,7 @@ fn three_replicas_share_functions_and_tokens() {
         database.as_str(),
         "--blob-store",
         "s3://tw-replicas/e2e",
+        "--allow-raw-ptx",
     ];
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let start = |dir: &Path| {
@@ -148,6 +149,59 @@ fn three_replicas_share_functions_and_tokens() {
             || request("GET", &replica.url("/functions"), &secret, None).0 == 401,
         );
     }
+
+    // The raw-kernel capability granted on A reaches B within a second (B deploys a raw-kernel
+    // function); revoked on A, B stops starting that function within a second. Before the
+    // runtime asked the tenant registry, B kept its own copy: the grant never reached it, and
+    // a revoke made elsewhere left B running raw kernels until it restarted.
+    let capability = |granted: bool| {
+        let (status, body) = request(
+            "PATCH",
+            &a.url(&format!("/tenants/{tenant}")),
+            &a.admin_auth(),
+            Some(json!({ "raw_ptx": granted })),
+        );
+        assert_eq!(status, 200, "{body}");
+    };
+    assert_eq!(
+        deploy_raw(&b, "name=raw-early&raw_ptx=true").1,
+        "raw_ptx_not_granted"
+    );
+    capability(true);
+    let mut raw = String::new();
+    wait_until(
+        Duration::from_secs(1),
+        "B deploys a raw-kernel function",
+        || {
+            let bytes = std::fs::read(examples_dir().join("calc.wat")).unwrap();
+            let (status, body, _) = b.post(
+                "/functions?name=raw-b&raw_ptx=true",
+                "application/wasm",
+                &bytes,
+            );
+            if status == 201 {
+                raw = json_of(&body)["id"].as_str().unwrap().to_owned();
+            }
+            status == 201
+        },
+    );
+    assert_eq!(b.call(&raw, "add", json!([1, 2])).0, 200);
+    capability(false);
+    wait_until(
+        Duration::from_secs(1),
+        "B stops the raw-kernel function",
+        || {
+            let (status, body) = b.call(&raw, "add", json!([1, 2]));
+            status == 403 && error_code(&body) == "raw_ptx_not_granted"
+        },
+    );
+    let (status, body) = request(
+        "DELETE",
+        &b.url(&format!("/functions/{raw}")),
+        &b.auth(),
+        None,
+    );
+    assert!(status == 200 || status == 204, "{status} {body}");
 
     // A snapshot captured on A: an invocation on B starts from it (B fetches the portable
     // image from object storage and builds its local one).

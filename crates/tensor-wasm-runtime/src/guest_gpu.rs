@@ -87,6 +87,9 @@ pub(crate) struct GpuShared {
     /// module importing `wasi:cuda`; written when tenants are created,
     /// changed or deleted.
     tenant_isolation: RwLock<HashMap<String, GpuIsolation>>,
+    /// The one source of tenant policy, when the embedder gave one
+    /// ([`crate::Runtime::set_tenant_policy`]).
+    policy: RwLock<Option<Arc<dyn crate::TenantPolicy>>>,
 }
 
 impl GpuShared {
@@ -104,7 +107,22 @@ impl GpuShared {
             kernel_seconds,
             blueprints,
             tenant_isolation: RwLock::new(HashMap::new()),
+            policy: RwLock::new(None),
         }
+    }
+
+    /// Makes `policy` the one source of every tenant's GPU isolation level and raw-kernel
+    /// capability; the levels set with [`GpuShared::set_tenant_isolation`] no longer count.
+    pub(crate) fn set_policy(&self, policy: Arc<dyn crate::TenantPolicy>) {
+        *self.policy.write().unwrap_or_else(PoisonError::into_inner) = Some(policy);
+    }
+
+    /// The policy source, when one was given.
+    pub(crate) fn policy(&self) -> Option<Arc<dyn crate::TenantPolicy>> {
+        self.policy
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Sets the GPU isolation level of `tenant`'s lanes: `Some` pins it,
@@ -124,8 +142,12 @@ impl GpuShared {
         }
     }
 
-    /// The level set for `tenant`, if any.
+    /// The level set for `tenant`, if any: the policy source's when there is one (asked each
+    /// time, so an instance gets the level its tenant has now).
     fn pinned_isolation(&self, tenant: &str) -> Option<GpuIsolation> {
+        if let Some(policy) = self.policy() {
+            return policy.gpu_isolation(tenant);
+        }
         self.tenant_isolation
             .read()
             .unwrap_or_else(PoisonError::into_inner)

@@ -108,6 +108,19 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
+/// The one source of each tenant's policy the runtime asks ([`Runtime::set_tenant_policy`]):
+/// the server gives it its tenant registry, which a replica's change-log follower keeps
+/// current. Asked when a deploy asks for raw kernels and when an instance is created, never
+/// copied.
+pub trait TenantPolicy: Send + Sync + std::fmt::Debug + 'static {
+    /// Whether `tenant` holds the raw-kernel capability now; `None` when the source does not
+    /// know the tenant (it then holds nothing). A source that cannot vouch for being current
+    /// answers `Some(false)`: privileged capabilities fail closed.
+    fn raw_ptx(&self, tenant: &str) -> Option<bool>;
+    /// The GPU isolation level `tenant`'s new instances get; `None`: the server's.
+    fn gpu_isolation(&self, tenant: &str) -> Option<crate::GpuIsolation>;
+}
+
 impl Runtime {
     /// Opens the runtime over `store`, with the engine and artifact cache of `config`.
     /// Function records are read now; modules load lazily (see [`Runtime::warm_up`]).
@@ -264,8 +277,9 @@ impl Runtime {
     /// server-wide level (`RuntimeConfig::gpu_isolation`); `None` returns the
     /// tenant to the server-wide level. It applies to instances created after
     /// the call (an instance keeps the lane it started with). The CPU backend
-    /// records it and has nothing to apply it to. The API keeps it in sync
-    /// with the tenant registry; [`Runtime::tenant_gpu_isolation`] reads it.
+    /// records it and has nothing to apply it to. For embedders without a
+    /// policy source ([`Runtime::set_tenant_policy`], which the server uses);
+    /// [`Runtime::tenant_gpu_isolation`] reads it.
     pub fn set_tenant_gpu_isolation(&self, tenant: &str, level: Option<crate::GpuIsolation>) {
         self.inner.gpu.set_tenant_isolation(tenant, level);
     }
@@ -276,7 +290,8 @@ impl Runtime {
         self.inner.gpu.tenant_isolation(tenant)
     }
 
-    /// Whether `tenant` holds the raw-kernel capability: with `false`, its
+    /// For embedders without a policy source ([`Runtime::set_tenant_policy`]):
+    /// whether `tenant` holds the raw-kernel capability: with `false`, its
     /// functions may not be deployed with `raw_ptx`, and its raw-kernel
     /// functions already deployed get no new instance (invocations fail with
     /// [`RuntimeError::RawPtxNotGranted`]) until it is granted again. A tenant
@@ -295,8 +310,22 @@ impl Runtime {
         }
     }
 
-    /// Whether [`Runtime::set_tenant_raw_ptx`] withholds `tenant`'s capability.
+    /// Makes `policy` the one source of every tenant's raw-kernel capability and GPU
+    /// isolation level: asked at each deploy asking for raw kernels and each instance
+    /// created, so a grant or revoke holds as soon as the source has it (on a replica, when its
+    /// change-log follower has reloaded the tenant). What [`Runtime::set_tenant_raw_ptx`] and
+    /// [`Runtime::set_tenant_gpu_isolation`] set no longer counts.
+    pub fn set_tenant_policy(&self, policy: Arc<dyn TenantPolicy>) {
+        self.inner.gpu.set_policy(policy);
+    }
+
+    /// Whether `tenant`'s raw-kernel capability is withheld: by the policy source when there
+    /// is one (a tenant it does not know holds nothing), else by
+    /// [`Runtime::set_tenant_raw_ptx`].
     pub(crate) fn raw_ptx_withheld(&self, tenant: &str) -> bool {
+        if let Some(policy) = self.inner.gpu.policy() {
+            return policy.raw_ptx(tenant) != Some(true);
+        }
         self.inner
             .raw_ptx_withheld
             .read()

@@ -54,6 +54,42 @@ pub struct ChangeFollower {
     task: JoinHandle<()>,
     handled: Arc<std::sync::atomic::AtomicI64>,
     connected: Arc<std::sync::atomic::AtomicBool>,
+    heard: Freshness,
+}
+
+/// When a follower last read the change log to its end: whether what it applied is current.
+#[derive(Clone, Debug)]
+pub struct Freshness {
+    /// Milliseconds since `since` at the last complete read; `u64::MAX`: never.
+    heard_ms: Arc<std::sync::atomic::AtomicU64>,
+    since: std::time::Instant,
+}
+
+impl Freshness {
+    fn new() -> Self {
+        Freshness {
+            heard_ms: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
+            since: std::time::Instant::now(),
+        }
+    }
+
+    /// The log was read to its end now.
+    fn heard(&self) {
+        let now = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.heard_ms
+            .store(now, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the log was read to its end within the last `bound`.
+    #[must_use]
+    pub fn within(&self, bound: Duration) -> bool {
+        let heard = self.heard_ms.load(std::sync::atomic::Ordering::Acquire);
+        if heard == u64::MAX {
+            return false;
+        }
+        let now = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        now.saturating_sub(heard) <= u64::try_from(bound.as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 impl std::fmt::Debug for ChangeFollower {
@@ -76,6 +112,13 @@ impl ChangeFollower {
     #[must_use]
     pub fn connection_state(&self) -> Arc<std::sync::atomic::AtomicBool> {
         self.connected.clone()
+    }
+
+    /// When the follower last read the log to its end (shareable: for a policy source that
+    /// fails closed when it is behind, and a readiness check).
+    #[must_use]
+    pub fn freshness(&self) -> Freshness {
+        self.heard.clone()
     }
 
     /// The sequence number of the last change handed to the callback.
@@ -123,6 +166,7 @@ impl SharedStore {
     ) -> ChangeFollower {
         let handled = Arc::new(std::sync::atomic::AtomicI64::new(after));
         let connected = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let heard = Freshness::new();
         let session = Session {
             url: self.db.url.clone(),
             metrics: self.metrics.clone(),
@@ -130,12 +174,14 @@ impl SharedStore {
             on_change,
             handled: handled.clone(),
             connected: connected.clone(),
+            heard: heard.clone(),
         };
         let task = self.bridge.spawn(follow(session));
         ChangeFollower {
             task,
             handled,
             connected,
+            heard,
         }
     }
 }
@@ -148,6 +194,7 @@ struct Session {
     on_change: OnChange,
     handled: Arc<std::sync::atomic::AtomicI64>,
     connected: Arc<std::sync::atomic::AtomicBool>,
+    heard: Freshness,
 }
 
 async fn follow(session: Session) {
@@ -228,6 +275,7 @@ async fn listen(session: &Session) -> Shared<std::convert::Infallible> {
         session
             .connected
             .store(true, std::sync::atomic::Ordering::Release);
+        session.heard.heard();
         tokio::select! {
             () = wake.notified() => {}
             () = tokio::time::sleep(session.options.poll) => {}

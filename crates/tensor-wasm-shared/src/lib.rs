@@ -52,7 +52,7 @@ mod tenants;
 mod tls;
 
 pub use error::SharedStoreError;
-pub use follow::{Change, ChangeFollower, FollowOptions, OnChange};
+pub use follow::{Change, ChangeFollower, FollowOptions, Freshness, OnChange};
 pub use metrics::SharedMetrics;
 pub use orphans::Orphans;
 pub use store::{BlobStoreConfig, SharedStore};
