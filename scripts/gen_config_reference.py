@@ -162,6 +162,9 @@ def collect_metrics() -> list[dict]:
         text = src.read_text()
         for m in METRIC.finditer(text):
             kind, name, help_text = m.groups()
+            # A Rust string continued with `\` at a line's end goes on after the next line's
+            # indentation; escaped quotes are quotes.
+            help_text = re.sub(r"\\\n\s*", "", help_text).replace('\\"', '"')
             labels: list[str] = []
             if kind.endswith("Vec"):
                 tail = text[m.end() : m.end() + 400]

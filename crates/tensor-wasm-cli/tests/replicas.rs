@@ -381,6 +381,13 @@ fn three_replicas_share_functions_and_tokens() {
         ) >= 1.0
     );
     assert!(metric_sum(&b, "tensor_wasm_invalidation_lag_seconds_count", &[]) >= 1.0);
+    // Per kind of change: B applied function and tenant changes made on A.
+    for kind in ["kind=\"function\"", "kind=\"tenant\""] {
+        assert!(
+            metric_sum(&b, "tensor_wasm_invalidation_lag_seconds_count", &[kind]) >= 1.0,
+            "{kind}"
+        );
+    }
     assert!(
         metric_sum(
             &a,

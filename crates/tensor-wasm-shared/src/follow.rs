@@ -253,7 +253,7 @@ async fn listen(session: &Session) -> Shared<std::convert::Infallible> {
                 key: row.get(2),
             };
             let callback = session.on_change.clone();
-            let seq = change.seq;
+            let (seq, kind) = (change.seq, change.kind.clone());
             let age: f64 = row.get(3);
             let fetched = std::time::Instant::now();
             tokio::task::spawn_blocking(move || callback(&change))
@@ -269,7 +269,7 @@ async fn listen(session: &Session) -> Shared<std::convert::Infallible> {
                 .handled
                 .store(seq, std::sync::atomic::Ordering::Release);
             if let Some(metrics) = &session.metrics {
-                metrics.observe_lag(age + fetched.elapsed().as_secs_f64());
+                metrics.observe_lag(&kind, age + fetched.elapsed().as_secs_f64());
             }
         }
         session

@@ -2,16 +2,14 @@
 //! behind the change log a replica's caches are.
 
 use prometheus::Registry;
-use prometheus::{
-    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts,
-};
+use prometheus::{exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts};
 
 /// The shared store's metrics (cheap to clone).
 #[derive(Clone, Debug)]
 pub struct SharedMetrics {
     latency: HistogramVec,
     errors: IntCounterVec,
-    lag: Histogram,
+    lag: HistogramVec,
     replicas: IntGauge,
 }
 
@@ -38,13 +36,15 @@ impl SharedMetrics {
             ),
             &["store", "kind"],
         )?;
-        let lag = Histogram::with_opts(
+        let lag = HistogramVec::new(
             HistogramOpts::new(
                 "tensor_wasm_invalidation_lag_seconds",
                 "Time from a change's commit in the shared store to this replica applying it \
-                 (the change log follower), by the database's clock.",
+                 (the change log follower), by the database's clock, by kind of change \
+                 (function, tenant, admin; other for a kind this build does not know).",
             )
             .buckets(buckets),
+            &["kind"],
         )?;
         let replicas = IntGauge::new(
             "tensor_wasm_live_replicas",
@@ -85,7 +85,13 @@ impl SharedMetrics {
         }
     }
 
-    pub(crate) fn observe_lag(&self, seconds: f64) {
-        self.lag.observe(seconds.max(0.0));
+    pub(crate) fn observe_lag(&self, kind: &str, seconds: f64) {
+        let kind = match kind {
+            "function" | "tenant" | "admin" => kind,
+            _ => "other",
+        };
+        self.lag
+            .with_label_values(&[kind])
+            .observe(seconds.max(0.0));
     }
 }
