@@ -337,4 +337,40 @@ mod tests {
             Some(tensor_wasm_runtime::GpuIsolation::ContextPerTenant)
         );
     }
+
+    #[test]
+    fn the_registry_policy_reads_the_registry_and_fails_closed_when_behind() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tensor_wasm_runtime::TenantPolicy;
+        let registry = Arc::new(
+            TenantRegistry::open(
+                Arc::new(tensor_wasm_tenant::MemoryTenantStore::new()),
+                tensor_wasm_tenant::TenantMetrics::unregistered().unwrap(),
+            )
+            .unwrap(),
+        );
+        let (info, _) = registry
+            .create_tenant("p", Quotas::default(), GpuIsolation::OwnContext)
+            .unwrap();
+        let current = Arc::new(AtomicBool::new(true));
+        let fresh = {
+            let current = current.clone();
+            Arc::new(move || current.load(Ordering::Acquire))
+        };
+        let policy = RegistryPolicy::following(registry.clone(), fresh);
+        assert_eq!(policy.raw_ptx(&info.id), Some(false));
+        assert_eq!(policy.raw_ptx("tn-unknown"), None);
+        assert_eq!(
+            policy.gpu_isolation(&info.id),
+            Some(tensor_wasm_runtime::GpuIsolation::ContextPerTenant)
+        );
+        // A grant is read at once, without anything pushed to the runtime.
+        registry.set_raw_ptx(&info.id, true).unwrap();
+        assert_eq!(policy.raw_ptx(&info.id), Some(true));
+        // Behind the change log: nobody holds the capability here.
+        current.store(false, Ordering::Release);
+        assert_eq!(policy.raw_ptx(&info.id), Some(false));
+        current.store(true, Ordering::Release);
+        assert_eq!(policy.raw_ptx(&info.id), Some(true));
+    }
 }

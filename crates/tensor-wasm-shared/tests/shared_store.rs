@@ -334,7 +334,7 @@ fn replicas_follow_each_others_changes(pg: &Postgres, s3: &S3Server) {
     let config = blobs(s3, "tw-test", "replicas");
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let (a, _fa) = replica(&url, &config, dirs[0].path());
-    let (b, _fb) = replica(&url, &config, dirs[1].path());
+    let (b, fb) = replica(&url, &config, dirs[1].path());
     let (c, _fc) = replica(&url, &config, dirs[2].path());
 
     // Deployed on A: B and C serve it within a second.
@@ -389,8 +389,19 @@ fn replicas_follow_each_others_changes(pg: &Postgres, s3: &S3Server) {
             .is_err());
     }
 
-    // PostgreSQL restarts: the followers reconnect and catch up with what was written after.
+    // PostgreSQL stops (an immediate shutdown, as a crash or an outage): B's follower is no
+    // longer current after its bound, which is what makes a replica fail closed for raw
+    // kernels and answer 503 at /readyz (`--policy-stale-ms`). It restarts: the followers
+    // catch up with what was written meanwhile, and B is current again.
+    let freshness = fb.freshness();
+    let bound = Duration::from_millis(1500);
+    wait_until(Duration::from_secs(10), "B's follower is current", || {
+        freshness.within(bound)
+    });
     pg.stop();
+    wait_until(Duration::from_secs(10), "B's follower is behind", || {
+        !freshness.within(bound)
+    });
     pg.resume();
     let (after_restart, _) = wait_for(
         Duration::from_secs(10),
@@ -405,6 +416,11 @@ fn replicas_follow_each_others_changes(pg: &Postgres, s3: &S3Server) {
         Duration::from_secs(10),
         "B caught up after the restart",
         || b.function(&after_restart).is_ok(),
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "B's follower is current again",
+        || freshness.within(bound),
     );
 }
 
