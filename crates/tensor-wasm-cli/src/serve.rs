@@ -21,6 +21,7 @@ use tensor_wasm_runtime::{
 use tensor_wasm_tenant::{Bootstrap, Resource, TenantMetrics};
 
 use crate::shared::Stores;
+use tensor_wasm_shared::PoolOptions;
 
 /// Guest memory choice on the command line.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -50,9 +51,8 @@ pub struct ServeArgs {
     )]
     data_dir: PathBuf,
     /// The shared store's PostgreSQL URL (`postgres://user:password@host:port/db`): records of
-    /// functions, snapshots, tenants and tokens live there, shared by every replica, and the
-    /// data dir keeps per-host caches (and the async-job records, which are not shared yet).
-    /// Needs --blob-store. Without both, everything stays in the data dir.
+    /// functions, snapshots, tenants, tokens and async jobs live there, shared by every replica,
+    /// and the data dir keeps per-host caches. Needs --blob-store. Without both, everything stays in the data dir.
     #[arg(
         long,
         env = "TENSOR_WASM_STORE",
@@ -187,6 +187,21 @@ pub struct ServeArgs {
     /// `/readyz` answers 503, until it has caught up again.
     #[arg(long, env = "TENSOR_WASM_POLICY_STALE_MS", default_value_t = 5000)]
     policy_stale_ms: u64,
+    /// With `--store`: PostgreSQL connections this replica opens for its calls, at most (the
+    /// change-log follower and the bootstrap lock use one more each).
+    #[arg(long, env = "TENSOR_WASM_DB_MAX_CONNECTIONS", default_value_t = PoolOptions::default().max_connections, value_parser = clap::value_parser!(usize))]
+    db_max_connections: usize,
+    /// With `--store`: how long connecting to PostgreSQL may take, in milliseconds.
+    #[arg(long, env = "TENSOR_WASM_DB_CONNECT_TIMEOUT_MS", default_value_t = PoolOptions::default().connect_timeout.as_millis() as u64)]
+    db_connect_timeout_ms: u64,
+    /// With `--store`: how long one database statement may run, and one database call may
+    /// take on this side (waiting for a free connection included), in milliseconds; past it
+    /// the call fails with `store_unavailable` (503).
+    #[arg(long, env = "TENSOR_WASM_DB_STATEMENT_TIMEOUT_MS", default_value_t = PoolOptions::default().statement_timeout.as_millis() as u64)]
+    db_statement_timeout_ms: u64,
+    /// With `--store`: how long an unused PostgreSQL connection stays open, in milliseconds.
+    #[arg(long, env = "TENSOR_WASM_DB_IDLE_TIMEOUT_MS", default_value_t = PoolOptions::default().idle_timeout.as_millis() as u64)]
+    db_idle_timeout_ms: u64,
     /// Host resources (streams, pollables, `wasi:http` fields, requests, responses, GPU
     /// buffers ...) one component invocation may hold at once; one more ends it with
     /// `resource_limit_exceeded`.
@@ -338,6 +353,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         args.store.clone(),
         args.blob_store.clone(),
     );
+    let pool = PoolOptions {
+        max_connections: args.db_max_connections.max(1),
+        connect_timeout: Duration::from_millis(args.db_connect_timeout_ms.max(1)),
+        statement_timeout: Duration::from_millis(args.db_statement_timeout_ms.max(1)),
+        idle_timeout: Duration::from_millis(args.db_idle_timeout_ms),
+    };
     let metrics_registry = registry.clone();
     let stores = Arc::new(
         tokio::task::spawn_blocking(move || {
@@ -345,6 +366,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 &data_dir,
                 store.as_deref(),
                 blob_store.as_deref(),
+                pool,
                 &metrics_registry,
             )
         })

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use tensor_wasm_runtime::{FsFunctionStore, FunctionStore, Runtime};
 use tensor_wasm_shared::{
-    BlobStoreConfig, ChangeFollower, FollowOptions, SharedMetrics, SharedStore, BOOTSTRAP_LOCK_KEY,
+    BlobStoreConfig, ChangeFollower, FollowOptions, PoolOptions, SharedMetrics, SharedStore,
+    BOOTSTRAP_LOCK_KEY,
 };
 use tensor_wasm_tenant::{
     Bootstrap, FsTenantStore, Resource, TenantError, TenantMetrics, TenantRegistry, TenantStore,
@@ -41,6 +42,7 @@ impl Stores {
         data_dir: &Path,
         store: Option<&str>,
         blob_store: Option<&str>,
+        pool: PoolOptions,
         registry: &prometheus::Registry,
     ) -> anyhow::Result<Self> {
         let (Some(store), Some(blob_store)) = (store, blob_store) else {
@@ -60,7 +62,7 @@ impl Stores {
         };
         let metrics = SharedMetrics::register(registry)?;
         let shared = Arc::new(
-            SharedStore::connect(store, &blobs)
+            SharedStore::connect_with(store, &blobs, pool)
                 .context("connecting to the shared store")?
                 .with_metrics(metrics),
         );

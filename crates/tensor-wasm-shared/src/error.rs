@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use tensor_wasm_runtime::RuntimeError;
+use tokio_postgres::error::SqlState;
 
 /// Why a call to the shared store failed.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +26,10 @@ pub enum SharedStoreError {
     /// Stored data does not match what its record says.
     #[error("corrupt shared data: {0}")]
     Corrupt(String),
+    /// The database did not answer in time (a connection, a free connection of the pool, a
+    /// call: `pool.rs`).
+    #[error("PostgreSQL: {0}")]
+    Timeout(String),
     /// The store's own runtime could not start.
     #[error("shared store runtime: {0}")]
     Io(#[from] std::io::Error),
@@ -51,8 +56,15 @@ impl SharedStoreError {
     /// opposed to a store that answered with an error: a retry may succeed.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            // A statement the server refused carries an SQLSTATE; a connection failure not.
-            SharedStoreError::Database(e) => e.code().is_none() || e.is_closed(),
+            // A statement the server refused carries an SQLSTATE; a connection failure not. A
+            // statement or transaction the server ended for its timeout is unavailability too.
+            SharedStoreError::Database(e) => {
+                e.code().is_none()
+                    || e.is_closed()
+                    || e.code() == Some(&SqlState::QUERY_CANCELED)
+                    || e.code() == Some(&SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT)
+            }
+            SharedStoreError::Timeout(_) => true,
             // HTTP-level failures (connection, timeouts, 5xx after retries) are `Generic`.
             SharedStoreError::Object(e) => matches!(e, object_store::Error::Generic { .. }),
             _ => false,

@@ -168,7 +168,7 @@ impl SharedStore {
         let connected = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let heard = Freshness::new();
         let session = Session {
-            url: self.db.url.clone(),
+            db: self.db.clone(),
             metrics: self.metrics.clone(),
             options,
             on_change,
@@ -188,7 +188,7 @@ impl SharedStore {
 
 /// What one follower carries from connection to connection.
 struct Session {
-    url: String,
+    db: Arc<crate::pool::Db>,
     metrics: Option<crate::metrics::SharedMetrics>,
     options: FollowOptions,
     on_change: OnChange,
@@ -219,7 +219,7 @@ async fn follow(session: Session) {
 
 /// One connection's worth of following; returns why it ended.
 async fn listen(session: &Session) -> Shared<std::convert::Infallible> {
-    let (client, mut connection) = crate::tls::connect(&session.url).await?;
+    let (client, mut connection) = session.db.open(true).await?;
     let wake = Arc::new(Notify::new());
     let waker = wake.clone();
     let driver = tokio::spawn(async move {
@@ -236,15 +236,25 @@ async fn listen(session: &Session) -> Shared<std::convert::Infallible> {
         }
     });
     let _driver = AbortOnDrop(driver);
-    client.batch_execute("LISTEN tw_changes").await?;
+    session
+        .db
+        .bounded(async { Ok(client.batch_execute("LISTEN tw_changes").await?) })
+        .await?;
     loop {
         let after = session.handled.load(std::sync::atomic::Ordering::Acquire);
-        let rows = client
-            .query(
-                "SELECT seq, kind, key, EXTRACT(EPOCH FROM clock_timestamp() - at)::FLOAT8
-                 FROM tw_changes WHERE seq > $1 ORDER BY seq",
-                &[&after],
-            )
+        // Bounded: a server that stops answering ends this connection, and the follower
+        // connects again, instead of waiting for it for ever.
+        let rows = session
+            .db
+            .bounded(async {
+                Ok(client
+                    .query(
+                        "SELECT seq, kind, key, EXTRACT(EPOCH FROM clock_timestamp() - at)::FLOAT8
+                         FROM tw_changes WHERE seq > $1 ORDER BY seq",
+                        &[&after],
+                    )
+                    .await?)
+            })
             .await?;
         for row in rows {
             let change = Change {

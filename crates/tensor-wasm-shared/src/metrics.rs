@@ -2,7 +2,9 @@
 //! behind the change log a replica's caches are.
 
 use prometheus::Registry;
-use prometheus::{exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts};
+use prometheus::{
+    exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+};
 
 /// The shared store's metrics (cheap to clone).
 #[derive(Clone, Debug)]
@@ -11,6 +13,7 @@ pub struct SharedMetrics {
     errors: IntCounterVec,
     lag: HistogramVec,
     replicas: IntGauge,
+    connections: IntGaugeVec,
 }
 
 impl SharedMetrics {
@@ -52,6 +55,15 @@ impl SharedMetrics {
              replica last counted them: each enforces 1/n of every tenant's rate and \
              concurrency limits.",
         )?;
+        let connections = IntGaugeVec::new(
+            Opts::new(
+                "tensor_wasm_shared_store_connections",
+                "PostgreSQL connections of this replica's pool after its latest call, by state \
+                 (in_use, idle); at most --db-max-connections in all.",
+            ),
+            &["state"],
+        )?;
+        registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(replicas.clone()))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(errors.clone()))?;
@@ -61,6 +73,7 @@ impl SharedMetrics {
             errors,
             lag,
             replicas,
+            connections,
         })
     }
 
@@ -83,6 +96,16 @@ impl SharedMetrics {
             };
             self.errors.with_label_values(&[store, kind]).inc();
         }
+    }
+
+    pub(crate) fn set_connections(&self, (in_use, idle): (usize, usize)) {
+        let set = |state: &str, n: usize| {
+            self.connections
+                .with_label_values(&[state])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        };
+        set("in_use", in_use);
+        set("idle", idle);
     }
 
     pub(crate) fn observe_lag(&self, kind: &str, seconds: f64) {

@@ -20,6 +20,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "versions",
         include_str!("../migrations/0005_versions.sql"),
     ),
+    (
+        6,
+        "module generations",
+        include_str!("../migrations/0006_module_generations.sql"),
+    ),
 ];
 
 /// Key of the session-level advisory lock held while migrating (ASCII "twmigrat").
@@ -37,7 +42,8 @@ pub fn run(url: &str) -> Result<Vec<i32>, SharedStoreError> {
     let bridge = crate::bridge::Bridge::new()?;
     let url = url.to_owned();
     bridge.run(async move {
-        let mut client = crate::store::connect(&url).await?;
+        let db = crate::pool::Db::new(&url, crate::pool::PoolOptions::default());
+        let mut client = db.connect(true).await?;
         migrate(&mut client).await
     })
 }

@@ -3,10 +3,14 @@
 //! (a capture that failed or crashed between the image and its record).
 //!
 //! A module is collected only when its `tw_modules` row was last touched longer ago than the
-//! grace period, and under the same per-module transaction lock that every `put_module` takes
-//! while it touches the row and stores the blob: a deploy either stored the module before the
-//! collector looked (the row is young, the module is kept) or after it (the blob is stored
-//! again). A deploy's record must follow its `put_module` within the grace period.
+//! grace period, under the same per-module transaction lock that `put_module` takes to touch
+//! the row before its upload: a deploy either touched the row before the collector looked (the
+//! row is young, the module is kept) or after it (the blob is stored again). `put_module` holds
+//! no connection while it uploads; after the upload it touches the row again only if the row's
+//! generation is the one it read (migration 6), and stores the blob again otherwise, so a
+//! collector that ran meanwhile (an upload longer than the grace period) costs an upload, not
+//! the module. The collector removes the row before the blob, in the transaction that holds
+//! the lock. A deploy's record must follow its `put_module` within the grace period.
 //! A snapshot image is collected when no record names it and the object is older than the
 //! grace period (a capture writes its record right after its image).
 
@@ -17,6 +21,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
 use tensor_wasm_runtime::Result;
 
+use crate::pool::Db;
 use crate::store::{module_key, Shared, SharedStore};
 
 /// What [`SharedStore::collect_orphans`] found (and removed, unless it was a dry run).
@@ -54,7 +59,7 @@ impl SharedStore {
     /// When object storage cannot be reached.
     pub fn blob_totals(&self) -> Result<(u64, u64)> {
         let blobs = self.blobs.clone();
-        self.with_db("blobs", move |_db| async move {
+        self.with_db_and_blobs("blobs", move |_db| async move {
             let (mut count, mut bytes) = (0u64, 0u64);
             for prefix in ["modules", "snapshots"] {
                 for (_, size, _) in list(blobs.as_ref(), prefix).await? {
@@ -74,13 +79,17 @@ impl SharedStore {
     pub fn collect_orphans(&self, grace: Duration, dry_run: bool) -> Result<Orphans> {
         let blobs = self.blobs.clone();
         let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
-        self.with_db("orphans", move |db| async move {
+        self.with_db_and_blobs("orphans", move |db| async move {
             let mut found = Orphans::default();
             // Snapshots: an image without a record.
             let named: HashSet<String> = db
-                .client()
-                .await?
-                .query("SELECT function_id || '/' || id FROM tw_snapshots", &[])
+                .bounded(async {
+                    Ok(db
+                        .client()
+                        .await?
+                        .query("SELECT function_id || '/' || id FROM tw_snapshots", &[])
+                        .await?)
+                })
                 .await?
                 .iter()
                 .map(|row| row.get(0))
@@ -112,31 +121,9 @@ impl SharedStore {
                 else {
                     continue;
                 };
-                let mut client = db.client().await?;
-                let tx = client.transaction().await?;
-                lock_module(&tx, &sha).await?;
-                let row = tx
-                    .query_one(
-                        "SELECT
-                             EXISTS (SELECT 1 FROM tw_functions
-                                     WHERE record->>'module_sha256' = $1),
-                             (SELECT (EXTRACT(EPOCH FROM now() - created_at) * 1000)::BIGINT
-                              FROM tw_modules WHERE sha256 = $1)",
-                        &[&sha],
-                    )
-                    .await?;
-                let named: bool = row.get(0);
-                // No row: a blob stored by a deploy that crashed before its row; the object's
-                // own age counts then.
-                let touched_ms: i64 = row.get::<_, Option<i64>>(1).unwrap_or(age_ms);
-                if named || touched_ms < grace_ms {
+                let collect = collect_module(&db, blobs.as_ref(), &sha, age_ms, grace_ms, dry_run);
+                if !db.bounded(collect).await? {
                     continue;
-                }
-                if !dry_run {
-                    delete(blobs.as_ref(), &module_key(&sha)).await?;
-                    tx.execute("DELETE FROM tw_modules WHERE sha256 = $1", &[&sha])
-                        .await?;
-                    tx.commit().await?;
                 }
                 found.modules += 1;
                 found.bytes += size;
@@ -144,6 +131,48 @@ impl SharedStore {
             Ok(found)
         })
     }
+}
+
+/// Removes (or with `dry_run` only looks at) module `sha256`, whose blob is `age_ms` old, under
+/// the module's lock when no function names it and its row was untouched for `grace_ms`;
+/// returns whether it was an orphan.
+async fn collect_module(
+    db: &Db,
+    blobs: &dyn ObjectStore,
+    sha: &str,
+    age_ms: i64,
+    grace_ms: i64,
+    dry_run: bool,
+) -> Shared<bool> {
+    let mut client = db.client().await?;
+    let tx = client.transaction().await?;
+    lock_module(&tx, sha).await?;
+    let row = tx
+        .query_one(
+            "SELECT
+                 EXISTS (SELECT 1 FROM tw_functions
+                         WHERE record->>'module_sha256' = $1),
+                 (SELECT (EXTRACT(EPOCH FROM now() - created_at) * 1000)::BIGINT
+                  FROM tw_modules WHERE sha256 = $1)",
+            &[&sha],
+        )
+        .await?;
+    let named: bool = row.get(0);
+    // No row: a blob stored by a deploy that crashed before its row; the object's own age
+    // counts then.
+    let touched_ms: i64 = row.get::<_, Option<i64>>(1).unwrap_or(age_ms);
+    if named || touched_ms < grace_ms {
+        return Ok(false);
+    }
+    if !dry_run {
+        // The row first: a deploy that touched it before its upload waits for this
+        // transaction, then finds its generation gone and stores the blob again.
+        tx.execute("DELETE FROM tw_modules WHERE sha256 = $1", &[&sha])
+            .await?;
+        delete(blobs, &module_key(sha)).await?;
+        tx.commit().await?;
+    }
+    Ok(true)
 }
 
 /// Takes the transaction-level lock of module `sha256` (see the module documentation).

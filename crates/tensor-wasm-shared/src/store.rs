@@ -11,14 +11,13 @@ use tensor_wasm_runtime::{
     is_valid_function_id, is_valid_snapshot_id, sha256_hex, FunctionRecord, FunctionStore, Result,
     RuntimeError, SnapshotRecord, WriteBounds,
 };
-use tokio::sync::{Mutex, MutexGuard};
-use tokio_postgres::Client;
 
 use crate::bridge::Bridge;
 use crate::error::SharedStoreError;
 use crate::metrics::SharedMetrics;
 use crate::migrate::migrate;
 use crate::orphans::lock_module;
+use crate::pool::{Db, PoolOptions};
 
 /// Where blobs go: an `s3://bucket[/prefix]` URL and how to reach the server.
 #[derive(Debug, Clone, Default)]
@@ -79,39 +78,6 @@ impl BlobStoreConfig {
     }
 }
 
-/// The PostgreSQL connection, opened again when it was lost.
-pub(crate) struct Db {
-    pub(crate) url: String,
-    client: Mutex<Option<Client>>,
-}
-
-impl Db {
-    /// The connection, reconnecting first when there is none or it closed.
-    pub(crate) async fn client(&self) -> Shared<Conn<'_>> {
-        let mut guard = self.client.lock().await;
-        if guard.as_ref().is_none_or(Client::is_closed) {
-            *guard = Some(connect(&self.url).await?);
-        }
-        Ok(Conn(guard))
-    }
-}
-
-/// The connection of a [`Db`], held for one call.
-pub(crate) struct Conn<'a>(MutexGuard<'a, Option<Client>>);
-
-impl std::ops::Deref for Conn<'_> {
-    type Target = Client;
-    fn deref(&self) -> &Client {
-        self.0.as_ref().expect("Db::client connects first")
-    }
-}
-
-impl std::ops::DerefMut for Conn<'_> {
-    fn deref_mut(&mut self) -> &mut Client {
-        self.0.as_mut().expect("Db::client connects first")
-    }
-}
-
 /// Runs `sql` with `params` in a transaction that also appends a change of `key` (kind
 /// `kind`) to the change log when it changed a row; returns the rows changed.
 pub(crate) async fn execute_logged(
@@ -129,16 +95,6 @@ pub(crate) async fn execute_logged(
     }
     tx.commit().await?;
     Ok(changed)
-}
-
-pub(crate) async fn connect(url: &str) -> std::result::Result<Client, SharedStoreError> {
-    let (client, connection) = crate::tls::connect(url).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.run().await {
-            tracing::warn!(error = %e, "shared store: PostgreSQL connection lost");
-        }
-    });
-    Ok(client)
 }
 
 /// Records in PostgreSQL, blobs in object storage (see the crate documentation).
@@ -165,12 +121,21 @@ impl SharedStore {
     /// [`SharedStoreError`] when either store is unreachable or misconfigured, or the schema is
     /// newer than this build.
     pub fn connect(database_url: &str, blobs: &BlobStoreConfig) -> Shared<Self> {
+        Self::connect_with(database_url, blobs, PoolOptions::default())
+    }
+
+    /// [`SharedStore::connect`] with the database connections bounded by `pool`.
+    ///
+    /// # Errors
+    /// As [`SharedStore::connect`].
+    pub fn connect_with(
+        database_url: &str,
+        blobs: &BlobStoreConfig,
+        pool: PoolOptions,
+    ) -> Shared<Self> {
         let bridge = Bridge::new()?;
         let blobs = blobs.build()?;
-        let db = Arc::new(Db {
-            url: database_url.to_owned(),
-            client: Mutex::new(None),
-        });
+        let db = Arc::new(Db::new(database_url, pool));
         let migrating = db.clone();
         bridge.run(async move {
             let mut client = migrating.client().await?;
@@ -201,6 +166,7 @@ impl SharedStore {
         let result = self.bridge.run(call);
         if let Some(metrics) = &self.metrics {
             metrics.observe(store, start.elapsed().as_secs_f64(), &result);
+            metrics.set_connections(self.db.counts());
         }
         result
     }
@@ -212,7 +178,8 @@ impl SharedStore {
         F: FnOnce(Arc<Db>) -> Fut,
         Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
     {
-        self.timed("database", body(self.db.clone()))
+        let (db, call) = (self.db.clone(), body(self.db.clone()));
+        self.timed("database", async move { db.bounded(call).await })
     }
 
     /// [`SharedStore::run_db`] with the runtime's storage error naming `what`.
@@ -225,15 +192,28 @@ impl SharedStore {
         self.run_db(body).map_err(|e| e.into_runtime(what))
     }
 
+    /// Runs the future `body` makes with the connections' holder on the store's runtime, with
+    /// no bound on the whole (a call that lists or moves blobs bounds its own database calls
+    /// with [`Db::bounded`]); errors name `what`.
+    pub(crate) fn with_db_and_blobs<T, F, Fut>(&self, what: &str, body: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Db>) -> Fut,
+        Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
+    {
+        self.timed("objects", body(self.db.clone()))
+            .map_err(|e| e.into_runtime(what))
+    }
+
     /// Runs `f` while holding a PostgreSQL advisory lock that no other replica holds at the
     /// same time (on a connection of its own, so that a replica that dies releases it).
     ///
     /// # Errors
     /// [`SharedStoreError`] when the lock cannot be taken.
     pub fn exclusively<T>(&self, key: i64, f: impl FnOnce() -> T) -> Shared<T> {
-        let url = self.db.url.clone();
+        let db = self.db.clone();
         let client = self.bridge.run(async move {
-            let client = connect(&url).await?;
+            let client = db.connect(false).await?;
             client
                 .execute("SELECT pg_advisory_lock($1)", &[&key])
                 .await?;
@@ -387,34 +367,72 @@ async fn log_change(tx: &tokio_postgres::Transaction<'_>, kind: &str, key: &str)
     Ok(())
 }
 
+/// How many times [`FunctionStore::put_module`] stores a module that the orphan collector keeps
+/// removing meanwhile (only a collector run with a grace period shorter than an upload can).
+const MODULE_STORE_ATTEMPTS: usize = 3;
+
+/// Touches module `sha256`'s row (inserting it with `size`) under the module's lock and returns
+/// its generation.
+async fn touch_module(db: &Db, sha256: &str, size: i64) -> Shared<i64> {
+    let mut client = db.client().await?;
+    let tx = client.transaction().await?;
+    lock_module(&tx, sha256).await?;
+    let generation = tx
+        .query_one(
+            "INSERT INTO tw_modules (sha256, size) VALUES ($1, $2)
+             ON CONFLICT (sha256) DO UPDATE SET created_at = now()
+             RETURNING generation",
+            &[&sha256, &size],
+        )
+        .await?
+        .get(0);
+    tx.commit().await?;
+    Ok(generation)
+}
+
 impl FunctionStore for SharedStore {
     fn put_module(&self, bytes: &[u8]) -> Result<String> {
         let sha = sha256_hex(bytes);
         let size = bytes.len() as i64;
         let payload = Bytes::copy_from_slice(bytes);
         let (blobs, digest, db) = (self.blobs.clone(), sha.clone(), self.db.clone());
-        // The row is touched and the blob stored under the module's lock, which the orphan
-        // collector takes too (`orphans.rs`); the row commits after the blob is stored.
+        // Two short transactions around the upload, none held while it runs (migration 6):
+        // the row is touched under the module's lock, which the orphan collector takes too
+        // (`orphans.rs`), and its generation read; after the upload the row is touched again
+        // only if its generation is the same, that is, the collector did not remove the row,
+        // and maybe the blob, in between. Otherwise all again.
         self.timed("objects", async move {
-            let mut client = db.client().await?;
-            let tx = client.transaction().await?;
-            lock_module(&tx, &digest).await?;
-            tx.execute(
-                "INSERT INTO tw_modules (sha256, size) VALUES ($1, $2)
-                 ON CONFLICT (sha256) DO UPDATE SET created_at = now()",
-                &[&digest, &size],
-            )
-            .await?;
             let key = module_key(&digest);
-            match blobs.head(&key).await {
-                Ok(_) => {}
-                Err(object_store::Error::NotFound { .. }) => {
-                    blobs.put(&key, PutPayload::from(payload)).await?;
+            for _ in 0..MODULE_STORE_ATTEMPTS {
+                let generation = db.bounded(touch_module(&db, &digest, size)).await?;
+                match blobs.head(&key).await {
+                    Ok(_) => {}
+                    Err(object_store::Error::NotFound { .. }) => {
+                        blobs.put(&key, PutPayload::from(payload.clone())).await?;
+                    }
+                    Err(e) => return Err(e.into()),
                 }
-                Err(e) => return Err(e.into()),
+                let kept = db
+                    .bounded(async {
+                        Ok(db
+                            .client()
+                            .await?
+                            .execute(
+                                "UPDATE tw_modules SET created_at = now()
+                                 WHERE sha256 = $1 AND generation = $2",
+                                &[&digest, &generation],
+                            )
+                            .await?)
+                    })
+                    .await?;
+                if kept == 1 {
+                    return Ok(());
+                }
             }
-            tx.commit().await?;
-            Ok(())
+            Err(SharedStoreError::Io(std::io::Error::other(format!(
+                "module {digest} was collected as an orphan while it was stored, \
+                 {MODULE_STORE_ATTEMPTS} times"
+            ))))
         })
         .map_err(|e| e.into_runtime(module_key(&sha).as_ref()))?;
         Ok(sha)

@@ -31,7 +31,7 @@ impl SharedStore {
     fn tenants_db<T, F, Fut>(&self, table: &str, body: F) -> Result<T, TenantError>
     where
         T: Send + 'static,
-        F: FnOnce(std::sync::Arc<crate::store::Db>) -> Fut,
+        F: FnOnce(std::sync::Arc<crate::pool::Db>) -> Fut,
         Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
     {
         self.run_db(body).map_err(|e| tenant_error(table, e))

@@ -51,10 +51,14 @@ impl Connection {
     }
 }
 
-/// Connects to the database at `url` (TLS as the module says); the caller drives the
-/// connection.
-pub(crate) async fn connect(url: &str) -> Shared<(Client, Connection)> {
-    let (config, root) = parse(url)?;
+/// Connects to the database at `url` (TLS as the module says), with the settings `tune` adds
+/// to the URL's; the caller drives the connection.
+pub(crate) async fn connect(
+    url: &str,
+    tune: impl FnOnce(&mut Config),
+) -> Shared<(Client, Connection)> {
+    let (mut config, root) = parse(url)?;
+    tune(&mut config);
     if config.get_ssl_mode() == SslMode::Require {
         let tls = MakeRustls::new(root.as_deref())?;
         let (client, connection) = config.connect(tls).await?;

@@ -10,14 +10,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use tensor_wasm_api::{Job, JobQueue, JobStatus, Submitted};
 use tensor_wasm_runtime::{
     DeploySpec, FunctionLimits, FunctionRecord, FunctionStore, GuestMemory, InvocationStyle,
     Runtime, RuntimeConfig, RuntimeError, RuntimeMetrics, SnapshotRecord, WriteBounds,
     RECORD_FORMAT,
 };
 use tensor_wasm_shared::{
-    migrate::SCHEMA_VERSION, BlobStoreConfig, ChangeFollower, FollowOptions, Orphans, SharedStore,
-    BOOTSTRAP_LOCK_KEY,
+    migrate::SCHEMA_VERSION, BlobStoreConfig, ChangeFollower, FollowOptions, Orphans, PoolOptions,
+    SharedStore, BOOTSTRAP_LOCK_KEY,
 };
 use tensor_wasm_tenant::{GpuIsolation, Quotas, TenantMetrics, TenantRegistry};
 use tensor_wasm_test_support::guests::example;
@@ -95,6 +96,8 @@ fn the_shared_store_on_real_postgresql_and_s3() {
     a_change_never_re_creates_a_deleted_function(&pg, &s3);
     records_written_before_versions_upgrade(&pg, &s3);
     a_deploy_refused_by_a_quota_uploads_nothing(&pg, &s3);
+    lease_renewals_keep_their_period_during_large_deploys(&pg, &s3);
+    a_frozen_database_ends_calls_at_their_timeout(&pg, &s3);
 }
 
 fn migrations_apply_once_when_replicas_start_together(pg: &Postgres, s3: &S3Server) {
@@ -794,7 +797,8 @@ fn records_written_before_versions_upgrade(pg: &Postgres, s3: &S3Server) {
         pg,
         "upgrade",
         "ALTER TABLE tw_tenants DROP COLUMN version; ALTER TABLE tw_functions DROP COLUMN version; \
-         DELETE FROM tw_schema_migrations WHERE version = 5",
+         ALTER TABLE tw_modules DROP COLUMN generation; DROP SEQUENCE tw_module_generations; \
+         DELETE FROM tw_schema_migrations WHERE version >= 5",
     );
     assert_eq!(
         psql(
@@ -879,4 +883,112 @@ fn a_deploy_refused_by_a_quota_uploads_nothing(pg: &Postgres, s3: &S3Server) {
         );
     }
     assert_eq!(store.blob_totals().unwrap(), before);
+}
+
+/// A job that a replica renews while the same replica stores four 64 MiB modules at once: each
+/// renewal takes a connection of its own from the pool (none is held across an upload), so
+/// renewals keep their period. With one connection held across each upload, a renewal waited
+/// for the uploads queued before it.
+fn lease_renewals_keep_their_period_during_large_deploys(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("renewals");
+    let store = Arc::new(SharedStore::connect(&url, &blobs(s3, "tw-test", "renewals")).unwrap());
+    let job = Job {
+        id: format!("job-{:024x}", 1),
+        tenant: "acme".into(),
+        function_id: "fn-0123456789abcdef01234567".into(),
+        export: "add".into(),
+        args: vec![json!(1), json!(2)],
+        status: JobStatus::Queued,
+        results: None,
+        error: None,
+        created_at_ms: 1,
+        started_at_ms: None,
+        finished_at_ms: None,
+        cancel_requested: false,
+        attempts: 0,
+        idempotency_key: None,
+    };
+    let lease = Duration::from_secs(30);
+    assert!(matches!(store.submit(&job, 10).unwrap(), Submitted::Added));
+    let claim = store.claim("replica-a", lease).unwrap().expect("the job");
+    let period = Duration::from_millis(50);
+    let (renewals, uploads) = std::thread::scope(|scope| {
+        let deploys: Vec<_> = (0..4u8)
+            .map(|n| {
+                let store = store.clone();
+                scope.spawn(move || {
+                    let bytes = vec![n; 64 << 20];
+                    let start = std::time::Instant::now();
+                    store.put_module(&bytes).unwrap();
+                    start.elapsed()
+                })
+            })
+            .collect();
+        let mut renewals = Vec::new();
+        while deploys.iter().any(|d| !d.is_finished()) {
+            let start = std::time::Instant::now();
+            assert!(store.renew(&job.id, claim.job.attempts, lease).unwrap());
+            renewals.push(start.elapsed());
+            // The renewal period of this replica, not a wait for some state.
+            std::thread::sleep(period);
+        }
+        let uploads: Vec<Duration> = deploys.into_iter().map(|d| d.join().unwrap()).collect();
+        (renewals, uploads)
+    });
+    let worst = renewals.iter().max().copied().unwrap_or_default();
+    let longest_upload = uploads.iter().max().copied().unwrap_or_default();
+    assert!(
+        renewals.len() >= 4,
+        "the deploys ended too soon to tell ({renewals:?}, uploads {uploads:?})"
+    );
+    assert!(
+        worst < Duration::from_millis(250).min(longest_upload / 2),
+        "a renewal waited {worst:?} while deploys ran (uploads {uploads:?}, renewals {renewals:?})"
+    );
+    assert_eq!(store.blob_totals().unwrap(), (4, 4 * (64 << 20)));
+}
+
+/// Thaws a frozen server when dropped, so that a failed assertion does not leave it frozen.
+struct Frozen<'a>(&'a Postgres);
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        self.0.thaw();
+    }
+}
+
+/// A database that stops answering (every process frozen: the pool's idle connection is as a
+/// half-open one, and a new connection is accepted by the kernel but never greeted) ends each
+/// call with `store_unavailable` within the statement timeout and a margin, instead of hanging
+/// the replica; once it answers again, calls succeed.
+fn a_frozen_database_ends_calls_at_their_timeout(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("frozen");
+    let options = PoolOptions {
+        statement_timeout: Duration::from_millis(700),
+        connect_timeout: Duration::from_millis(700),
+        ..PoolOptions::default()
+    };
+    let store = SharedStore::connect_with(&url, &blobs(s3, "tw-test", "frozen"), options).unwrap();
+    let module = store.put_module(b"\0asm\x01\0\0\0").unwrap();
+    let id = "fn-f0f0f0f0f0f0f0f0f0f0f0f0";
+    store.put_function(&record(id, &module)).unwrap();
+    {
+        pg.freeze();
+        let _frozen = Frozen(pg);
+        // The first call finds the pool's idle connection, the second connects anew (the
+        // first connection was held as long as a timeout and is not reused).
+        for call in 0..2 {
+            let start = std::time::Instant::now();
+            let err = store.function(id).unwrap_err();
+            let took = start.elapsed();
+            assert!(
+                matches!(err, RuntimeError::StoreUnavailable(_)),
+                "call {call}: {err:?}"
+            );
+            assert!(took < Duration::from_secs(3), "call {call} took {took:?}");
+        }
+    }
+    wait_until(Duration::from_secs(30), "calls succeed again", || {
+        matches!(store.function(id), Ok(Some(_)))
+    });
 }

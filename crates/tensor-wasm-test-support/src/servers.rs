@@ -121,6 +121,41 @@ impl Postgres {
         self.pg_ctl(&["stop", "-m", "immediate"]);
     }
 
+    /// Freezes every process of the server (`SIGSTOP`): its connections stay open and the
+    /// kernel still accepts new ones, but nothing answers, as a client sees a hung server or a
+    /// half-open network path. [`Postgres::thaw`] lets it go on.
+    pub fn freeze(&self) {
+        self.signal_all("STOP");
+    }
+
+    /// Lets a frozen server go on (`SIGCONT`).
+    pub fn thaw(&self) {
+        self.signal_all("CONT");
+    }
+
+    /// Sends `signal` to the postmaster and each of its children.
+    fn signal_all(&self, signal: &str) {
+        let pid_file = self.dir.path().join("data/postmaster.pid");
+        let pids = std::fs::read_to_string(&pid_file).expect("postmaster.pid");
+        let postmaster = pids.lines().next().expect("a pid").trim().to_owned();
+        let children = Command::new("pgrep")
+            .args(["-P", &postmaster])
+            .output()
+            .expect("pgrep");
+        let mut all = vec![postmaster];
+        all.extend(
+            String::from_utf8_lossy(&children.stdout)
+                .split_whitespace()
+                .map(str::to_owned),
+        );
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .args(&all)
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} {all:?} failed");
+    }
+
     /// Starts the stopped server again on the same port and data.
     pub fn resume(&self) {
         let data = self.dir.path().join("data");
