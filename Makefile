@@ -180,6 +180,18 @@ gpu-suite-dry-run: gpu-suite
 scale-out-bench: deps
 	bash scripts/scale-out-bench.sh
 
+.PHONY: history-check
+## The concurrent history checker's long run (crates/tensor-wasm-cli/tests/history.rs): three
+## replicas over PostgreSQL + S3 for 300 s, a replica killed (kill -9) and restarted and
+## PostgreSQL stopped and started during the run; at least 10,000 operations and 1,000
+## conflicting writes, 0 anomalies; writes bench-results/history/<date>.json. The 30 s run
+## without trouble is part of `make test`.
+history-check: deps
+	mkdir -p bench-results/history
+	HISTORY_SECONDS=300 HISTORY_CHAOS=1 HISTORY_MIN_OPERATIONS=10000 HISTORY_MIN_CONFLICTS=1000 \
+	  HISTORY_RUN_FILE=$(CURDIR)/bench-results/history/$$(date -u +%F).json \
+	  $(CARGO) test -p tensor-wasm-cli --test history -- --nocapture
+
 .PHONY: component-release
 ## How long after its deadline a component blocked in the host frees its instance slot (goal
 ## p99 <= 100 ms): release build of the runtime's component_deadlines test, its ignored

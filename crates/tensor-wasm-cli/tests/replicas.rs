@@ -6,7 +6,8 @@
 //! captured on one is where an invocation on another starts (test 2). With
 //! PostgreSQL stopped, loaded functions keep answering and writes answer 503 with Retry-After
 //! until it is back; with object storage stopped, deploys answer 503 and leave no record
-//! (test 6); readiness fails while PostgreSQL is down. Fifty deploys at once over the three against `max_functions = 10`: exactly 10
+//! (test 6); readiness fails while PostgreSQL is down. With PostgreSQL frozen (nothing
+//! answers), a replica fails closed for raw kernels past `--policy-stale-ms`. Fifty deploys at once over the three against `max_functions = 10`: exactly 10
 //! succeed (test 3, the count quota). `kill -9` of a replica during a burst of deploys: every
 //! acknowledged deploy is served by the others, every stored record is whole (test 5). Async
 //! jobs over four replicas, one killed while running some: every job completes, those it held
@@ -372,6 +373,42 @@ fn three_replicas_share_functions_and_tokens() {
     wait_until(Duration::from_secs(10), "B is ready again", || {
         b.get("/readyz").0 == 200
     });
+    // PostgreSQL frozen (every process stopped: connections stay open, nothing answers, as
+    // with a hung server or a half-open path): B stops hearing the change log, and past
+    // --policy-stale-ms (5 s) it fails closed: raw kernels refused, /readyz 503, ordinary
+    // functions still served. Once the database answers again, B catches up and runs raw
+    // kernels again.
+    capability(true);
+    let raw = wait_for(
+        Duration::from_secs(5),
+        "A deploys a raw-kernel function",
+        || {
+            let bytes = std::fs::read(examples_dir().join("calc.wat")).unwrap();
+            let (status, body, _) = a.post(
+                "/functions?name=raw-frozen&raw_ptx=true",
+                "application/wasm",
+                &bytes,
+            );
+            (status == 201).then(|| json_of(&body)["id"].as_str().unwrap().to_owned())
+        },
+    )
+    .0;
+    wait_until(Duration::from_secs(1), "B runs the raw kernel", || {
+        b.call(&raw, "add", json!([1, 2])).0 == 200
+    });
+    {
+        pg.freeze();
+        let _thaw = Thaw(&pg);
+        wait_until(Duration::from_secs(15), "B fails closed", || {
+            let (status, body) = b.call(&raw, "add", json!([1, 2]));
+            status == 403 && error_code(&body) == "raw_ptx_not_granted" && b.get("/readyz").0 == 503
+        });
+        assert_eq!(b.call(&calc, "add", json!([1, 2])).0, 200);
+    }
+    wait_until(Duration::from_secs(15), "B runs raw kernels again", || {
+        b.call(&raw, "add", json!([1, 2])).0 == 200 && b.get("/readyz").0 == 200
+    });
+
     // The outage and the followers are in the metrics.
     assert!(
         metric_sum(
@@ -406,6 +443,16 @@ fn three_replicas_share_functions_and_tokens() {
     assert_eq!(functions(), before);
     for replica in [a, b, c] {
         replica.terminate();
+    }
+}
+
+/// Thaws a frozen PostgreSQL when dropped, so that a failed assertion does not leave it frozen
+/// (its teardown would wait for ever).
+struct Thaw<'a>(&'a Postgres);
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.0.thaw();
     }
 }
 

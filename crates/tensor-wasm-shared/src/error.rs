@@ -56,14 +56,19 @@ impl SharedStoreError {
     /// opposed to a store that answered with an error: a retry may succeed.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            // A statement the server refused carries an SQLSTATE; a connection failure not. A
-            // statement or transaction the server ended for its timeout is unavailability too.
-            SharedStoreError::Database(e) => {
-                e.code().is_none()
-                    || e.is_closed()
-                    || e.code() == Some(&SqlState::QUERY_CANCELED)
-                    || e.code() == Some(&SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT)
-            }
+            // A statement the server refused carries an SQLSTATE; a connection failure not.
+            // Unavailability too: the server shutting down or starting up, or ending a
+            // statement for its timeout (class 57, operator intervention), a connection
+            // exception (class 08), too many connections (class 53), a transaction ended for
+            // idling.
+            SharedStoreError::Database(e) => match e.code() {
+                None => true,
+                Some(code) => {
+                    e.is_closed()
+                        || ["57", "08", "53"].contains(&&code.code()[..2])
+                        || *code == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
+                }
+            },
             SharedStoreError::Timeout(_) => true,
             // HTTP-level failures (connection, timeouts, 5xx after retries) are `Generic`.
             SharedStoreError::Object(e) => matches!(e, object_store::Error::Generic { .. }),

@@ -22,6 +22,7 @@ use tensor_wasm_shared::{
 };
 use tensor_wasm_tenant::{GpuIsolation, Quotas, TenantMetrics, TenantRegistry};
 use tensor_wasm_test_support::guests::example;
+use tensor_wasm_test_support::pace::periodic_task_period;
 use tensor_wasm_test_support::servers::{Postgres, S3Server};
 use tensor_wasm_test_support::wait::{wait_for, wait_until};
 
@@ -929,8 +930,7 @@ fn lease_renewals_keep_their_period_during_large_deploys(pg: &Postgres, s3: &S3S
             let start = std::time::Instant::now();
             assert!(store.renew(&job.id, claim.job.attempts, lease).unwrap());
             renewals.push(start.elapsed());
-            // The renewal period of this replica, not a wait for some state.
-            std::thread::sleep(period);
+            periodic_task_period(period);
         }
         let uploads: Vec<Duration> = deploys.into_iter().map(|d| d.join().unwrap()).collect();
         (renewals, uploads)

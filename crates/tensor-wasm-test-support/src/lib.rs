@@ -43,6 +43,7 @@
 pub mod app;
 pub mod gate;
 pub mod guests;
+pub mod history;
 pub mod pace;
 pub mod serve;
 pub mod servers;

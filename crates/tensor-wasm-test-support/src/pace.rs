@@ -24,3 +24,14 @@ pub async fn load_tool_back_off(interval: Duration) {
 pub async fn slow_client_trickle(interval: Duration) {
     tokio::time::sleep(interval).await;
 }
+
+/// A replica's periodic task (a lease renewal, say) waits out its period before the next run.
+pub fn periodic_task_period(period: Duration) {
+    std::thread::sleep(period);
+}
+
+/// A scripted fault schedule (kill a replica at 1/3 of a run, restart the database at 2/3)
+/// waits for its next step's time; the clients' load runs on meanwhile.
+pub fn fault_schedule_step(until: Duration) {
+    std::thread::sleep(until);
+}
