@@ -2,7 +2,8 @@
 //! and one S3 server (both started here), and clients that send random operations to random
 //! replicas for a fixed time from a committed seed: token creation and revocation, the tenant's
 //! raw-kernel capability granted and revoked, a quota changed, functions deployed, changed and
-//! deleted, with probes that use tokens and the capability, and reads. Every request is
+//! deleted, snapshots captured and deleted, async jobs submitted and cancelled, with probes
+//! that use tokens and the capability, and reads. Every request is
 //! recorded with its times, and `tensor_wasm_test_support::history::check` verifies the history
 //! against a sequential model (per key, writes in an order consistent with real time, visible
 //! everywhere within the documented bound of 1 s): nothing acknowledged lost, nothing deleted
@@ -96,6 +97,27 @@ struct Known {
     tokens: Vec<(String, String)>,
     /// Every function deployed.
     functions: Vec<String>,
+    /// Every snapshot captured: (function, snapshot).
+    snapshots: Vec<(String, String)>,
+    /// Every async job submitted.
+    jobs: Vec<String>,
+}
+
+impl Known {
+    /// A copy of the pools, so that no lock is held across a request.
+    fn clone_pools(&self) -> Known {
+        Known {
+            tokens: Vec::new(),
+            functions: self.functions.clone(),
+            snapshots: self.snapshots.clone(),
+            jobs: self.jobs.clone(),
+        }
+    }
+}
+
+/// One of `items` at random, if any.
+fn pick_one<T: Clone>(rng: &mut Rng, items: &[T]) -> Option<T> {
+    (!items.is_empty()).then(|| items[rng.below(items.len() as u64) as usize].clone())
 }
 
 /// What every client shares.
@@ -105,6 +127,7 @@ struct World {
     user: String,
     tenant: String,
     raw_function: String,
+    /// What clients deploy: examples/warm.wat (an `init` to snapshot, `bump` to run).
     module: Vec<u8>,
     known: Mutex<Known>,
     events: Mutex<Vec<Event>>,
@@ -148,7 +171,7 @@ fn client(world: &World, id: usize, seed: u64, until: f64) -> usize {
             value: value.to_owned(),
         };
         let start = world.now();
-        match rng.below(100) {
+        match rng.below(120) {
             // A quota changed.
             0..=9 => {
                 let value = (16 << 20) + rng.below(1 << 20);
@@ -313,7 +336,7 @@ fn client(world: &World, id: usize, seed: u64, until: f64) -> usize {
                 }
             }
             // A function deleted, changed or read.
-            _ => {
+            72..=99 => {
                 let known = world.known.lock().unwrap().functions.clone();
                 if known.is_empty() {
                     continue;
@@ -361,6 +384,164 @@ fn client(world: &World, id: usize, seed: u64, until: f64) -> usize {
                     events.push(event(&key, &key, start, end, kind));
                 }
             }
+            // A snapshot captured, deleted or listed.
+            100..=109 => {
+                let pick = rng.below(10);
+                let known = world.known.lock().unwrap().clone_pools();
+                if pick < 4 {
+                    let Some(function) = pick_one(&mut rng, &known.functions) else {
+                        continue;
+                    };
+                    let answer = send(
+                        "POST",
+                        &world.url(replica, &format!("/functions/{function}/snapshots")),
+                        &world.user,
+                        Some(&json!({"init_export": "init"})),
+                    );
+                    let end = world.now();
+                    let record = format!("function:{function}");
+                    match &answer {
+                        Some((201, body)) => {
+                            let snapshot = body["id"].as_str().unwrap_or_default().to_owned();
+                            let key = format!("snapshot:{function}/{snapshot}");
+                            let kind = write("present", &answer, None);
+                            events.push(event(&key, &record, start, end, kind));
+                            let mut known = world.known.lock().unwrap();
+                            known.snapshots.push((function.clone(), snapshot));
+                        }
+                        Some((404, body)) if code(body) == "not_found" => {
+                            events.push(event(&record, &record, start, end, read("absent")));
+                        }
+                        _ => {}
+                    }
+                } else if pick < 7 {
+                    let Some((function, snapshot)) = pick_one(&mut rng, &known.snapshots) else {
+                        continue;
+                    };
+                    let answer = send(
+                        "DELETE",
+                        &world.url(
+                            replica,
+                            &format!("/functions/{function}/snapshots/{snapshot}"),
+                        ),
+                        &world.user,
+                        None,
+                    );
+                    let end = world.now();
+                    let key = format!("snapshot:{function}/{snapshot}");
+                    let record = format!("function:{function}");
+                    let kind = match &answer {
+                        Some((404, _)) => read("absent"),
+                        _ => write("absent", &answer, Some(Condition::Not("absent".into()))),
+                    };
+                    events.push(event(&key, &record, start, end, kind));
+                } else {
+                    let Some(function) = pick_one(&mut rng, &known.functions) else {
+                        continue;
+                    };
+                    let answer = send(
+                        "GET",
+                        &world.url(replica, &format!("/functions/{function}/snapshots")),
+                        &world.user,
+                        None,
+                    );
+                    let end = world.now();
+                    let record = format!("function:{function}");
+                    let listed: Option<Vec<String>> = match &answer {
+                        Some((200, body)) => Some(
+                            body.as_array()
+                                .or_else(|| body["snapshots"].as_array())
+                                .map(|list| {
+                                    list.iter()
+                                        .filter_map(|s| s["id"].as_str().map(str::to_owned))
+                                        .collect()
+                                })
+                                .unwrap_or_default(),
+                        ),
+                        Some((404, _)) => {
+                            events.push(event(&record, &record, start, end, read("absent")));
+                            Some(Vec::new())
+                        }
+                        _ => None,
+                    };
+                    if let Some(listed) = listed {
+                        for (f, snapshot) in known.snapshots.iter().filter(|(f, _)| f == &function)
+                        {
+                            let value = if listed.contains(snapshot) {
+                                "present"
+                            } else {
+                                "absent"
+                            };
+                            let key = format!("snapshot:{f}/{snapshot}");
+                            events.push(event(&key, &record, start, end, read(value)));
+                        }
+                    }
+                }
+            }
+            // An async job submitted, cancelled or read.
+            _ => {
+                let pick = rng.below(10);
+                let known = world.known.lock().unwrap().clone_pools();
+                if pick < 4 {
+                    let Some(function) = pick_one(&mut rng, &known.functions) else {
+                        continue;
+                    };
+                    let answer = send(
+                        "POST",
+                        &world.url(replica, &format!("/functions/{function}/invoke-async")),
+                        &world.user,
+                        Some(&json!({"export": "bump", "args": []})),
+                    );
+                    let end = world.now();
+                    match &answer {
+                        Some((202, body)) => {
+                            let job = body["job_id"].as_str().unwrap_or_default().to_owned();
+                            let key = format!("job:{job}");
+                            let kind = write("exists", &answer, None);
+                            events.push(event(&key, &key, start, end, kind));
+                            world.known.lock().unwrap().jobs.push(job);
+                        }
+                        Some((404, body)) if code(body) == "not_found" => {
+                            let record = format!("function:{function}");
+                            events.push(event(&record, &record, start, end, read("absent")));
+                        }
+                        _ => {}
+                    }
+                } else {
+                    let Some(job) = pick_one(&mut rng, &known.jobs) else {
+                        continue;
+                    };
+                    let cancel = pick < 7;
+                    let answer = send(
+                        if cancel { "DELETE" } else { "GET" },
+                        &world.url(replica, &format!("/jobs/{job}")),
+                        &world.user,
+                        None,
+                    );
+                    let end = world.now();
+                    let key = format!("job:{job}");
+                    let flag = format!("cancel:{job}");
+                    match &answer {
+                        Some((200, body)) => {
+                            events.push(event(&key, &key, start, end, read("exists")));
+                            let requested = body["cancel_requested"] == json!(true);
+                            let active =
+                                matches!(body["status"].as_str(), Some("queued" | "running"));
+                            if cancel && requested {
+                                let kind = write("requested", &answer, None);
+                                events.push(event(&flag, &key, start, end, kind));
+                            } else if !cancel && (requested || active) {
+                                let seen = if requested { "requested" } else { "none" };
+                                events.push(event(&flag, &key, start, end, read(seen)));
+                            }
+                        }
+                        Some((404, _)) => {
+                            events.push(event(&key, &key, start, end, read("absent")));
+                        }
+                        _ => {}
+                    }
+                }
+            }
         }
         sent += 1;
         world.events.lock().unwrap().extend(events);
@@ -389,6 +570,8 @@ fn run(seconds: f64, chaos: bool, seed: u64) -> (Report, Value) {
         "--blob-store",
         "s3://tw-history/h",
         "--allow-raw-ptx",
+        "--max-retained-jobs",
+        "1000000",
     ];
     let dirs: Vec<_> = (0..REPLICAS)
         .map(|_| tempfile::tempdir().unwrap())
@@ -425,9 +608,15 @@ fn run(seconds: f64, chaos: bool, seed: u64) -> (Report, Value) {
         }})),
     );
     assert_eq!(setup.as_ref().map(|a| a.0), Some(200), "{setup:?}");
-    let module = std::fs::read(examples_dir().join("calc.wat")).unwrap();
+    let calc = std::fs::read(examples_dir().join("calc.wat")).unwrap();
+    let module = std::fs::read(examples_dir().join("warm.wat")).unwrap();
+    // The quota's value before any client changes it (the raw-kernel capability starts granted).
+    let initial_quota = match send("GET", &a.url(&format!("/tenants/{tenant}")), &admin, None) {
+        Some((200, body)) => body["quotas"]["max_module_bytes"].to_string(),
+        other => panic!("reading the tenant: {other:?}"),
+    };
     let raw_function = {
-        let answer = send_wasm(&a.url("/functions?name=raw&raw_ptx=true"), &user, &module);
+        let answer = send_wasm(&a.url("/functions?name=raw&raw_ptx=true"), &user, &calc);
         match answer {
             Some((201, body)) => body["id"].as_str().unwrap().to_owned(),
             other => panic!("deploying the raw-kernel function: {other:?}"),
@@ -492,14 +681,42 @@ fn run(seconds: f64, chaos: bool, seed: u64) -> (Report, Value) {
         }
         clients.into_iter().map(|c| c.join().unwrap()).sum()
     });
-    let events = world.events.into_inner().unwrap();
+    let mut events = world.events.into_inner().unwrap();
+    // Deleting a function deletes its snapshots: the same write on each of their keys.
+    let snapshots = world.known.into_inner().unwrap().snapshots;
+    let deletes: Vec<Event> = events
+        .iter()
+        .filter(|e| {
+            e.key.starts_with("function:")
+                && matches!(&e.kind, Kind::Write { value, .. } if value == "absent")
+        })
+        .cloned()
+        .collect();
+    for delete in deletes {
+        let function = &delete.key["function:".len()..];
+        for (f, snapshot) in snapshots.iter().filter(|(f, _)| f == function) {
+            events.push(Event {
+                key: format!("snapshot:{f}/{snapshot}"),
+                kind: match delete.kind.clone() {
+                    Kind::Write { value, outcome, .. } => Kind::Write {
+                        value,
+                        outcome,
+                        needs: None,
+                    },
+                    read => read,
+                },
+                ..delete.clone()
+            });
+        }
+    }
     let report = check(&events, BOUND_S, &trouble, |key| {
-        if key.starts_with("token:") {
-            "invalid".into()
-        } else if key.starts_with("function:") {
-            "absent".into()
-        } else {
-            String::new()
+        match key.split(':').next().unwrap_or_default() {
+            "token" => "invalid".into(),
+            "function" | "snapshot" | "job" => "absent".into(),
+            "cancel" => "none".into(),
+            "quota" => initial_quota.clone(),
+            "raw_ptx" => "true".into(),
+            _ => String::new(),
         }
     });
     if let Ok(path) = std::env::var("HISTORY_DUMP") {
