@@ -192,6 +192,21 @@ history-check: deps
 	  HISTORY_RUN_FILE=$(CURDIR)/bench-results/history/$$(date -u +%F).json \
 	  $(CARGO) test -p tensor-wasm-cli --test history -- --nocapture
 
+.PHONY: conformance-isa
+## The PTX interpreter's conformance suite once per CPU ISA this host has (portable, avx2,
+## avx512: TENSOR_WASM_CPU_ISA picks the CPU backend's matmul and conv2d tiles); writes
+## bench-results/conformance/<date>-<isa>.json after each passing run. Not part of `make test`
+## (which runs the suite once, with the widest ISA).
+conformance-isa:
+	mkdir -p bench-results/conformance
+	for isa in portable avx2 avx512; do \
+	  case $$isa in avx2) grep -qw avx2 /proc/cpuinfo || continue;; \
+	    avx512) grep -qw avx512f /proc/cpuinfo || continue;; esac; \
+	  TENSOR_WASM_CPU_ISA=$$isa \
+	    CONFORMANCE_RUN_FILE=$(CURDIR)/bench-results/conformance/$$(date -u +%F)-$$isa.json \
+	    $(CARGO) test -p tensor-wasm-ptx-emu --test conformance || exit 1; \
+	done
+
 .PHONY: component-release
 ## How long after its deadline a component blocked in the host frees its instance slot (goal
 ## p99 <= 100 ms): release build of the runtime's component_deadlines test, its ignored

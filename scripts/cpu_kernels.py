@@ -7,7 +7,9 @@ the peer (scripts/cpu_peer.py) and the backend one after the other on the same c
 writes one run file: machine, date, commit, both raw reports, and per kernel the backend's
 rate, the peer's rate and their ratio. Prints the ratio table (markdown).
 
-Usage: scripts/cpu_kernels.py [--quick] [--out PATH]
+Usage: scripts/cpu_kernels.py [--quick] [--only NAME,...] [--isa portable|avx2|avx512] [--out PATH]
+`--isa` narrows the backend's matmul and conv2d tiles (TENSOR_WASM_CPU_ISA); the run file names
+the ISA used (`gemm_isa`).
 Default run file: bench-results/cpu-kernels/<YYYY-MM-DD>.json (-N when the day has one).
 """
 
@@ -59,6 +61,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small shapes, short runs")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--only", default=None,
+                        help="comma-separated kernel names of ours; the peer runs their peers")
+    parser.add_argument("--isa", default=None, help="TENSOR_WASM_CPU_ISA for the backend")
     args = parser.parse_args()
     quick = ["--quick"] if args.quick else []
 
@@ -70,8 +75,21 @@ def main():
     ours_cmd = [os.path.join(ROOT, "target", "release", "cpu-kernels"), *quick]
     if args.quick:
         ours_cmd += ["--seconds", "0.1"]
-    peer = json.loads(subprocess.run(peer_cmd, check=True, capture_output=True, text=True).stdout)
-    ours = json.loads(subprocess.run(ours_cmd, check=True, capture_output=True, text=True).stdout)
+    if args.only:
+        ours_cmd += ["--only", args.only]
+    ours_env = dict(os.environ)
+    if args.isa:
+        ours_env["TENSOR_WASM_CPU_ISA"] = args.isa
+    if args.only:
+        # Ours first, so that the peer runs only the kernels ours compared against.
+        ours = json.loads(subprocess.run(ours_cmd, check=True, capture_output=True, text=True,
+                                         env=ours_env).stdout)
+        peer_cmd += ["--only", ",".join(sorted({r["peer"] for r in ours["results"]}))]
+        peer = json.loads(subprocess.run(peer_cmd, check=True, capture_output=True, text=True).stdout)
+    else:
+        peer = json.loads(subprocess.run(peer_cmd, check=True, capture_output=True, text=True).stdout)
+        ours = json.loads(subprocess.run(ours_cmd, check=True, capture_output=True, text=True,
+                                         env=ours_env).stdout)
 
     peer_by_name = {r["kernel"]: r for r in peer["results"]}
     rows = []
@@ -95,8 +113,10 @@ def main():
         "commit": git("rev-parse", "HEAD"),
         "uncommitted": dirty.splitlines() if dirty else [],
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": peer.get("cpu")},
+        "gemm_isa": ours.get("gemm_isa"),
         "commands": {"peer": " ".join(os.path.relpath(a, ROOT) if a.startswith(ROOT) else a for a in peer_cmd[1:]),
-                     "tensor_wasm": " ".join(os.path.relpath(a, ROOT) if a.startswith(ROOT) else a for a in ours_cmd)},
+                     "tensor_wasm": (f"TENSOR_WASM_CPU_ISA={args.isa} " if args.isa else "")
+                     + " ".join(os.path.relpath(a, ROOT) if a.startswith(ROOT) else a for a in ours_cmd)},
         "ratios": rows,
         "peer": peer,
         "tensor_wasm": ours,

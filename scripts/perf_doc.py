@@ -261,7 +261,9 @@ def cpu_kernels_section(out, cited):
     runs = [(p, load(p)) for p in glob.glob(os.path.join(RESULTS, "cpu-kernels", "*.json"))]
     if not runs:
         return
-    path, doc = max(runs, key=lambda r: (r[1].get("date", ""), r[0]))
+    # The newest run with the widest ISA its CPU has; runs narrowed with `--isa` are comparisons.
+    widest = [r for r in runs if not r[1]["commands"]["tensor_wasm"].startswith("TENSOR_WASM_CPU_ISA=")]
+    path, doc = max(widest or runs, key=lambda r: (r[1].get("date", ""), r[0]))
     cited.setdefault(path, set()).add("CPU kernels")
     peer = doc.get("peer", {})
     # Commands as run from the repository root, wherever the checkout was.
@@ -272,7 +274,8 @@ def cpu_kernels_section(out, cited):
     out.append(f"From {link(rel(path), rel(path))} — machine: {doc['machine'].get('cpu')}, "
                f"{doc['machine'].get('cpus')} cores, {doc['machine'].get('platform')}; date: {doc.get('date')}; "
                f"commit: `{doc.get('commit')}`; command: `make cpu-kernels` (`{commands['tensor_wasm']}` "
-               f"and `{commands['peer']}`, one after the other). Peer: numpy {peer.get('numpy')}, {blas}.\n")
+               f"and `{commands['peer']}`, one after the other). Peer: numpy {peer.get('numpy')}, {blas}. "
+               f"Matmul and conv2d tiles: {doc.get('gemm_isa') or 'avx2 (runs before the ISA was recorded)'}.\n")
     out.append("Each kernel launched as the guest ABI launches it on the CPU backend, against numpy's equivalent "
                "operation on the same shapes and cores (memory-bound: 16 Mi elements, GB/s of bytes read and "
                "written; matmul and conv2d: GFLOP/s). Goals from issue 18: memory-bound ≥ 0.8×, f32 matmul and "

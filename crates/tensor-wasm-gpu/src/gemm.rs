@@ -14,8 +14,10 @@
 //! - a block's running sums stay in an `MC × NC` array across its `KC` slices of `p`, so slicing
 //!   `p` does not reorder any sum (a sum is stored as an f32 between slices: exact).
 //!
-//! Compiled twice: for the baseline target, and for AVX2 (8-lane f32 and i32 vectors), chosen at
-//! run time. Neither uses FMA: `a + b * c` stays two rounded operations.
+//! Compiled three times, chosen at run time ([`Isa`]): for the baseline target and for AVX2, with
+//! tiles `NR` = 8 columns wide (one 8-lane vector), and for AVX-512 with tiles 16 wide (one
+//! 16-lane vector); `TENSOR_WASM_CPU_ISA` picks a narrower one (tests, comparisons). None uses
+//! FMA: `a + b * c` stays two rounded operations, so every width gives the same bits.
 //!
 //! A [`Gemm`] is computed in bounded steps ([`Gemm::step`]) so that the CPU backend can stop it
 //! between steps (a cancelled launch) and serve other tenants in between.
@@ -24,17 +26,19 @@ use std::fmt;
 
 /// Rows of a register tile (one broadcast value of `a` each).
 const MR: usize = 12;
-/// Columns of a register tile: one 8-lane vector.
-const NR: usize = 8;
+/// Columns of a register tile with 8-lane vectors (AVX2, and the baseline build).
+const NR_NARROW: usize = 8;
+/// Columns of a register tile with 16-lane vectors (AVX-512).
+const NR_WIDE: usize = 16;
 /// Values of `p` in one packed block of `a`.
 const KC: usize = 256;
 /// Rows of `a` in one packed block (a multiple of `MR`).
 const MC: usize = 96;
-/// Columns of `b` packed at a time (a multiple of `NR`).
+/// Columns of `b` packed at a time (a multiple of every `NR`).
 const NC: usize = 512;
 /// Most bytes of packed b one multiply keeps. Packed b holds every `p` of a column block so
 /// that all row blocks share it; a narrow b (fewer than `NR` columns) is padded to `NR`, so
-/// a long, narrow b would take up to 8 × its own size. Past this cap only the slice of `p`
+/// a long, narrow b would take up to 16 × its own size. Past this cap only the slice of `p`
 /// in use is packed, again for every row block: memory stays bounded whatever the guest's
 /// shape, at the price of packing b once per row block.
 const PACKED_B_CAP: usize = 32 << 20;
@@ -52,6 +56,15 @@ pub trait Lane: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     fn add(self, other: Self) -> Self;
     /// `self * other` as the GPU computes it.
     fn mul(self, other: Self) -> Self;
+    /// One column of register tiles 16 wide with AVX-512 vectors, as [`register_tile`]
+    /// computes each (`tile_column`'s operands). Written with intrinsics: left to itself, the
+    /// compiler vectorises the generic tile across rows, with gathers.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[doc(hidden)]
+    unsafe fn tile_column_avx512(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]);
 }
 
 impl Lane for f32 {
@@ -70,6 +83,11 @@ impl Lane for f32 {
     fn mul(self, other: Self) -> Self {
         self * other
     }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn tile_column_avx512(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]) {
+        // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
+        unsafe { avx512::tile_column_f32(kc, packed_a, panel, sums) }
+    }
 }
 
 impl Lane for i32 {
@@ -87,6 +105,11 @@ impl Lane for i32 {
     #[inline(always)]
     fn mul(self, other: Self) -> Self {
         self.wrapping_mul(other)
+    }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn tile_column_avx512(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]) {
+        // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
+        unsafe { avx512::tile_column_i32(kc, packed_a, panel, sums) }
     }
 }
 
@@ -135,11 +158,179 @@ impl<T: Lane> GemmSource<T> for Matrices<'_> {
     }
 }
 
+/// The vector instructions a [`Gemm`]'s register tiles are compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// The baseline target (SSE2 on x86-64): tiles 8 columns wide.
+    Portable,
+    /// AVX2: 8-lane vectors, tiles 8 columns wide.
+    Avx2,
+    /// AVX-512 (F): 16-lane vectors, tiles 16 columns wide.
+    Avx512,
+}
+
+impl Isa {
+    /// Every ISA, narrowest first.
+    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+
+    /// Its name: `portable`, `avx2`, `avx512`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Whether this CPU runs it.
+    #[must_use]
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The widest this CPU runs.
+    #[must_use]
+    pub fn detected() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|isa| isa.is_available())
+            .unwrap_or(Isa::Portable)
+    }
+
+    /// What [`Gemm::new`] uses: [`Isa::detected`], or a narrower one named by the
+    /// environment variable `TENSOR_WASM_CPU_ISA` (`portable`, `avx2`, `avx512`; one this CPU
+    /// lacks, or an unknown name, is ignored with a warning). Read once per process.
+    #[must_use]
+    pub fn selected() -> Isa {
+        static SELECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *SELECTED.get_or_init(|| {
+            let detected = Isa::detected();
+            let Ok(asked) = std::env::var("TENSOR_WASM_CPU_ISA") else {
+                return detected;
+            };
+            match Isa::ALL.into_iter().find(|isa| isa.name() == asked.trim()) {
+                Some(isa) if isa.is_available() => isa,
+                _ => {
+                    tracing::warn!(
+                        asked = %asked,
+                        using = detected.name(),
+                        "TENSOR_WASM_CPU_ISA names no ISA this CPU has; ignored"
+                    );
+                    detected
+                }
+            }
+        })
+    }
+}
+
 /// `c = a · b` for rows `0..m` and columns `0..cols` of `c`, computed in bounded steps.
 ///
 /// `c` is written as little-endian bytes, `ldc` values per row, one finished block of `MC` rows
 /// by `NC` columns at a time; nothing else of `c` is touched.
-pub struct Gemm<T> {
+pub struct Gemm<T>(Width<T>);
+
+/// A [`Gemm`] with tiles of one width.
+enum Width<T> {
+    Narrow(Blocked<T, NR_NARROW>),
+    Wide(Blocked<T, NR_WIDE>),
+}
+
+impl<T> fmt::Debug for Gemm<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Width::Narrow(g) => g.fmt(f),
+            Width::Wide(g) => g.fmt(f),
+        }
+    }
+}
+
+impl<T: Lane> Gemm<T> {
+    /// A multiply of `m` rows and `cols` columns over `k` values of `p`; `c` has `ldc >= cols`
+    /// values per row. Its tiles use [`Isa::selected`].
+    #[must_use]
+    pub fn new(m: usize, cols: usize, k: usize, ldc: usize) -> Self {
+        Self::with_isa(Isa::selected(), m, cols, k, ldc)
+    }
+
+    /// [`Gemm::new`] with tiles for `isa` (every ISA gives the same bits).
+    ///
+    /// # Panics
+    /// When this CPU lacks `isa` ([`Isa::is_available`]).
+    #[must_use]
+    pub fn with_isa(isa: Isa, m: usize, cols: usize, k: usize, ldc: usize) -> Self {
+        assert!(isa.is_available(), "this CPU lacks {}", isa.name());
+        Self(match isa {
+            Isa::Avx512 => Width::Wide(Blocked::new(isa, m, cols, k, ldc)),
+            Isa::Portable | Isa::Avx2 => Width::Narrow(Blocked::new(isa, m, cols, k, ldc)),
+        })
+    }
+
+    /// The ISA of its tiles.
+    #[must_use]
+    pub fn isa(&self) -> Isa {
+        match &self.0 {
+            Width::Narrow(g) => g.isa,
+            Width::Wide(g) => g.isa,
+        }
+    }
+
+    /// The same multiply with packed b capped at `bytes` (tests: both packing modes).
+    #[cfg(test)]
+    pub(crate) fn with_packed_b_cap(mut self, bytes: usize) -> Self {
+        match &mut self.0 {
+            Width::Narrow(g) => g.packed_b_cap = bytes,
+            Width::Wide(g) => g.packed_b_cap = bytes,
+        }
+        self
+    }
+
+    /// Values of packed b held now, and the tiles' width (tests).
+    #[cfg(test)]
+    pub(crate) fn packed_b(&self) -> (usize, usize) {
+        match &self.0 {
+            Width::Narrow(g) => (g.packed_b.len(), NR_NARROW),
+            Width::Wide(g) => (g.packed_b.len(), NR_WIDE),
+        }
+    }
+
+    /// Whether every output is computed and written.
+    #[must_use]
+    pub fn done(&self) -> bool {
+        match &self.0 {
+            Width::Narrow(g) => g.done(),
+            Width::Wide(g) => g.done(),
+        }
+    }
+
+    /// Computes at least one packing or panel and about `work` multiply-adds (packing counts
+    /// one per value), from `source` into `c`; `true` once the whole product is written. The
+    /// operands must not change between steps of one product (the CPU backend's launches
+    /// guarantee it: no other writer runs meanwhile).
+    ///
+    /// # Panics
+    /// When `source` or `c` is too short for the shape given to [`Gemm::new`].
+    pub fn step(&mut self, source: &impl GemmSource<T>, c: &mut [u8], work: usize) -> bool {
+        match &mut self.0 {
+            Width::Narrow(g) => g.step(source, c, work),
+            Width::Wide(g) => g.step(source, c, work),
+        }
+    }
+}
+
+/// The blocked multiply for tiles `NR` columns wide (see [`Gemm`]).
+struct Blocked<T, const NR: usize> {
+    /// The vector instructions of this build's register tiles (available on this CPU).
+    isa: Isa,
     m: usize,
     cols: usize,
     k: usize,
@@ -166,9 +357,10 @@ pub struct Gemm<T> {
     row: Vec<T>,
 }
 
-impl<T> fmt::Debug for Gemm<T> {
+impl<T, const NR: usize> fmt::Debug for Blocked<T, NR> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Gemm")
+            .field("isa", &self.isa)
             .field("m", &self.m)
             .field("cols", &self.cols)
             .field("k", &self.k)
@@ -177,11 +369,10 @@ impl<T> fmt::Debug for Gemm<T> {
     }
 }
 
-impl<T: Lane> Gemm<T> {
-    /// A multiply of `m` rows and `cols` columns over `k` values of `p`; `c` has `ldc >= cols`
-    /// values per row.
-    pub fn new(m: usize, cols: usize, k: usize, ldc: usize) -> Self {
+impl<T: Lane, const NR: usize> Blocked<T, NR> {
+    fn new(isa: Isa, m: usize, cols: usize, k: usize, ldc: usize) -> Self {
         Self {
+            isa,
             m,
             cols,
             k,
@@ -199,13 +390,6 @@ impl<T: Lane> Gemm<T> {
         }
     }
 
-    /// The same multiply with packed b capped at `bytes` (tests: both packing modes).
-    #[cfg(test)]
-    pub(crate) fn with_packed_b_cap(mut self, bytes: usize) -> Self {
-        self.packed_b_cap = bytes;
-        self
-    }
-
     /// Whether packed b holds every `p` of a column block `nc` wide (else only a slice).
     fn packs_all_of_b(&self, nc: usize) -> bool {
         self.k
@@ -214,19 +398,11 @@ impl<T: Lane> Gemm<T> {
             <= self.packed_b_cap
     }
 
-    /// Whether every output is computed and written.
-    pub fn done(&self) -> bool {
+    fn done(&self) -> bool {
         self.m == 0 || self.cols == 0 || self.jc >= self.cols
     }
 
-    /// Computes at least one packing or panel and about `work` multiply-adds (packing counts
-    /// one per value), from `source` into `c`; `true` once the whole product is written. The
-    /// operands must not change between steps of one product (the CPU backend's launches
-    /// guarantee it: no other writer runs meanwhile).
-    ///
-    /// # Panics
-    /// When `source` or `c` is too short for the shape given to [`Gemm::new`].
-    pub fn step(&mut self, source: &impl GemmSource<T>, c: &mut [u8], work: usize) -> bool {
+    fn step(&mut self, source: &impl GemmSource<T>, c: &mut [u8], work: usize) -> bool {
         let mut spent = 0usize;
         while !self.done() {
             let nc = NC.min(self.cols - self.jc);
@@ -259,7 +435,13 @@ impl<T: Lane> Gemm<T> {
             };
             let panel = &self.packed_b[panel..][..kc * NR];
             let sums = &mut self.sums[self.jr * (MC / MR) * MR * NR..][..m_tiles * MR * NR];
-            tile_column(kc, &self.packed_a[..m_tiles * kc * MR], panel, sums);
+            tile_column::<T, NR>(
+                self.isa,
+                kc,
+                &self.packed_a[..m_tiles * kc * MR],
+                panel,
+                sums,
+            );
             spent += (m_tiles * MR * NR * kc).max(1);
             self.jr += 1;
             if self.jr * NR >= nc {
@@ -343,25 +525,118 @@ impl<T: Lane> Gemm<T> {
 
 /// Adds `kc` steps of `p` to the tiles of one column of panels: `packed_a` holds the block's
 /// row panels (`[p][MR]` each), `panel` b's `[p][NR]`, `sums` the column's tiles in row order.
-fn tile_column<T: Lane>(kc: usize, packed_a: &[T], panel: &[T], sums: &mut [T]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above), the one requirement of a
-        // `#[target_feature(enable = "avx2")]` function; the function itself is safe code.
-        unsafe { tile_column_avx2(kc, packed_a, panel, sums) };
-        return;
+fn tile_column<T: Lane, const NR: usize>(
+    isa: Isa,
+    kc: usize,
+    packed_a: &[T],
+    panel: &[T],
+    sums: &mut [T],
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `Blocked` is only made with an ISA this CPU has (`Gemm::with_isa` checks),
+        // the one requirement of `tile_column_avx512`. Its tiles are 16 wide, as this
+        // `Blocked`'s are (`Gemm::with_isa` makes AVX-512 ones with `NR_WIDE`).
+        Isa::Avx512 if NR == NR_WIDE => unsafe {
+            T::tile_column_avx512(kc, packed_a, panel, sums);
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for AVX2, the one requirement of a `#[target_feature]` function;
+        // the function is safe code.
+        Isa::Avx2 => unsafe { tile_column_avx2::<T, NR>(kc, packed_a, panel, sums) },
+        _ => tile_column_portable::<T, NR>(kc, packed_a, panel, sums),
     }
-    tile_column_portable(kc, packed_a, panel, sums);
+}
+
+/// The AVX-512 tiles: 12 rows of one 16-lane vector each, `sum = sum + a * b` as two rounded
+/// operations (a multiply, then an add; never fused), in order of `p`.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::{
+        __m512i, _mm512_add_epi32, _mm512_add_ps, _mm512_loadu_ps, _mm512_loadu_si512,
+        _mm512_mul_ps, _mm512_mullo_epi32, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
+        _mm512_setzero_si512, _mm512_storeu_ps, _mm512_storeu_si512,
+    };
+
+    use super::{MR, NR_WIDE};
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn tile_column_f32(kc: usize, packed_a: &[f32], panel: &[f32], sums: &mut [f32]) {
+        if kc == 0 {
+            return;
+        }
+        let panel = &panel[..kc * NR_WIDE];
+        for (a_panel, tile) in packed_a
+            .chunks_exact(kc * MR)
+            .zip(sums.chunks_exact_mut(MR * NR_WIDE))
+        {
+            let mut acc = [_mm512_setzero_ps(); MR];
+            for (row, sums) in acc.iter_mut().zip(tile.chunks_exact(NR_WIDE)) {
+                // SAFETY: `sums` holds NR_WIDE = 16 f32: one unaligned 64-byte load.
+                *row = unsafe { _mm512_loadu_ps(sums.as_ptr()) };
+            }
+            for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks_exact(NR_WIDE)) {
+                // SAFETY: `b` holds 16 f32.
+                let b = unsafe { _mm512_loadu_ps(b.as_ptr()) };
+                for (row, &a) in acc.iter_mut().zip(a) {
+                    *row = _mm512_add_ps(*row, _mm512_mul_ps(_mm512_set1_ps(a), b));
+                }
+            }
+            for (row, sums) in acc.iter().zip(tile.chunks_exact_mut(NR_WIDE)) {
+                // SAFETY: as the load.
+                unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), *row) };
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn tile_column_i32(kc: usize, packed_a: &[i32], panel: &[i32], sums: &mut [i32]) {
+        if kc == 0 {
+            return;
+        }
+        let panel = &panel[..kc * NR_WIDE];
+        for (a_panel, tile) in packed_a
+            .chunks_exact(kc * MR)
+            .zip(sums.chunks_exact_mut(MR * NR_WIDE))
+        {
+            let mut acc = [_mm512_setzero_si512(); MR];
+            for (row, sums) in acc.iter_mut().zip(tile.chunks_exact(NR_WIDE)) {
+                // SAFETY: `sums` holds NR_WIDE = 16 i32: one unaligned 64-byte load.
+                *row = unsafe { _mm512_loadu_si512(sums.as_ptr().cast::<__m512i>()) };
+            }
+            for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks_exact(NR_WIDE)) {
+                // SAFETY: `b` holds 16 i32.
+                let b = unsafe { _mm512_loadu_si512(b.as_ptr().cast::<__m512i>()) };
+                for (row, &a) in acc.iter_mut().zip(a) {
+                    *row = _mm512_add_epi32(*row, _mm512_mullo_epi32(_mm512_set1_epi32(a), b));
+                }
+            }
+            for (row, sums) in acc.iter().zip(tile.chunks_exact_mut(NR_WIDE)) {
+                // SAFETY: as the load.
+                unsafe { _mm512_storeu_si512(sums.as_mut_ptr().cast::<__m512i>(), *row) };
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn tile_column_avx2<T: Lane>(kc: usize, packed_a: &[T], panel: &[T], sums: &mut [T]) {
-    tile_column_portable(kc, packed_a, panel, sums);
+fn tile_column_avx2<T: Lane, const NR: usize>(
+    kc: usize,
+    packed_a: &[T],
+    panel: &[T],
+    sums: &mut [T],
+) {
+    tile_column_portable::<T, NR>(kc, packed_a, panel, sums);
 }
 
 #[inline(always)]
-fn tile_column_portable<T: Lane>(kc: usize, packed_a: &[T], panel: &[T], sums: &mut [T]) {
+fn tile_column_portable<T: Lane, const NR: usize>(
+    kc: usize,
+    packed_a: &[T],
+    panel: &[T],
+    sums: &mut [T],
+) {
     if kc == 0 {
         return;
     }
@@ -369,14 +644,14 @@ fn tile_column_portable<T: Lane>(kc: usize, packed_a: &[T], panel: &[T], sums: &
         .chunks_exact(kc * MR)
         .zip(sums.chunks_exact_mut(MR * NR))
     {
-        register_tile(a_panel, panel, tile);
+        register_tile::<T, NR>(a_panel, panel, tile);
     }
 }
 
 /// One register tile: `tile[r][j] = tile[r][j] + a[p][r] * b[p][j]` for each `p` in order. The
 /// sums live in a local array the compiler keeps in vector registers.
 #[inline(always)]
-fn register_tile<T: Lane>(a_panel: &[T], b_panel: &[T], tile: &mut [T]) {
+fn register_tile<T: Lane, const NR: usize>(a_panel: &[T], b_panel: &[T], tile: &mut [T]) {
     let mut acc = [[T::ZERO; NR]; MR];
     for (row, sums) in acc.iter_mut().zip(tile.chunks_exact(NR)) {
         row.copy_from_slice(sums);

@@ -1,5 +1,6 @@
 //! Tests of `Gemm`: every output equals the kernels' definition (`acc = acc + a * b` from zero, in
-//! order), bit for bit, at any shape, step size and value.
+//! order), bit for bit, at any shape, step size and value, with the tiles of every ISA this CPU
+//! has (portable and AVX2 on every x86-64 host that has AVX2, AVX-512 where the CPU has it).
 
 use proptest::prelude::*;
 
@@ -26,10 +27,44 @@ fn bytes<T: Lane>(values: &[T]) -> Vec<u8> {
     out
 }
 
-/// Runs a `Gemm` in steps of `work` over row-major operands (odd `work`: with packed b capped
-/// to the slice in use); `c` starts filled with 0xA5 bytes so that untouched values show.
-/// Returns c's `m × ldc` values as bits-comparable bytes.
+/// The ISAs this CPU has, narrowest first.
+fn isas() -> Vec<Isa> {
+    Isa::ALL
+        .into_iter()
+        .filter(|isa| isa.is_available())
+        .collect()
+}
+
+/// [`run_with`] for every ISA this CPU has; panics unless all give the same bytes.
 fn run<T: Lane>(
+    a: &[T],
+    b: &[T],
+    shape: (usize, usize, usize, usize),
+    ldc: usize,
+    work: usize,
+) -> Vec<u8> {
+    let mut results = isas()
+        .into_iter()
+        .map(|isa| (isa, run_with(isa, a, b, shape, ldc, work)));
+    let (_, first) = results.next().expect("the portable build");
+    // f32: NaN payloads may differ between widths (as between CPU and GPU); all else exact.
+    let is_f32 = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
+    for (isa, other) in results {
+        let same = if is_f32 {
+            same_f32(&other, &first)
+        } else {
+            other == first
+        };
+        assert!(same, "{} differs from portable at {shape:?}", isa.name());
+    }
+    first
+}
+
+/// Runs a `Gemm` with `isa`'s tiles in steps of `work` over row-major operands (odd `work`:
+/// with packed b capped to the slice in use); `c` starts filled with 0xA5 bytes so that
+/// untouched values show. Returns c's `m × ldc` values as bits-comparable bytes.
+fn run_with<T: Lane>(
+    isa: Isa,
     a: &[T],
     b: &[T],
     (m, cols, k, ldb): (usize, usize, usize, usize),
@@ -45,7 +80,8 @@ fn run<T: Lane>(
     };
     let mut c = vec![0xA5u8; 4 * m * ldc];
     // Odd step sizes also pack only the slice of b in use (a cap below any packed b here).
-    let mut gemm = Gemm::<T>::new(m, cols, k, ldc);
+    let mut gemm = Gemm::<T>::with_isa(isa, m, cols, k, ldc);
+    assert_eq!(gemm.isa(), isa);
     if work % 2 == 1 {
         gemm = gemm.with_packed_b_cap(0);
     }
@@ -145,9 +181,11 @@ proptest! {
 #[test]
 fn block_edges_keep_the_order() {
     for &(m, cols, k) in &[
-        (MC + 1, NC + NR + 3, KC + 5),
+        (MC + 1, NC + NR_WIDE + 3, KC + 5),
         (2 * MC, NC, 2 * KC),
-        (MR - 1, NR - 1, 1),
+        (MR - 1, NR_NARROW - 1, 1),
+        (MR + 1, NR_WIDE - 1, 3),
+        (MR, NR_NARROW + 1, 2),
     ] {
         let a: Vec<f32> = (0..m * k)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
@@ -193,7 +231,8 @@ fn products_are_rounded_before_they_are_added() {
 }
 
 /// A long, narrow b (one column, 2^21 values of `p`: 8 MiB) is not packed whole, which would
-/// pad it to 8 columns (64 MiB): packed b stays one slice, and the product is still exact.
+/// pad it to a tile's width (64 or 128 MiB): packed b stays one slice, and the product is still
+/// exact, with the tiles of every ISA.
 #[test]
 fn a_long_narrow_b_is_packed_a_slice_at_a_time() {
     let k = 1 << 21;
@@ -206,12 +245,45 @@ fn a_long_narrow_b_is_packed_a_slice_at_a_time() {
         k,
         ldb: 1,
     };
-    let mut c = vec![0u8; 4];
-    let mut gemm = Gemm::<f32>::new(1, 1, k, 1);
-    let mut largest = 0;
-    while !gemm.step(&source, &mut c, 1) {
-        largest = largest.max(gemm.packed_b.len());
+    for isa in isas() {
+        let mut c = vec![0u8; 4];
+        let mut gemm = Gemm::<f32>::with_isa(isa, 1, 1, k, 1);
+        let (mut largest, mut nr) = (0, 0);
+        while !gemm.step(&source, &mut c, 1) {
+            let (held, width) = gemm.packed_b();
+            (largest, nr) = (largest.max(held), width);
+        }
+        assert!(
+            largest <= KC * nr,
+            "{}: packed b held {largest} values",
+            isa.name()
+        );
+        assert!(
+            same_f32(&c, &expected(&a, &b, (1, 1, k, 1), 1)),
+            "{}",
+            isa.name()
+        );
     }
-    assert!(largest <= KC * NR, "packed b held {largest} values");
-    assert!(same_f32(&c, &expected(&a, &b, (1, 1, k, 1), 1)));
+}
+
+/// The ISA `Gemm::new` uses is the widest this CPU has unless `TENSOR_WASM_CPU_ISA` narrows
+/// it (not set in the tests), and each ISA gives tiles of its width.
+#[test]
+fn the_widest_isa_is_selected_and_each_has_its_width() {
+    if std::env::var_os("TENSOR_WASM_CPU_ISA").is_none() {
+        assert_eq!(Isa::selected(), Isa::detected());
+    }
+    assert_eq!(Gemm::<f32>::new(1, 1, 1, 1).isa(), Isa::selected());
+    for isa in isas() {
+        let width = Gemm::<i32>::with_isa(isa, 1, 1, 1, 1).packed_b().1;
+        assert_eq!(
+            width,
+            if isa == Isa::Avx512 {
+                NR_WIDE
+            } else {
+                NR_NARROW
+            }
+        );
+    }
+    assert!(Isa::Portable.is_available());
 }

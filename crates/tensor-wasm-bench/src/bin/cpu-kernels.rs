@@ -355,6 +355,7 @@ fn main() -> anyhow::Result<()> {
     let report = json!({
         "backend": "cpu",
         "workers": std::thread::available_parallelism().map_or(1, usize::from),
+        "gemm_isa": tensor_wasm_gpu::gemm::Isa::selected().name(),
         "quick": quick,
         "results": results,
     });

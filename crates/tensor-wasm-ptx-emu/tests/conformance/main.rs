@@ -92,14 +92,46 @@ fn main() {
         light_run.join().expect("the light half passed")
     });
     let kernels = COUNTERS.kernels.lock().unwrap().len();
+    let isa = tensor_wasm_gpu::gemm::Isa::selected();
+    let seconds = started.elapsed().as_secs_f64();
     println!(
         "ptx-emu conformance: {kernels} kernels, {} launches, {} threads, {} instructions \
-         interpreted; {}/{} mutants caught; {:.1} s",
+         interpreted; {}/{} mutants caught; CPU matmul and conv2d tiles: {}; {seconds:.1} s",
         COUNTERS.launches.load(Ordering::Relaxed),
         COUNTERS.threads.load(Ordering::Relaxed),
         COUNTERS.instructions.load(Ordering::Relaxed),
         mutants.0,
         mutants.1,
-        started.elapsed().as_secs_f64()
+        isa.name(),
     );
+    // A run file when asked (`make conformance-isa`): which ISA the CPU backend's matmul and
+    // conv2d tiles used on which CPU, and that every check passed (it is written last).
+    if let Ok(path) = std::env::var("CONFORMANCE_RUN_FILE") {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |name: &str| {
+            cpu.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_once(':'))
+                .map_or(String::new(), |(_, v)| v.trim().to_owned())
+        };
+        let flags = field("flags");
+        let has: Vec<&str> = ["avx2", "avx512f", "avx512bw", "avx512vl"]
+            .into_iter()
+            .filter(|f| flags.split_whitespace().any(|x| x == *f))
+            .collect();
+        let run = format!(
+            "{{\n  \"what\": \"ptx-emu conformance run (every check passed)\",\n  \
+             \"gemm_isa\": \"{}\",\n  \"cpu\": \"{}\",\n  \"cpu_flags\": \"{}\",\n  \
+             \"kernels\": {kernels},\n  \"launches\": {},\n  \"instructions\": {},\n  \
+             \"mutants_caught\": {},\n  \"mutants\": {},\n  \"seconds\": {seconds:.1}\n}}\n",
+            isa.name(),
+            field("model name").replace('"', "'"),
+            has.join(" "),
+            COUNTERS.launches.load(Ordering::Relaxed),
+            COUNTERS.instructions.load(Ordering::Relaxed),
+            mutants.0,
+            mutants.1,
+        );
+        std::fs::write(&path, run).expect("writing the conformance run file");
+    }
 }
