@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Derives bench-results/baseline.json from several recorded clean runs.
 
-Usage: python3 scripts/make_baseline.py [--min-runs N] [--spread-factor K] [--merge BASE.json]
-       OUT.json RUN.json...
+Usage: python3 scripts/make_baseline.py [--min-runs N] [--spread-factor K]
+       [--merge BASE.json | --refresh BASE.json] OUT.json RUN.json...
 
 For every bench id present in at least N runs (default: all of them), over
 the runs that measured it:
@@ -19,6 +19,12 @@ With --merge, BASE.json (an earlier output) is kept as it is — every metric,
 run and the policy — and only the ids it does not track yet are derived from
 RUN.json... as above and added; the runs are appended to its list and its
 method records the addition. Ids it tracks already are listed and left alone.
+
+With --refresh, BASE.json is kept the same way except that every id the runs
+measured (in at least N of them) is derived again from them, replacing what it
+had: for code that moved, as the newest committed runs show (the check in
+`make test`, crates/tensor-wasm-gates/tests/baseline_freshness.rs, fails when a
+bench's newest committed run is 2x faster than its baseline).
 
 The gate then fails a metric above median_ns * (1 + (tolerance_pct +
 regress_pct_threshold) / 100) with regress_pct_threshold = 10, twice in a row
@@ -37,13 +43,14 @@ def main():
         sys.exit(__doc__)
     args = sys.argv[1:]
     min_runs, factor, merge = None, 4.0, None
-    while args[:1] in (["--min-runs"], ["--spread-factor"], ["--merge"]):
+    refresh = False
+    while args[:1] in (["--min-runs"], ["--spread-factor"], ["--merge"], ["--refresh"]):
         if args[0] == "--min-runs":
             min_runs = int(args[1])
         elif args[0] == "--spread-factor":
             factor = float(args[1])
         else:
-            merge = args[1]
+            merge, refresh = args[1], args[0] == "--refresh"
         args = args[2:]
     if len(args) < 2:
         sys.exit(__doc__)
@@ -71,6 +78,23 @@ def main():
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     run_list = [{"file": p, "date": r.get("date"), "commit": r.get("commit")} for p, r in zip(paths, runs)]
     rule = f"tolerance_pct = max(20, ceil({factor:g} x largest deviation of a run from it)), capped at 100"
+    if refresh:
+        doc = json.load(open(merge))
+        replaced = sorted(i for i in metrics if i in doc["metrics"])
+        for i in replaced:
+            old = doc["metrics"][i]["median_ns"]
+            print(f"refreshed {i}: {old:.1f} -> {metrics[i]['median_ns']:.1f} ns")
+        doc["metrics"] = dict(sorted({**doc["metrics"], **metrics}.items()))
+        doc["runs"] = doc["runs"] + run_list
+        doc["method"] += (f"; refreshed {now[:10]}: {len(replaced)} metrics whose code moved, and "
+                          f"{len(metrics) - len(replaced)} added, from {', '.join(paths)} (median "
+                          f"of the medians of the runs that measured the metric, at least "
+                          f"{min_runs}; {rule}; ratio peers not tracked)")
+        with open(out, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        print(f"wrote {out}: {len(replaced)} refreshed, {len(doc['metrics'])} in all")
+        return
     if merge:
         doc = json.load(open(merge))
         kept = sorted(i for i in metrics if i in doc["metrics"])
