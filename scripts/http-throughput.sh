@@ -13,8 +13,13 @@
 # quotas, limits and metrics but no token check), INLINE (on: the default,
 # short import-free calls run on the server's async threads; off:
 # `serve --no-inline-calls`, every call handed to the blocking pool as the
-# minimal server does). Loopback only; both servers
-# are killed on exit.
+# minimal server does), PEER (floor: the default, `minimal-server --floor`,
+# the server's own engine configuration with epochs and the call inline, the
+# honest floor, target ratio 1.0; minimal: the older peer, a plain pooling
+# engine and spawn_blocking, target 0.8), BASELINE_BIN (another build of
+# `tensor-wasm`, run with the same flags and measured in the same rounds:
+# A B A' per round, for an A/B of two commits). Loopback only; every server
+# is killed on exit.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-5}
@@ -26,11 +31,17 @@ AUTH=${AUTH:-on}
 case $AUTH in on | off) ;; *) echo "AUTH must be on or off" >&2; exit 2 ;; esac
 INLINE=${INLINE:-on}
 case $INLINE in on | off) ;; *) echo "INLINE must be on or off" >&2; exit 2 ;; esac
-TARGET_RATIO=0.8
+PEER=${PEER:-floor}
+case $PEER in
+    floor) TARGET_RATIO=1.0 ;;
+    minimal) TARGET_RATIO=0.8 ;;
+    *) echo "PEER must be floor or minimal" >&2; exit 2 ;;
+esac
+BASELINE_BIN=${BASELINE_BIN:-}
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-command_line="ROUNDS=$ROUNDS ROUND_S=$ROUND_S CONNECTIONS=$CONNECTIONS WARMUP_S=$WARMUP_S LOADGEN_THREADS=$LOADGEN_THREADS AUTH=$AUTH INLINE=$INLINE bash scripts/http-throughput.sh"
+command_line="ROUNDS=$ROUNDS ROUND_S=$ROUND_S CONNECTIONS=$CONNECTIONS WARMUP_S=$WARMUP_S LOADGEN_THREADS=$LOADGEN_THREADS AUTH=$AUTH INLINE=$INLINE PEER=$PEER${BASELINE_BIN:+ BASELINE_BIN=<another build>} bash scripts/http-throughput.sh"
 
 for tool in cargo curl jq; do
     command -v "$tool" >/dev/null || { echo "missing tool: $tool" >&2; exit 1; }
@@ -89,77 +100,109 @@ cat >"$tmp/add.wat" <<'WAT'
 WAT
 body='{"export":"add","args":[1,2]}'
 
-echo "== starting tensor-wasm serve" >&2
-tw_cmd=(env -u RUST_LOG "$bin/tensor-wasm" serve --listen 127.0.0.1:0 --data-dir "$tmp/data")
-if [ "$AUTH" = off ]; then
-    tw_cmd+=(--insecure-no-auth)
-fi
-if [ "$INLINE" = off ]; then
-    tw_cmd+=(--no-inline-calls)
-fi
-start_server tensor-wasm "${tw_cmd[@]}"
-tw_addr=$addr
-for _ in $(seq 1 200); do
-    curl -sf "http://$tw_addr/readyz" >/dev/null && break
-    sleep 0.05
-done
-curl -sf "http://$tw_addr/readyz" >/dev/null || { echo "tensor-wasm never became ready" >&2; exit 1; }
-# The server wrote the default tenant's token on first start; the load
-# generator sends it to both servers (the minimal one ignores it), so both
-# parse the same request bytes.
-if [ "$AUTH" = on ]; then
-    token=$(jq -r .tenant_token "$tmp/data/credentials.json")
-    admin=$(jq -r .admin_token "$tmp/data/credentials.json")
-    tenant=$(jq -r .tenant_id "$tmp/data/credentials.json")
-else
-    # No token is checked; the default tenant (and its quotas) serves every request.
-    token=unused admin=unused
-    tenant=$(curl -sf "http://$tw_addr/tenants" | jq -r '.tenants[] | select(.name == "default") | .id')
-fi
-export LOADGEN_BEARER=$token
-# The default tenant's rate quota (1000 req/s) would cap the run: raise it
-# far above what the machine can do, keeping the token bucket on the path.
-curl -sf -X PATCH -H "Authorization: Bearer $admin" -H 'content-type: application/json' \
-    -d '{"quotas":{"requests_per_second":10000000,"burst":10000000}}' \
-    "http://$tw_addr/tenants/$tenant" >/dev/null
-deployed=$(curl -sf -H "Authorization: Bearer $token" -H 'content-type: application/wasm' \
-    --data-binary @"$tmp/add.wat" "http://$tw_addr/functions?name=add")
-fn_id=$(jq -r .id <<<"$deployed")
-tw_url="http://$tw_addr/functions/$fn_id/invoke"
+# Starts `$2 serve` as server $1 with the run's flags, raises the default
+# tenant's rate quota, deploys add.wat and sets $served_url and $served_token.
+start_tensor_wasm() {
+    local name=$1 binary=$2 data=$tmp/$1-data
+    local cmd=(env -u RUST_LOG "$binary" serve --listen 127.0.0.1:0 --data-dir "$data")
+    if [ "$AUTH" = off ]; then
+        cmd+=(--insecure-no-auth)
+    fi
+    if [ "$INLINE" = off ]; then
+        cmd+=(--no-inline-calls)
+    fi
+    start_server "$name" "${cmd[@]}"
+    local at=$addr _ token admin tenant
+    for _ in $(seq 1 200); do
+        curl -sf "http://$at/readyz" >/dev/null && break
+        sleep 0.05
+    done
+    curl -sf "http://$at/readyz" >/dev/null || { echo "$name never became ready" >&2; exit 1; }
+    if [ "$AUTH" = on ]; then
+        token=$(jq -r .tenant_token "$data/credentials.json")
+        admin=$(jq -r .admin_token "$data/credentials.json")
+        tenant=$(jq -r .tenant_id "$data/credentials.json")
+    else
+        # No token is checked; the default tenant (and its quotas) serves every request.
+        token=unused admin=unused
+        tenant=$(curl -sf "http://$at/tenants" | jq -r '.tenants[] | select(.name == "default") | .id')
+    fi
+    # The default tenant's rate quota (1000 req/s) would cap the run: raise it
+    # far above what the machine can do, keeping the token bucket on the path.
+    curl -sf -X PATCH -H "Authorization: Bearer $admin" -H 'content-type: application/json' \
+        -d '{"quotas":{"requests_per_second":10000000,"burst":10000000}}' \
+        "http://$at/tenants/$tenant" >/dev/null
+    local deployed
+    deployed=$(curl -sf -H "Authorization: Bearer $token" -H 'content-type: application/wasm' \
+        --data-binary @"$tmp/add.wat" "http://$at/functions?name=add")
+    served_url="http://$at/functions/$(jq -r .id <<<"$deployed")/invoke"
+    served_token=$token
+}
 
-echo "== starting minimal-server" >&2
+echo "== starting tensor-wasm serve" >&2
+start_tensor_wasm tensor-wasm "$bin/tensor-wasm"
+tw_url=$served_url
+# The default tenant's token, which the load generator sends to every server
+# (the minimal one ignores it), so all parse the same request bytes.
+token=$served_token
+fn_id=${tw_url#*/functions/}
+fn_id=${fn_id%/invoke}
+if [ -n "$BASELINE_BIN" ]; then
+    echo "== starting the baseline build ($BASELINE_BIN)" >&2
+    baseline_commit=$("$BASELINE_BIN" --version 2>/dev/null | head -n1 || echo unknown)
+    start_tensor_wasm baseline "$BASELINE_BIN"
+    bl_url=$served_url
+    bl_token=$served_token
+fi
+
+echo "== starting minimal-server ($PEER)" >&2
 min_cmd=("$bin/minimal-server" --listen 127.0.0.1:0 --module "$tmp/add.wat")
+if [ "$PEER" = floor ]; then
+    min_cmd+=(--floor)
+fi
 start_server minimal "${min_cmd[@]}"
 min_addr=$addr
 min_url="http://$min_addr/functions/$fn_id/invoke"
 
-# Both must answer the same thing before anything is timed.
-for url in "$tw_url" "$min_url"; do
-    answer=$(curl -sf -H "Authorization: Bearer $token" -H 'content-type: application/json' -d "$body" "$url")
+# Every server must answer the same thing before anything is timed.
+for url in "$tw_url" "$min_url" ${BASELINE_BIN:+"$bl_url"}; do
+    bearer=$token
+    [ "$url" = "${bl_url:-}" ] && bearer=$bl_token
+    answer=$(curl -sf -H "Authorization: Bearer $bearer" -H 'content-type: application/json' -d "$body" "$url")
     if [ "$(jq -c . <<<"$answer")" != '{"results":[3]}' ]; then
         echo "unexpected answer from $url: $answer" >&2
         exit 1
     fi
 done
 
-loadgen() { # url seconds
-    "$bin/loadgen" --url "$1" --connections "$CONNECTIONS" --duration-s "$2" \
-        --threads "$LOADGEN_THREADS" --body "$body"
+loadgen() { # url seconds [bearer]
+    LOADGEN_BEARER=${3:-$token} "$bin/loadgen" --url "$1" --connections "$CONNECTIONS" \
+        --duration-s "$2" --threads "$LOADGEN_THREADS" --body "$body"
 }
 
 echo "== warm-up ${WARMUP_S}s each" >&2
 warm_tw=$(loadgen "$tw_url" "$WARMUP_S")
 warm_min=$(loadgen "$min_url" "$WARMUP_S")
+warm_bl=null
+if [ -n "$BASELINE_BIN" ]; then
+    warm_bl=$(loadgen "$bl_url" "$WARMUP_S" "$bl_token")
+fi
 
 rounds_file=$tmp/rounds.jsonl
 : >"$rounds_file"
 for round in $(seq 1 "$ROUNDS"); do
     a=$(loadgen "$tw_url" "$ROUND_S")
     b=$(loadgen "$min_url" "$ROUND_S")
+    c=null
+    if [ -n "$BASELINE_BIN" ]; then
+        c=$(loadgen "$bl_url" "$ROUND_S" "$bl_token")
+        echo "round $round: baseline    $c" >&2
+    fi
     echo "round $round: tensor-wasm $a" >&2
     echo "round $round: minimal     $b" >&2
-    jq -cn --argjson round "$round" --argjson a "$a" --argjson b "$b" \
-        '{round: $round, tensor_wasm: $a, minimal: $b}' >>"$rounds_file"
+    jq -cn --argjson round "$round" --argjson a "$a" --argjson b "$b" --argjson c "$c" \
+        '{round: $round, tensor_wasm: $a, minimal: $b} + (if $c == null then {} else {baseline: $c} end)' \
+        >>"$rounds_file"
 done
 
 date_utc=$(date -u +%F)
@@ -183,7 +226,10 @@ jq -s \
     --arg cpu "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')" \
     --arg command "$command_line" \
     --arg tw_cmd "tensor-wasm serve --listen 127.0.0.1:0 --data-dir <tmp>$([ "$AUTH" = off ] && echo ' --insecure-no-auth')$([ "$INLINE" = off ] && echo ' --no-inline-calls') (defaults otherwise, RUST_LOG unset; auth $AUTH, inline calls $INLINE)" \
-    --arg min_cmd "minimal-server --listen 127.0.0.1:0 --module add.wat" \
+    --arg min_cmd "minimal-server --listen 127.0.0.1:0 --module add.wat$([ "$PEER" = floor ] && echo ' --floor')" \
+    --arg peer "$PEER" \
+    --arg baseline_bin "${BASELINE_BIN:+$(basename "$BASELINE_BIN") (${baseline_commit:-unknown})}" \
+    --argjson warm_bl "$warm_bl" \
     --arg loadgen_cmd "loadgen --url <server>/functions/<id>/invoke --connections $CONNECTIONS --duration-s $ROUND_S --threads $LOADGEN_THREADS --body '$body'" \
     --arg module_wat "$(cat "$tmp/add.wat")" \
     --arg body "$body" \
@@ -204,7 +250,8 @@ jq -s \
     | ($a_rps.median / $b_rps.median | r3) as $ratio
     | {
         benchmark: "http-throughput",
-        description: "Closed-loop HTTP/1.1 keep-alive load on POST /functions/{id}/invoke of a trivial add(i32,i32) module: tensor-wasm serve (A) against the minimal axum + wasmtime reference server (B), interleaved A B A B in one run. Server and load generator share the machine.",
+        description: "Closed-loop HTTP/1.1 keep-alive load on POST /functions/{id}/invoke of a trivial add(i32,i32) module: tensor-wasm serve (A) against the minimal axum + wasmtime reference server (B; peer_mode floor: the server'"'"'s engine configuration, epochs, the call inline; minimal: plain pooling engine, spawn_blocking), interleaved A B A B in one run (A B A'"'"' with a baseline build). Server and load generator share the machine.",
+        peer_mode: $peer,
         date: $date,
         timestamp_utc: $timestamp,
         git_commit: $commit,
@@ -231,7 +278,16 @@ jq -s \
           per_round_median: ($r | map(.tensor_wasm.req_per_s / .minimal.req_per_s) | median | r3)
         },
         target: {ratio_at_least: $target, met: ($ratio >= $target)}
-      }' "$rounds_file" >"$out"
+      }
+    + (if ($r[0].baseline // null) == null then {} else
+        ($r | map(.baseline)) as $c
+        | {baseline: {binary: $baseline_bin, warmup: $warm_bl,
+                      req_per_s: ($c | stats(.req_per_s)), p50_us: ($c | stats(.p50_us)),
+                      p99_us: ($c | stats(.p99_us)), errors_total: ($c | map(.errors) | add)},
+           ratio_req_per_s_tensor_wasm_over_baseline: {
+             per_round: ($r | map(.tensor_wasm.req_per_s / .baseline.req_per_s | r3)),
+             per_round_median: ($r | map(.tensor_wasm.req_per_s / .baseline.req_per_s) | median | r3)}}
+      end)' "$rounds_file" >"$out"
 cp "$out" "$out_dir/latest.json"
 
 jq -r '"ratio tensor-wasm/minimal (median req/s): \(.ratio_req_per_s_tensor_wasm_over_minimal.median)  tensor-wasm \(.summary.tensor_wasm.req_per_s.median) req/s, minimal \(.summary.minimal.req_per_s.median) req/s; target >= \(.target.ratio_at_least): \(.target.met)"' "$out"

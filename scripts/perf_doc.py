@@ -319,9 +319,12 @@ def headline_section(out, cited):
             ratio = s["tensor_wasm"]["req_per_s"]["median"] / s["minimal"]["req_per_s"]["median"]
         target = (doc.get("target") or {}).get("ratio_at_least")
         knobs = " ".join(re.findall(r"\b(?:AUTH|INLINE)=\w+", doc.get("command", "")))
+        peer = PEER_LABELS.get(doc.get("peer_mode", "minimal"))
         out.append(f"| HTTP invoke throughput, `tensor-wasm serve`{' (' + knobs + ')' if knobs else ''} | "
-                   f"{s['tensor_wasm']['req_per_s']['median']:.0f} req/s | minimal axum + wasmtime server: "
-                   f"{s['minimal']['req_per_s']['median']:.0f} req/s | {float(ratio):.2f}×; req/s: higher is better | "
+                   f"{s['tensor_wasm']['req_per_s']['median']:.0f} req/s (p50 {s['tensor_wasm']['p50_us']['median']} µs, "
+                   f"p99 {s['tensor_wasm']['p99_us']['median']} µs) | {peer}: "
+                   f"{s['minimal']['req_per_s']['median']:.0f} req/s (p50 {s['minimal']['p50_us']['median']} µs, "
+                   f"p99 {s['minimal']['p99_us']['median']} µs) | {float(ratio):.2f}×; req/s: higher is better | "
                    f"{'≥ ' + format(target, '.2f') + '×' if target is not None else '—'} | "
                    f"{('yes' if float(ratio) >= target else '**no**') if target is not None else '—'} | "
                    f"{link(rel(path))} |")
@@ -576,9 +579,18 @@ def tail_latency_section(out):
     out.append("")
 
 
+# The HTTP peers of scripts/http-throughput.sh (`peer_mode` of a run file; older runs: minimal).
+PEER_LABELS = {
+    "floor": "floor axum + wasmtime server (`minimal-server --floor`: the server's engine "
+             "configuration, epochs, a fresh instance per call, the call inline)",
+    "minimal": "minimal axum + wasmtime server (plain pooling engine, `InstancePre`, each call in "
+               "`spawn_blocking`)",
+}
+
+
 def throughput_section(out, cited):
     path = os.path.join(RESULTS, "http-throughput", "latest.json")
-    out.append("## HTTP throughput: tensor-wasm vs a minimal axum + wasmtime server\n")
+    out.append("## HTTP throughput: tensor-wasm vs a bare axum + wasmtime server\n")
     if not os.path.exists(path):
         out.append("No run file is committed yet.\n")
         return
@@ -591,8 +603,12 @@ def throughput_section(out, cited):
                "figures are medians over the rounds (min … max in brackets).\n")
     out.append("| server | req/s | p50 | p99 |")
     out.append("|---|---|---|---|")
-    for name, label in (("tensor_wasm", "tensor-wasm serve (limits, metrics, request ids on)"),
-                        ("minimal", "minimal axum + wasmtime (pooling, InstancePre, nothing else)")):
+    rows = [("tensor_wasm", "tensor-wasm serve (limits, metrics, request ids on)"),
+            ("minimal", PEER_LABELS.get(doc.get("peer_mode", "minimal")))]
+    if doc.get("baseline"):
+        s = {**s, "baseline": doc["baseline"]}
+        rows.append(("baseline", f"tensor-wasm serve, baseline build `{doc['baseline'].get('binary')}`"))
+    for name, label in rows:
         r = s[name]
         rps = r["req_per_s"]
         out.append(f"| {label} | {rps['median']:.0f} [{rps['min']:.0f} … {rps['max']:.0f}] | "
@@ -604,6 +620,10 @@ def throughput_section(out, cited):
     if ratio is not None:
         out.append(f"\nRatio tensor-wasm ÷ minimal (req/s, medians): **{float(ratio):.2f}×**"
                    + (f" (target ≥ {target:.2f}×, recorded in the run file)" if target is not None else "") + ".\n")
+    against = doc.get("ratio_req_per_s_tensor_wasm_over_baseline")
+    if against:
+        out.append(f"Same-run A/B against the baseline build: per-round ratios {against.get('per_round')}, "
+                   f"median {against.get('per_round_median')}.\n")
     # Every run of the same commit, so one run never stands alone (knobs from its command line).
     same = []
     for other in sorted(glob.glob(os.path.join(RESULTS, "http-throughput", "*.json"))):
