@@ -38,6 +38,8 @@ case $PEER in
     *) echo "PEER must be floor or minimal" >&2; exit 2 ;;
 esac
 BASELINE_BIN=${BASELINE_BIN:-}
+# What the baseline build is (a commit, say), recorded in the run file.
+BASELINE_LABEL=${BASELINE_LABEL:-}
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -149,7 +151,7 @@ fn_id=${tw_url#*/functions/}
 fn_id=${fn_id%/invoke}
 if [ -n "$BASELINE_BIN" ]; then
     echo "== starting the baseline build ($BASELINE_BIN)" >&2
-    baseline_commit=$("$BASELINE_BIN" --version 2>/dev/null | head -n1 || echo unknown)
+    baseline_commit=${BASELINE_LABEL:-$("$BASELINE_BIN" --version 2>/dev/null | head -n1 || echo unknown)}
     start_tensor_wasm baseline "$BASELINE_BIN"
     bl_url=$served_url
     bl_token=$served_token

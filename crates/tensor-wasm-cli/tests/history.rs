@@ -15,9 +15,7 @@
 //! `HISTORY_SEED` picks another seed, `HISTORY_BIN` another build of the server, `HISTORY_NOTE`
 //! says in the run file what it was).
 
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -25,7 +23,7 @@ use serde_json::{json, Value};
 use tensor_wasm_test_support::guests::examples_dir;
 use tensor_wasm_test_support::history::{check, Condition, Event, Kind, Outcome, Report, Rng};
 use tensor_wasm_test_support::pace::fault_schedule_step;
-use tensor_wasm_test_support::serve::ServeProcess;
+use tensor_wasm_test_support::serve::{Replicas, ServeProcess};
 use tensor_wasm_test_support::servers::{Postgres, S3Server};
 use tensor_wasm_test_support::wait::wait_until;
 
@@ -559,11 +557,6 @@ fn run(seconds: f64, chaos: bool, seed: u64) -> (Report, Value) {
     let s3 = S3Server::start();
     s3.create_bucket("tw-history");
     let database = pg.create_database("history");
-    let client_env = s3.client_env();
-    let env: Vec<(&str, &OsStr)> = client_env
-        .iter()
-        .map(|(k, v)| (*k, v.as_os_str()))
-        .collect();
     let args = [
         "--store",
         database.as_str(),
@@ -573,24 +566,9 @@ fn run(seconds: f64, chaos: bool, seed: u64) -> (Report, Value) {
         "--max-retained-jobs",
         "1000000",
     ];
-    let dirs: Vec<_> = (0..REPLICAS)
-        .map(|_| tempfile::tempdir().unwrap())
-        .collect();
-    let start = |dir: &Path| {
-        ServeProcess::start_with_env(&bin, dir, &args, &env, "error", Stdio::inherit())
-    };
-    let first = start(dirs[0].path());
-    for dir in &dirs[1..] {
-        std::fs::copy(
-            dirs[0].path().join("credentials.json"),
-            dir.path().join("credentials.json"),
-        )
-        .unwrap();
-    }
-    let mut replicas: Vec<Option<ServeProcess>> = vec![Some(first)];
-    for dir in &dirs[1..] {
-        replicas.push(Some(start(dir.path())));
-    }
+    let set = Replicas::new(&bin, REPLICAS, &args, s3.client_env(), "error");
+    let mut replicas: Vec<Option<ServeProcess>> =
+        (0..REPLICAS).map(|i| Some(set.start(i))).collect();
     let a = replicas[0].as_ref().unwrap();
     let (admin, user, tenant) = (a.admin_auth(), a.auth(), a.tenant_id());
     let setup = send(
@@ -654,7 +632,7 @@ fn run(seconds: f64, chaos: bool, seed: u64) -> (Report, Value) {
             pace_until(&world, seconds / 3.0);
             let from = world.now();
             replicas[1].take().unwrap().kill9();
-            let restarted = start(dirs[1].path());
+            let restarted = set.start(1);
             world.bases.write().unwrap()[1] = restarted.base.clone();
             replicas[1] = Some(restarted);
             let to = world.now();

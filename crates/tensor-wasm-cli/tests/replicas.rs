@@ -14,14 +14,12 @@
 //! once more elsewhere (test 4). Rate and concurrency limits shared by the live replicas, each
 //! enforcing its share (test 3).
 
-use std::ffi::OsStr;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use tensor_wasm_test_support::guests::examples_dir;
-use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
+use tensor_wasm_test_support::serve::{error_code, json_of, Replicas, ServeProcess};
 use tensor_wasm_test_support::servers::{Postgres, S3Server};
 use tensor_wasm_test_support::wait::{wait_for, wait_until};
 
@@ -53,11 +51,6 @@ fn three_replicas_share_functions_and_tokens() {
     let s3 = S3Server::start();
     s3.create_bucket("tw-replicas");
     let database = pg.create_database("replicas");
-    let client_env = s3.client_env();
-    let env: Vec<(&str, &OsStr)> = client_env
-        .iter()
-        .map(|(k, v)| (*k, v.as_os_str()))
-        .collect();
     let args = [
         "--store",
         database.as_str(),
@@ -65,22 +58,8 @@ fn three_replicas_share_functions_and_tokens() {
         "s3://tw-replicas/e2e",
         "--allow-raw-ptx",
     ];
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let start = |dir: &Path| {
-        ServeProcess::start_with_env(Path::new(BIN), dir, &args, &env, "warn", Stdio::inherit())
-    };
-    // The first replica bootstraps the shared tenants; the others are given its credentials
-    // file, as an operator hands out the bootstrap secrets.
-    let a = start(dirs[0].path());
-    for dir in &dirs[1..] {
-        std::fs::copy(
-            dirs[0].path().join("credentials.json"),
-            dir.path().join("credentials.json"),
-        )
-        .unwrap();
-    }
-    let b = start(dirs[1].path());
-    let c = start(dirs[2].path());
+    let set = Replicas::new(Path::new(BIN), 3, &args, s3.client_env(), "warn");
+    let (a, b, c) = (set.start(0), set.start(1), set.start(2));
 
     // Deployed on A: B and C invoke it, at the same time.
     let id = a.deploy(&examples_dir().join("calc.wat"), "name=calc");
@@ -278,12 +257,7 @@ fn three_replicas_share_functions_and_tokens() {
     // kill -9 of a replica during a burst of deploys: every deploy it acknowledged is served by
     // the others, and every function record in the store is whole (its module is there).
     let dir_d = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        dirs[0].path().join("credentials.json"),
-        dir_d.path().join("credentials.json"),
-    )
-    .unwrap();
-    let d = start(dir_d.path());
+    let d = set.start_in(dir_d.path(), &[]);
     let (base, auth) = (d.url(""), d.auth());
     let acked = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|scope| {
@@ -332,20 +306,7 @@ fn three_replicas_share_functions_and_tokens() {
 
     async_jobs_survive_a_killed_replica(&pg, &[&a, &b, &c], &|extra: &[&str]| {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::copy(
-            dirs[0].path().join("credentials.json"),
-            dir.path().join("credentials.json"),
-        )
-        .unwrap();
-        let all: Vec<&str> = args.iter().chain(extra).copied().collect();
-        let server = ServeProcess::start_with_env(
-            Path::new(BIN),
-            dir.path(),
-            &all,
-            &env,
-            "warn",
-            Stdio::inherit(),
-        );
+        let server = set.start_in(dir.path(), extra);
         (server, dir)
     });
 

@@ -368,3 +368,59 @@ pub fn hostile_waits_in_a_row(server: &ServeProcess, id: &str) {
     let counted = cancelled() - before;
     assert!(counted >= 50.0, "{counted} deadline cancellations counted");
 }
+
+/// Replicas of `tensor-wasm serve` over one shared store: each in a data dir of its own, with
+/// the same flags (the store's among them) and environment (the S3 client's). The first
+/// replica bootstraps the shared tenants; every other one is given its credentials file
+/// before it starts, as an operator hands out the bootstrap secrets.
+pub struct Replicas {
+    bin: PathBuf,
+    args: Vec<String>,
+    env: Vec<(&'static str, std::ffi::OsString)>,
+    log: &'static str,
+    /// The data dirs of replicas `0..n`.
+    pub dirs: Vec<tempfile::TempDir>,
+}
+
+impl Replicas {
+    /// `n` data dirs for `bin serve` with `args`, `env` and log filter `log`.
+    pub fn new(
+        bin: &Path,
+        n: usize,
+        args: &[&str],
+        env: Vec<(&'static str, std::ffi::OsString)>,
+        log: &'static str,
+    ) -> Self {
+        Replicas {
+            bin: bin.to_owned(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            env,
+            log,
+            dirs: (0..n)
+                .map(|_| tempfile::tempdir().expect("a data dir"))
+                .collect(),
+        }
+    }
+
+    /// Starts replica `i` (replica 0 first: the others copy its credentials).
+    pub fn start(&self, i: usize) -> ServeProcess {
+        self.start_in(self.dirs[i].path(), &[])
+    }
+
+    /// Starts one more replica in `dir`, with `extra` flags after the common ones.
+    pub fn start_in(&self, dir: &Path, extra: &[&str]) -> ServeProcess {
+        let first = self.dirs[0].path();
+        if dir != first && !dir.join("credentials.json").exists() {
+            std::fs::copy(first.join("credentials.json"), dir.join("credentials.json"))
+                .expect("copying the first replica's credentials");
+        }
+        let args: Vec<&str> = self
+            .args
+            .iter()
+            .map(String::as_str)
+            .chain(extra.iter().copied())
+            .collect();
+        let env: Vec<(&str, &OsStr)> = self.env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+        ServeProcess::start_with_env(&self.bin, dir, &args, &env, self.log, Stdio::inherit())
+    }
+}
