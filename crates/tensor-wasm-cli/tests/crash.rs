@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tensor_wasm_test_support::pace::fault_schedule_step;
 use tensor_wasm_test_support::serve::{json_of, ServeProcess as Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
@@ -430,7 +431,8 @@ fn sigkill_during_mixed_writes_loses_no_acknowledged_write() {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(50 + rng.below(400)));
+        // The kill comes at a random point of the burst: the schedule under test.
+        fault_schedule_step(Duration::from_millis(50 + rng.below(400)));
         server.kill9();
         stop.store(true, Ordering::Relaxed);
         for worker in workers {

@@ -69,7 +69,7 @@ fn error_text(
 mod tests {
     use super::error_text;
 
-    /// Regression test (issue 16, item 4): a driver whose `cuGetErrorString` cannot be
+    /// Regression test: a driver whose `cuGetErrorString` cannot be
     /// resolved makes cudarc panic; the error text must still come back, with the code's name.
     #[test]
     fn an_error_the_driver_cannot_describe_still_gets_its_name() {

@@ -90,7 +90,7 @@ fn a_sticky_fault_at_launch_event_record_or_sync_fails_that_launch_only() {
     }
 }
 
-/// Regression test (issue 16, item 4, the second known bug): a driver that cannot describe its
+/// Regression test: a driver that cannot describe its
 /// errors (no `cuGetErrorString`: cudarc panics when it first calls a function the library
 /// lacks) must not turn a failed launch into a panic that skips the failed launch's cleanup.
 /// The failed launch still fails with the error's name, and the tenant's next launch runs on a

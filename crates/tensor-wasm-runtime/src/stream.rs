@@ -491,7 +491,7 @@ pub(crate) mod tests {
         );
     }
 
-    /// Regression test (issue 17, item 1): a client that stays connected but
+    /// Regression test: a client that stays connected but
     /// stopped reading held `emit_chunk` (and the instance, its thread and
     /// the tenant's quota) for ever. It must end at the invocation's deadline,
     /// as a timeout.

@@ -127,7 +127,7 @@ fn initial_memory_above_the_limit_is_refused_at_deploy() {
     ));
 }
 
-/// Issue 17, item 4: with unified guest memory every memory was allocated at the
+/// Once, with unified guest memory every memory was allocated at the
 /// function's limit while the quota counted one (8 memories of 128 MiB: 1 GiB of RSS).
 #[test]
 fn modules_with_more_than_one_memory_are_refused_in_both_guest_memory_modes() {

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The attack of issue 17: one built-in `matmul` with m = n = k = 4096 whose inputs and output
+/// A tenant hogging the CPU backend: one built-in `matmul` with m = n = k = 4096 whose inputs and output
 /// are one 64 MiB buffer (aliased, so the CPU backend runs it as one task: about a minute of
 /// one core; hours in the CUDA stand-in's interpreter). Its export `run()` returns the launch's
 /// code. Argument records and the descriptor live past the buffer.
