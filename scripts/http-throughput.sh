@@ -18,8 +18,12 @@
 # honest floor, target ratio 1.0; minimal: the older peer, a plain pooling
 # engine and spawn_blocking, target 0.8), BASELINE_BIN (another build of
 # `tensor-wasm`, run with the same flags and measured in the same rounds:
-# A B A' per round, for an A/B of two commits). Loopback only; every server
-# is killed on exit.
+# A B A' per round, for an A/B of two commits). With `perf` on the PATH each
+# measurement also records the server's CPU time per request (`perf stat -e
+# task-clock` of the server process over the measured seconds, divided by
+# the requests answered): `cpu_us_per_req`, the cost of a request on the
+# server's side, less sensitive than req/s to the load generator sharing the
+# cores. Loopback only; every server is killed on exit.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-5}
@@ -144,6 +148,7 @@ start_tensor_wasm() {
 echo "== starting tensor-wasm serve" >&2
 start_tensor_wasm tensor-wasm "$bin/tensor-wasm"
 tw_url=$served_url
+tw_pid=${pids[-1]}
 # The default tenant's token, which the load generator sends to every server
 # (the minimal one ignores it), so all parse the same request bytes.
 token=$served_token
@@ -154,6 +159,7 @@ if [ -n "$BASELINE_BIN" ]; then
     baseline_commit=${BASELINE_LABEL:-$("$BASELINE_BIN" --version 2>/dev/null | head -n1 || echo unknown)}
     start_tensor_wasm baseline "$BASELINE_BIN"
     bl_url=$served_url
+    bl_pid=${pids[-1]}
     bl_token=$served_token
 fi
 
@@ -163,6 +169,7 @@ if [ "$PEER" = floor ]; then
     min_cmd+=(--floor)
 fi
 start_server minimal "${min_cmd[@]}"
+min_pid=${pids[-1]}
 min_addr=$addr
 min_url="http://$min_addr/functions/$fn_id/invoke"
 
@@ -182,6 +189,23 @@ loadgen() { # url seconds [bearer]
         --duration-s "$2" --threads "$LOADGEN_THREADS" --body "$body"
 }
 
+# `loadgen` while `perf stat` counts server $4's CPU time: the load
+# generator's line with `cpu_us_per_req` added (null without perf).
+measured() { # url seconds bearer pid
+    if ! command -v perf >/dev/null; then
+        loadgen "$1" "$2" "$3" | jq -c '. + {cpu_us_per_req: null}'
+        return
+    fi
+    perf stat -x, -e task-clock -p "$4" -o "$tmp/perf-stat" -- sleep "$2" &
+    local stat_pid=$! result cpu_ms
+    result=$(loadgen "$1" "$2" "$3")
+    wait "$stat_pid"
+    cpu_ms=$(awk -F, '/task-clock/ {print $1}' "$tmp/perf-stat")
+    jq -c --argjson cpu_ms "${cpu_ms:-null}" \
+        '. + {cpu_us_per_req: (if $cpu_ms == null or .requests == 0 then null
+                               else ($cpu_ms * 1000 / .requests * 100 | round / 100) end)}' <<<"$result"
+}
+
 echo "== warm-up ${WARMUP_S}s each" >&2
 warm_tw=$(loadgen "$tw_url" "$WARMUP_S")
 warm_min=$(loadgen "$min_url" "$WARMUP_S")
@@ -193,11 +217,11 @@ fi
 rounds_file=$tmp/rounds.jsonl
 : >"$rounds_file"
 for round in $(seq 1 "$ROUNDS"); do
-    a=$(loadgen "$tw_url" "$ROUND_S")
-    b=$(loadgen "$min_url" "$ROUND_S")
+    a=$(measured "$tw_url" "$ROUND_S" "$token" "$tw_pid")
+    b=$(measured "$min_url" "$ROUND_S" "$token" "$min_pid")
     c=null
     if [ -n "$BASELINE_BIN" ]; then
-        c=$(loadgen "$bl_url" "$ROUND_S" "$bl_token")
+        c=$(measured "$bl_url" "$ROUND_S" "$bl_token" "$bl_pid")
         echo "round $round: baseline    $c" >&2
     fi
     echo "round $round: tensor-wasm $a" >&2
@@ -244,6 +268,8 @@ jq -s \
                        else (.[length / 2 - 1] + .[length / 2]) / 2 end;
     def stats(f): map(f) | {median: median, min: min, max: max};
     def r3: . * 1000 | round / 1000;
+    def cpu(xs): if (xs | map(.cpu_us_per_req) | any(. == null)) then null
+                 else xs | stats(.cpu_us_per_req) end;
     . as $r
     | ($r | map(.tensor_wasm)) as $a
     | ($r | map(.minimal)) as $b
@@ -269,9 +295,11 @@ jq -s \
         rounds: $r,
         summary: {
           tensor_wasm: {req_per_s: $a_rps, p50_us: ($a | stats(.p50_us)),
-                        p99_us: ($a | stats(.p99_us)), errors_total: ($a | map(.errors) | add)},
+                        p99_us: ($a | stats(.p99_us)), errors_total: ($a | map(.errors) | add),
+                        cpu_us_per_req: cpu($a)},
           minimal: {req_per_s: $b_rps, p50_us: ($b | stats(.p50_us)),
-                    p99_us: ($b | stats(.p99_us)), errors_total: ($b | map(.errors) | add)}
+                    p99_us: ($b | stats(.p99_us)), errors_total: ($b | map(.errors) | add),
+                    cpu_us_per_req: cpu($b)}
         },
         ratio_req_per_s_tensor_wasm_over_minimal: {
           median: $ratio,
@@ -285,7 +313,8 @@ jq -s \
         ($r | map(.baseline)) as $c
         | {baseline: {binary: $baseline_bin, warmup: $warm_bl,
                       req_per_s: ($c | stats(.req_per_s)), p50_us: ($c | stats(.p50_us)),
-                      p99_us: ($c | stats(.p99_us)), errors_total: ($c | map(.errors) | add)},
+                      p99_us: ($c | stats(.p99_us)), errors_total: ($c | map(.errors) | add),
+                      cpu_us_per_req: cpu($c)},
            ratio_req_per_s_tensor_wasm_over_baseline: {
              per_round: ($r | map(.tensor_wasm.req_per_s / .baseline.req_per_s | r3)),
              per_round_median: ($r | map(.tensor_wasm.req_per_s / .baseline.req_per_s) | median | r3)}}

@@ -8,13 +8,17 @@
 //! `--insecure-no-auth` (loopback only) every request acts as the default
 //! tenant and as admin.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, HeaderValue};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tensor_wasm_tenant::{constant_time_eq, Principal, Tenant};
+use tower::{Layer, Service};
 
 use crate::error::quota_error;
 use crate::{ApiError, AppState, ErrorCode};
@@ -114,45 +118,113 @@ fn caller_of(
     }
 }
 
-/// Puts the caller in the request extensions and runs the route, or answers
-/// `401` without running it. A tenant's request counts against its rate here
-/// (`429` without running the route), before any handler reads the body.
-async fn admit(mut req: Request, next: Next, caller: Result<Caller, &'static str>) -> Response {
-    match caller {
-        Ok(caller) => {
-            if let Caller::Tenant(tenant) | Caller::Insecure(tenant) = &caller {
-                if let Err(e) = tenant.check_rate() {
-                    return quota_error(tenant, e).into_response();
-                }
-            }
-            req.extensions_mut().insert(caller);
-            next.run(req).await
+/// The route layer of the protected routes (their `405` answers included):
+/// a tenant or the admin token, else `401`; with [`Authenticate::metrics_reader`],
+/// the layer of `/metrics`, where the metrics token (when one is configured)
+/// acts as admin. Handlers take the [`Caller`] as `Extension<Caller>`.
+///
+/// A tower service rather than a `from_fn` middleware: it calls the route
+/// without cloning it, and a refusal is answered without boxing anything.
+#[derive(Clone)]
+pub(crate) struct Authenticate {
+    state: AppState,
+    metrics_reader: bool,
+}
+
+impl Authenticate {
+    /// The layer of every protected route.
+    pub(crate) fn protected(state: AppState) -> Self {
+        Authenticate {
+            state,
+            metrics_reader: false,
         }
-        Err(why) => unauthorized(why),
+    }
+
+    /// The layer of `/metrics`.
+    pub(crate) fn metrics_reader(state: AppState) -> Self {
+        Authenticate {
+            state,
+            metrics_reader: true,
+        }
     }
 }
 
-/// The route layer of every protected route (405 answers included): a
-/// tenant or the admin token, else `401`. Handlers take the
-/// [`Caller`] as `Extension<Caller>`.
-pub(crate) async fn authenticate(
-    State(state): State<AppState>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let caller = caller_of(&state, &req, None);
-    admit(req, next, caller).await
+impl<S> Layer<S> for Authenticate {
+    type Service = Authenticated<S>;
+
+    fn layer(&self, inner: S) -> Authenticated<S> {
+        Authenticated {
+            inner,
+            layer: self.clone(),
+        }
+    }
 }
 
-/// The route layer of `/metrics`: as [`authenticate`], and the metrics token
-/// (when one is configured) acts as admin.
-pub(crate) async fn authenticate_metrics_reader(
-    State(state): State<AppState>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let caller = caller_of(&state, &req, state.inner.metrics_token.as_deref());
-    admit(req, next, caller).await
+/// A route behind [`Authenticate`].
+#[derive(Clone)]
+pub(crate) struct Authenticated<S> {
+    inner: S,
+    layer: Authenticate,
+}
+
+impl<S> Service<Request> for Authenticated<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+    S::Future: Unpin,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Admitted<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    /// Puts the caller in the request extensions and runs the route, or
+    /// answers `401` without running it. A tenant's request counts against
+    /// its rate here (`429` without running the route), before any handler
+    /// reads the body.
+    fn call(&mut self, mut req: Request) -> Self::Future {
+        let state = &self.layer.state;
+        let route_token = if self.layer.metrics_reader {
+            state.inner.metrics_token.as_deref()
+        } else {
+            None
+        };
+        let caller = match caller_of(state, &req, route_token) {
+            Ok(caller) => caller,
+            Err(why) => return Admitted::Refused(Some(unauthorized(why))),
+        };
+        if let Caller::Tenant(tenant) | Caller::Insecure(tenant) = &caller {
+            if let Err(e) = tenant.check_rate() {
+                return Admitted::Refused(Some(quota_error(tenant, e).into_response()));
+            }
+        }
+        req.extensions_mut().insert(caller);
+        Admitted::Running(self.inner.call(req))
+    }
+}
+
+/// The answer of an [`Authenticated`] route.
+pub(crate) enum Admitted<F> {
+    Running(F),
+    Refused(Option<Response>),
+}
+
+impl<F> Future for Admitted<F>
+where
+    F: Future<Output = Result<Response, Infallible>> + Unpin,
+{
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Admitted::Running(answer) => Pin::new(answer).poll(cx),
+            Admitted::Refused(response) => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,32 +1,48 @@
-//! The body-read deadline: a layer that gives every request body a time
-//! limit (`ApiConfig::body_read_timeout`) and answers `408 request_timeout`
-//! when the handler was still reading it at the deadline.
+//! The request-body deadline: every request body gets a time limit
+//! (`ApiConfig::body_read_timeout`, counted from the request's arrival);
+//! [`crate::edge`] answers `408 request_timeout` when the handler was still
+//! reading it at the deadline.
 //!
 //! Nothing is buffered here: the body is wrapped and read by the handler as
-//! before (after authentication and the rate check), and the deadline is a
-//! timer on its reads.
+//! before (after authentication and the rate check). The timer is armed only
+//! when a read has to wait: a body that is there with its headers, as small
+//! bodies on a fast connection are, never touches the timer wheel.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use http_body::{Body as _, Frame, SizeHint};
+use http_body::{Frame, SizeHint};
 use tokio::time::Sleep;
 
-use crate::{ApiError, AppState, ErrorCode};
-
 /// A body that fails once its deadline passes.
-struct DeadlineBody {
+pub(crate) struct DeadlineBody {
     inner: Body,
-    deadline: Pin<Box<Sleep>>,
+    deadline: Instant,
+    /// Armed at the first read that has to wait.
+    timer: Option<Pin<Box<Sleep>>>,
     expired: Arc<AtomicBool>,
+}
+
+impl DeadlineBody {
+    /// `inner`, failing at `deadline` and setting `expired` then.
+    pub(crate) fn new(inner: Body, deadline: Instant, expired: Arc<AtomicBool>) -> Self {
+        DeadlineBody {
+            inner,
+            deadline,
+            timer: None,
+            expired,
+        }
+    }
+
+    fn fail(&self) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        self.expired.store(true, Ordering::Release);
+        Poll::Ready(Some(Err(axum::Error::new(BodyReadTimeout))))
+    }
 }
 
 /// The error a [`DeadlineBody`] ends with.
@@ -49,11 +65,23 @@ impl http_body::Body for DeadlineBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        if self.deadline.as_mut().poll(cx).is_ready() {
-            self.expired.store(true, Ordering::Release);
-            return Poll::Ready(Some(Err(axum::Error::new(BodyReadTimeout))));
+        if let Some(timer) = self.timer.as_mut() {
+            if timer.as_mut().poll(cx).is_ready() {
+                return self.fail();
+            }
         }
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if polled.is_pending() && self.timer.is_none() {
+            // The first wait: from now on the deadline is a timer, polled
+            // here so that it wakes this task.
+            let mut timer = Box::pin(tokio::time::sleep_until(self.deadline.into()));
+            let fired = timer.as_mut().poll(cx).is_ready();
+            self.timer = Some(timer);
+            if fired {
+                return self.fail();
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -65,42 +93,4 @@ impl http_body::Body for DeadlineBody {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
-}
-
-/// The outer layer: wraps a request's body (when it has one) in the
-/// deadline, and turns a handler's answer to a body cut short by it into
-/// `408 request_timeout` with `Connection: close`.
-pub(crate) async fn limit_body_read(
-    State(state): State<AppState>,
-    req: Request,
-    next: Next,
-) -> Response {
-    if req.body().size_hint().exact() == Some(0) {
-        return next.run(req).await;
-    }
-    let timeout = state.inner.config.body_read_timeout;
-    let expired = Arc::new(AtomicBool::new(false));
-    let (parts, body) = req.into_parts();
-    let body = DeadlineBody {
-        inner: body,
-        deadline: Box::pin(tokio::time::sleep(timeout)),
-        expired: Arc::clone(&expired),
-    };
-    let response = next.run(Request::from_parts(parts, Body::new(body))).await;
-    if !expired.load(Ordering::Acquire) {
-        return response;
-    }
-    let mut response = ApiError::new(
-        ErrorCode::RequestTimeout,
-        format!(
-            "the request body did not arrive within {} ms",
-            timeout.as_millis()
-        ),
-    )
-    .into_response();
-    // The rest of the body is never read: the connection cannot be reused.
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
 }

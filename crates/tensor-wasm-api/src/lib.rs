@@ -28,6 +28,7 @@
 
 mod auth;
 mod body_deadline;
+mod edge;
 pub mod error;
 mod functions;
 mod http_handler;
@@ -47,8 +48,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::DefaultBodyLimit;
-use axum::middleware::from_fn_with_state;
 use axum::routing::{any, delete, get, post};
 use axum::Router;
 use prometheus::Registry;
@@ -255,7 +254,6 @@ pub fn default_tenant(tenants: &TenantRegistry) -> Option<Arc<tensor_wasm_tenant
 /// probes and unknown paths (`404`) answer anyone. The outer layer (request
 /// ids, metrics, the request log) wraps everything, refusals included.
 pub fn router(state: AppState) -> Router {
-    let body_limit = state.inner.config.max_body_bytes;
     let public = Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/readyz", get(routes::readyz));
@@ -263,10 +261,7 @@ pub fn router(state: AppState) -> Router {
     let metrics_route = Router::new()
         .route("/metrics", get(routes::metrics))
         .method_not_allowed_fallback(routes::method_not_allowed)
-        .route_layer(from_fn_with_state(
-            state.clone(),
-            auth::authenticate_metrics_reader,
-        ));
+        .route_layer(auth::Authenticate::metrics_reader(state.clone()));
     let protected = Router::new()
         .route("/openapi.json", get(openapi::serve))
         .route(
@@ -320,17 +315,12 @@ pub fn router(state: AppState) -> Router {
         )
         // Set before the route layer, so that the layer covers `405`s too.
         .method_not_allowed_fallback(routes::method_not_allowed)
-        .route_layer(from_fn_with_state(state.clone(), auth::authenticate));
+        .route_layer(auth::Authenticate::protected(state.clone()));
     public
         .merge(metrics_route)
         .merge(protected)
         .fallback(routes::route_not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
-        .layer(DefaultBodyLimit::max(body_limit))
-        .layer(from_fn_with_state(
-            state.clone(),
-            body_deadline::limit_body_read,
-        ))
-        .layer(from_fn_with_state(state.clone(), metrics::observe))
+        .layer(edge::EdgeLayer::new(state.clone()))
         .with_state(state)
 }

@@ -1,19 +1,59 @@
 //! HTTP metrics: requests by route, method and status, and their durations.
 
-use std::time::Instant;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
-use prometheus::{exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use axum::http::StatusCode;
+use prometheus::{
+    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
+    Registry,
+};
 
-use crate::{request_id, AppState};
+/// The method labels [`method_label`] gives, in the order of [`HttpMetrics`]' cache.
+const METHOD_LABELS: [&str; 8] = [
+    "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "other",
+];
 
 /// Handles to the HTTP metrics.
 #[derive(Clone, Debug)]
 pub struct HttpMetrics {
     requests: IntCounterVec,
     duration: HistogramVec,
+    /// The series of each (route, method), resolved at their first request:
+    /// index `route * METHOD_LABELS.len() + method`, the route being an index
+    /// into [`ROUTE_TEMPLATES`] or its length for `unmatched`.
+    series: Arc<[OnceLock<Series>]>,
+}
+
+/// The series of one route and method: its duration histogram and its
+/// request counter by status (100-599), each resolved at first use.
+#[derive(Debug)]
+pub(crate) struct Series {
+    route: &'static str,
+    method: &'static str,
+    duration: Histogram,
+    requests: IntCounterVec,
+    by_status: Box<[OnceLock<IntCounter>]>,
+}
+
+impl Series {
+    /// Counts one request answered `status` after `elapsed`.
+    pub(crate) fn observe(&self, status: StatusCode, elapsed: Duration) {
+        self.duration.observe(elapsed.as_secs_f64());
+        let counter = usize::from(status.as_u16())
+            .checked_sub(100)
+            .and_then(|i| self.by_status.get(i));
+        match counter {
+            Some(slot) => slot.get_or_init(|| self.counter(status)).inc(),
+            // `StatusCode` is 100-999; beyond 599 is never sent, but is counted all the same.
+            None => self.counter(status).inc(),
+        }
+    }
+
+    fn counter(&self, status: StatusCode) -> IntCounter {
+        self.requests
+            .with_label_values(&[self.route, self.method, status.as_str()])
+    }
 }
 
 impl HttpMetrics {
@@ -36,7 +76,37 @@ impl HttpMetrics {
         )?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(duration.clone()))?;
-        Ok(HttpMetrics { requests, duration })
+        let series = (0..(ROUTE_TEMPLATES.len() + 1) * METHOD_LABELS.len())
+            .map(|_| OnceLock::new())
+            .collect();
+        Ok(HttpMetrics {
+            requests,
+            duration,
+            series,
+        })
+    }
+
+    /// The series of requests labelled `labels`.
+    pub(crate) fn series(&self, labels: HttpRequestLabels) -> &Series {
+        let route = ROUTE_TEMPLATES
+            .iter()
+            .position(|t| std::ptr::eq(*t, labels.route) || *t == labels.route)
+            .unwrap_or(ROUTE_TEMPLATES.len());
+        let method = METHOD_LABELS
+            .iter()
+            .position(|m| *m == labels.method)
+            .unwrap_or(METHOD_LABELS.len() - 1);
+        self.series[route * METHOD_LABELS.len() + method].get_or_init(|| {
+            let route = ROUTE_TEMPLATES.get(route).copied().unwrap_or("unmatched");
+            let method = METHOD_LABELS[method];
+            Series {
+                route,
+                method,
+                duration: self.duration.with_label_values(&[route, method]),
+                requests: self.requests.clone(),
+                by_status: (100..600).map(|_| OnceLock::new()).collect(),
+            }
+        })
     }
 }
 
@@ -129,54 +199,4 @@ fn method_label(method: &axum::http::Method) -> &'static str {
         Method::OPTIONS => "OPTIONS",
         _ => "other",
     }
-}
-
-/// The middleware around every route: request id (kept or generated,
-/// echoed), metrics and the request log line. Authentication is a route
-/// layer inside it (see [`crate::router`]), so refused requests are counted
-/// and logged too. The route label is the matched route template
-/// (`/functions/{id}`), never the raw path, so cardinality is bounded. Server
-/// errors log at WARN with the request id; everything else at DEBUG.
-pub(crate) async fn observe(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let start = Instant::now();
-    let id = match req.headers().get(request_id::HEADER) {
-        Some(v) if request_id::acceptable(v) => v.clone(),
-        _ => {
-            let v = state.inner.request_ids.next();
-            req.headers_mut().insert(request_id::HEADER, v.clone());
-            v
-        }
-    };
-    let labels = HttpRequestLabels::of(
-        req.extensions()
-            .get::<MatchedPath>()
-            .map(MatchedPath::as_str),
-        req.method(),
-    );
-    let route = labels.route;
-    let method = req.method().clone();
-    let mut response = next.run(req).await;
-    let elapsed = start.elapsed();
-    let status = response.status();
-    let metrics = &state.inner.http;
-    metrics
-        .requests
-        .with_label_values(&[route, labels.method, status.as_str()])
-        .inc();
-    metrics
-        .duration
-        .with_label_values(&[route, labels.method])
-        .observe(elapsed.as_secs_f64());
-    let id_text = id.to_str().unwrap_or("-");
-    if status.is_server_error() {
-        tracing::warn!(request_id = id_text, %method, route, status = status.as_u16(), ?elapsed, "request failed");
-    } else {
-        tracing::debug!(request_id = id_text, %method, route, status = status.as_u16(), ?elapsed, "request");
-    }
-    response.headers_mut().insert(request_id::HEADER, id);
-    response
 }

@@ -32,8 +32,13 @@ impl Default for RequestIds {
 impl RequestIds {
     /// The next id.
     pub(crate) fn next(&self) -> HeaderValue {
+        use std::fmt::Write as _;
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        HeaderValue::from_str(&format!("{}-{n}", self.prefix)).expect("ids are ASCII")
+        // Written once, handed to the header without a copy.
+        let mut id = String::with_capacity(self.prefix.len() + 21);
+        id.push_str(&self.prefix);
+        let _ = write!(id, "-{n}");
+        HeaderValue::from_maybe_shared(axum::body::Bytes::from(id)).expect("ids are ASCII")
     }
 }
 

@@ -14,7 +14,8 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 use tensor_wasm_runtime::{
-    is_valid_function_id, ClientWatch, CommandOutput, InvocationStyle, Runtime, RuntimeError,
+    is_valid_function_id, ClientWatch, CommandOutput, InvocationStyle, InvocationTarget, Runtime,
+    RuntimeError,
 };
 use tensor_wasm_tenant::{QuotaGuard, Resource, Tenant};
 
@@ -181,11 +182,11 @@ pub(crate) async fn within_deadline<T>(
 /// the attempt is a 500, as it is from a blocking task.
 fn inline(
     runtime: &Runtime,
-    id: &str,
+    target: &InvocationTarget,
     call: &ExportCallRequest,
 ) -> Option<Result<Vec<Json_>, ApiError>> {
     let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runtime.try_invoke_export_inline(id, &call.export, &call.args)
+        runtime.try_invoke_target_inline(target, &call.export, &call.args)
     }));
     match attempt {
         Ok(outcome) => outcome.map(|r| r.map_err(ApiError::from)),
@@ -201,19 +202,44 @@ struct ExportCallRequest {
     args: Vec<Json_>,
 }
 
+/// The answer of an export call, serialized as it is (no JSON tree built
+/// for it).
+#[derive(serde::Serialize)]
+struct Results<'a> {
+    results: &'a [Json_],
+}
+
+/// [`parse_json`] of an export call, parsed straight into its struct (the
+/// request path's one JSON pass): an object only, and whole numbers written
+/// as floats in the arguments become integers, as `parse_json` has them.
+fn parse_call(bytes: &[u8]) -> Result<ExportCallRequest, ApiError> {
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        // Not an object: `parse_json` names what is wrong with it.
+        return parse_json(bytes);
+    }
+    let mut call: ExportCallRequest = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+    call.args.iter_mut().for_each(integral_floats_as_integers);
+    Ok(call)
+}
+
 pub(crate) async fn invoke(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    headers: HeaderMap,
     req: Request,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?.clone();
+    let json_output = wants_json(req.headers());
     if !is_valid_function_id(&id) {
         return Err(RuntimeError::FunctionNotFound(id).into());
     }
-    let (style, memory) = state.inner.runtime.invocation_of(&id, tenant.id())?;
-    let timeout = state.inner.runtime.timeout_of(&id)?;
+    let target = state.inner.runtime.invocation_target(&id, tenant.id())?;
+    let (style, memory, timeout) = (
+        target.style(),
+        target.memory_limit_bytes(),
+        target.timeout(),
+    );
     let runtime: Runtime = state.inner.runtime.clone();
     // Released on every exit path: the guards move into the blocking task and
     // drop when the guest has finished (trap, timeout or client gone alike).
@@ -221,7 +247,7 @@ pub(crate) async fn invoke(
     let guards = invocation_guards(&tenant, memory, runtime.is_uvm_backed())?;
     let bytes = body(Bytes::from_request(req, &state).await)?;
     let call = match style {
-        InvocationStyle::Export => Some(parse_json::<ExportCallRequest>(&bytes)?),
+        InvocationStyle::Export => Some(parse_call(&bytes)?),
         InvocationStyle::Wasi => None,
         InvocationStyle::Http => return Err(Runtime::wrong_style(&id, style).into()),
     };
@@ -235,12 +261,12 @@ pub(crate) async fn invoke(
         Some(call) => {
             // A short import-free call is answered here, without the hand-off
             // to a blocking thread; anything else (or an overrun) goes there.
-            if let Some(results) = inline(&runtime, &id, &call) {
+            if let Some(results) = inline(&runtime, &target, &call) {
                 drop((permit, guards));
                 // Never ready-at-once forever: a client sending nothing but
                 // inline calls still lets this thread's other tasks run.
                 tokio::task::consume_budget().await;
-                return Ok(Json(json!({ "results": results? })).into_response());
+                return Ok(Json(Results { results: &results? }).into_response());
             }
             let results = within_deadline(
                 timeout,
@@ -250,7 +276,7 @@ pub(crate) async fn invoke(
                 }),
             )
             .await?;
-            Ok(Json(json!({ "results": results })).into_response())
+            Ok(Json(Results { results: &results }).into_response())
         }
         None => {
             let stdin = bytes.to_vec();
@@ -262,7 +288,7 @@ pub(crate) async fn invoke(
                 }),
             )
             .await?;
-            Ok(command_response(output, wants_json(&headers)))
+            Ok(command_response(output, json_output))
         }
     }
 }
@@ -396,6 +422,24 @@ mod tests {
         let q: Quota = super::parse_json(br#"{"n": 8472497.0, "m": -3.0}"#).unwrap();
         assert_eq!((q.n, q.m), (8_472_497, -3));
         assert!(super::parse_json::<Quota>(br#"{"n": 1.5, "m": 0}"#).is_err());
+    }
+
+    /// The export-call body is parsed in one pass, and as `parse_json` has it: an object
+    /// only, unknown fields refused, whole numbers written as floats made integers.
+    #[test]
+    fn export_calls_parse_in_one_pass_as_parse_json_does() {
+        let call =
+            super::parse_call(br#" {"export": "add", "args": [1.0, -2.0, 2.5, [3.0]]}"#).unwrap();
+        assert_eq!(call.export, "add");
+        assert_eq!(
+            serde_json::Value::Array(call.args).to_string(),
+            "[1,-2,2.5,[3]]"
+        );
+        assert!(super::parse_call(br#"["add", [1, 2]]"#).is_err());
+        assert!(super::parse_call(br#"{"export": "add", "argz": []}"#).is_err());
+        assert!(super::parse_call(br#"{"export": "add""#).is_err());
+        let empty = super::parse_call(br#"{"export": "f"}"#).unwrap();
+        assert!(empty.args.is_empty());
     }
 
     /// serde would build these structs from arrays of their fields; the API takes objects only.

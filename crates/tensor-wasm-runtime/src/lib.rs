@@ -57,8 +57,8 @@ pub use metrics::{Outcome, RuntimeMetrics};
 pub use outgoing_http::Origin;
 pub use quarantine::{inspect as inspect_quarantine, QuarantinedRecord, QUARANTINE_DIR};
 pub use runtime::{
-    CommandOutput, DeploySpec, FunctionInfo, HttpAnswer, HttpBody, HttpBodyError, Runtime,
-    TenantPolicy,
+    CommandOutput, DeploySpec, FunctionInfo, HttpAnswer, HttpBody, HttpBodyError, InvocationTarget,
+    Runtime, TenantPolicy,
 };
 pub use snapshot::{RestoreMode, MAX_SNAPSHOTS_PER_FUNCTION};
 pub use storage_quota::{StorageLedger, StorageReservation};

@@ -20,7 +20,7 @@ mod load;
 mod refresh;
 
 pub use command::CommandOutput;
-pub use deploy::{DeploySpec, FunctionInfo};
+pub use deploy::{DeploySpec, FunctionInfo, InvocationTarget};
 pub use http_handler::{HttpAnswer, HttpBody, HttpBodyError};
 
 use std::collections::{HashMap, HashSet};

@@ -154,6 +154,17 @@ impl Runtime {
         Ok((entry.record.style, entry.record.limits.memory_limit_bytes))
     }
 
+    /// Function `id` as `tenant` invokes it: what the invocation path needs
+    /// to know about it, from one lookup; `FunctionNotFound` when `id` is
+    /// unknown or another tenant's.
+    pub fn invocation_target(&self, id: &str, tenant: &str) -> Result<InvocationTarget> {
+        let entry = self.entry(id)?;
+        if entry.record.tenant != tenant {
+            return Err(RuntimeError::FunctionNotFound(id.to_owned()));
+        }
+        Ok(InvocationTarget { entry })
+    }
+
     /// The deadline of one invocation of function `id` (its `timeout_ms`).
     pub fn timeout_of(&self, id: &str) -> Result<std::time::Duration> {
         let entry = self.entry(id)?;
@@ -525,5 +536,27 @@ fn check_shape(module: &Module, style: InvocationStyle, limits: &FunctionLimits)
              core module (style `export` or `wasi`)"
                 .into(),
         )),
+    }
+}
+
+/// A function looked up for one invocation ([`Runtime::invocation_target`]).
+pub struct InvocationTarget {
+    pub(super) entry: Arc<FunctionEntry>,
+}
+
+impl InvocationTarget {
+    /// How the function is invoked.
+    pub fn style(&self) -> InvocationStyle {
+        self.entry.record.style
+    }
+
+    /// Its memory limit in bytes.
+    pub fn memory_limit_bytes(&self) -> u64 {
+        self.entry.record.limits.memory_limit_bytes
+    }
+
+    /// The deadline of one invocation (its `timeout_ms`).
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.entry.record.limits.timeout_ms)
     }
 }

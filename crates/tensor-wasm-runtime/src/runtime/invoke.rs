@@ -7,6 +7,7 @@ use std::time::Instant;
 use serde_json::Value as Json;
 use wasmtime::{Store, Val};
 
+use super::deploy::InvocationTarget;
 use super::load::InlineBudget;
 use crate::error::{Result, RuntimeError};
 use crate::function_entry::{FunctionEntry, Prepared};
@@ -65,10 +66,29 @@ impl Runtime {
         export: &str,
         args: &[Json],
     ) -> Option<Result<Vec<Json>>> {
+        let entry = self.entry(id).ok()?;
+        self.try_invoke_inline(&entry, export, args)
+    }
+
+    /// [`Runtime::try_invoke_export_inline`] of a function already looked up.
+    pub fn try_invoke_target_inline(
+        &self,
+        target: &InvocationTarget,
+        export: &str,
+        args: &[Json],
+    ) -> Option<Result<Vec<Json>>> {
+        self.try_invoke_inline(&target.entry, export, args)
+    }
+
+    fn try_invoke_inline(
+        &self,
+        entry: &FunctionEntry,
+        export: &str,
+        args: &[Json],
+    ) -> Option<Result<Vec<Json>>> {
         if !self.inner.config.inline_calls || self.inner.memory_creator.is_some() {
             return None;
         }
-        let entry = self.entry(id).ok()?;
         if entry.record.style != InvocationStyle::Export
             || entry.record.start_from_snapshot.is_some()
         {
@@ -97,7 +117,7 @@ impl Runtime {
         };
         let mut cut_at_caps = false;
         let result = self.call_export(
-            &entry,
+            entry,
             &prepared,
             export,
             args,
@@ -117,7 +137,7 @@ impl Runtime {
             entry.inline_overruns.fetch_add(1, Ordering::Relaxed);
             if ticks < own_ticks {
                 self.inner.metrics.inline_overran.inc();
-                tracing::debug!(function = %id, "inline call overran its budget; run again on the blocking pool");
+                tracing::debug!(function = %entry.record.id, "inline call overran its budget; run again on the blocking pool");
                 return None;
             }
         } else {
