@@ -185,24 +185,36 @@ where
     /// its rate here (`429` without running the route), before any handler
     /// reads the body.
     fn call(&mut self, mut req: Request) -> Self::Future {
-        let state = &self.layer.state;
         let route_token = if self.layer.metrics_reader {
-            state.inner.metrics_token.as_deref()
+            self.layer.state.inner.metrics_token.as_deref()
         } else {
             None
         };
-        let caller = match caller_of(state, &req, route_token) {
-            Ok(caller) => caller,
-            Err(why) => return Admitted::Refused(Some(unauthorized(why))),
-        };
-        if let Caller::Tenant(tenant) | Caller::Insecure(tenant) = &caller {
-            if let Err(e) = tenant.check_rate() {
-                return Admitted::Refused(Some(quota_error(tenant, e).into_response()));
+        match admit(&self.layer.state, &req, route_token) {
+            Ok(caller) => {
+                req.extensions_mut().insert(caller);
+                Admitted::Running(self.inner.call(req))
             }
+            Err(refusal) => Admitted::Refused(Some(*refusal)),
         }
-        req.extensions_mut().insert(caller);
-        Admitted::Running(self.inner.call(req))
     }
+}
+
+/// The caller of a protected route, or the refusal to answer: `401` without
+/// a usable token, `429` when a tenant is over its rate (counted here, before
+/// any handler reads the body).
+pub(crate) fn admit(
+    state: &AppState,
+    req: &Request,
+    route_token: Option<&str>,
+) -> Result<Caller, Box<Response>> {
+    let caller = caller_of(state, req, route_token).map_err(|why| Box::new(unauthorized(why)))?;
+    if let Caller::Tenant(tenant) | Caller::Insecure(tenant) = &caller {
+        if let Err(e) = tenant.check_rate() {
+            return Err(Box::new(quota_error(tenant, e).into_response()));
+        }
+    }
+    Ok(caller)
 }
 
 /// The answer of an [`Authenticated`] route.
@@ -246,6 +258,7 @@ mod tests {
         app: Router,
         admin: String,
         tenant: String,
+        state: AppState,
     }
 
     /// A router with authentication enforced and a metrics token configured.
@@ -271,7 +284,8 @@ mod tests {
         state.set_ready(true);
         Enforced {
             _dir: dir,
-            app: router(state),
+            app: router(state.clone()),
+            state,
             admin: boot.admin_token,
             tenant: boot.tenant_token,
         }
@@ -364,5 +378,169 @@ mod tests {
         assert_eq!(get("/openapi.json", e.admin.clone()).await, StatusCode::OK);
         assert_eq!(get("/openapi.json", e.tenant.clone()).await, StatusCode::OK);
         assert_eq!(get("/functions", e.tenant.clone()).await, StatusCode::OK);
+    }
+
+    /// One request's answer, less the request id (which differs per request).
+    async fn answer<S>(app: S, req: Request<Body>) -> (StatusCode, Vec<(String, String)>, String)
+    where
+        S: Service<Request<Body>, Response = Response, Error = Infallible>,
+    {
+        use http_body_util::BodyExt;
+        let response = app.oneshot(req).await.unwrap();
+        let status = response.status();
+        let mut headers: Vec<(String, String)> = response
+            .headers()
+            .iter()
+            .filter(|(name, _)| name.as_str() != "x-request-id")
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("?").to_owned()))
+            .collect();
+        headers.sort();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// `App`'s direct path to `POST /functions/{id}/invoke` answers every request as the
+    /// router does: calls, refusals (no token, another tenant's function, an unknown or
+    /// malformed id, a wrong method, bad JSON, a body over the limit), and the requests
+    /// it leaves to the router; and it is counted under the route's template.
+    #[tokio::test]
+    async fn the_direct_invoke_path_answers_as_the_router_does() {
+        let e = enforced();
+        let direct = crate::App::new(e.state.clone());
+        let deploy = |token: &str| {
+            Request::post("/functions?name=add")
+                .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                .header(header::CONTENT_TYPE, "application/wasm")
+                .body(Body::from(
+                    r#"(module (func (export "add") (param i32 i32) (result i32)
+                        local.get 0 local.get 1 i32.add))"#,
+                ))
+                .unwrap()
+        };
+        let (status, _, body) = answer(e.app.clone(), deploy(&e.tenant)).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let invoke = format!("/functions/{id}/invoke");
+        let big = format!(
+            r#"{{"export":"add","args":[1,2],"pad":"{}"}}"#,
+            "x".repeat(3 << 20)
+        );
+        let cases: Vec<(Method, String, Option<&str>, String)> = vec![
+            (
+                Method::POST,
+                invoke.clone(),
+                Some(&e.tenant),
+                r#"{"export":"add","args":[40,2]}"#.into(),
+            ),
+            (
+                Method::POST,
+                invoke.clone(),
+                Some(&e.tenant),
+                r#"{"export":"add","args":[1.0,2]}"#.into(),
+            ),
+            (
+                Method::POST,
+                format!("{invoke}?x=1"),
+                Some(&e.tenant),
+                r#"{"export":"add","args":[1,2]}"#.into(),
+            ),
+            (
+                Method::POST,
+                invoke.clone(),
+                None,
+                r#"{"export":"add","args":[1,2]}"#.into(),
+            ),
+            (
+                Method::POST,
+                invoke.clone(),
+                Some("not-a-token"),
+                "{}".into(),
+            ),
+            (
+                Method::POST,
+                invoke.clone(),
+                Some(&e.admin),
+                r#"{"export":"add","args":[1,2]}"#.into(),
+            ),
+            (
+                Method::POST,
+                invoke.clone(),
+                Some(&e.tenant),
+                r#"{"export":"nope","args":[]}"#.into(),
+            ),
+            (
+                Method::POST,
+                invoke.clone(),
+                Some(&e.tenant),
+                r#"{"export":"add","args":[1]}"#.into(),
+            ),
+            (
+                Method::POST,
+                invoke.clone(),
+                Some(&e.tenant),
+                "[1, 2]".into(),
+            ),
+            (Method::POST, invoke.clone(), Some(&e.tenant), "{".into()),
+            (Method::POST, invoke.clone(), Some(&e.tenant), big),
+            (Method::GET, invoke.clone(), Some(&e.tenant), String::new()),
+            (
+                Method::POST,
+                format!("{invoke}/"),
+                Some(&e.tenant),
+                "{}".into(),
+            ),
+            (
+                Method::POST,
+                "/functions/fn-000000000000000000000000/invoke".into(),
+                Some(&e.tenant),
+                "{}".into(),
+            ),
+            (
+                Method::POST,
+                "/functions/fn-XYZ/invoke".into(),
+                Some(&e.tenant),
+                "{}".into(),
+            ),
+            (
+                Method::POST,
+                "/functions/a/b/invoke".into(),
+                Some(&e.tenant),
+                "{}".into(),
+            ),
+        ];
+        for (method, uri, token, body) in cases {
+            let request = || {
+                let mut req = Request::builder()
+                    .method(method.clone())
+                    .uri(&uri)
+                    .header(header::CONTENT_TYPE, "application/json");
+                if let Some(token) = token {
+                    req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+                }
+                req.body(Body::from(body.clone())).unwrap()
+            };
+            let routed = answer(e.app.clone(), request()).await;
+            let direct = answer(direct.clone(), request()).await;
+            assert_eq!(routed, direct, "{method} {uri}");
+        }
+        let metrics = answer(
+            e.app.clone(),
+            Request::get("/metrics")
+                .header(header::AUTHORIZATION, format!("Bearer {}", e.admin))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .2;
+        // Both paths counted each call of the cases answered 200 (3 each).
+        assert!(
+            metrics.contains(
+                r#"tensor_wasm_http_requests_total{method="POST",route="/functions/{id}/invoke",status="200"} 6"#
+            ),
+            "{metrics}"
+        );
     }
 }

@@ -31,9 +31,10 @@ use axum::response::{IntoResponse, Response};
 use http_body::Body as _;
 use tower::{Layer, Service};
 
+use crate::auth::admit;
 use crate::body_deadline::DeadlineBody;
 use crate::metrics::HttpRequestLabels;
-use crate::{request_id, ApiError, AppState, ErrorCode};
+use crate::{request_id, routes, ApiError, AppState, ErrorCode};
 
 /// The [`Layer`] of [`Edge`]; with the body-size limit inside it, the one
 /// layer [`crate::router`] puts around every route.
@@ -80,9 +81,31 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request) -> Self::Future {
+    fn call(&mut self, req: Request) -> Self::Future {
+        let labels = HttpRequestLabels::of(
+            req.extensions()
+                .get::<MatchedPath>()
+                .map(MatchedPath::as_str),
+            req.method(),
+        );
+        let (req, done) = Done::start(&self.state, req, labels);
+        Answer {
+            answer: self.inner.call(req),
+            done: Some(done),
+        }
+    }
+}
+
+impl Done {
+    /// Takes `req` in: its request id (kept or generated), its body under
+    /// the deadline; what finishing its answer takes is returned with it.
+    pub(crate) fn start(
+        state: &AppState,
+        mut req: Request,
+        labels: HttpRequestLabels,
+    ) -> (Request, Done) {
         let start = Instant::now();
-        let state = self.state.clone();
+        let state = state.clone();
         let id = match req.headers().get(request_id::HEADER) {
             Some(v) if request_id::acceptable(v) => v.clone(),
             _ => {
@@ -91,12 +114,6 @@ where
                 v
             }
         };
-        let labels = HttpRequestLabels::of(
-            req.extensions()
-                .get::<MatchedPath>()
-                .map(MatchedPath::as_str),
-            req.method(),
-        );
         let expired = if req.body().size_hint().exact() == Some(0) {
             None
         } else {
@@ -108,29 +125,27 @@ where
             Some(expired)
         };
         let method = req.method().clone();
-        Answer {
-            answer: self.inner.call(req),
-            done: Some(Done {
-                state,
-                start,
-                id,
-                labels,
-                method,
-                expired,
-            }),
-        }
+        let done = Done {
+            state,
+            start,
+            id,
+            labels,
+            method,
+            expired,
+        };
+        (req, done)
     }
 }
 
 /// The response of an [`Edge`] route, finished (counted, logged, its
 /// request id set) when the route has answered.
-pub(crate) struct Answer<F> {
+pub struct Answer<F> {
     answer: F,
     done: Option<Done>,
 }
 
 /// What finishing a response takes.
-struct Done {
+pub(crate) struct Done {
     state: AppState,
     start: Instant,
     id: HeaderValue,
@@ -156,7 +171,9 @@ where
 }
 
 impl Done {
-    fn finish(self, mut response: Response) -> Response {
+    /// The answer to the request, finished: counted, logged, its request
+    /// id set (and `408` when the body was cut at its deadline).
+    pub(crate) fn finish(self, mut response: Response) -> Response {
         let Done {
             state,
             start,
@@ -178,7 +195,17 @@ impl Done {
         } else {
             tracing::debug!(request_id = id_text, %method, route, status = status.as_u16(), ?elapsed, "request");
         }
-        response.headers_mut().insert(request_id::HEADER, id);
+        let headers = response.headers_mut();
+        headers.insert(request_id::HEADER, id);
+        // As the router's routes do (the direct path has none): a body of
+        // known length says so.
+        if !headers.contains_key(header::CONTENT_LENGTH) {
+            if let Some(length) = response.body().size_hint().exact() {
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+            }
+        }
         response
     }
 }
@@ -199,4 +226,136 @@ fn body_read_timeout(state: &AppState) -> Response {
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
+}
+
+/// The route template of the direct path.
+const INVOKE_ROUTE: &str = "/functions/{id}/invoke";
+
+/// The service the server runs: [`crate::router`], with a direct path to
+/// its busiest route. `POST /functions/{id}/invoke` with a well-formed
+/// function id skips the router's path matching and its per-route wrappers
+/// and runs what the router would run for it, in the same order: the edge
+/// ([`Done`]: request id, body deadline, metrics under the route's template,
+/// the log line), the body-size limit, authentication and the rate check
+/// ([`admit`]), then the route's handler ([`routes::invoke_as`]). Everything
+/// else, a malformed id included, goes to the router.
+#[derive(Clone)]
+pub struct App {
+    router: axum::Router,
+    state: AppState,
+    /// The body-size limit, around nothing but the handler.
+    direct: <DefaultBodyLimit as Layer<DirectInvoke>>::Service,
+}
+
+impl App {
+    /// [`crate::router`] of `state`, with the direct path in front.
+    pub fn new(state: AppState) -> Self {
+        let limit = DefaultBodyLimit::max(state.inner.config.max_body_bytes);
+        App {
+            router: crate::router(state.clone()),
+            direct: limit.layer(DirectInvoke {
+                state: state.clone(),
+            }),
+            state,
+        }
+    }
+
+    /// The function id of a request the direct path serves.
+    fn direct_id(req: &Request) -> Option<&str> {
+        if req.method() != Method::POST {
+            return None;
+        }
+        let id = req
+            .uri()
+            .path()
+            .strip_prefix("/functions/")?
+            .strip_suffix("/invoke")?;
+        tensor_wasm_runtime::is_valid_function_id(id).then_some(id)
+    }
+}
+
+impl<B> Service<axum::http::Request<B>> for App
+where
+    B: http_body::Body<Data = axum::body::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Either<
+        <axum::Router as Service<axum::http::Request<B>>>::Future,
+        Answer<Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>>,
+    >;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Both paths are always ready (the router says so of itself).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
+        let req = req.map(Body::new);
+        if Self::direct_id(&req).is_none() {
+            return Either::Router(self.router.call(req));
+        }
+        let labels = HttpRequestLabels::try_new(INVOKE_ROUTE, &Method::POST)
+            .expect("the invoke route is a route template");
+        let (req, done) = Done::start(&self.state, req, labels);
+        Either::Direct(Answer {
+            answer: self.direct.call(req),
+            done: Some(done),
+        })
+    }
+}
+
+/// One of the two paths of [`App`].
+pub enum Either<R, D> {
+    Router(R),
+    Direct(D),
+}
+
+impl<R, D> Future for Either<R, D>
+where
+    R: Future<Output = Result<Response, Infallible>> + Unpin,
+    D: Future<Output = Result<Response, Infallible>> + Unpin,
+{
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Either::Router(answer) => Pin::new(answer).poll(cx),
+            Either::Direct(answer) => Pin::new(answer).poll(cx),
+        }
+    }
+}
+
+/// The direct path's handler: authentication, then the invoke route's
+/// handler.
+#[derive(Clone)]
+pub struct DirectInvoke {
+    state: AppState,
+}
+
+impl Service<Request> for DirectInvoke {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let caller = match admit(&self.state, &req, None) {
+            Ok(caller) => caller,
+            Err(refusal) => return Box::pin(std::future::ready(Ok(*refusal))),
+        };
+        let id = App::direct_id(&req)
+            .expect("the direct path serves only its own requests")
+            .to_owned();
+        let state = self.state.clone();
+        Box::pin(async move {
+            Ok(routes::invoke_as(state, caller, id, req)
+                .await
+                .into_response())
+        })
+    }
 }

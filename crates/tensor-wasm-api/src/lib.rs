@@ -22,7 +22,7 @@
 //! state.set_ready(true);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! let limits = tensor_wasm_api::ServeLimits::default();
-//! tensor_wasm_api::serve(listener, router(state), limits, std::future::pending()).await?;
+//! tensor_wasm_api::serve(listener, tensor_wasm_api::App::new(state), limits, std::future::pending()).await?;
 //! # Ok(()) }
 //! ```
 
@@ -56,6 +56,7 @@ use tensor_wasm_tenant::{MemoryTenantStore, TenantMetrics, TenantRegistry};
 use tokio::sync::Semaphore;
 
 pub use auth::{AuthMode, Caller};
+pub use edge::{Answer, App, DirectInvoke, Either};
 pub use error::{ApiError, ErrorCode};
 pub use jobs::{Claim, Job, JobLimits, JobQueue, JobStatus, QueueSettings, Submitted};
 pub use metrics::{HttpMetrics, HttpRequestLabels, ROUTE_TEMPLATES};

@@ -229,6 +229,17 @@ pub(crate) async fn invoke(
     Path(id): Path<String>,
     req: Request,
 ) -> Result<Response, ApiError> {
+    invoke_as(state, caller, id, req).await
+}
+
+/// `POST /functions/{id}/invoke` by `caller`: the route's handler, and the
+/// direct path of [`crate::App`] to it.
+pub(crate) async fn invoke_as(
+    state: AppState,
+    caller: Caller,
+    id: String,
+    req: Request,
+) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?.clone();
     let json_output = wants_json(req.headers());
     if !is_valid_function_id(&id) {

@@ -11,7 +11,6 @@ use std::time::Duration;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -52,16 +51,24 @@ impl Default for ServeLimits {
     }
 }
 
-/// Serves `app` on `listener` within `limits` until `shutdown` resolves;
+/// Serves `app` ([`crate::App`], or a bare [`crate::router`]) on `listener`
+/// within `limits` until `shutdown` resolves;
 /// then stops accepting, lets every open connection finish its request in
 /// flight (kept-alive connections close after it) and returns when all
 /// are closed.
-pub async fn serve(
+pub async fn serve<S>(
     listener: TcpListener,
-    app: Router,
+    app: S,
     limits: ServeLimits,
     shutdown: impl Future<Output = ()> + Send,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    S: tower::Service<Request<Incoming>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let served = Arc::new(Semaphore::new(limits.max_connections));
     let refused = Arc::new(Semaphore::new(REFUSED_ANSWERED));
     let (stop, stopping) = watch::channel(false);
@@ -117,13 +124,19 @@ fn http1_builder(limits: ServeLimits) -> http1::Builder {
     builder
 }
 
-async fn serve_connection(
+async fn serve_connection<S>(
     stream: TcpStream,
-    app: Router,
+    app: S,
     limits: ServeLimits,
     mut stopping: watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
-) {
+) where
+    S: tower::Service<Request<Incoming>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let service = TowerToHyperService::new(app);
     let connection = http1_builder(limits).serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);

@@ -11,7 +11,7 @@ use clap::{Args, ValueEnum};
 use std::path::Path;
 
 use tensor_wasm_api::{
-    default_tenant, router, serve as serve_connections, ApiConfig, AppState, AuthMode, ServeLimits,
+    default_tenant, serve as serve_connections, ApiConfig, AppState, AuthMode, ServeLimits,
 };
 use tensor_wasm_dispatch::DispatchConfig;
 use tensor_wasm_gpu::{open_backend_with, DeviceChoice, GpuIsolation};
@@ -478,7 +478,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let grace = Duration::from_secs(args.shutdown_grace_s);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let app = router(state.clone());
+    let app = tensor_wasm_api::App::new(state.clone());
     let limits = ServeLimits {
         header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         max_connections: args.max_connections.max(1),
