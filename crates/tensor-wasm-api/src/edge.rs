@@ -243,6 +243,8 @@ const INVOKE_ROUTE: &str = "/functions/{id}/invoke";
 pub struct App {
     router: axum::Router,
     state: AppState,
+    /// The metric labels of the direct path's route.
+    labels: HttpRequestLabels,
     /// The body-size limit, around nothing but the handler.
     direct: <DefaultBodyLimit as Layer<DirectInvoke>>::Service,
 }
@@ -257,6 +259,8 @@ impl App {
                 state: state.clone(),
             }),
             state,
+            labels: HttpRequestLabels::try_new(INVOKE_ROUTE, &Method::POST)
+                .expect("the invoke route is a route template"),
         }
     }
 
@@ -296,9 +300,7 @@ where
         if Self::direct_id(&req).is_none() {
             return Either::Router(self.router.call(req));
         }
-        let labels = HttpRequestLabels::try_new(INVOKE_ROUTE, &Method::POST)
-            .expect("the invoke route is a route template");
-        let (req, done) = Done::start(&self.state, req, labels);
+        let (req, done) = Done::start(&self.state, req, self.labels);
         Either::Direct(Answer {
             answer: self.direct.call(req),
             done: Some(done),

@@ -265,20 +265,23 @@ pub(crate) async fn invoke_as(
     // The permit moves into the blocking task: if the client goes away, the
     // slot stays taken until the guest has really finished.
     let permit = acquire_slot(&state).await?;
+    // A short import-free call is answered here, without the hand-off to a
+    // blocking thread; anything else (or an overrun) goes there.
+    if let Some(call) = &call {
+        if let Some(results) = inline(&runtime, &target, call) {
+            drop((permit, guards));
+            // Never ready-at-once forever: a client sending nothing but
+            // inline calls still lets this thread's other tasks run.
+            tokio::task::consume_budget().await;
+            return Ok(Json(Results { results: &results? }).into_response());
+        }
+    }
     // Dropped with this future when the client goes away: a component invocation ends then
-    // (a core module at its deadline).
+    // (a core module at its deadline). An inline call has nothing to watch: it waits on
+    // nothing and ends at its own short deadline.
     let (_present, watch) = ClientWatch::pair();
     match call {
         Some(call) => {
-            // A short import-free call is answered here, without the hand-off
-            // to a blocking thread; anything else (or an overrun) goes there.
-            if let Some(results) = inline(&runtime, &target, &call) {
-                drop((permit, guards));
-                // Never ready-at-once forever: a client sending nothing but
-                // inline calls still lets this thread's other tasks run.
-                tokio::task::consume_budget().await;
-                return Ok(Json(Results { results: &results? }).into_response());
-            }
             let results = within_deadline(
                 timeout,
                 blocking(move || {
