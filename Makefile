@@ -17,7 +17,8 @@ test: deps examples fmt-check clippy unit doc deploy-check icount perf-doc-check
 ci: test
 
 ## Installs what the tests need when it is missing: clang + lld + wasi-libc
-## (the C example guest) from Debian packages.
+## (the C example guest) from Debian packages, and the pinned tools of
+## scripts/install-deps.sh under .tools/ (matplotlib for the charts included).
 deps:
 	@scripts/install-deps.sh
 
@@ -52,15 +53,18 @@ bench:
 http-throughput:
 	bash scripts/http-throughput.sh
 
+## The python of the venv that `deps` creates with the pinned matplotlib (the charts).
+PERF_PY ?= $(CURDIR)/.tools/perf-doc/bin/python
+
 ## Regenerates PERFORMANCE.md from the run files under bench-results/.
-## (The script also renders the SVG charts of docs/charts/.)
-perf-doc:
-	python3 scripts/perf_doc.py > PERFORMANCE.md
+## (The script also renders the SVG charts of docs/charts/, with matplotlib.)
+perf-doc: deps
+	$(PERF_PY) scripts/perf_doc.py > PERFORMANCE.md
 
 ## Fails when PERFORMANCE.md or a chart differs from what `make perf-doc`
 ## renders from the committed run files (regenerated into a temporary dir).
-perf-doc-check:
-	python3 scripts/perf_doc.py --check
+perf-doc-check: deps
+	$(PERF_PY) scripts/perf_doc.py --check
 
 clean-data:
 	rm -rf $(DATA_DIR)

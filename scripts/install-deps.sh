@@ -5,7 +5,8 @@
 # NVRTC library (tensor-wasm-gpu compiles CUDA C++ with it), PostgreSQL 15 and
 # the pinned S3 server `weed` (the shared-store tests), the component toolchains
 # (componentize-py, componentize-js, wit-bindgen, wasm-tools), valgrind and the pinned
-# gungraun-runner (the instruction-count gate, `make icount`).
+# gungraun-runner (the instruction-count gate, `make icount`), and the pinned
+# matplotlib that draws the charts of PERFORMANCE.md (`make perf-doc-check`).
 set -euo pipefail
 
 # --- free disk -----------------------------------------------------------------
@@ -97,6 +98,34 @@ if ! deploy_tools_ok; then
   PIP_ROOT_USER_ACTION=ignore "$DEPLOY_TOOLS/bin/pip" install --quiet --disable-pip-version-check $DEPLOY_PINS
   echo "$DEPLOY_PINS" > "$DEPLOY_TOOLS/.pins"
   deploy_tools_ok || { echo "the deploy-check tools did not install in $DEPLOY_TOOLS" >&2; exit 1; }
+fi
+
+# --- perf-doc charts (matplotlib) ----------------------------------------------
+# scripts/perf_charts.py draws docs/charts/*.svg with matplotlib and
+# `make perf-doc-check` compares them byte for byte with what it renders, so
+# matplotlib and every package it brings are pinned (another version may place
+# a tick or a label elsewhere). Wheels only, in a virtual environment under
+# .tools/perf-doc (git-ignored); the Makefile runs scripts/perf_doc.py with its
+# python (PERF_PY).
+MATPLOTLIB_VERSION=3.10.9
+PERF_DOC_TOOLS="$ROOT/.tools/perf-doc"
+PERF_DOC_PINS="matplotlib==$MATPLOTLIB_VERSION contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 numpy==2.4.6 packaging==26.4 pillow==13.0.0 pyparsing==3.3.3 python-dateutil==4.0.0 tzdata==2026.6"
+
+perf_doc_tools_ok() {
+  [[ "$("$PERF_DOC_TOOLS/bin/python" -c 'import matplotlib; print(matplotlib.__version__)' 2>/dev/null)" == "$MATPLOTLIB_VERSION" ]] &&
+    [[ "$(cat "$PERF_DOC_TOOLS/.pins" 2>/dev/null)" == "$PERF_DOC_PINS" ]]
+}
+
+if ! perf_doc_tools_ok; then
+  echo "installing matplotlib for the perf-doc charts ($PERF_DOC_PINS) into $PERF_DOC_TOOLS ..."
+  PY=$(command -v python3 || command -v python) || { echo "python3 is needed for the perf-doc charts" >&2; exit 1; }
+  rm -rf "$PERF_DOC_TOOLS"
+  "$PY" -m venv "$PERF_DOC_TOOLS" || { echo "python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
+  # shellcheck disable=SC2086
+  PIP_ROOT_USER_ACTION=ignore "$PERF_DOC_TOOLS/bin/pip" install --quiet --disable-pip-version-check \
+    --only-binary :all: $PERF_DOC_PINS
+  echo "$PERF_DOC_PINS" > "$PERF_DOC_TOOLS/.pins"
+  perf_doc_tools_ok || { echo "matplotlib $MATPLOTLIB_VERSION did not install in $PERF_DOC_TOOLS" >&2; exit 1; }
 fi
 
 # --- PostgreSQL 15 + an S3 server (the shared-store tests) ------------------------

@@ -1,129 +1,123 @@
-"""The SVG charts of PERFORMANCE.md (docs/charts/), drawn from the run files by scripts/perf_doc.py:
-restore time vs image size, dispatch latency distribution, copy throughput vs its peer."""
+"""The SVG charts of PERFORMANCE.md (docs/charts/), drawn from the run files by scripts/perf_doc.py
+with matplotlib: restore time vs image size, dispatch latency distribution, copy throughput vs its
+peer. matplotlib is pinned (scripts/install-deps.sh installs it into .tools/perf-doc; the Makefile
+runs this with that venv's python), and the SVG is made byte-stable: fixed figure size, fixed hash
+salt for the ids, text kept as text (no glyph outlines from the fonts installed), no date or version
+in the metadata."""
+import io
 import math
 import os
+from xml.sax.saxutils import escape
 
-from perf_runs import RESULTS, fmt_bytes, load, machine_line, newest_with, provenance, rel
+try:
+    import matplotlib
+except ImportError:
+    raise SystemExit("perf_charts.py needs the pinned matplotlib: run it with .tools/perf-doc/bin/python "
+                     "(`make deps` installs it), as `make perf-doc` does")
+matplotlib.use("svg")
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
+
+from perf_runs import RESULTS, fmt_bytes, load, machine_line, newest_with, provenance, rel  # noqa: E402
 
 CHARTS_DIR = "docs/charts"  # relative to ROOT; PERFORMANCE.md links to it
 
+# ----------------------------------------------------------------------- drawing
 
-# --------------------------------------------------------------------------- SVG
-
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
-           "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
-W, H = 860, 440
-ML, MR, MT, MB = 84, 240, 106, 58  # margins: left, right (legend), top (title), bottom
-
-
-def esc(text):
-    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
-
-
-def num(v):
-    """Fixed formatting of a coordinate, so output bytes never depend on float repr."""
-    return f"{v:.1f}"
+matplotlib.rcParams.update({
+    "svg.hashsalt": "tensor-wasm-perf-charts",  # clip-path and marker ids: the same every run
+    "svg.fonttype": "none",  # <text> elements, not glyph paths
+    "font.family": "sans-serif",  # the SVG asks for 'DejaVu Sans', sans-serif
+    "font.sans-serif": ["DejaVu Sans"],  # layout measured with matplotlib's own copy (found first)
+    "font.size": 9,
+})
+SIZE = (10.0, 5.2)  # inches; 72 pt per inch in the SVG
+DPI = 72
+MARKERS = "os^Dv<>"  # 7 markers against 10 colours: no two series of a chart look alike
 
 
-def svg_open(title, subtitle_lines):
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
-        'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">',
-        f"<title>{esc(title)}</title>",
-        f'<rect x="0" y="0" width="{W}" height="{H}" fill="#ffffff"/>',
-        f'<text x="{ML}" y="22" font-size="15" font-weight="bold">{esc(title)}</text>',
-    ]
+def figure(title, subtitle_lines):
+    """A figure with the title and grey provenance lines on top, the axes left, the legend right."""
+    fig = Figure(figsize=SIZE, dpi=DPI)
+    height = SIZE[1]
+    fig.text(0.06, 1 - 0.3 / height, title, fontsize=12, fontweight="bold")
     for i, line in enumerate(subtitle_lines):
-        out.append(f'<text x="{ML}" y="{40 + 14 * i}" font-size="10" fill="#555555">{esc(line)}</text>')
-    return out
+        fig.text(0.06, 1 - (0.52 + 0.17 * i) / height, line, fontsize=7.5, color="#555555")
+    top = 1 - (0.6 + 0.17 * len(subtitle_lines)) / height
+    ax = fig.add_axes((0.09, 0.13, 0.62, top - 0.13))
+    ax.grid(True, axis="y", color="#dddddd", linewidth=0.8)
+    ax.set_axisbelow(True)
+    return fig, ax
 
 
-def log_ticks(lo, hi):
-    """Decades covering [lo, hi] (powers of ten)."""
-    a = math.floor(math.log10(lo))
-    b = math.ceil(math.log10(hi))
-    return [10.0 ** e for e in range(a, b + 1)]
+def log_y(ax, values, label, fmt):
+    """Log y axis over whole decades covering the values, ticks at each decade."""
+    lo = math.floor(math.log10(min(values)))
+    hi = max(math.ceil(math.log10(max(values))), lo + 1)
+    ax.set_yscale("log")
+    ax.set_ylim(10.0 ** lo, 10.0 ** hi)
+    ax.yaxis.set_major_locator(FixedLocator([10.0 ** e for e in range(lo, hi + 1)]))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_ylabel(label)
 
 
-def y_axis_log(out, lo, hi, label, fmt):
-    ticks = log_ticks(lo, hi)
-    y0, y1 = math.log10(ticks[0]), math.log10(ticks[-1])
-    top, bottom = MT, H - MB
-
-    def y(v):
-        return bottom - (math.log10(v) - y0) / (y1 - y0) * (bottom - top)
-
-    for t in ticks:
-        out.append(f'<line x1="{ML}" y1="{num(y(t))}" x2="{W - MR}" y2="{num(y(t))}" stroke="#dddddd"/>')
-        out.append(f'<text x="{ML - 6}" y="{num(y(t) + 4)}" text-anchor="end">{esc(fmt(t))}</text>')
-    out.append(f'<line x1="{ML}" y1="{top}" x2="{ML}" y2="{bottom}" stroke="#333333"/>')
-    out.append(f'<line x1="{ML}" y1="{bottom}" x2="{W - MR}" y2="{bottom}" stroke="#333333"/>')
-    out.append(f'<text x="18" y="{num((top + bottom) / 2)}" text-anchor="middle" '
-               f'transform="rotate(-90 18 {num((top + bottom) / 2)})">{esc(label)}</text>')
-    return y
-
-
-def legend(out, names):
-    x = W - MR + 16
-    for i, name in enumerate(names):
-        y = MT + 8 + 18 * i
-        out.append(f'<rect x="{x}" y="{y - 9}" width="12" height="10" fill="{PALETTE[i % len(PALETTE)]}"/>')
-        out.append(f'<text x="{x + 18}" y="{y}">{esc(name)}</text>')
+def to_svg(fig, title, tips):
+    """The legend (right of the axes), then the figure as SVG text, each tipped artist's group
+    given a <title> (its hover text)."""
+    ax = fig.axes[0]
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=8)
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Title": title, "Date": None, "Creator": None})
+    svg = buf.getvalue()
+    for gid, text in tips.items():
+        opening = f'<g id="{gid}">'
+        assert svg.count(opening) == 1, gid
+        svg = svg.replace(opening, f"{opening}\n   <title>{escape(text)}</title>")
+    return svg
 
 
 def line_chart(title, subtitle, x_label, y_label, series, x_fmt, y_fmt):
-    """Log-log chart; series = [(name, [(x, y), ...])]."""
+    """Log-log chart (x in powers of two); series = [(name, [(x, y), ...])]."""
+    fig, ax = figure(title, subtitle)
     xs = sorted({x for _, pts in series for x, _ in pts})
-    ys = [y for _, pts in series for _, y in pts]
-    out = svg_open(title, subtitle)
-    y = y_axis_log(out, min(ys), max(ys), y_label, y_fmt)
-    lx0, lx1 = math.log2(xs[0]), math.log2(xs[-1])
-    left, right = ML + 20, W - MR - 20
-
-    def x(v):
-        return left if lx1 == lx0 else left + (math.log2(v) - lx0) / (lx1 - lx0) * (right - left)
-
-    for v in xs:
-        out.append(f'<line x1="{num(x(v))}" y1="{H - MB}" x2="{num(x(v))}" y2="{H - MB + 5}" stroke="#333333"/>')
-        out.append(f'<text x="{num(x(v))}" y="{H - MB + 18}" text-anchor="middle">{esc(x_fmt(v))}</text>')
-    out.append(f'<text x="{num((left + right) / 2)}" y="{H - 12}" text-anchor="middle">{esc(x_label)}</text>')
+    log_y(ax, [y for _, pts in series for _, y in pts], y_label, y_fmt)
+    tips = {}
     for i, (name, pts) in enumerate(series):
-        color = PALETTE[i % len(PALETTE)]
         pts = sorted(pts)
-        path = " ".join(f"{num(x(a))},{num(y(b))}" for a, b in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
-        for a, b in pts:
-            out.append(f'<circle cx="{num(x(a))}" cy="{num(y(b))}" r="3.5" fill="{color}">'
-                       f"<title>{esc(name)} {esc(x_fmt(a))}: {esc(y_fmt(b))}</title></circle>")
-    legend(out, [name for name, _ in series])
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+        gid = f"series-{i}"
+        ax.plot([a for a, _ in pts], [b for _, b in pts], color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)],
+                markersize=4.5, linewidth=1.6, label=name, gid=gid)
+        tips[gid] = f"{name}: " + ", ".join(f"{x_fmt(a)} {y_fmt(b)}" for a, b in pts)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(xs))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: x_fmt(v)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    if len(xs) > 1:
+        pad = (math.log2(xs[-1]) - math.log2(xs[0])) * 0.04
+        ax.set_xlim(xs[0] / 2 ** pad, xs[-1] * 2 ** pad)
+    ax.set_xlabel(x_label)
+    return to_svg(fig, title, tips)
 
 
 def bar_chart(title, subtitle, y_label, groups, names, y_fmt):
     """Grouped bars on a log axis; groups = [(label, [value or None per name])]."""
-    values = [v for _, vals in groups for v in vals if v]
-    out = svg_open(title, subtitle)
-    y = y_axis_log(out, min(values), max(values), y_label, y_fmt)
-    bottom = H - MB
-    left, right = ML + 10, W - MR - 10
-    slot = (right - left) / len(groups)
-    bar = min(28.0, slot * 0.8 / len(names))
-    for g, (label, vals) in enumerate(groups):
-        start = left + g * slot + (slot - bar * len(names)) / 2
-        for i, v in enumerate(vals):
-            if not v:
-                continue
-            top = y(v)
-            out.append(f'<rect x="{num(start + i * bar)}" y="{num(top)}" width="{num(bar - 2)}" '
-                       f'height="{num(bottom - top)}" fill="{PALETTE[i % len(PALETTE)]}">'
-                       f"<title>{esc(label.replace(chr(10), ' '))} {esc(names[i])}: {esc(y_fmt(v))}</title></rect>")
-        for k, part in enumerate(label.split("\n")):
-            out.append(f'<text x="{num(left + g * slot + slot / 2)}" y="{bottom + 16 + 13 * k}" '
-                       f'text-anchor="middle" font-size="11">{esc(part)}</text>')
-    legend(out, names)
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    fig, ax = figure(title, subtitle)
+    log_y(ax, [v for _, vals in groups for v in vals if v], y_label, y_fmt)
+    width = 0.8 / len(names)
+    tips = {}
+    for i, name in enumerate(names):
+        at = [(g, vals[i]) for g, (_, vals) in enumerate(groups) if vals[i]]
+        bars = ax.bar([g - 0.4 + width * (i + 0.5) for g, _ in at], [v for _, v in at], width * 0.92,
+                      color=f"C{i % 10}", label=name)
+        for bar, (g, v) in zip(bars, at):
+            gid = f"bar-{g}-{i}"
+            bar.set_gid(gid)
+            tips[gid] = f"{groups[g][0].replace(chr(10), ' ')} {name}: {y_fmt(v)}"
+    ax.set_xticks(range(len(groups)), [label for label, _ in groups])
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    ax.tick_params(axis="x", length=0)
+    return to_svg(fig, title, tips)
 
 
 def fmt_time_tick(ns):
@@ -249,7 +243,8 @@ def chart_throughput(charts):
 
 def charts_section(out, charts, cited):
     out.append("## Charts\n")
-    out.append(f"Rendered by the same script from the same run files (`{CHARTS_DIR}/`); hover a point or bar for its value.\n")
+    out.append(f"Drawn with matplotlib by the same script from the same run files (`{CHARTS_DIR}/`); "
+               "hover a line or bar for its values.\n")
     made = [
         ("Restore time vs image size", chart_restore(charts)),
         ("Dispatch latency distribution", chart_dispatch(charts)),

@@ -7,15 +7,16 @@ headline table (each figure with its peer, ratio, goal and run file); the long
 tables (CPU kernels, the Criterion baseline, GPU runs, the index of every run
 file) are generated pages under docs/perf/, linked from it, so that it stays
 under 60 KB (`--check` fails past that). Reading the
-run files is in perf_runs.py, the charts in perf_charts.py. The output
+run files is in perf_runs.py, the charts in perf_charts.py (matplotlib, pinned:
+run it with .tools/perf-doc/bin/python, which `make deps` creates). The output
 depends only on those files (no clock, no git, no environment), so running it
 twice, or on another checkout of the same commit, gives the same bytes.
 
-Usage:
-  python3 scripts/perf_doc.py > PERFORMANCE.md   # prints the document, writes docs/charts/*.svg
-                                                 # and docs/perf/*.md
-  python3 scripts/perf_doc.py --check            # renders into a temporary directory and
-                                                 # fails (exit 1, with a diff) when
+Usage (`make perf-doc`, `make perf-doc-check`):
+  .tools/perf-doc/bin/python scripts/perf_doc.py > PERFORMANCE.md  # prints the document, writes
+                                                 # docs/charts/*.svg and docs/perf/*.md
+  .tools/perf-doc/bin/python scripts/perf_doc.py --check  # renders into a temporary directory
+                                                 # and fails (exit 1, with a diff) when
                                                  # PERFORMANCE.md, a page or a chart
                                                  # differs
 """
