@@ -7,7 +7,8 @@ the peer (scripts/cpu_peer.py) and the backend one after the other on the same c
 writes one run file: machine, date, commit, both raw reports, and per kernel the backend's
 rate, the peer's rate and their ratio. Prints the ratio table (markdown).
 
-Usage: scripts/cpu_kernels.py [--quick] [--only NAME,...] [--isa portable|avx2|avx512] [--out PATH]
+Usage: scripts/cpu_kernels.py [--quick] [--only NAME,...] [--isa portable|avx2|avx512]
+       [--peer-coretype auto|Haswell|SkylakeX|...] [--out PATH]
 `--isa` narrows the backend's matmul and conv2d tiles (TENSOR_WASM_CPU_ISA); the run file names
 the ISA used (`gemm_isa`).
 Default run file: bench-results/cpu-kernels/<YYYY-MM-DD>.json (-N when the day has one).
@@ -64,6 +65,10 @@ def main():
     parser.add_argument("--only", default=None,
                         help="comma-separated kernel names of ours; the peer runs their peers")
     parser.add_argument("--isa", default=None, help="TENSOR_WASM_CPU_ISA for the backend")
+    parser.add_argument("--peer-coretype", default="auto",
+                        help="OpenBLAS kernel of the peer: auto (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE "
+                             "removed from its environment, so OpenBLAS picks the host's widest) or a "
+                             "core type to force, e.g. Haswell (AVX2) beside --isa avx2")
     args = parser.parse_args()
     quick = ["--quick"] if args.quick else []
 
@@ -77,6 +82,10 @@ def main():
         ours_cmd += ["--seconds", "0.1"]
     if args.only:
         ours_cmd += ["--only", args.only]
+    # Some hosts set these for everything; the peer's kernel is chosen here, and recorded.
+    peer_env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    if args.peer_coretype != "auto":
+        peer_env["OPENBLAS_CORETYPE"] = args.peer_coretype
     ours_env = dict(os.environ)
     if args.isa:
         ours_env["TENSOR_WASM_CPU_ISA"] = args.isa
@@ -85,9 +94,11 @@ def main():
         ours = json.loads(subprocess.run(ours_cmd, check=True, capture_output=True, text=True,
                                          env=ours_env).stdout)
         peer_cmd += ["--only", ",".join(sorted({r["peer"] for r in ours["results"]}))]
-        peer = json.loads(subprocess.run(peer_cmd, check=True, capture_output=True, text=True).stdout)
+        peer = json.loads(subprocess.run(peer_cmd, check=True, capture_output=True, text=True,
+                                         env=peer_env).stdout)
     else:
-        peer = json.loads(subprocess.run(peer_cmd, check=True, capture_output=True, text=True).stdout)
+        peer = json.loads(subprocess.run(peer_cmd, check=True, capture_output=True, text=True,
+                                         env=peer_env).stdout)
         ours = json.loads(subprocess.run(ours_cmd, check=True, capture_output=True, text=True,
                                          env=ours_env).stdout)
 
@@ -114,7 +125,9 @@ def main():
         "uncommitted": dirty.splitlines() if dirty else [],
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": peer.get("cpu")},
         "gemm_isa": ours.get("gemm_isa"),
-        "commands": {"peer": " ".join(os.path.relpath(a, ROOT) if a.startswith(ROOT) else a for a in peer_cmd[1:]),
+        "peer_openblas_coretype": args.peer_coretype,
+        "commands": {"peer": (f"OPENBLAS_CORETYPE={args.peer_coretype} " if args.peer_coretype != "auto"
+                              else "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ") + " ".join(os.path.relpath(a, ROOT) if a.startswith(ROOT) else a for a in peer_cmd[1:]),
                      "tensor_wasm": (f"TENSOR_WASM_CPU_ISA={args.isa} " if args.isa else "")
                      + " ".join(os.path.relpath(a, ROOT) if a.startswith(ROOT) else a for a in ours_cmd)},
         "ratios": rows,

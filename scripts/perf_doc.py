@@ -321,16 +321,35 @@ def headline_section(out, cited):
         target = (doc.get("target") or {}).get("ratio_at_least")
         knobs = " ".join(re.findall(r"\b(?:AUTH|INLINE)=\w+", doc.get("command", "")))
         peer = PEER_LABELS.get(doc.get("peer_mode", "minimal"))
+
+        def cpu(side):
+            c = s[side].get("cpu_us_per_req")
+            return f", server CPU {c['median']:.2f} µs/request" if c else ""
+        per_round = (doc.get("ratio_req_per_s_tensor_wasm_over_minimal") or {}).get("per_round")
+        spread = f" (rounds {min(per_round):.2f}-{max(per_round):.2f}×)" if per_round else ""
         out.append(f"| HTTP invoke throughput, `tensor-wasm serve`{' (' + knobs + ')' if knobs else ''} | "
                    f"{s['tensor_wasm']['req_per_s']['median']:.0f} req/s (p50 {s['tensor_wasm']['p50_us']['median']} µs, "
-                   f"p99 {s['tensor_wasm']['p99_us']['median']} µs) | {peer}: "
+                   f"p99 {s['tensor_wasm']['p99_us']['median']} µs{cpu('tensor_wasm')}) | {peer}: "
                    f"{s['minimal']['req_per_s']['median']:.0f} req/s (p50 {s['minimal']['p50_us']['median']} µs, "
-                   f"p99 {s['minimal']['p99_us']['median']} µs) | {float(ratio):.2f}×; req/s: higher is better | "
+                   f"p99 {s['minimal']['p99_us']['median']} µs{cpu('minimal')}) | {float(ratio):.2f}×{spread}; req/s: higher is better | "
                    f"{'≥ ' + format(target, '.2f') + '×' if target is not None else '—'} | "
                    f"{('yes' if float(ratio) >= target else '**no**') if target is not None else '—'} | "
                    f"{link(rel(path))} |")
     else:
         out.append("| HTTP invoke throughput vs the minimal axum + wasmtime server | not measured: no run file | | | — | — | — |")
+    # HTTP handlers (wasi:http components): the newest `make serve-compare` run.
+    runs = [(p, load(p)) for p in glob.glob(os.path.join(RESULTS, "serve-compare", "*.json"))]
+    if runs:
+        path, doc = max(runs, key=lambda r: r[1].get("timestamp_utc") or "")
+        cited.setdefault(path, set()).add("headline")
+        t = doc["throughput"]
+        goal = (t.get("target") or {}).get("ratio_at_least", 1.0)
+        r = t["ratio_tensor_wasm_over_wasmtime_serve"]
+        out.append(f"| HTTP handler (`wasi:http` component, hello world in C), `tensor-wasm serve` | "
+                   f"{t['median_req_per_s']['tensor_wasm']:.0f} req/s | `wasmtime serve` (wasmtime-cli of the "
+                   f"embedded wasmtime version), same component: {t['median_req_per_s']['wasmtime_serve']:.0f} req/s | "
+                   f"{r:.2f}× (rounds {min(t['per_round_ratio']):.2f}-{max(t['per_round_ratio']):.2f}×); "
+                   f"req/s: higher is better | ≥ {goal:.2f}× | {'yes' if r >= goal else '**no**'} | {link(rel(path))} |")
     # Tail latency: p99 against the p50 of the same path and run.
     path = os.path.join(RESULTS, "tail-latency.json")
     if os.path.exists(path):
