@@ -428,88 +428,76 @@ mod tests {
             r#"{{"export":"add","args":[1,2],"pad":"{}"}}"#,
             "x".repeat(3 << 20)
         );
-        let cases: Vec<(Method, String, Option<&str>, String)> = vec![
+        let case = |method: Method, uri: &str, token: Option<&str>, body: &str| {
             (
+                method,
+                uri.to_owned(),
+                token.map(str::to_owned),
+                body.to_owned(),
+            )
+        };
+        let cases = [
+            case(
                 Method::POST,
-                invoke.clone(),
+                &invoke,
                 Some(&e.tenant),
-                r#"{"export":"add","args":[40,2]}"#.into(),
+                r#"{"export":"add","args":[40,2]}"#,
             ),
-            (
+            case(
                 Method::POST,
-                invoke.clone(),
+                &invoke,
                 Some(&e.tenant),
-                r#"{"export":"add","args":[1.0,2]}"#.into(),
+                r#"{"export":"add","args":[1.0,2]}"#,
             ),
-            (
+            case(
                 Method::POST,
-                format!("{invoke}?x=1"),
+                &format!("{invoke}?x=1"),
                 Some(&e.tenant),
-                r#"{"export":"add","args":[1,2]}"#.into(),
+                r#"{"export":"add","args":[1,2]}"#,
             ),
-            (
+            case(
                 Method::POST,
-                invoke.clone(),
+                &invoke,
                 None,
-                r#"{"export":"add","args":[1,2]}"#.into(),
+                r#"{"export":"add","args":[1,2]}"#,
             ),
-            (
+            case(Method::POST, &invoke, Some("not-a-token"), "{}"),
+            case(
                 Method::POST,
-                invoke.clone(),
-                Some("not-a-token"),
-                "{}".into(),
-            ),
-            (
-                Method::POST,
-                invoke.clone(),
+                &invoke,
                 Some(&e.admin),
-                r#"{"export":"add","args":[1,2]}"#.into(),
+                r#"{"export":"add","args":[1,2]}"#,
             ),
-            (
+            case(
                 Method::POST,
-                invoke.clone(),
+                &invoke,
                 Some(&e.tenant),
-                r#"{"export":"nope","args":[]}"#.into(),
+                r#"{"export":"nope","args":[]}"#,
             ),
-            (
+            case(
                 Method::POST,
-                invoke.clone(),
+                &invoke,
                 Some(&e.tenant),
-                r#"{"export":"add","args":[1]}"#.into(),
+                r#"{"export":"add","args":[1]}"#,
             ),
-            (
+            case(Method::POST, &invoke, Some(&e.tenant), "[1, 2]"),
+            case(Method::POST, &invoke, Some(&e.tenant), "{"),
+            case(Method::POST, &invoke, Some(&e.tenant), &big),
+            case(Method::GET, &invoke, Some(&e.tenant), ""),
+            case(Method::POST, &format!("{invoke}/"), Some(&e.tenant), "{}"),
+            case(
                 Method::POST,
-                invoke.clone(),
+                "/functions/fn-000000000000000000000000/invoke",
                 Some(&e.tenant),
-                "[1, 2]".into(),
+                "{}",
             ),
-            (Method::POST, invoke.clone(), Some(&e.tenant), "{".into()),
-            (Method::POST, invoke.clone(), Some(&e.tenant), big),
-            (Method::GET, invoke.clone(), Some(&e.tenant), String::new()),
-            (
+            case(
                 Method::POST,
-                format!("{invoke}/"),
+                "/functions/fn-XYZ/invoke",
                 Some(&e.tenant),
-                "{}".into(),
+                "{}",
             ),
-            (
-                Method::POST,
-                "/functions/fn-000000000000000000000000/invoke".into(),
-                Some(&e.tenant),
-                "{}".into(),
-            ),
-            (
-                Method::POST,
-                "/functions/fn-XYZ/invoke".into(),
-                Some(&e.tenant),
-                "{}".into(),
-            ),
-            (
-                Method::POST,
-                "/functions/a/b/invoke".into(),
-                Some(&e.tenant),
-                "{}".into(),
-            ),
+            case(Method::POST, "/functions/a/b/invoke", Some(&e.tenant), "{}"),
         ];
         for (method, uri, token, body) in cases {
             let request = || {
@@ -517,7 +505,7 @@ mod tests {
                     .method(method.clone())
                     .uri(&uri)
                     .header(header::CONTENT_TYPE, "application/json");
-                if let Some(token) = token {
+                if let Some(token) = &token {
                     req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
                 }
                 req.body(Body::from(body.clone())).unwrap()
