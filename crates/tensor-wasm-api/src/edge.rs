@@ -137,7 +137,7 @@ impl Done {
     }
 }
 
-/// The response of an [`Edge`] route, finished (counted, logged, its
+/// The response of a route behind the edge layer, finished (counted, logged, its
 /// request id set) when the route has answered.
 pub struct Answer<F> {
     answer: F,
@@ -235,9 +235,9 @@ const INVOKE_ROUTE: &str = "/functions/{id}/invoke";
 /// its busiest route. `POST /functions/{id}/invoke` with a well-formed
 /// function id skips the router's path matching and its per-route wrappers
 /// and runs what the router would run for it, in the same order: the edge
-/// ([`Done`]: request id, body deadline, metrics under the route's template,
+/// (request id, body deadline, metrics under the route's template,
 /// the log line), the body-size limit, authentication and the rate check
-/// ([`admit`]), then the route's handler ([`routes::invoke_as`]). Everything
+/// (`auth::admit`), then the route's handler (`routes::invoke_as`). Everything
 /// else, a malformed id included, goes to the router.
 #[derive(Clone)]
 pub struct App {

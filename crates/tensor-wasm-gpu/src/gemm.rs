@@ -14,10 +14,11 @@
 //! - a block's running sums stay in an `MC × NC` array across its `KC` slices of `p`, so slicing
 //!   `p` does not reorder any sum (a sum is stored as an f32 between slices: exact).
 //!
-//! Compiled three times, chosen at run time ([`Isa`]): for the baseline target and for AVX2, with
-//! tiles `NR` = 8 columns wide (one 8-lane vector), and for AVX-512 with tiles 16 wide (one
-//! 16-lane vector); `TENSOR_WASM_CPU_ISA` picks a narrower one (tests, comparisons). None uses
-//! FMA: `a + b * c` stays two rounded operations, so every width gives the same bits.
+//! Compiled three times, chosen at run time ([`Isa`]): for the baseline target with tiles `NR` =
+//! 8 columns wide (one 8-lane vector), for AVX-512 with tiles 16 wide (one 16-lane vector), and
+//! for AVX2 with the same 16-wide tiles computed 6 rows at a time (two 8-lane vectors a row);
+//! `TENSOR_WASM_CPU_ISA` picks a narrower one (tests, comparisons). None uses FMA: `a + b * c`
+//! stays two rounded operations, so every width gives the same bits.
 //!
 //! A [`Gemm`] is computed in bounded steps ([`Gemm::step`]) so that the CPU backend can stop it
 //! between steps (a cancelled launch) and serve other tenants in between.
@@ -26,9 +27,9 @@ use std::fmt;
 
 /// Rows of a register tile (one broadcast value of `a` each).
 const MR: usize = 12;
-/// Columns of a register tile with 8-lane vectors (AVX2, and the baseline build).
+/// Columns of a register tile of the baseline build.
 const NR_NARROW: usize = 8;
-/// Columns of a register tile with 16-lane vectors (AVX-512).
+/// Columns of a register tile of the AVX-512 and AVX2 builds.
 const NR_WIDE: usize = 16;
 /// Values of `p` in one packed block of `a`.
 const KC: usize = 256;
@@ -65,6 +66,16 @@ pub trait Lane: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     #[cfg(target_arch = "x86_64")]
     #[doc(hidden)]
     unsafe fn tile_column_avx512(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]);
+
+    /// [`Lane::tile_column_avx512`]'s 16-wide tiles with AVX2's 8-lane vectors: each tile in
+    /// two halves of 6 rows × 2 vectors, so that the 12 sums, two vectors of `b` and the
+    /// broadcast `a` fit the 16 registers.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[doc(hidden)]
+    unsafe fn tile_column_avx2(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]);
 }
 
 impl Lane for f32 {
@@ -88,6 +99,11 @@ impl Lane for f32 {
         // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
         unsafe { avx512::tile_column_f32(kc, packed_a, panel, sums) }
     }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn tile_column_avx2(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]) {
+        // SAFETY: the caller guarantees AVX2, the function's one requirement.
+        unsafe { avx2::tile_column_f32(kc, packed_a, panel, sums) }
+    }
 }
 
 impl Lane for i32 {
@@ -110,6 +126,11 @@ impl Lane for i32 {
     unsafe fn tile_column_avx512(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]) {
         // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
         unsafe { avx512::tile_column_i32(kc, packed_a, panel, sums) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn tile_column_avx2(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]) {
+        // SAFETY: the caller guarantees AVX2, the function's one requirement.
+        unsafe { avx2::tile_column_i32(kc, packed_a, panel, sums) }
     }
 }
 
@@ -163,7 +184,7 @@ impl<T: Lane> GemmSource<T> for Matrices<'_> {
 pub enum Isa {
     /// The baseline target (SSE2 on x86-64): tiles 8 columns wide.
     Portable,
-    /// AVX2: 8-lane vectors, tiles 8 columns wide.
+    /// AVX2: 8-lane vectors, tiles 16 columns wide computed 6 rows at a time.
     Avx2,
     /// AVX-512 (F): 16-lane vectors, tiles 16 columns wide.
     Avx512,
@@ -270,8 +291,8 @@ impl<T: Lane> Gemm<T> {
     pub fn with_isa(isa: Isa, m: usize, cols: usize, k: usize, ldc: usize) -> Self {
         assert!(isa.is_available(), "this CPU lacks {}", isa.name());
         Self(match isa {
-            Isa::Avx512 => Width::Wide(Blocked::new(isa, m, cols, k, ldc)),
-            Isa::Portable | Isa::Avx2 => Width::Narrow(Blocked::new(isa, m, cols, k, ldc)),
+            Isa::Avx512 | Isa::Avx2 => Width::Wide(Blocked::new(isa, m, cols, k, ldc)),
+            Isa::Portable => Width::Narrow(Blocked::new(isa, m, cols, k, ldc)),
         })
     }
 
@@ -541,6 +562,11 @@ fn tile_column<T: Lane, const NR: usize>(
             T::tile_column_avx512(kc, packed_a, panel, sums);
         },
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for AVX2 (whose tiles are 16 wide too).
+        Isa::Avx2 if NR == NR_WIDE => unsafe {
+            T::tile_column_avx2(kc, packed_a, panel, sums);
+        },
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2, the one requirement of a `#[target_feature]` function;
         // the function is safe code.
         Isa::Avx2 => unsafe { tile_column_avx2::<T, NR>(kc, packed_a, panel, sums) },
@@ -614,6 +640,116 @@ mod avx512 {
             for (row, sums) in acc.iter().zip(tile.chunks_exact_mut(NR_WIDE)) {
                 // SAFETY: as the load.
                 unsafe { _mm512_storeu_si512(sums.as_mut_ptr().cast::<__m512i>(), *row) };
+            }
+        }
+    }
+}
+
+/// The AVX2 tiles: 16 wide as the AVX-512 ones, each computed in two halves of 6 rows (12
+/// sums in registers: two 8-lane vectors per row), `sum = sum + a * b` as two rounded
+/// operations in order of `p`, as every build.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::{
+        __m256i, _mm256_add_epi32, _mm256_add_ps, _mm256_loadu_ps, _mm256_loadu_si256,
+        _mm256_mul_ps, _mm256_mullo_epi32, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps,
+        _mm256_setzero_si256, _mm256_storeu_ps, _mm256_storeu_si256,
+    };
+
+    use super::{MR, NR_WIDE};
+
+    /// Rows of one half of a tile.
+    const HALF: usize = MR / 2;
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn tile_column_f32(kc: usize, packed_a: &[f32], panel: &[f32], sums: &mut [f32]) {
+        if kc == 0 {
+            return;
+        }
+        let panel = &panel[..kc * NR_WIDE];
+        for (a_panel, tile) in packed_a
+            .chunks_exact(kc * MR)
+            .zip(sums.chunks_exact_mut(MR * NR_WIDE))
+        {
+            for (half, rows) in tile.chunks_exact_mut(HALF * NR_WIDE).enumerate() {
+                let mut acc = [[_mm256_setzero_ps(); 2]; HALF];
+                for (row, sums) in acc.iter_mut().zip(rows.chunks_exact(NR_WIDE)) {
+                    // SAFETY: `sums` holds NR_WIDE = 16 f32: two unaligned 32-byte loads.
+                    *row = unsafe {
+                        [
+                            _mm256_loadu_ps(sums.as_ptr()),
+                            _mm256_loadu_ps(sums.as_ptr().add(8)),
+                        ]
+                    };
+                }
+                for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks_exact(NR_WIDE)) {
+                    // SAFETY: `b` holds 16 f32.
+                    let b = unsafe {
+                        [
+                            _mm256_loadu_ps(b.as_ptr()),
+                            _mm256_loadu_ps(b.as_ptr().add(8)),
+                        ]
+                    };
+                    for (row, &a) in acc.iter_mut().zip(&a[half * HALF..][..HALF]) {
+                        let a = _mm256_set1_ps(a);
+                        row[0] = _mm256_add_ps(row[0], _mm256_mul_ps(a, b[0]));
+                        row[1] = _mm256_add_ps(row[1], _mm256_mul_ps(a, b[1]));
+                    }
+                }
+                for (row, sums) in acc.iter().zip(rows.chunks_exact_mut(NR_WIDE)) {
+                    // SAFETY: as the loads.
+                    unsafe {
+                        _mm256_storeu_ps(sums.as_mut_ptr(), row[0]);
+                        _mm256_storeu_ps(sums.as_mut_ptr().add(8), row[1]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn tile_column_i32(kc: usize, packed_a: &[i32], panel: &[i32], sums: &mut [i32]) {
+        if kc == 0 {
+            return;
+        }
+        let panel = &panel[..kc * NR_WIDE];
+        let vector = |at: *const i32| at.cast::<__m256i>();
+        for (a_panel, tile) in packed_a
+            .chunks_exact(kc * MR)
+            .zip(sums.chunks_exact_mut(MR * NR_WIDE))
+        {
+            for (half, rows) in tile.chunks_exact_mut(HALF * NR_WIDE).enumerate() {
+                let mut acc = [[_mm256_setzero_si256(); 2]; HALF];
+                for (row, sums) in acc.iter_mut().zip(rows.chunks_exact(NR_WIDE)) {
+                    // SAFETY: `sums` holds NR_WIDE = 16 i32: two unaligned 32-byte loads.
+                    *row = unsafe {
+                        [
+                            _mm256_loadu_si256(vector(sums.as_ptr())),
+                            _mm256_loadu_si256(vector(sums.as_ptr().add(8))),
+                        ]
+                    };
+                }
+                for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks_exact(NR_WIDE)) {
+                    // SAFETY: `b` holds 16 i32.
+                    let b = unsafe {
+                        [
+                            _mm256_loadu_si256(vector(b.as_ptr())),
+                            _mm256_loadu_si256(vector(b.as_ptr().add(8))),
+                        ]
+                    };
+                    for (row, &a) in acc.iter_mut().zip(&a[half * HALF..][..HALF]) {
+                        let a = _mm256_set1_epi32(a);
+                        row[0] = _mm256_add_epi32(row[0], _mm256_mullo_epi32(a, b[0]));
+                        row[1] = _mm256_add_epi32(row[1], _mm256_mullo_epi32(a, b[1]));
+                    }
+                }
+                for (row, sums) in acc.iter().zip(rows.chunks_exact_mut(NR_WIDE)) {
+                    // SAFETY: as the loads.
+                    unsafe {
+                        _mm256_storeu_si256(sums.as_mut_ptr().cast::<__m256i>(), row[0]);
+                        _mm256_storeu_si256(sums.as_mut_ptr().add(8).cast::<__m256i>(), row[1]);
+                    }
+                }
             }
         }
     }
