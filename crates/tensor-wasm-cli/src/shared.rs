@@ -1,4 +1,4 @@
-//! `serve` over the shared store (`--store postgres://… --blob-store s3://…`, issue 19) or the
+//! `serve` over the shared store (`--store postgres://… --blob-store s3://…`) or the
 //! embedded one, and `tensor-wasm migrate`.
 //!
 //! With the shared store, function records, snapshots, tenants and the admin token live in

@@ -1,4 +1,4 @@
-//! HTTP-handler components (issue 20): `examples/components/python/http_app.py`, built by
+//! HTTP-handler components: `examples/components/python/http_app.py`, built by
 //! componentize-py against the `wasi:http` WIT the server implements, deployed to a real
 //! `tensor-wasm serve` and called at `/functions/{id}/http/{path}` and
 //! `/functions/by-name/{name}/http/{path}` over real sockets: methods, paths, queries,

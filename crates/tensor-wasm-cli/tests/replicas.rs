@@ -1,4 +1,4 @@
-//! Scale-out end to end (issue 19, test 1): three real `tensor-wasm serve` processes, each on
+//! Scale-out end to end: three real `tensor-wasm serve` processes, each on
 //! its own port and data dir, over one shared store on a real PostgreSQL 15 and a real S3
 //! server (both started here). A function deployed on one is served by the others at once;
 //! deleted on one, the others answer 404 within a second; a token created on one works on the

@@ -632,7 +632,7 @@ fn inline_calls_can_be_turned_off() {
         .is_none());
 }
 
-/// Regression test (issue 17, item 2): an inline call runs on an async
+/// Regression test: an inline call runs on an async
 /// thread, where one `memory.fill` over a large memory is a single
 /// uninterruptible operation. Only modules small in their worst case run
 /// inline: a call growing memory past the inline cap (8 MiB by default) is cut
@@ -693,7 +693,7 @@ fn inline_calls_may_not_grow_past_the_inline_cap() {
     assert_eq!(overran(), 1, "not tried, so not an overrun");
 }
 
-/// Issue 17, item 12: once a tenant is retired, no deploy of it stores
+/// Once a tenant is retired, no deploy of it stores
 /// anything (module or record), while other tenants deploy as before.
 #[test]
 fn a_retired_tenant_gets_no_new_functions() {
