@@ -17,10 +17,8 @@
 use anyhow::{anyhow, bail, Context as _};
 use sha2::{Digest, Sha256};
 use tensor_wasm_gpu::{launch, Backend, BuiltinKernel, KernelArg, LaunchConfig, TenantKey};
-use tensor_wasm_jit::conformance::BLUEPRINT_KINDS;
-use tensor_wasm_jit::{
-    conv2d_output_size, Blueprint, BlueprintKind, CompiledBlueprint, Dtype, Shape,
-};
+use tensor_wasm_jit::conformance::blueprint_kinds;
+use tensor_wasm_jit::{Blueprint, CompiledBlueprint, Dtype, ParamKind, Shape};
 use tensor_wasm_runtime::abi::tag;
 
 /// Size of a plan.
@@ -365,70 +363,46 @@ fn record(arg: &KernelArg) -> (u32, u32, u64) {
 
 /// A plan for `blueprint` over `shape`, with buffers filled from `seed`.
 pub fn blueprint_plan(blueprint: &Blueprint, shape: Shape, seed: u32) -> anyhow::Result<Plan> {
-    let elements: Vec<u64> = match (blueprint.kind(), shape) {
-        (BlueprintKind::Elementwise(op), Shape::Elements { n }) => {
-            vec![u64::from(n); op.inputs() + 1]
-        }
-        (BlueprintKind::VectorAdd { .. }, Shape::Elements { n }) => vec![u64::from(n); 3],
-        (BlueprintKind::Reduce(_), Shape::Rows { rows, cols }) => {
-            vec![u64::from(rows) * u64::from(cols), u64::from(rows)]
-        }
-        (BlueprintKind::Matmul(_), Shape::Matmul { m, n, k }) => {
-            let (m, n, k) = (u64::from(m), u64::from(n), u64::from(k));
-            vec![m * k, k * n, m * n]
-        }
-        (BlueprintKind::Conv2d(params), Shape::Conv2d { n, c, h, w, k }) => {
-            let (p, q) = conv2d_output_size(params, h, w);
-            let (n, c, h, w, k) = (
-                u64::from(n),
-                u64::from(c),
-                u64::from(h),
-                u64::from(w),
-                u64::from(k),
-            );
-            vec![
-                n * c * h * w,
-                k * c * u64::from(params.r) * u64::from(params.s),
-                n * k * p * q,
-            ]
-        }
-        _ => bail!("{blueprint} does not take {shape:?}"),
-    };
-    let scalars: Vec<u32> = match shape {
-        Shape::Elements { n } => vec![n],
-        Shape::Rows { rows, cols } => vec![rows, cols],
-        Shape::Matmul { m, n, k } => vec![m, n, k],
-        Shape::Conv2d { n, c, h, w, k } => vec![n, c, h, w, k],
-    };
+    let elements = blueprint
+        .buffer_elements(&shape)
+        .into_iter()
+        .collect::<Option<Vec<u64>>>()
+        .with_context(|| format!("{blueprint} over {shape:?}: buffers too large"))?;
+    if elements.is_empty() {
+        bail!("{blueprint} does not take {shape:?}");
+    }
+    let mut scalars = shape.sizes().into_iter();
     let dtype = blueprint.dtype();
     let mut layout = Layout::new();
     let mut args = Vec::new();
     let mut fills = Vec::new();
     let last = elements.len() - 1;
-    for (i, count) in elements.iter().enumerate() {
-        let arg = layout.take(4 * count);
-        let (offset, len) = offset_len(&arg);
-        let fill = if i == last {
-            Fill::Byte(0xA5)
-        } else if dtype == Dtype::F32 {
-            Fill::F32(seed.wrapping_mul(31).wrapping_add(i as u32 + 1))
-        } else {
-            Fill::I32(seed.wrapping_mul(31).wrapping_add(i as u32 + 1))
-        };
-        fills.push((offset, len, fill));
-        args.push(arg);
+    let mut buffers = elements.iter().enumerate();
+    let mut out = (0, 0);
+    for param in blueprint.params() {
+        match param.kind {
+            ParamKind::Input | ParamKind::Output => {
+                let (i, count) = buffers.next().context("a buffer per buffer parameter")?;
+                let arg = layout.take(4 * count);
+                let (offset, len) = offset_len(&arg);
+                let fill = if i == last {
+                    out = (offset, len);
+                    Fill::Byte(0xA5)
+                } else if dtype == Dtype::F32 {
+                    Fill::F32(seed.wrapping_mul(31).wrapping_add(i as u32 + 1))
+                } else {
+                    Fill::I32(seed.wrapping_mul(31).wrapping_add(i as u32 + 1))
+                };
+                fills.push((offset, len, fill));
+                args.push(arg);
+            }
+            ParamKind::U32 => args.push(KernelArg::U32(
+                scalars.next().context("a size per u32 parameter")?,
+            )),
+            ParamKind::F32 => args.push(KernelArg::F32(1.75)),
+            ParamKind::I32 => args.push(KernelArg::I32(-3)),
+        }
     }
-    let out = offset_len(&args[last]);
-    if matches!(
-        blueprint.kind(),
-        BlueprintKind::Elementwise(tensor_wasm_jit::ElementwiseOp::Scale)
-    ) {
-        args.push(match dtype {
-            Dtype::F32 => KernelArg::F32(1.75),
-            Dtype::I32 => KernelArg::I32(-3),
-        });
-    }
-    args.extend(scalars.into_iter().map(KernelArg::U32));
     let config = blueprint.launch_config(&shape)?;
     let plan = Plan {
         name: format!("{}@{}", blueprint.descriptor(), shape_text(&shape)),
@@ -530,59 +504,26 @@ fn shape_text(shape: &Shape) -> String {
         Shape::Rows { rows, cols } => format!("{rows}x{cols}"),
         Shape::Matmul { m, n, k } => format!("{m}x{n}x{k}"),
         Shape::Conv2d { n, c, h, w, k } => format!("n{n}c{c}h{h}w{w}k{k}"),
+        other => other
+            .sizes()
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join("x"),
     }
 }
 
-/// Every blueprint kind of the conformance set (`tensor_wasm_jit::conformance::BLUEPRINT_KINDS`)
+/// Every blueprint kind of the conformance set (`tensor_wasm_jit::conformance::blueprint_kinds`)
 /// in f32 and i32 (where defined) with `shapes` shapes
 /// each (1 or 2), then the builtins.
 pub fn catalogue(shapes: usize) -> anyhow::Result<Vec<Plan>> {
     let mut plans = Vec::new();
-    for kernel in BLUEPRINT_KINDS {
+    for kernel in blueprint_kinds() {
         for dtype in ["f32", "i32"] {
             let Ok(blueprint) = Blueprint::parse(&format!("{kernel}:{dtype}")) else {
                 continue; // elementwise[div] is f32 only
             };
-            let candidates: [Shape; 2] = match blueprint.kind() {
-                BlueprintKind::Elementwise(_) | BlueprintKind::VectorAdd { .. } => {
-                    [Shape::Elements { n: 1003 }, Shape::Elements { n: 70_001 }]
-                }
-                BlueprintKind::Reduce(_) => [
-                    Shape::Rows { rows: 7, cols: 333 },
-                    Shape::Rows {
-                        rows: 64,
-                        cols: 4099,
-                    },
-                ],
-                BlueprintKind::Matmul(_) => [
-                    Shape::Matmul {
-                        m: 37,
-                        n: 53,
-                        k: 29,
-                    },
-                    Shape::Matmul {
-                        m: 130,
-                        n: 96,
-                        k: 257,
-                    },
-                ],
-                BlueprintKind::Conv2d(_) => [
-                    Shape::Conv2d {
-                        n: 2,
-                        c: 3,
-                        h: 17,
-                        w: 13,
-                        k: 4,
-                    },
-                    Shape::Conv2d {
-                        n: 1,
-                        c: 8,
-                        h: 40,
-                        w: 33,
-                        k: 6,
-                    },
-                ],
-            };
+            let candidates = blueprint.suite_shapes();
             for shape in candidates.into_iter().take(shapes) {
                 let seed = seed_of(&format!("{blueprint}@{shape:?}"));
                 plans.push(blueprint_plan(&blueprint, shape, seed)?);

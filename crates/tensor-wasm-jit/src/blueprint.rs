@@ -3,6 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::kinds::{parse_kind, with_kind, BlueprintKind, Kind, KIND_NAMES};
 use crate::JitError;
 
 /// Longest descriptor the parser reads, in bytes.
@@ -25,134 +26,6 @@ impl Dtype {
             Dtype::I32 => "i32",
         }
     }
-}
-
-/// An element-wise operation: `out[i] = op(inputs[i]...)`.
-///
-/// `max(a, b)` is `a > b ? a : b` and `min(a, b)` is `a < b ? a : b` (so a NaN `a` gives `b`);
-/// `relu(x)` is `x > 0 ? x : +0`. These are spelled out because the hardware `max` instruction
-/// and Rust's `f32::max` leave signed zeros unspecified.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ElementwiseOp {
-    /// `a + b`.
-    Add,
-    /// `a - b`.
-    Sub,
-    /// `a * b`.
-    Mul,
-    /// `a / b` (f32 only: integer division by zero has no portable result).
-    Div,
-    /// `a > b ? a : b`.
-    Max,
-    /// `a < b ? a : b`.
-    Min,
-    /// `x > 0 ? x : 0`.
-    Relu,
-    /// `alpha * x` with a scalar `alpha`.
-    Scale,
-    /// `a * b + c` with a single rounding (fused multiply-add; wrapping `a*b+c` for i32).
-    Fma,
-}
-
-impl ElementwiseOp {
-    /// Every operation, in descriptor order.
-    pub const ALL: [ElementwiseOp; 9] = [
-        ElementwiseOp::Add,
-        ElementwiseOp::Sub,
-        ElementwiseOp::Mul,
-        ElementwiseOp::Div,
-        ElementwiseOp::Max,
-        ElementwiseOp::Min,
-        ElementwiseOp::Relu,
-        ElementwiseOp::Scale,
-        ElementwiseOp::Fma,
-    ];
-
-    /// The descriptor spelling (`add`, `relu`, ...).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ElementwiseOp::Add => "add",
-            ElementwiseOp::Sub => "sub",
-            ElementwiseOp::Mul => "mul",
-            ElementwiseOp::Div => "div",
-            ElementwiseOp::Max => "max",
-            ElementwiseOp::Min => "min",
-            ElementwiseOp::Relu => "relu",
-            ElementwiseOp::Scale => "scale",
-            ElementwiseOp::Fma => "fma",
-        }
-    }
-
-    /// How many input buffers the operation reads (1 for `relu` and `scale`, 3 for `fma`).
-    pub fn inputs(&self) -> usize {
-        match self {
-            ElementwiseOp::Relu | ElementwiseOp::Scale => 1,
-            ElementwiseOp::Fma => 3,
-            _ => 2,
-        }
-    }
-}
-
-/// The combining operation of a reduction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReduceOp {
-    /// `acc + x`, starting from `+0`.
-    Sum,
-    /// `x > acc ? x : acc`, starting from `-inf` (f32) or `i32::MIN`; NaNs are skipped.
-    Max,
-}
-
-impl ReduceOp {
-    /// The descriptor spelling: `sum` or `max`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Max => "max",
-        }
-    }
-}
-
-/// Tile of a shared-memory tiled matmul: a block computes `m` × `n` outputs with one thread each
-/// (block = `[n, m, 1]`) and stages `k` columns of A and rows of B per step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct MatmulTile {
-    /// Output rows per block (block y).
-    pub m: u32,
-    /// Output columns per block (block x).
-    pub n: u32,
-    /// Depth of one shared-memory step.
-    pub k: u32,
-}
-
-/// Filter size, stride and zero padding of a direct 2-D convolution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Conv2dParams {
-    /// Filter height.
-    pub r: u32,
-    /// Filter width.
-    pub s: u32,
-    /// Step between output pixels, in input pixels (both axes).
-    pub stride: u32,
-    /// Zero padding on every side of the input (both axes).
-    pub pad: u32,
-}
-
-/// What a blueprint computes, without its element type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BlueprintKind {
-    /// `elementwise[OP]`: one element per thread.
-    Elementwise(ElementwiseOp),
-    /// `vector_add[N]`: `out = a + b`, `lanes` consecutive elements per thread.
-    VectorAdd {
-        /// Elements per thread: 1, 2, 4, 8 or 16.
-        lanes: u32,
-    },
-    /// `reduce[OP]`: one output per row of a rows × cols row-major matrix.
-    Reduce(ReduceOp),
-    /// `matmul[TMxTNxTK]`: C (m × n) = A (m × k) · B (k × n), row-major.
-    Matmul(MatmulTile),
-    /// `conv2d[RxS,sT,pP]`: NCHW input, KCRS weights, NKPQ output.
-    Conv2d(Conv2dParams),
 }
 
 /// A validated kernel description: what to compute and on which element type.
@@ -200,62 +73,7 @@ impl Blueprint {
     /// # Errors
     /// [`JitError::InvalidBlueprint`] saying which limit is exceeded.
     pub fn new(kind: BlueprintKind, dtype: Dtype) -> Result<Self, JitError> {
-        let invalid = |reason: String| Err(JitError::InvalidBlueprint(reason));
-        match kind {
-            BlueprintKind::Elementwise(ElementwiseOp::Div) if dtype == Dtype::I32 => {
-                return invalid("elementwise[div] is only defined for f32".into());
-            }
-            BlueprintKind::VectorAdd { lanes } if !matches!(lanes, 1 | 2 | 4 | 8 | 16) => {
-                return invalid(format!(
-                    "vector_add lanes must be 1, 2, 4, 8 or 16, not {lanes}"
-                ));
-            }
-            BlueprintKind::Matmul(tile) => {
-                for (side, value) in [("m", tile.m), ("n", tile.n), ("k", tile.k)] {
-                    if !(1..=64).contains(&value) {
-                        return invalid(format!(
-                            "matmul tile {side} must be in 1..=64, not {value}"
-                        ));
-                    }
-                }
-                if tile.m * tile.n > MAX_THREADS {
-                    return invalid(format!(
-                        "matmul tile {}x{} needs {} threads per block, more than {MAX_THREADS}",
-                        tile.m,
-                        tile.n,
-                        tile.m * tile.n
-                    ));
-                }
-                let shared = 4 * (tile.m * tile.k + tile.k * tile.n);
-                if shared > MAX_SHARED {
-                    return invalid(format!(
-                        "matmul tile needs {shared} bytes of shared memory, more than {MAX_SHARED}"
-                    ));
-                }
-            }
-            BlueprintKind::Conv2d(params) => {
-                for (what, value) in [("r", params.r), ("s", params.s)] {
-                    if !(1..=11).contains(&value) {
-                        return invalid(format!(
-                            "conv2d filter {what} must be in 1..=11, not {value}"
-                        ));
-                    }
-                }
-                if !(1..=8).contains(&params.stride) {
-                    return invalid(format!(
-                        "conv2d stride must be in 1..=8, not {}",
-                        params.stride
-                    ));
-                }
-                if params.pad >= params.r.min(params.s) {
-                    return invalid(format!(
-                        "conv2d padding {} must be smaller than the filter ({}x{})",
-                        params.pad, params.r, params.s
-                    ));
-                }
-            }
-            _ => {}
-        }
+        with_kind!(kind, |k| k.check(dtype)).map_err(JitError::InvalidBlueprint)?;
         Ok(Self { kind, dtype })
     }
 
@@ -305,15 +123,9 @@ impl Blueprint {
 
 impl fmt::Display for Blueprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.kind {
-            BlueprintKind::Elementwise(op) => write!(f, "elementwise[{}]", op.as_str())?,
-            BlueprintKind::VectorAdd { lanes } => write!(f, "vector_add[{lanes}]")?,
-            BlueprintKind::Reduce(op) => write!(f, "reduce[{}]", op.as_str())?,
-            BlueprintKind::Matmul(t) => write!(f, "matmul[{}x{}x{}]", t.m, t.n, t.k)?,
-            BlueprintKind::Conv2d(p) => {
-                write!(f, "conv2d[{}x{},s{},p{}]", p.r, p.s, p.stride, p.pad)?
-            }
-        }
+        write!(f, "{}[", self.kind.name())?;
+        with_kind!(&self.kind, |k| k.write_params(f))?;
+        f.write_str("]")?;
         write!(f, ":{}", self.dtype.as_str())
     }
 }
@@ -362,89 +174,13 @@ fn parse(descriptor: &str) -> Result<Blueprint, JitError> {
     if params.contains(['[', ']']) {
         return fail("unbalanced brackets");
     }
-    let kind = match name {
-        "elementwise" => {
-            let Some(op) = ElementwiseOp::ALL
-                .into_iter()
-                .find(|op| op.as_str() == params)
-            else {
-                return fail(
-                    "unknown element-wise op (add, sub, mul, div, max, min, relu, scale, fma)",
-                );
-            };
-            BlueprintKind::Elementwise(op)
-        }
-        "vector_add" => BlueprintKind::VectorAdd {
-            lanes: parse_int(descriptor, params)?,
-        },
-        "reduce" => match params {
-            "sum" => BlueprintKind::Reduce(ReduceOp::Sum),
-            "max" => BlueprintKind::Reduce(ReduceOp::Max),
-            _ => return fail("reduce takes sum or max"),
-        },
-        "matmul" => {
-            let sides: Vec<&str> = params.split('x').collect();
-            let [m, n, k] = sides[..] else {
-                return fail("matmul takes a tile MxNxK, e.g. matmul[16x16x16]");
-            };
-            BlueprintKind::Matmul(MatmulTile {
-                m: parse_int(descriptor, m)?,
-                n: parse_int(descriptor, n)?,
-                k: parse_int(descriptor, k)?,
-            })
-        }
-        "conv2d" => BlueprintKind::Conv2d(parse_conv2d(descriptor, params)?),
-        _ => return fail("unknown kernel (elementwise, vector_add, reduce, matmul, conv2d)"),
-    };
-    Blueprint::new(kind, dtype)
-}
-
-fn parse_conv2d(descriptor: &str, params: &str) -> Result<Conv2dParams, JitError> {
-    let mut parts = params.split(',');
-    let filter = parts.next().unwrap_or_default();
-    let Some((r, s)) = filter.split_once('x') else {
+    let Some(kind) = parse_kind(descriptor, name, params) else {
         return Err(JitError::parse(
             descriptor,
-            "conv2d takes a filter RxS, e.g. conv2d[3x3,s1,p1]",
+            format!("unknown kernel ({})", KIND_NAMES.join(", ")),
         ));
     };
-    let mut conv = Conv2dParams {
-        r: parse_int(descriptor, r)?,
-        s: parse_int(descriptor, s)?,
-        stride: 1,
-        pad: 0,
-    };
-    let mut next = parts.next();
-    if let Some(stride) = next.and_then(|part| part.strip_prefix('s')) {
-        conv.stride = parse_int(descriptor, stride)?;
-        next = parts.next();
-    }
-    if let Some(pad) = next.and_then(|part| part.strip_prefix('p')) {
-        conv.pad = parse_int(descriptor, pad)?;
-        next = parts.next();
-    }
-    if next.is_some() {
-        return Err(JitError::parse(
-            descriptor,
-            "conv2d options are ,sSTRIDE then ,pPADDING",
-        ));
-    }
-    Ok(conv)
-}
-
-fn parse_int(descriptor: &str, text: &str) -> Result<u32, JitError> {
-    let valid = !text.is_empty()
-        && text.len() <= 4
-        && text.bytes().all(|b| b.is_ascii_digit())
-        && (text == "0" || !text.starts_with('0'));
-    if !valid {
-        return Err(JitError::parse(
-            descriptor,
-            format!("{text:?} is not a number (1 to 4 digits, no leading zero)"),
-        ));
-    }
-    text.parse()
-        .map_err(|_| JitError::parse(descriptor, format!("{text:?} is not a number")))
+    Blueprint::new(kind?, dtype)
 }
 
 #[cfg(test)]

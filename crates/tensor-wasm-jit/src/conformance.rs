@@ -6,7 +6,7 @@
 //! run (`tensor-wasm-ptx-emu/tests/conformance`, random cases plus the fixed ones here), the
 //! `ptxas` test of this crate, and the GPU suite (`gpu-suite bit-identity` runs the fixed
 //! cases on a GPU and compares the memory with a record the CPU backend made at build time;
-//! `correctness` and `http-check` launch [`BLUEPRINT_KINDS`] through the runtime).
+//! `correctness` and `http-check` launch [`blueprint_kinds`] through the runtime).
 //!
 //! A case is a whole guest memory: buffers at 64-byte-aligned offsets separated by gaps of
 //! [`CANARY`] words, inputs filled with edge values (NaN, ±Inf, subnormals, full-range
@@ -15,52 +15,20 @@
 
 use tensor_wasm_gpu::{BuiltinKernel, KernelArg, LaunchConfig};
 
-use crate::{conv2d_output_size, Blueprint, BlueprintKind, Dtype, ParamKind, Shape};
+use crate::kinds::{with_kind, Kind};
+use crate::{Blueprint, Dtype, ParamKind};
 
-/// Every blueprint kind with the parameter choices checked, each in f32 and i32 where the kind
-/// is defined (`elementwise[div]` is f32 only): [`blueprints`].
-pub const BLUEPRINT_KINDS: [&str; 34] = [
-    "elementwise[add]",
-    "elementwise[sub]",
-    "elementwise[mul]",
-    "elementwise[div]",
-    "elementwise[max]",
-    "elementwise[min]",
-    "elementwise[relu]",
-    "elementwise[scale]",
-    "elementwise[fma]",
-    "vector_add[1]",
-    "vector_add[2]",
-    "vector_add[4]",
-    "vector_add[8]",
-    "vector_add[16]",
-    "reduce[sum]",
-    "reduce[max]",
-    "matmul[16x16x16]",
-    "matmul[32x32x8]",
-    "matmul[8x32x4]",
-    "matmul[1x1x1]",
-    "matmul[64x16x64]",
-    "matmul[3x5x7]",
-    "matmul[4x4x8]",
-    "matmul[2x64x3]",
-    "conv2d[3x3]",
-    "conv2d[3x3,p1]",
-    "conv2d[3x3,s2,p1]",
-    "conv2d[1x1]",
-    "conv2d[5x3,p2]",
-    "conv2d[2x2,s2]",
-    "conv2d[5x7,s3,p4]",
-    "conv2d[11x11,s8,p10]",
-    "conv2d[1x1,s2]",
-    "conv2d[7x7,s2,p3]",
-];
+/// Every blueprint kind with the parameter choices checked (each kind's examples, in catalogue
+/// order), each in f32 and i32 where the kind is defined: [`blueprints`].
+pub fn blueprint_kinds() -> Vec<&'static str> {
+    crate::kinds::examples()
+}
 
-/// [`BLUEPRINT_KINDS`] in f32, then in i32 (where defined).
+/// [`blueprint_kinds`] in f32, then in i32 (where defined).
 pub fn blueprints() -> Vec<Blueprint> {
     let mut out = Vec::new();
     for dtype in ["f32", "i32"] {
-        for kind in BLUEPRINT_KINDS {
+        for kind in blueprint_kinds() {
             if let Ok(blueprint) = Blueprint::parse(&format!("{kind}:{dtype}")) {
                 out.push(blueprint);
             }
@@ -291,60 +259,18 @@ pub fn fixed_cases(blueprint: &Blueprint, count: usize) -> Vec<Case> {
 
 /// Random cases per blueprint of the interpreter's run: more for the cheap kinds.
 pub fn random_case_count(blueprint: &Blueprint) -> u32 {
-    match blueprint.kind() {
-        BlueprintKind::Elementwise(_) | BlueprintKind::VectorAdd { .. } => 32,
-        BlueprintKind::Reduce(_) => 24,
-        BlueprintKind::Matmul(_) | BlueprintKind::Conv2d(_) => 16,
-    }
+    blueprint.kind().random_cases()
 }
 
 /// The launch of `blueprint` for `case`: configuration, arguments and initial memory.
 pub fn build(blueprint: &Blueprint, case: &Case) -> (LaunchConfig, Vec<KernelArg>, Layout) {
-    let d = case.dims;
-    let shape = match blueprint.kind() {
-        BlueprintKind::Elementwise(_) | BlueprintKind::VectorAdd { .. } => {
-            Shape::Elements { n: d[0] }
-        }
-        BlueprintKind::Reduce(_) => Shape::Rows {
-            rows: d[0] % 4,
-            cols: d[1],
-        },
-        BlueprintKind::Matmul(_) => Shape::Matmul {
-            m: d[0] % 21,
-            n: d[1] % 21,
-            k: d[2] % 21,
-        },
-        BlueprintKind::Conv2d(_) => Shape::Conv2d {
-            n: 1 + d[0] % 2,
-            c: 1 + d[1] % 3,
-            h: d[2] % 10,
-            w: d[3] % 10,
-            k: 1 + d[4] % 3,
-        },
-    };
-    let elements: Vec<usize> = match shape {
-        Shape::Elements { n } => {
-            let buffers = blueprint
-                .params()
-                .iter()
-                .filter(|p| matches!(p.kind, ParamKind::Input | ParamKind::Output))
-                .count();
-            vec![n as usize; buffers]
-        }
-        Shape::Rows { rows, cols } => vec![(rows * cols) as usize, rows as usize],
-        Shape::Matmul { m, n, k } => vec![(m * k) as usize, (k * n) as usize, (m * n) as usize],
-        Shape::Conv2d { n, c, h, w, k } => {
-            let BlueprintKind::Conv2d(params) = blueprint.kind() else {
-                unreachable!("a conv2d shape for a conv2d blueprint")
-            };
-            let (p, q) = conv2d_output_size(params, h, w);
-            vec![
-                (n * c * h * w) as usize,
-                (k * c * params.r * params.s) as usize,
-                (u64::from(n * k) * p * q) as usize,
-            ]
-        }
-    };
+    let shape = with_kind!(blueprint.kind(), |k| k.case_shape(case.dims));
+    // Validation refuses a shape whose buffers do not fit: the cases are small.
+    let elements: Vec<usize> = blueprint
+        .buffer_elements(&shape)
+        .into_iter()
+        .map(|count| count.expect("a small case") as usize)
+        .collect();
     let lens: Vec<usize> = elements.iter().map(|e| 4 * (e + case.slack)).collect();
     let mut layout = Layout::new(&lens);
     let mut rng = Rng(case.seed);
@@ -352,12 +278,7 @@ pub fn build(blueprint: &Blueprint, case: &Case) -> (LaunchConfig, Vec<KernelArg
     for (index, &count) in elements.iter().enumerate().take(inputs) {
         layout.fill(index, count, blueprint.dtype(), &mut rng);
     }
-    let scalars: Vec<u32> = match shape {
-        Shape::Elements { n } => vec![n],
-        Shape::Rows { rows, cols } => vec![rows, cols],
-        Shape::Matmul { m, n, k } => vec![m, n, k],
-        Shape::Conv2d { n, c, h, w, k } => vec![n, c, h, w, k],
-    };
+    let scalars = shape.sizes();
     let (mut buffer, mut scalar) = (0, 0);
     let mut args: Vec<KernelArg> = blueprint
         .params()
@@ -375,11 +296,7 @@ pub fn build(blueprint: &Blueprint, case: &Case) -> (LaunchConfig, Vec<KernelArg
             ParamKind::I32 => KernelArg::I32(rng.i32_bits() as i32),
         })
         .collect();
-    let elementwise = matches!(
-        blueprint.kind(),
-        BlueprintKind::Elementwise(_) | BlueprintKind::VectorAdd { .. }
-    );
-    if case.in_place && elementwise {
+    if case.in_place && with_kind!(blueprint.kind(), |k| k.in_place()) {
         let output = blueprint
             .params()
             .iter()
@@ -388,12 +305,7 @@ pub fn build(blueprint: &Blueprint, case: &Case) -> (LaunchConfig, Vec<KernelArg
         args[output] = layout.arg(0);
     }
     let mut config = blueprint.launch_config(&shape).expect("launch config");
-    let used = match blueprint.kind() {
-        BlueprintKind::Matmul(_) => 2,
-        BlueprintKind::Conv2d(_) => 3,
-        _ => 1,
-    };
-    for axis in 0..used {
+    for axis in 0..blueprint.grid_axes() {
         let grid = i64::from(config.grid[axis]) + i64::from(case.grid_delta[axis]);
         config.grid[axis] = grid.max(1) as u32;
     }
@@ -706,10 +618,20 @@ mod tests {
 
     #[test]
     fn every_kind_parses_in_some_dtype_and_the_list_has_no_repeats() {
-        let set: std::collections::BTreeSet<_> = BLUEPRINT_KINDS.iter().collect();
-        assert_eq!(set.len(), BLUEPRINT_KINDS.len());
-        // Every kind in f32 and in i32, except elementwise[div] (f32 only).
-        assert_eq!(blueprints().len(), 2 * BLUEPRINT_KINDS.len() - 1);
+        let kinds = blueprint_kinds();
+        let set: std::collections::BTreeSet<_> = kinds.iter().collect();
+        assert_eq!(set.len(), kinds.len());
+        for kind in &kinds {
+            let parses = |dtype| Blueprint::parse(&format!("{kind}:{dtype}")).is_ok();
+            assert!(parses("f32") || parses("i32"), "{kind} parses in no dtype");
+        }
+        // Every example of every kind of the catalogue is in the set.
+        for name in crate::KIND_NAMES {
+            assert!(
+                kinds.iter().any(|k| k.starts_with(&format!("{name}["))),
+                "{name}"
+            );
+        }
     }
 
     #[test]

@@ -3,7 +3,8 @@
 
 use tensor_wasm_gpu::{KernelArg, LaunchConfig, MAX_GRID_X, MAX_GRID_YZ};
 
-use crate::{Blueprint, BlueprintKind, Conv2dParams, Dtype, ElementwiseOp, JitError};
+use crate::kinds::{with_kind, Kind};
+use crate::{Blueprint, JitError};
 
 /// Threads per block of the one-dimensional kernels (element-wise, vector_add, reduce, conv2d).
 pub const BLOCK_1D: u32 = 256;
@@ -45,6 +46,41 @@ pub enum Shape {
         /// Output channels.
         k: u32,
     },
+    /// The `u32` scalars of kinds without a shape of their own, in parameter order: `len` of
+    /// them, the other slots 0 ([`Shape::of_sizes`]).
+    Sizes {
+        /// How many of `values` are used.
+        len: u8,
+        /// The scalars.
+        values: [u32; MAX_SIZES],
+    },
+}
+
+/// Most `u32` scalars a [`Shape::Sizes`] holds.
+pub const MAX_SIZES: usize = 8;
+
+impl Shape {
+    /// A [`Shape::Sizes`] of `sizes` (at most [`MAX_SIZES`]; more are dropped).
+    pub fn of_sizes(sizes: &[u32]) -> Shape {
+        let mut values = [0; MAX_SIZES];
+        let len = sizes.len().min(MAX_SIZES);
+        values[..len].copy_from_slice(&sizes[..len]);
+        Shape::Sizes {
+            len: len as u8,
+            values,
+        }
+    }
+
+    /// The `u32` scalars of a launch of this shape, in parameter order.
+    pub fn sizes(&self) -> Vec<u32> {
+        match *self {
+            Shape::Elements { n } => vec![n],
+            Shape::Rows { rows, cols } => vec![rows, cols],
+            Shape::Matmul { m, n, k } => vec![m, n, k],
+            Shape::Conv2d { n, c, h, w, k } => vec![n, c, h, w, k],
+            Shape::Sizes { len, values } => values[..usize::from(len)].to_vec(),
+        }
+    }
 }
 
 /// The type a kernel parameter has.
@@ -71,22 +107,11 @@ pub struct Param {
     pub kind: ParamKind,
 }
 
-const fn param(name: &'static str, kind: ParamKind) -> Param {
-    Param { name, kind }
-}
-
-/// Output height and width of a convolution over an `h` × `w` input:
-/// `(h + 2·pad − r) / stride + 1`, or 0 when the padded input is smaller than the filter.
-pub fn conv2d_output_size(params: &Conv2dParams, h: u32, w: u32) -> (u64, u64) {
-    let side = |input: u32, filter: u32| {
-        let padded = u64::from(input) + 2 * u64::from(params.pad);
-        if padded < u64::from(filter) {
-            0
-        } else {
-            (padded - u64::from(filter)) / u64::from(params.stride) + 1
-        }
-    };
-    (side(h, params.r), side(w, params.s))
+impl Param {
+    /// A parameter named `name` of type `kind`.
+    pub(crate) const fn new(name: &'static str, kind: ParamKind) -> Param {
+        Param { name, kind }
+    }
 }
 
 impl Blueprint {
@@ -105,56 +130,7 @@ impl Blueprint {
     /// | `matmul[..]` | `a, b, c, m, n, k` |
     /// | `conv2d[..]` | `input, weight, output, n, c, h, w, k` |
     pub fn params(&self) -> Vec<Param> {
-        use ParamKind::{Input, Output, U32};
-        match self.kind() {
-            BlueprintKind::Elementwise(op) => {
-                let mut params = match op.inputs() {
-                    1 => vec![param("x", Input)],
-                    2 => vec![param("a", Input), param("b", Input)],
-                    _ => vec![param("a", Input), param("b", Input), param("c", Input)],
-                };
-                params.push(param("out", Output));
-                if *op == ElementwiseOp::Scale {
-                    let alpha = match self.dtype() {
-                        Dtype::F32 => ParamKind::F32,
-                        Dtype::I32 => ParamKind::I32,
-                    };
-                    params.push(param("alpha", alpha));
-                }
-                params.push(param("n", U32));
-                params
-            }
-            BlueprintKind::VectorAdd { .. } => vec![
-                param("a", Input),
-                param("b", Input),
-                param("out", Output),
-                param("n", U32),
-            ],
-            BlueprintKind::Reduce(_) => vec![
-                param("x", Input),
-                param("out", Output),
-                param("rows", U32),
-                param("cols", U32),
-            ],
-            BlueprintKind::Matmul(_) => vec![
-                param("a", Input),
-                param("b", Input),
-                param("c", Output),
-                param("m", U32),
-                param("n", U32),
-                param("k", U32),
-            ],
-            BlueprintKind::Conv2d(_) => vec![
-                param("input", Input),
-                param("weight", Input),
-                param("output", Output),
-                param("n", U32),
-                param("c", U32),
-                param("h", U32),
-                param("w", U32),
-                param("k", U32),
-            ],
-        }
+        with_kind!(self.kind(), |k| k.params(self.dtype()))
     }
 
     /// The block shape every launch must use.
@@ -162,10 +138,7 @@ impl Blueprint {
     /// `[256, 1, 1]` for element-wise, vector_add, reduce and conv2d; `[tile.n, tile.m, 1]`
     /// for matmul.
     pub fn block(&self) -> [u32; 3] {
-        match self.kind() {
-            BlueprintKind::Matmul(tile) => [tile.n, tile.m, 1],
-            _ => [BLOCK_1D, 1, 1],
-        }
+        with_kind!(self.kind(), |k| k.block())
     }
 
     /// The launch configuration covering `shape` completely:
@@ -186,34 +159,10 @@ impl Blueprint {
     /// [`JitError::InvalidLaunch`] when `shape` is not this blueprint's kind of shape or needs
     /// more blocks than CUDA allows.
     pub fn launch_config(&self, shape: &Shape) -> Result<LaunchConfig, JitError> {
-        let blocks = |items: u64, per_block: u64| items.div_ceil(per_block).max(1);
-        let grid: [u64; 3] = match (self.kind(), shape) {
-            (BlueprintKind::Elementwise(_), Shape::Elements { n }) => {
-                [blocks(u64::from(*n), u64::from(BLOCK_1D)), 1, 1]
-            }
-            (BlueprintKind::VectorAdd { lanes }, Shape::Elements { n }) => {
-                let threads = u64::from(*n).div_ceil(u64::from(*lanes));
-                [blocks(threads, u64::from(BLOCK_1D)), 1, 1]
-            }
-            (BlueprintKind::Reduce(_), Shape::Rows { rows, .. }) => [u64::from(*rows).max(1), 1, 1],
-            (BlueprintKind::Matmul(tile), Shape::Matmul { m, n, .. }) => [
-                blocks(u64::from(*n), u64::from(tile.n)),
-                blocks(u64::from(*m), u64::from(tile.m)),
-                1,
-            ],
-            (BlueprintKind::Conv2d(params), Shape::Conv2d { n, h, w, k, .. }) => {
-                let (p, q) = conv2d_output_size(params, *h, *w);
-                [
-                    blocks(p * q, u64::from(BLOCK_1D)),
-                    u64::from(*k).max(1),
-                    u64::from(*n).max(1),
-                ]
-            }
-            _ => {
-                return Err(JitError::InvalidLaunch(format!(
-                    "{self} does not take a shape like {shape:?}"
-                )))
-            }
+        let Some(grid) = with_kind!(self.kind(), |k| k.grid(shape)) else {
+            return Err(JitError::InvalidLaunch(format!(
+                "{self} does not take a shape like {shape:?}"
+            )));
         };
         let limits = [
             u64::from(MAX_GRID_X),
@@ -250,64 +199,27 @@ impl Blueprint {
                 _ => 0,
             })
             .collect();
-        Ok(match (self.kind(), &scalars[..]) {
-            (BlueprintKind::Elementwise(_) | BlueprintKind::VectorAdd { .. }, &[n]) => {
-                Shape::Elements { n }
-            }
-            (BlueprintKind::Reduce(_), &[rows, cols]) => Shape::Rows { rows, cols },
-            (BlueprintKind::Matmul(_), &[m, n, k]) => Shape::Matmul { m, n, k },
-            (BlueprintKind::Conv2d(_), &[n, c, h, w, k]) => Shape::Conv2d { n, c, h, w, k },
-            _ => {
-                return Err(JitError::InvalidLaunch(format!(
-                    "{self}: wrong number of shape scalars"
-                )))
-            }
+        with_kind!(self.kind(), |k| k.shape(&scalars)).ok_or_else(|| {
+            JitError::InvalidLaunch(format!("{self}: wrong number of shape scalars"))
         })
     }
 
     /// Elements each buffer parameter must hold for `shape`, in parameter order; `None` when
     /// the count does not fit in 64 bits.
-    fn buffer_elements(&self, shape: &Shape) -> Vec<Option<u64>> {
-        let mul = |values: &[u32]| {
-            values
-                .iter()
-                .try_fold(1u64, |acc, v| acc.checked_mul(u64::from(*v)))
-        };
-        match (self.kind(), *shape) {
-            (
-                BlueprintKind::Elementwise(_) | BlueprintKind::VectorAdd { .. },
-                Shape::Elements { n },
-            ) => {
-                let buffers = self
-                    .params()
-                    .iter()
-                    .filter(|p| matches!(p.kind, ParamKind::Input | ParamKind::Output))
-                    .count();
-                vec![Some(u64::from(n)); buffers]
-            }
-            (BlueprintKind::Reduce(_), Shape::Rows { rows, cols }) => {
-                vec![mul(&[rows, cols]), Some(u64::from(rows))]
-            }
-            (BlueprintKind::Matmul(_), Shape::Matmul { m, n, k }) => {
-                vec![mul(&[m, k]), mul(&[k, n]), mul(&[m, n])]
-            }
-            (BlueprintKind::Conv2d(params), Shape::Conv2d { n, c, h, w, k }) => {
-                let (p, q) = conv2d_output_size(params, h, w);
-                let output = mul(&[n, k]).and_then(|nk| nk.checked_mul(p)?.checked_mul(q));
-                vec![mul(&[n, c, h, w]), mul(&[k, c, params.r, params.s]), output]
-            }
-            _ => Vec::new(),
-        }
+    pub fn buffer_elements(&self, shape: &Shape) -> Vec<Option<u64>> {
+        let buffers = self
+            .params()
+            .iter()
+            .filter(|p| matches!(p.kind, ParamKind::Input | ParamKind::Output))
+            .count();
+        with_kind!(self.kind(), |k| k.buffer_elements(shape, buffers))
     }
 
     /// Byte alignment every buffer offset must have: 4, or `4 * min(N, 4)` for `vector_add[N]`,
     /// whose fast path uses vector loads of up to 16 bytes. (Guest memory itself must start on
     /// a 16-byte boundary; the runtime's memories are page-aligned.)
     pub fn buffer_alignment(&self) -> u64 {
-        match self.kind() {
-            BlueprintKind::VectorAdd { lanes } => 4 * u64::from((*lanes).min(4)),
-            _ => 4,
-        }
+        with_kind!(self.kind(), |k| k.buffer_alignment())
     }
 
     /// Checks a launch against the contract, so that the kernel cannot touch a byte outside its
@@ -379,11 +291,7 @@ impl Blueprint {
                 config.shared_bytes
             ));
         }
-        let used_axes = match self.kind() {
-            BlueprintKind::Matmul(_) => 2,
-            BlueprintKind::Conv2d(_) => 3,
-            _ => 1,
-        };
+        let used_axes = self.grid_axes();
         let limits = [MAX_GRID_X, MAX_GRID_YZ, MAX_GRID_YZ];
         for (axis, (&blocks, &limit)) in config.grid.iter().zip(&limits).enumerate() {
             if blocks == 0 || blocks > limit {
@@ -441,10 +349,7 @@ impl Blueprint {
             }
         }
 
-        let in_place_allowed = matches!(
-            self.kind(),
-            BlueprintKind::Elementwise(_) | BlueprintKind::VectorAdd { .. }
-        );
+        let in_place_allowed = with_kind!(self.kind(), |k| k.in_place());
         let outputs = used.iter().filter(|(kind, ..)| *kind == ParamKind::Output);
         for &(_, out_offset, out_bytes) in outputs {
             for &(_, in_offset, in_bytes) in
@@ -465,6 +370,16 @@ impl Blueprint {
             }
         }
         Ok(())
+    }
+
+    /// Two shapes the GPU suite launches this blueprint on.
+    pub fn suite_shapes(&self) -> [Shape; 2] {
+        with_kind!(self.kind(), |k| k.suite_shapes())
+    }
+
+    /// Grid axes the kernel reads; the others must be 1.
+    pub fn grid_axes(&self) -> usize {
+        with_kind!(self.kind(), |k| k.grid_axes())
     }
 
     /// The shape a validated launch computes (its `u32` scalars).

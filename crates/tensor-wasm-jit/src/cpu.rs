@@ -11,9 +11,10 @@ use tensor_wasm_gpu::gemm::{decode_into, encode_into, Lane};
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use crate::contract::{conv2d_output_size, BLOCK_1D};
+use crate::contract::BLOCK_1D;
 use crate::cpu_parts::{conv_pixel, Conv};
-use crate::{Blueprint, BlueprintKind, Dtype, ElementwiseOp, JitError, ReduceOp, Shape};
+use crate::kinds::{with_kind, Kind, KindRun};
+use crate::{Blueprint, Dtype, ElementwiseOp, JitError, ReduceOp, Shape};
 
 /// A 32-bit element type with the GPU's arithmetic, viewable in place in guest memory (on a
 /// little-endian host, at a 4-byte-aligned address).
@@ -190,120 +191,7 @@ impl Blueprint {
                 _ => None,
             })
             .collect();
-        let elementwise = |op: ElementwiseOp, count: usize| {
-            let Some((&out, inputs)) = buffers.split_last() else {
-                return Err(JitError::InvalidLaunch(
-                    "element-wise kernel without buffers".into(),
-                ));
-            };
-            let alpha = args.iter().find_map(T::from_arg);
-            let arity_ok = match op {
-                ElementwiseOp::Relu => inputs.len() == 1,
-                ElementwiseOp::Scale => inputs.len() == 1 && alpha.is_some(),
-                ElementwiseOp::Fma => inputs.len() == 3,
-                _ => inputs.len() == 2,
-            };
-            if !arity_ok {
-                return Err(JitError::InvalidLaunch(format!(
-                    "elementwise[{}] got {} input buffers{}",
-                    op.as_str(),
-                    inputs.len(),
-                    if alpha.is_none() {
-                        " and no scalar"
-                    } else {
-                        ""
-                    }
-                )));
-            }
-            if op == ElementwiseOp::Div && T::ZERO.div(T::ZERO).is_none() {
-                return Err(JitError::InvalidBlueprint(
-                    "division is only defined for f32".into(),
-                ));
-            }
-            Ok(Stage::Elementwise {
-                op,
-                alpha,
-                inputs: inputs.to_vec(),
-                out,
-                count,
-                next: 0,
-            })
-        };
-        match (*self.kind(), *shape) {
-            (BlueprintKind::Elementwise(op), Shape::Elements { n }) => {
-                elementwise(op, covered(config, 1, u64::from(n)))
-            }
-            (BlueprintKind::VectorAdd { lanes }, Shape::Elements { n }) => elementwise(
-                ElementwiseOp::Add,
-                covered(config, u64::from(lanes), u64::from(n)),
-            ),
-            (BlueprintKind::Reduce(op), Shape::Rows { rows, cols }) => {
-                let [x, out] = buffers[..] else {
-                    return Err(JitError::InvalidLaunch("reduce takes two buffers".into()));
-                };
-                let identity = reduce_identity(op);
-                Ok(Stage::Reduce {
-                    op,
-                    x,
-                    out,
-                    rows: rows.min(config.grid[0]) as usize,
-                    cols: cols as usize,
-                    row: 0,
-                    col: 0,
-                    partials: vec![identity; REDUCE_THREADS],
-                })
-            }
-            (BlueprintKind::Matmul(tile), Shape::Matmul { m, n, k }) => {
-                let [a, b, c] = buffers[..] else {
-                    return Err(JitError::InvalidLaunch("matmul takes three buffers".into()));
-                };
-                let rows = (u64::from(config.grid[1]) * u64::from(tile.m)).min(u64::from(m));
-                let cols = (u64::from(config.grid[0]) * u64::from(tile.n)).min(u64::from(n));
-                Ok(Stage::Matmul {
-                    a,
-                    b,
-                    c,
-                    n: n as usize,
-                    k: k as usize,
-                    rows: rows as usize,
-                    cols: cols as usize,
-                    i: 0,
-                    p: 0,
-                    b_values: Vec::new(),
-                    acc: Vec::new(),
-                })
-            }
-            (BlueprintKind::Conv2d(params), Shape::Conv2d { n, c, h, w, k }) => {
-                let [input, weight, output] = buffers[..] else {
-                    return Err(JitError::InvalidLaunch("conv2d takes three buffers".into()));
-                };
-                let (p, q) = conv2d_output_size(&params, h, w);
-                let conv = Conv {
-                    n: n as usize,
-                    c: c as usize,
-                    h: h as usize,
-                    w: w as usize,
-                    k: k as usize,
-                    r: params.r as usize,
-                    s: params.s as usize,
-                    stride: params.stride as usize,
-                    pad: params.pad as usize,
-                    p: p as usize,
-                    q: q as usize,
-                };
-                Ok(Stage::Conv {
-                    pixels: covered(config, 1, p * q),
-                    channels: conv.k.min(config.grid[1] as usize),
-                    images: conv.n.min(config.grid[2] as usize),
-                    conv,
-                    buffers: [input, weight, output],
-                    at: [0, 0, 0],
-                })
-            }
-            _ => Err(JitError::InvalidLaunch(format!(
-                "{self} does not take a shape like {shape:?}"
-            ))),
-        }
+        with_kind!(self.kind(), |k| k.plan::<T>(config, args, shape, &buffers))
     }
 }
 
@@ -366,6 +254,8 @@ pub(crate) enum Stage<T> {
         b_values: Vec<T>,
         acc: Vec<T>,
     },
+    /// A kind's own run (`crate::kinds::KindRun`).
+    Kind(Box<dyn KindRun<T>>),
     /// The next output is pixel `at[0]` of channel `at[1]` of image `at[2]`.
     Conv {
         conv: Conv,
@@ -417,6 +307,7 @@ impl<T: Element> Stage<T> {
     /// Computes about `work` operations; `true` once everything is computed.
     fn step(&mut self, memory: &mut [u8], work: usize) -> bool {
         match self {
+            Stage::Kind(run) => run.step(memory, work),
             Stage::Elementwise {
                 op,
                 alpha,
@@ -761,4 +652,4 @@ fn load_into<T: Element>(memory: &[u8], offset: usize, into: &mut [T]) {
 pub(crate) const REDUCE_SPAN: usize = 4 * BLOCK;
 
 /// Threads per reduction block; the tree below assumes this power of two.
-const REDUCE_THREADS: usize = BLOCK_1D as usize;
+pub(crate) const REDUCE_THREADS: usize = BLOCK_1D as usize;

@@ -69,6 +69,7 @@ impl Blueprint {
     ) -> Option<CpuParts> {
         let boxed = |part: Box<dyn CpuPart>| part;
         let parts = match self.plan::<T>(config, args, shape).ok()? {
+            Stage::Kind(run) => run.parts(workers)?,
             Stage::Elementwise {
                 op,
                 alpha,
@@ -194,7 +195,7 @@ impl Blueprint {
 
 /// `rows` rows of `row_work` multiply-adds each, as at most `workers` ranges of whole rows, none
 /// smaller than is worth a core.
-fn split(rows: usize, row_work: usize, workers: usize) -> Vec<Range<usize>> {
+pub(crate) fn split(rows: usize, row_work: usize, workers: usize) -> Vec<Range<usize>> {
     if rows == 0 {
         return Vec::new();
     }
@@ -208,7 +209,7 @@ fn split(rows: usize, row_work: usize, workers: usize) -> Vec<Range<usize>> {
 }
 
 /// `parts`, when no output overlaps an input (outputs are disjoint by construction).
-fn disjoint(parts: CpuParts) -> Option<CpuParts> {
+pub(crate) fn disjoint(parts: CpuParts) -> Option<CpuParts> {
     let overlap = |x: &Range<usize>, y: &Range<usize>| x.start < y.end && y.start < x.end;
     let clear = parts.parts.iter().all(|(output, _)| {
         output.is_empty()

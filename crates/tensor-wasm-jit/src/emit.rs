@@ -2,9 +2,8 @@
 //! guarded by the launch shape.
 
 use crate::contract::{ParamKind, BLOCK_1D};
-use crate::{
-    Blueprint, BlueprintKind, Conv2dParams, Dtype, ElementwiseOp, MatmulTile, PtxTarget, ReduceOp,
-};
+use crate::kinds::{with_kind, Kind};
+use crate::{Blueprint, Dtype, PtxTarget};
 
 /// Version of the emitted code. Bump it whenever the text [`Blueprint::emit_ptx`] produces for
 /// any blueprint changes: it is part of every [`crate::Fingerprint`].
@@ -19,6 +18,8 @@ macro_rules! ins {
     }};
 }
 
+pub(crate) use ins;
+
 /// Appends one label line.
 macro_rules! label {
     ($out:expr, $name:expr) => {{
@@ -27,18 +28,20 @@ macro_rules! label {
     }};
 }
 
+pub(crate) use label;
+
 /// The instruction spellings of one element type.
-struct Ops {
-    add: &'static str,
-    sub: &'static str,
-    mul: &'static str,
-    fma: &'static str,
+pub(crate) struct Ops {
+    pub(crate) add: &'static str,
+    pub(crate) sub: &'static str,
+    pub(crate) mul: &'static str,
+    pub(crate) fma: &'static str,
     /// Comparison type for `setp`.
-    cmp: &'static str,
+    pub(crate) cmp: &'static str,
 }
 
 impl Ops {
-    fn of(dtype: Dtype) -> Self {
+    pub(crate) fn of(dtype: Dtype) -> Self {
         match dtype {
             // Explicit `.rn` forbids contracting a multiply and an add into an FMA.
             Dtype::F32 => Ops {
@@ -82,19 +85,7 @@ impl Blueprint {
             target.ptx_isa.1,
             target.sm_name()
         ));
-        match self.kind() {
-            BlueprintKind::Reduce(_) => {
-                out.push_str(&format!(".shared .align 4 .b32 smem[{BLOCK_1D}];\n\n"));
-            }
-            BlueprintKind::Matmul(tile) => {
-                out.push_str(&format!(
-                    ".shared .align 4 .b32 tile_a[{}];\n.shared .align 4 .b32 tile_b[{}];\n\n",
-                    tile.m * tile.k,
-                    tile.k * tile.n
-                ));
-            }
-            _ => {}
-        }
+        out.push_str(&with_kind!(self.kind(), |k| k.shared_ptx(self.dtype())));
         out.push_str(&format!(".visible .entry {entry}(\n"));
         let params = self.params();
         for (index, param) in params.iter().enumerate() {
@@ -114,75 +105,22 @@ impl Blueprint {
         ins!(out, ".reg .b32 %v<16>;");
         out.push('\n');
         let ops = Ops::of(self.dtype());
-        match *self.kind() {
-            BlueprintKind::Elementwise(op) => self.elementwise(&mut out, &ops, op),
-            BlueprintKind::VectorAdd { lanes } => vector_add(&mut out, &ops, lanes),
-            BlueprintKind::Reduce(op) => reduce(&mut out, &ops, op, self.dtype()),
-            BlueprintKind::Matmul(tile) => matmul(&mut out, &ops, tile),
-            BlueprintKind::Conv2d(params) => conv2d(&mut out, &ops, params),
-        }
+        with_kind!(self.kind(), |k| k.emit(
+            self.dtype(),
+            &params,
+            &ops,
+            &mut out
+        ));
         label!(out, "DONE");
         ins!(out, "ret;");
         out.push_str("}\n");
         tracing::trace!(blueprint = %self, target = %target, bytes = out.len(), "emitted PTX");
         out
     }
-
-    /// `out[i] = op(inputs[i])` for `i = ctaid.x * 256 + tid.x < n`.
-    fn elementwise(&self, out: &mut String, ops: &Ops, op: ElementwiseOp) {
-        global_index_1d(out);
-        ins!(out, "ld.param.u32 %r3, [p_n];");
-        ins!(out, "cvt.u64.u32 %rd2, %r3;");
-        ins!(out, "setp.ge.u64 %p1, %rd1, %rd2; // guard: i < n");
-        ins!(out, "@%p1 bra DONE;");
-        ins!(out, "shl.b64 %rd3, %rd1, 2;");
-        let params = self.params();
-        let buffers: Vec<&str> = params
-            .iter()
-            .filter(|p| matches!(p.kind, ParamKind::Input | ParamKind::Output))
-            .map(|p| p.name)
-            .collect();
-        for (index, name) in buffers.iter().enumerate() {
-            let reg = 10 + index;
-            ins!(out, "ld.param.u64 %rd{reg}, [p_{name}];");
-            ins!(out, "cvta.to.global.u64 %rd{reg}, %rd{reg};");
-            ins!(out, "add.u64 %rd{reg}, %rd{reg}, %rd3;");
-        }
-        let inputs = buffers.len() - 1;
-        for index in 0..inputs {
-            ins!(out, "ld.global.b32 %v{}, [%rd{}];", index + 1, 10 + index);
-        }
-        let cmp = ops.cmp;
-        match op {
-            ElementwiseOp::Add => ins!(out, "{} %v0, %v1, %v2;", ops.add),
-            ElementwiseOp::Sub => ins!(out, "{} %v0, %v1, %v2;", ops.sub),
-            ElementwiseOp::Mul => ins!(out, "{} %v0, %v1, %v2;", ops.mul),
-            ElementwiseOp::Div => ins!(out, "div.rn.f32 %v0, %v1, %v2;"),
-            ElementwiseOp::Max => {
-                ins!(out, "setp.gt.{cmp} %p2, %v1, %v2;");
-                ins!(out, "selp.b32 %v0, %v1, %v2, %p2;");
-            }
-            ElementwiseOp::Min => {
-                ins!(out, "setp.lt.{cmp} %p2, %v1, %v2;");
-                ins!(out, "selp.b32 %v0, %v1, %v2, %p2;");
-            }
-            ElementwiseOp::Relu => {
-                ins!(out, "mov.b32 %v6, 0;");
-                ins!(out, "setp.gt.{cmp} %p2, %v1, %v6;");
-                ins!(out, "selp.b32 %v0, %v1, %v6, %p2;");
-            }
-            ElementwiseOp::Scale => {
-                ins!(out, "ld.param.{cmp} %v5, [p_alpha];");
-                ins!(out, "{} %v0, %v5, %v1;", ops.mul);
-            }
-            ElementwiseOp::Fma => ins!(out, "{} %v0, %v1, %v2, %v3;", ops.fma),
-        }
-        ins!(out, "st.global.b32 [%rd{}], %v0;", 10 + inputs);
-    }
 }
 
 /// `%rd1 = ctaid.x * 256 + tid.x` (64-bit); `%r1` = ctaid.x, `%r2` = tid.x.
-fn global_index_1d(out: &mut String) {
+pub(crate) fn global_index_1d(out: &mut String) {
     ins!(out, "mov.u32 %r1, %ctaid.x;");
     ins!(out, "mov.u32 %r2, %tid.x;");
     ins!(out, "mul.wide.u32 %rd1, %r1, {BLOCK_1D};");
@@ -191,397 +129,15 @@ fn global_index_1d(out: &mut String) {
 }
 
 /// `ld.param` + `cvta.to.global` of buffer parameter `name` into `%rd{reg}`.
-fn global_pointer(out: &mut String, reg: u32, name: &str) {
+pub(crate) fn global_pointer(out: &mut String, reg: u32, name: &str) {
     ins!(out, "ld.param.u64 %rd{reg}, [p_{name}];");
     ins!(out, "cvta.to.global.u64 %rd{reg}, %rd{reg};");
-}
-
-/// Thread `t` adds elements `t*lanes .. t*lanes + lanes` (those below n): vector loads of up to
-/// four lanes when the whole group is in range, one guarded element at a time otherwise.
-fn vector_add(out: &mut String, ops: &Ops, lanes: u32) {
-    global_index_1d(out);
-    ins!(
-        out,
-        "mul.lo.u64 %rd4, %rd1, {lanes}; // first element of this thread"
-    );
-    ins!(out, "ld.param.u32 %r3, [p_n];");
-    ins!(out, "cvt.u64.u32 %rd2, %r3;");
-    ins!(out, "setp.ge.u64 %p1, %rd4, %rd2; // guard: first < n");
-    ins!(out, "@%p1 bra DONE;");
-    ins!(out, "shl.b64 %rd3, %rd4, 2;");
-    for (reg, name) in [(10, "a"), (11, "b"), (12, "out")] {
-        global_pointer(out, reg, name);
-        ins!(out, "add.u64 %rd{reg}, %rd{reg}, %rd3;");
-    }
-    if lanes > 1 {
-        ins!(out, "add.u64 %rd5, %rd4, {lanes};");
-        ins!(
-            out,
-            "setp.gt.u64 %p2, %rd5, %rd2; // a partial group takes the guarded path"
-        );
-        ins!(out, "@%p2 bra TAIL;");
-    }
-    let width = lanes.min(4);
-    let regs = |first: u32| -> String {
-        let names: Vec<String> = (first..first + width).map(|r| format!("%v{r}")).collect();
-        if width == 1 {
-            names[0].clone()
-        } else {
-            format!("{{{}}}", names.join(", "))
-        }
-    };
-    let vector = if width == 1 {
-        String::new()
-    } else {
-        format!(".v{width}")
-    };
-    for chunk in 0..lanes / width {
-        let offset = chunk * width * 4;
-        ins!(out, "ld.global{vector}.b32 {}, [%rd10+{offset}];", regs(0));
-        ins!(out, "ld.global{vector}.b32 {}, [%rd11+{offset}];", regs(4));
-        for lane in 0..width {
-            ins!(out, "{} %v{}, %v{lane}, %v{};", ops.add, 8 + lane, 4 + lane);
-        }
-        ins!(out, "st.global{vector}.b32 [%rd12+{offset}], {};", regs(8));
-    }
-    if lanes == 1 {
-        return;
-    }
-    ins!(out, "bra DONE;");
-    label!(out, "TAIL");
-    for lane in 0..lanes {
-        let offset = lane * 4;
-        ins!(out, "add.u64 %rd5, %rd4, {lane};");
-        ins!(out, "setp.ge.u64 %p3, %rd5, %rd2; // guard: element < n");
-        ins!(out, "@%p3 bra DONE;");
-        ins!(out, "ld.global.b32 %v0, [%rd10+{offset}];");
-        ins!(out, "ld.global.b32 %v1, [%rd11+{offset}];");
-        ins!(out, "{} %v2, %v0, %v1;", ops.add);
-        ins!(out, "st.global.b32 [%rd12+{offset}], %v2;");
-    }
-}
-
-/// `dst = combine(acc, x)`: `acc + x`, or `x > acc ? x : acc`.
-fn combine(out: &mut String, ops: &Ops, op: ReduceOp, dst: &str, acc: &str, x: &str) {
-    match op {
-        ReduceOp::Sum => ins!(out, "{} {dst}, {acc}, {x};", ops.add),
-        ReduceOp::Max => {
-            ins!(out, "setp.gt.{} %p5, {x}, {acc};", ops.cmp);
-            ins!(out, "selp.b32 {dst}, {x}, {acc}, %p5;");
-        }
-    }
-}
-
-/// Block `row` reduces row `row`: thread `t` folds `x[row][t + 256 j]` for j = 0, 1, ... in
-/// order, then the 256 partials are combined by a fixed tree in shared memory.
-fn reduce(out: &mut String, ops: &Ops, op: ReduceOp, dtype: Dtype) {
-    ins!(out, "mov.u32 %r1, %ctaid.x;");
-    ins!(out, "cvt.u64.u32 %rd1, %r1; // row");
-    ins!(out, "mov.u32 %r2, %tid.x;");
-    ins!(out, "cvt.u64.u32 %rd2, %r2;");
-    ins!(out, "ld.param.u32 %r3, [p_rows];");
-    ins!(out, "cvt.u64.u32 %rd3, %r3;");
-    ins!(out, "ld.param.u32 %r4, [p_cols];");
-    ins!(out, "cvt.u64.u32 %rd4, %r4;");
-    ins!(
-        out,
-        "setp.ge.u64 %p1, %rd1, %rd3; // guard: row < rows (uniform in the block)"
-    );
-    ins!(out, "@%p1 bra DONE;");
-    global_pointer(out, 10, "x");
-    ins!(out, "mul.lo.u64 %rd5, %rd1, %rd4;");
-    ins!(out, "shl.b64 %rd5, %rd5, 2;");
-    ins!(out, "add.u64 %rd10, %rd10, %rd5; // &x[row][0]");
-    match (op, dtype) {
-        (ReduceOp::Sum, _) => ins!(out, "mov.b32 %v0, 0;"),
-        (ReduceOp::Max, Dtype::F32) => ins!(out, "mov.f32 %v0, 0fFF800000; // -inf"),
-        (ReduceOp::Max, Dtype::I32) => ins!(out, "mov.b32 %v0, -2147483648;"),
-    }
-    ins!(out, "mov.u64 %rd6, %rd2; // j = t");
-    label!(out, "STRIDED");
-    ins!(out, "setp.ge.u64 %p2, %rd6, %rd4; // guard: j < cols");
-    ins!(out, "@%p2 bra STRIDED_END;");
-    ins!(out, "shl.b64 %rd7, %rd6, 2;");
-    ins!(out, "add.u64 %rd8, %rd10, %rd7;");
-    ins!(out, "ld.global.b32 %v1, [%rd8];");
-    combine(out, ops, op, "%v0", "%v0", "%v1");
-    ins!(out, "add.u64 %rd6, %rd6, {BLOCK_1D};");
-    ins!(out, "bra STRIDED;");
-    label!(out, "STRIDED_END");
-    ins!(out, "mov.u32 %r5, smem;");
-    ins!(out, "shl.b32 %r6, %r2, 2;");
-    ins!(out, "add.u32 %r7, %r5, %r6; // &smem[t]");
-    ins!(out, "st.shared.b32 [%r7], %v0;");
-    ins!(out, "bar.sync 0;");
-    let mut stride = BLOCK_1D / 2;
-    while stride > 0 {
-        ins!(out, "setp.ge.u32 %p3, %r2, {stride};");
-        ins!(out, "@%p3 bra TREE_{stride};");
-        ins!(out, "ld.shared.b32 %v1, [%r7];");
-        ins!(out, "ld.shared.b32 %v2, [%r7+{}];", stride * 4);
-        combine(out, ops, op, "%v1", "%v1", "%v2");
-        ins!(out, "st.shared.b32 [%r7], %v1;");
-        label!(out, &format!("TREE_{stride}"));
-        ins!(out, "bar.sync 0;");
-        stride /= 2;
-    }
-    ins!(out, "setp.ne.u32 %p4, %r2, 0;");
-    ins!(out, "@%p4 bra DONE;");
-    ins!(out, "ld.shared.b32 %v1, [%r5];");
-    global_pointer(out, 11, "out");
-    ins!(out, "shl.b64 %rd9, %rd1, 2;");
-    ins!(out, "add.u64 %rd11, %rd11, %rd9;");
-    ins!(out, "st.global.b32 [%rd11], %v1;");
-}
-
-/// Shared-memory tiled matmul. Each step stages `a[row0.., k0..k0+tk]` and
-/// `b[k0..k0+tk, col0..]` (zero outside the matrices), then every thread accumulates
-/// `min(tk, k - k0)` products in order of p, so the sum order is p = 0..k as on the CPU.
-fn matmul(out: &mut String, ops: &Ops, tile: MatmulTile) {
-    let MatmulTile {
-        m: tm,
-        n: tn,
-        k: tk,
-    } = tile;
-    ins!(out, "mov.u32 %r1, %tid.x;");
-    ins!(out, "mov.u32 %r2, %tid.y;");
-    ins!(out, "mov.u32 %r3, %ctaid.x;");
-    ins!(out, "mov.u32 %r4, %ctaid.y;");
-    ins!(
-        out,
-        "mad.lo.u32 %r5, %r2, {tn}, %r1; // linear thread index"
-    );
-    ins!(out, "mul.wide.u32 %rd3, %r4, {tm}; // row0");
-    ins!(out, "mul.wide.u32 %rd4, %r3, {tn}; // col0");
-    ins!(out, "cvt.u64.u32 %rd1, %r2;");
-    ins!(out, "add.u64 %rd1, %rd1, %rd3; // row");
-    ins!(out, "cvt.u64.u32 %rd2, %r1;");
-    ins!(out, "add.u64 %rd2, %rd2, %rd4; // col");
-    for (reg, name) in [(5, "m"), (6, "n"), (7, "k")] {
-        ins!(out, "ld.param.u32 %r6, [p_{name}];");
-        ins!(out, "cvt.u64.u32 %rd{reg}, %r6;");
-    }
-    global_pointer(out, 10, "a");
-    global_pointer(out, 11, "b");
-    global_pointer(out, 12, "c");
-    ins!(out, "mov.u32 %r10, tile_a;");
-    ins!(out, "mov.u32 %r11, tile_b;");
-    ins!(out, "mov.b32 %v0, 0;");
-    ins!(out, "mov.u64 %rd8, 0; // k0");
-    label!(out, "TILE");
-    ins!(out, "setp.ge.u64 %p1, %rd8, %rd7;");
-    ins!(out, "@%p1 bra TILE_END;");
-    // Stage A: element idx of the tile is a[row0 + idx / tk][k0 + idx % tk].
-    ins!(out, "mov.u32 %r6, %r5;");
-    label!(out, "LOAD_A");
-    ins!(out, "setp.ge.u32 %p2, %r6, {};", tm * tk);
-    ins!(out, "@%p2 bra LOAD_A_END;");
-    ins!(out, "div.u32 %r7, %r6, {tk};");
-    ins!(out, "rem.u32 %r8, %r6, {tk};");
-    ins!(out, "cvt.u64.u32 %rd13, %r7;");
-    ins!(out, "add.u64 %rd13, %rd13, %rd3;");
-    ins!(out, "cvt.u64.u32 %rd14, %r8;");
-    ins!(out, "add.u64 %rd14, %rd14, %rd8;");
-    ins!(out, "mov.b32 %v1, 0;");
-    ins!(out, "setp.lt.u64 %p3, %rd13, %rd5;");
-    ins!(
-        out,
-        "setp.lt.and.u64 %p3, %rd14, %rd7, %p3; // guard: r < m && p < k"
-    );
-    ins!(out, "@!%p3 bra STORE_A;");
-    ins!(out, "mad.lo.u64 %rd15, %rd13, %rd7, %rd14;");
-    ins!(out, "shl.b64 %rd15, %rd15, 2;");
-    ins!(out, "add.u64 %rd15, %rd10, %rd15;");
-    ins!(out, "ld.global.b32 %v1, [%rd15];");
-    label!(out, "STORE_A");
-    ins!(out, "shl.b32 %r9, %r6, 2;");
-    ins!(out, "add.u32 %r9, %r9, %r10;");
-    ins!(out, "st.shared.b32 [%r9], %v1;");
-    ins!(out, "add.u32 %r6, %r6, {};", tm * tn);
-    ins!(out, "bra LOAD_A;");
-    label!(out, "LOAD_A_END");
-    // Stage B: element idx of the tile is b[k0 + idx / tn][col0 + idx % tn].
-    ins!(out, "mov.u32 %r6, %r5;");
-    label!(out, "LOAD_B");
-    ins!(out, "setp.ge.u32 %p2, %r6, {};", tk * tn);
-    ins!(out, "@%p2 bra LOAD_B_END;");
-    ins!(out, "div.u32 %r7, %r6, {tn};");
-    ins!(out, "rem.u32 %r8, %r6, {tn};");
-    ins!(out, "cvt.u64.u32 %rd13, %r7;");
-    ins!(out, "add.u64 %rd13, %rd13, %rd8;");
-    ins!(out, "cvt.u64.u32 %rd14, %r8;");
-    ins!(out, "add.u64 %rd14, %rd14, %rd4;");
-    ins!(out, "mov.b32 %v1, 0;");
-    ins!(out, "setp.lt.u64 %p3, %rd13, %rd7;");
-    ins!(
-        out,
-        "setp.lt.and.u64 %p3, %rd14, %rd6, %p3; // guard: p < k && c < n"
-    );
-    ins!(out, "@!%p3 bra STORE_B;");
-    ins!(out, "mad.lo.u64 %rd15, %rd13, %rd6, %rd14;");
-    ins!(out, "shl.b64 %rd15, %rd15, 2;");
-    ins!(out, "add.u64 %rd15, %rd11, %rd15;");
-    ins!(out, "ld.global.b32 %v1, [%rd15];");
-    label!(out, "STORE_B");
-    ins!(out, "shl.b32 %r9, %r6, 2;");
-    ins!(out, "add.u32 %r9, %r9, %r11;");
-    ins!(out, "st.shared.b32 [%r9], %v1;");
-    ins!(out, "add.u32 %r6, %r6, {};", tm * tn);
-    ins!(out, "bra LOAD_B;");
-    label!(out, "LOAD_B_END");
-    ins!(out, "bar.sync 0;");
-    // Accumulate only the products with p < k, in order.
-    ins!(out, "sub.u64 %rd16, %rd7, %rd8;");
-    ins!(out, "min.u64 %rd16, %rd16, {tk};");
-    ins!(out, "cvt.u32.u64 %r12, %rd16;");
-    ins!(out, "mov.u32 %r13, 0;");
-    ins!(
-        out,
-        "mad.lo.u32 %r14, %r2, {}, %r10; // &tile_a[ty][0]",
-        tk * 4
-    );
-    ins!(out, "shl.b32 %r15, %r1, 2;");
-    ins!(out, "add.u32 %r15, %r15, %r11; // &tile_b[0][tx]");
-    label!(out, "INNER");
-    ins!(out, "setp.ge.u32 %p4, %r13, %r12;");
-    ins!(out, "@%p4 bra INNER_END;");
-    ins!(out, "ld.shared.b32 %v2, [%r14];");
-    ins!(out, "ld.shared.b32 %v3, [%r15];");
-    ins!(out, "{} %v4, %v2, %v3;", ops.mul);
-    ins!(out, "{} %v0, %v0, %v4;", ops.add);
-    ins!(out, "add.u32 %r14, %r14, 4;");
-    ins!(out, "add.u32 %r15, %r15, {};", tn * 4);
-    ins!(out, "add.u32 %r13, %r13, 1;");
-    ins!(out, "bra INNER;");
-    label!(out, "INNER_END");
-    ins!(out, "bar.sync 0;");
-    ins!(out, "add.u64 %rd8, %rd8, {tk};");
-    ins!(out, "bra TILE;");
-    label!(out, "TILE_END");
-    ins!(out, "setp.ge.u64 %p5, %rd1, %rd5; // guard: row < m");
-    ins!(out, "@%p5 bra DONE;");
-    ins!(out, "setp.ge.u64 %p6, %rd2, %rd6; // guard: col < n");
-    ins!(out, "@%p6 bra DONE;");
-    ins!(out, "mad.lo.u64 %rd17, %rd1, %rd6, %rd2;");
-    ins!(out, "shl.b64 %rd17, %rd17, 2;");
-    ins!(out, "add.u64 %rd17, %rd12, %rd17;");
-    ins!(out, "st.global.b32 [%rd17], %v0;");
-}
-
-/// Direct convolution, one output pixel per thread, accumulating over c, r, s in order and
-/// skipping taps in the padding.
-fn conv2d(out: &mut String, ops: &Ops, params: Conv2dParams) {
-    let Conv2dParams { r, s, stride, pad } = params;
-    global_index_1d(out);
-    ins!(out, "mov.u32 %r3, %ctaid.y;");
-    ins!(out, "cvt.u64.u32 %rd2, %r3; // output channel");
-    ins!(out, "mov.u32 %r4, %ctaid.z;");
-    ins!(out, "cvt.u64.u32 %rd3, %r4; // image");
-    for (reg, name) in [(4, "n"), (5, "c"), (6, "h"), (7, "w"), (8, "k")] {
-        ins!(out, "ld.param.u32 %r5, [p_{name}];");
-        ins!(out, "cvt.u64.u32 %rd{reg}, %r5;");
-    }
-    ins!(out, "setp.ge.u64 %p1, %rd3, %rd4; // guard: image < n");
-    ins!(out, "@%p1 bra DONE;");
-    ins!(out, "setp.ge.u64 %p1, %rd2, %rd8; // guard: channel < k");
-    ins!(out, "@%p1 bra DONE;");
-    // P = (h + 2 pad - r) / stride + 1, Q likewise; none when the padded input is too small.
-    for (reg, input, filter) in [(9, 6, r), (10, 7, s)] {
-        ins!(out, "add.u64 %rd{reg}, %rd{input}, {};", 2 * pad);
-        ins!(out, "setp.lt.u64 %p1, %rd{reg}, {filter};");
-        ins!(out, "@%p1 bra DONE;");
-        ins!(out, "sub.u64 %rd{reg}, %rd{reg}, {filter};");
-        ins!(out, "div.u64 %rd{reg}, %rd{reg}, {stride};");
-        ins!(out, "add.u64 %rd{reg}, %rd{reg}, 1;");
-    }
-    ins!(out, "mul.lo.u64 %rd11, %rd9, %rd10;");
-    ins!(out, "setp.ge.u64 %p1, %rd1, %rd11; // guard: pixel < P * Q");
-    ins!(out, "@%p1 bra DONE;");
-    ins!(out, "div.u64 %rd12, %rd1, %rd10; // p");
-    ins!(out, "mul.lo.u64 %rd13, %rd12, %rd10;");
-    ins!(out, "sub.u64 %rd13, %rd1, %rd13; // q");
-    global_pointer(out, 14, "input");
-    global_pointer(out, 15, "weight");
-    ins!(out, "mul.lo.u64 %rd16, %rd3, %rd5;");
-    ins!(out, "mul.lo.u64 %rd16, %rd16, %rd6;");
-    ins!(out, "mul.lo.u64 %rd16, %rd16, %rd7;");
-    ins!(out, "shl.b64 %rd16, %rd16, 2;");
-    ins!(out, "add.u64 %rd14, %rd14, %rd16; // &input[img][0][0][0]");
-    ins!(out, "mul.lo.u64 %rd16, %rd2, %rd5;");
-    ins!(out, "mul.lo.u64 %rd16, %rd16, {};", r * s * 4);
-    ins!(out, "add.u64 %rd15, %rd15, %rd16; // &weight[ko][0][0][0]");
-    ins!(out, "mul.lo.u64 %rd17, %rd6, %rd7;");
-    ins!(out, "shl.b64 %rd17, %rd17, 2; // bytes per input plane");
-    ins!(out, "mul.lo.u64 %rd18, %rd12, {stride}; // p * stride");
-    ins!(out, "mul.lo.u64 %rd19, %rd13, {stride}; // q * stride");
-    ins!(out, "mov.b32 %v0, 0;");
-    ins!(out, "mov.u64 %rd20, 0; // ci");
-    label!(out, "CHANNEL");
-    ins!(out, "setp.ge.u64 %p2, %rd20, %rd5;");
-    ins!(out, "@%p2 bra CHANNEL_END;");
-    ins!(out, "mov.u32 %r6, 0; // r");
-    label!(out, "FILTER_ROW");
-    ins!(out, "setp.ge.u32 %p3, %r6, {r};");
-    ins!(out, "@%p3 bra FILTER_ROW_END;");
-    ins!(out, "cvt.u64.u32 %rd21, %r6;");
-    ins!(out, "add.u64 %rd21, %rd21, %rd18;");
-    ins!(out, "setp.lt.u64 %p4, %rd21, {pad}; // guard: ih >= 0");
-    ins!(out, "@%p4 bra FILTER_ROW_NEXT;");
-    ins!(out, "sub.u64 %rd21, %rd21, {pad}; // ih");
-    ins!(out, "setp.ge.u64 %p4, %rd21, %rd6; // guard: ih < h");
-    ins!(out, "@%p4 bra FILTER_ROW_NEXT;");
-    ins!(out, "mul.lo.u64 %rd22, %rd21, %rd7;");
-    ins!(out, "shl.b64 %rd22, %rd22, 2;");
-    ins!(
-        out,
-        "add.u64 %rd22, %rd22, %rd14; // &input[img][ci][ih][0]"
-    );
-    ins!(out, "mul.wide.u32 %rd23, %r6, {};", s * 4);
-    ins!(out, "add.u64 %rd23, %rd23, %rd15; // &weight[ko][ci][r][0]");
-    ins!(out, "mov.u32 %r7, 0; // s");
-    label!(out, "FILTER_COL");
-    ins!(out, "setp.ge.u32 %p5, %r7, {s};");
-    ins!(out, "@%p5 bra FILTER_ROW_NEXT;");
-    ins!(out, "cvt.u64.u32 %rd24, %r7;");
-    ins!(out, "add.u64 %rd24, %rd24, %rd19;");
-    ins!(out, "setp.lt.u64 %p6, %rd24, {pad}; // guard: iw >= 0");
-    ins!(out, "@%p6 bra FILTER_COL_NEXT;");
-    ins!(out, "sub.u64 %rd24, %rd24, {pad}; // iw");
-    ins!(out, "setp.ge.u64 %p6, %rd24, %rd7; // guard: iw < w");
-    ins!(out, "@%p6 bra FILTER_COL_NEXT;");
-    ins!(out, "shl.b64 %rd24, %rd24, 2;");
-    ins!(out, "add.u64 %rd24, %rd24, %rd22;");
-    ins!(out, "ld.global.b32 %v1, [%rd24];");
-    ins!(out, "mul.wide.u32 %rd25, %r7, 4;");
-    ins!(out, "add.u64 %rd25, %rd25, %rd23;");
-    ins!(out, "ld.global.b32 %v2, [%rd25];");
-    ins!(out, "{} %v3, %v1, %v2;", ops.mul);
-    ins!(out, "{} %v0, %v0, %v3;", ops.add);
-    label!(out, "FILTER_COL_NEXT");
-    ins!(out, "add.u32 %r7, %r7, 1;");
-    ins!(out, "bra FILTER_COL;");
-    label!(out, "FILTER_ROW_NEXT");
-    ins!(out, "add.u32 %r6, %r6, 1;");
-    ins!(out, "bra FILTER_ROW;");
-    label!(out, "FILTER_ROW_END");
-    ins!(out, "add.u64 %rd14, %rd14, %rd17;");
-    ins!(out, "add.u64 %rd15, %rd15, {};", r * s * 4);
-    ins!(out, "add.u64 %rd20, %rd20, 1;");
-    ins!(out, "bra CHANNEL;");
-    label!(out, "CHANNEL_END");
-    // out[((img * k + ko) * P + p) * Q + q]
-    global_pointer(out, 26, "output");
-    ins!(out, "mad.lo.u64 %rd27, %rd3, %rd8, %rd2;");
-    ins!(out, "mad.lo.u64 %rd27, %rd27, %rd9, %rd12;");
-    ins!(out, "mad.lo.u64 %rd27, %rd27, %rd10, %rd13;");
-    ins!(out, "shl.b64 %rd27, %rd27, 2;");
-    ins!(out, "add.u64 %rd27, %rd27, %rd26;");
-    ins!(out, "st.global.b32 [%rd27], %v0;");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{BlueprintKind, ElementwiseOp};
 
     fn all() -> Vec<Blueprint> {
         [

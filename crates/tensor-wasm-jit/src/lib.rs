@@ -73,18 +73,23 @@ mod emit;
 mod error;
 mod fingerprint;
 mod fma;
+mod kinds;
 mod program;
 mod target;
 
-pub use blueprint::{
-    Blueprint, BlueprintKind, Conv2dParams, Dtype, ElementwiseOp, MatmulTile, ReduceOp,
-    MAX_DESCRIPTOR_LEN,
-};
+pub use blueprint::{Blueprint, Dtype, MAX_DESCRIPTOR_LEN};
 pub use cache::{CacheKey, CompiledKernel, KernelCache, KernelCacheConfig, KernelCacheMetrics};
-pub use contract::{conv2d_output_size, Param, ParamKind, Shape, BLOCK_1D};
+pub use contract::{Param, ParamKind, Shape, BLOCK_1D, MAX_SIZES};
 pub use cpu::CpuRun;
 pub use emit::EMITTER_VERSION;
 pub use error::JitError;
 pub use fingerprint::Fingerprint;
+pub use kinds::concat::ConcatInputs;
+pub use kinds::conv2d::{conv2d_output_size, Conv2dParams};
+pub use kinds::elementwise::ElementwiseOp;
+pub use kinds::matmul::MatmulTile;
+pub use kinds::reduce::ReduceOp;
+pub use kinds::vector_add::Lanes;
+pub use kinds::{BlueprintKind, KIND_NAMES};
 pub use program::CompiledBlueprint;
 pub use target::{ptx_isa_for_driver, PtxTarget, DRIVER_PTX_ISA};

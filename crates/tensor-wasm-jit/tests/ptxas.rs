@@ -54,7 +54,7 @@ fn every_emitted_kernel_assembles_with_ptxas() {
             assembled += 1;
         }
     }
-    // Every kind of the conformance set in f32 and i32, except elementwise[div] (f32 only).
-    assert_eq!(blueprints.len(), 2 * conformance::BLUEPRINT_KINDS.len() - 1);
+    // Every blueprint of the conformance set (each example of every kind of the catalogue).
+    assert!(blueprints.len() >= conformance::blueprint_kinds().len());
     assert_eq!(assembled, blueprints.len() * targets.len());
 }

@@ -94,9 +94,13 @@ fn main() {
     let kernels = COUNTERS.kernels.lock().unwrap().len();
     let isa = tensor_wasm_gpu::gemm::Isa::selected();
     let seconds = started.elapsed().as_secs_f64();
+    let kinds = tensor_wasm_jit::KIND_NAMES;
     println!(
-        "ptx-emu conformance: {kernels} kernels, {} launches, {} threads, {} instructions \
-         interpreted; {}/{} mutants caught; CPU matmul and conv2d tiles: {}; {seconds:.1} s",
+        "ptx-emu conformance: {kernels} kernels ({} blueprint kinds: {}), {} launches, {} \
+         threads, {} instructions interpreted; {}/{} mutants caught; CPU matmul and conv2d \
+         tiles: {}; {seconds:.1} s",
+        kinds.len(),
+        kinds.join(", "),
         COUNTERS.launches.load(Ordering::Relaxed),
         COUNTERS.threads.load(Ordering::Relaxed),
         COUNTERS.instructions.load(Ordering::Relaxed),

@@ -1,0 +1,346 @@
+//! `conv2d[RxS,sT,pP]`: direct 2-D convolution, NCHW input, KCRS weights, NKPQ output, one
+//! output pixel per thread.
+
+use std::fmt;
+
+use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+
+use super::{blocks, parse_int, product, Kind};
+use crate::contract::{Param, ParamKind, Shape, BLOCK_1D};
+use crate::cpu::{covered, Element, Stage};
+use crate::cpu_parts::Conv;
+use crate::emit::{global_index_1d, global_pointer, ins, label, Ops};
+use crate::{Dtype, JitError};
+
+/// Filter size, stride and zero padding of a direct 2-D convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Conv2dParams {
+    /// Filter height.
+    pub r: u32,
+    /// Filter width.
+    pub s: u32,
+    /// Step between output pixels, in input pixels (both axes).
+    pub stride: u32,
+    /// Zero padding on every side of the input (both axes).
+    pub pad: u32,
+}
+
+/// Output height and width of a convolution over an `h` × `w` input:
+/// `(h + 2·pad − r) / stride + 1`, or 0 when the padded input is smaller than the filter.
+pub fn conv2d_output_size(params: &Conv2dParams, h: u32, w: u32) -> (u64, u64) {
+    let side = |input: u32, filter: u32| {
+        let padded = u64::from(input) + 2 * u64::from(params.pad);
+        if padded < u64::from(filter) {
+            0
+        } else {
+            (padded - u64::from(filter)) / u64::from(params.stride) + 1
+        }
+    };
+    (side(h, params.r), side(w, params.s))
+}
+
+/// The GPU suite's shapes: odd sizes, then more channels.
+const SUITE_SHAPES: [Shape; 2] = [
+    Shape::Conv2d {
+        n: 2,
+        c: 3,
+        h: 17,
+        w: 13,
+        k: 4,
+    },
+    Shape::Conv2d {
+        n: 1,
+        c: 8,
+        h: 40,
+        w: 33,
+        k: 6,
+    },
+];
+
+impl Kind for Conv2dParams {
+    const NAME: &'static str = "conv2d";
+    const EXAMPLES: &'static [&'static str] = &[
+        "conv2d[3x3]",
+        "conv2d[3x3,p1]",
+        "conv2d[3x3,s2,p1]",
+        "conv2d[1x1]",
+        "conv2d[5x3,p2]",
+        "conv2d[2x2,s2]",
+        "conv2d[5x7,s3,p4]",
+        "conv2d[11x11,s8,p10]",
+        "conv2d[1x1,s2]",
+        "conv2d[7x7,s2,p3]",
+    ];
+
+    fn parse(descriptor: &str, params: &str) -> Result<Self, JitError> {
+        let mut parts = params.split(',');
+        let filter = parts.next().unwrap_or_default();
+        let Some((r, s)) = filter.split_once('x') else {
+            return Err(JitError::parse(
+                descriptor,
+                "conv2d takes a filter RxS, e.g. conv2d[3x3,s1,p1]",
+            ));
+        };
+        let mut conv = Conv2dParams {
+            r: parse_int(descriptor, r)?,
+            s: parse_int(descriptor, s)?,
+            stride: 1,
+            pad: 0,
+        };
+        let mut next = parts.next();
+        if let Some(stride) = next.and_then(|part| part.strip_prefix('s')) {
+            conv.stride = parse_int(descriptor, stride)?;
+            next = parts.next();
+        }
+        if let Some(pad) = next.and_then(|part| part.strip_prefix('p')) {
+            conv.pad = parse_int(descriptor, pad)?;
+            next = parts.next();
+        }
+        if next.is_some() {
+            return Err(JitError::parse(
+                descriptor,
+                "conv2d options are ,sSTRIDE then ,pPADDING",
+            ));
+        }
+        Ok(conv)
+    }
+
+    fn write_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{},s{},p{}", self.r, self.s, self.stride, self.pad)
+    }
+
+    fn check(&self, _dtype: Dtype) -> Result<(), String> {
+        for (what, value) in [("r", self.r), ("s", self.s)] {
+            if !(1..=11).contains(&value) {
+                return Err(format!(
+                    "conv2d filter {what} must be in 1..=11, not {value}"
+                ));
+            }
+        }
+        if !(1..=8).contains(&self.stride) {
+            return Err(format!(
+                "conv2d stride must be in 1..=8, not {}",
+                self.stride
+            ));
+        }
+        if self.pad >= self.r.min(self.s) {
+            return Err(format!(
+                "conv2d padding {} must be smaller than the filter ({}x{})",
+                self.pad, self.r, self.s
+            ));
+        }
+        Ok(())
+    }
+
+    fn params(&self, _dtype: Dtype) -> Vec<Param> {
+        vec![
+            Param::new("input", ParamKind::Input),
+            Param::new("weight", ParamKind::Input),
+            Param::new("output", ParamKind::Output),
+            Param::new("n", ParamKind::U32),
+            Param::new("c", ParamKind::U32),
+            Param::new("h", ParamKind::U32),
+            Param::new("w", ParamKind::U32),
+            Param::new("k", ParamKind::U32),
+        ]
+    }
+
+    fn grid_axes(&self) -> usize {
+        3
+    }
+
+    fn grid(&self, shape: &Shape) -> Option<[u64; 3]> {
+        let Shape::Conv2d { n, h, w, k, .. } = *shape else {
+            return None;
+        };
+        let (p, q) = conv2d_output_size(self, h, w);
+        Some([
+            blocks(p * q, u64::from(BLOCK_1D)),
+            u64::from(k).max(1),
+            u64::from(n).max(1),
+        ])
+    }
+
+    fn shape(&self, sizes: &[u32]) -> Option<Shape> {
+        match sizes {
+            &[n, c, h, w, k] => Some(Shape::Conv2d { n, c, h, w, k }),
+            _ => None,
+        }
+    }
+
+    fn buffer_elements(&self, shape: &Shape, _buffers: usize) -> Vec<Option<u64>> {
+        let Shape::Conv2d { n, c, h, w, k } = *shape else {
+            return Vec::new();
+        };
+        let (p, q) = conv2d_output_size(self, h, w);
+        let output = product(&[n, k]).and_then(|nk| nk.checked_mul(p)?.checked_mul(q));
+        vec![
+            product(&[n, c, h, w]),
+            product(&[k, c, self.r, self.s]),
+            output,
+        ]
+    }
+
+    fn emit(&self, _dtype: Dtype, _params: &[Param], ops: &Ops, out: &mut String) {
+        conv2d(out, ops, *self);
+    }
+
+    fn plan<T: Element>(
+        &self,
+        config: &LaunchConfig,
+        _args: &[KernelArg],
+        shape: &Shape,
+        buffers: &[usize],
+    ) -> Result<Stage<T>, JitError> {
+        let (Shape::Conv2d { n, c, h, w, k }, &[input, weight, output]) = (*shape, buffers) else {
+            return Err(JitError::InvalidLaunch("conv2d takes three buffers".into()));
+        };
+        let (p, q) = conv2d_output_size(self, h, w);
+        let conv = Conv {
+            n: n as usize,
+            c: c as usize,
+            h: h as usize,
+            w: w as usize,
+            k: k as usize,
+            r: self.r as usize,
+            s: self.s as usize,
+            stride: self.stride as usize,
+            pad: self.pad as usize,
+            p: p as usize,
+            q: q as usize,
+        };
+        Ok(Stage::Conv {
+            pixels: covered(config, 1, p * q),
+            channels: conv.k.min(config.grid[1] as usize),
+            images: conv.n.min(config.grid[2] as usize),
+            conv,
+            buffers: [input, weight, output],
+            at: [0, 0, 0],
+        })
+    }
+
+    fn case_shape(&self, dims: [u32; 5]) -> Shape {
+        Shape::Conv2d {
+            n: 1 + dims[0] % 2,
+            c: 1 + dims[1] % 3,
+            h: dims[2] % 10,
+            w: dims[3] % 10,
+            k: 1 + dims[4] % 3,
+        }
+    }
+
+    fn suite_shapes(&self) -> [Shape; 2] {
+        SUITE_SHAPES
+    }
+}
+
+/// Direct convolution, one output pixel per thread, accumulating over c, r, s in order and
+/// skipping taps in the padding.
+fn conv2d(out: &mut String, ops: &Ops, params: Conv2dParams) {
+    let Conv2dParams { r, s, stride, pad } = params;
+    global_index_1d(out);
+    ins!(out, "mov.u32 %r3, %ctaid.y;");
+    ins!(out, "cvt.u64.u32 %rd2, %r3; // output channel");
+    ins!(out, "mov.u32 %r4, %ctaid.z;");
+    ins!(out, "cvt.u64.u32 %rd3, %r4; // image");
+    for (reg, name) in [(4, "n"), (5, "c"), (6, "h"), (7, "w"), (8, "k")] {
+        ins!(out, "ld.param.u32 %r5, [p_{name}];");
+        ins!(out, "cvt.u64.u32 %rd{reg}, %r5;");
+    }
+    ins!(out, "setp.ge.u64 %p1, %rd3, %rd4; // guard: image < n");
+    ins!(out, "@%p1 bra DONE;");
+    ins!(out, "setp.ge.u64 %p1, %rd2, %rd8; // guard: channel < k");
+    ins!(out, "@%p1 bra DONE;");
+    // P = (h + 2 pad - r) / stride + 1, Q likewise; none when the padded input is too small.
+    for (reg, input, filter) in [(9, 6, r), (10, 7, s)] {
+        ins!(out, "add.u64 %rd{reg}, %rd{input}, {};", 2 * pad);
+        ins!(out, "setp.lt.u64 %p1, %rd{reg}, {filter};");
+        ins!(out, "@%p1 bra DONE;");
+        ins!(out, "sub.u64 %rd{reg}, %rd{reg}, {filter};");
+        ins!(out, "div.u64 %rd{reg}, %rd{reg}, {stride};");
+        ins!(out, "add.u64 %rd{reg}, %rd{reg}, 1;");
+    }
+    ins!(out, "mul.lo.u64 %rd11, %rd9, %rd10;");
+    ins!(out, "setp.ge.u64 %p1, %rd1, %rd11; // guard: pixel < P * Q");
+    ins!(out, "@%p1 bra DONE;");
+    ins!(out, "div.u64 %rd12, %rd1, %rd10; // p");
+    ins!(out, "mul.lo.u64 %rd13, %rd12, %rd10;");
+    ins!(out, "sub.u64 %rd13, %rd1, %rd13; // q");
+    global_pointer(out, 14, "input");
+    global_pointer(out, 15, "weight");
+    ins!(out, "mul.lo.u64 %rd16, %rd3, %rd5;");
+    ins!(out, "mul.lo.u64 %rd16, %rd16, %rd6;");
+    ins!(out, "mul.lo.u64 %rd16, %rd16, %rd7;");
+    ins!(out, "shl.b64 %rd16, %rd16, 2;");
+    ins!(out, "add.u64 %rd14, %rd14, %rd16; // &input[img][0][0][0]");
+    ins!(out, "mul.lo.u64 %rd16, %rd2, %rd5;");
+    ins!(out, "mul.lo.u64 %rd16, %rd16, {};", r * s * 4);
+    ins!(out, "add.u64 %rd15, %rd15, %rd16; // &weight[ko][0][0][0]");
+    ins!(out, "mul.lo.u64 %rd17, %rd6, %rd7;");
+    ins!(out, "shl.b64 %rd17, %rd17, 2; // bytes per input plane");
+    ins!(out, "mul.lo.u64 %rd18, %rd12, {stride}; // p * stride");
+    ins!(out, "mul.lo.u64 %rd19, %rd13, {stride}; // q * stride");
+    ins!(out, "mov.b32 %v0, 0;");
+    ins!(out, "mov.u64 %rd20, 0; // ci");
+    label!(out, "CHANNEL");
+    ins!(out, "setp.ge.u64 %p2, %rd20, %rd5;");
+    ins!(out, "@%p2 bra CHANNEL_END;");
+    ins!(out, "mov.u32 %r6, 0; // r");
+    label!(out, "FILTER_ROW");
+    ins!(out, "setp.ge.u32 %p3, %r6, {r};");
+    ins!(out, "@%p3 bra FILTER_ROW_END;");
+    ins!(out, "cvt.u64.u32 %rd21, %r6;");
+    ins!(out, "add.u64 %rd21, %rd21, %rd18;");
+    ins!(out, "setp.lt.u64 %p4, %rd21, {pad}; // guard: ih >= 0");
+    ins!(out, "@%p4 bra FILTER_ROW_NEXT;");
+    ins!(out, "sub.u64 %rd21, %rd21, {pad}; // ih");
+    ins!(out, "setp.ge.u64 %p4, %rd21, %rd6; // guard: ih < h");
+    ins!(out, "@%p4 bra FILTER_ROW_NEXT;");
+    ins!(out, "mul.lo.u64 %rd22, %rd21, %rd7;");
+    ins!(out, "shl.b64 %rd22, %rd22, 2;");
+    ins!(
+        out,
+        "add.u64 %rd22, %rd22, %rd14; // &input[img][ci][ih][0]"
+    );
+    ins!(out, "mul.wide.u32 %rd23, %r6, {};", s * 4);
+    ins!(out, "add.u64 %rd23, %rd23, %rd15; // &weight[ko][ci][r][0]");
+    ins!(out, "mov.u32 %r7, 0; // s");
+    label!(out, "FILTER_COL");
+    ins!(out, "setp.ge.u32 %p5, %r7, {s};");
+    ins!(out, "@%p5 bra FILTER_ROW_NEXT;");
+    ins!(out, "cvt.u64.u32 %rd24, %r7;");
+    ins!(out, "add.u64 %rd24, %rd24, %rd19;");
+    ins!(out, "setp.lt.u64 %p6, %rd24, {pad}; // guard: iw >= 0");
+    ins!(out, "@%p6 bra FILTER_COL_NEXT;");
+    ins!(out, "sub.u64 %rd24, %rd24, {pad}; // iw");
+    ins!(out, "setp.ge.u64 %p6, %rd24, %rd7; // guard: iw < w");
+    ins!(out, "@%p6 bra FILTER_COL_NEXT;");
+    ins!(out, "shl.b64 %rd24, %rd24, 2;");
+    ins!(out, "add.u64 %rd24, %rd24, %rd22;");
+    ins!(out, "ld.global.b32 %v1, [%rd24];");
+    ins!(out, "mul.wide.u32 %rd25, %r7, 4;");
+    ins!(out, "add.u64 %rd25, %rd25, %rd23;");
+    ins!(out, "ld.global.b32 %v2, [%rd25];");
+    ins!(out, "{} %v3, %v1, %v2;", ops.mul);
+    ins!(out, "{} %v0, %v0, %v3;", ops.add);
+    label!(out, "FILTER_COL_NEXT");
+    ins!(out, "add.u32 %r7, %r7, 1;");
+    ins!(out, "bra FILTER_COL;");
+    label!(out, "FILTER_ROW_NEXT");
+    ins!(out, "add.u32 %r6, %r6, 1;");
+    ins!(out, "bra FILTER_ROW;");
+    label!(out, "FILTER_ROW_END");
+    ins!(out, "add.u64 %rd14, %rd14, %rd17;");
+    ins!(out, "add.u64 %rd15, %rd15, {};", r * s * 4);
+    ins!(out, "add.u64 %rd20, %rd20, 1;");
+    ins!(out, "bra CHANNEL;");
+    label!(out, "CHANNEL_END");
+    // out[((img * k + ko) * P + p) * Q + q]
+    global_pointer(out, 26, "output");
+    ins!(out, "mad.lo.u64 %rd27, %rd3, %rd8, %rd2;");
+    ins!(out, "mad.lo.u64 %rd27, %rd27, %rd9, %rd12;");
+    ins!(out, "mad.lo.u64 %rd27, %rd27, %rd10, %rd13;");
+    ins!(out, "shl.b64 %rd27, %rd27, 2;");
+    ins!(out, "add.u64 %rd27, %rd27, %rd26;");
+    ins!(out, "st.global.b32 [%rd27], %v0;");
+}

@@ -1,0 +1,236 @@
+//! What kinds computed row by row share: the CPU run in steps and in parts, and the PTX
+//! prologue of a row grid.
+//!
+//! A row kind writes `rows` output rows of `row_len` elements each, row `r` at element
+//! `r * row_len` of the output, and computes a row from its inputs alone (the contract refuses
+//! an output that overlaps an input). Its grid ([`RowGrid::Spread`]) is
+//! `[rows, ceil(row_len / 256), 1]`; thread `t` of block `(r, y)` computes element
+//! `y * 256 + t` of row `r`. A launch with a smaller grid computes only the rows and columns
+//! it covers, on the CPU as on the GPU.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, LaunchConfig};
+
+use super::{blocks, KindRun};
+use crate::contract::BLOCK_1D;
+use crate::cpu::Element;
+use crate::cpu_parts::{disjoint, split};
+use crate::emit::ins;
+
+/// How a row kind's grid maps onto its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowGrid {
+    /// One thread per element: `grid = [rows, ceil(row_len / 256), 1]`.
+    Spread,
+}
+
+impl RowGrid {
+    /// The grid covering `rows` rows of `row_len` elements.
+    pub(crate) fn grid(self, rows: u64, row_len: u64) -> [u64; 3] {
+        match self {
+            RowGrid::Spread => [rows.max(1), blocks(row_len, u64::from(BLOCK_1D)), 1],
+        }
+    }
+
+    /// Grid axes the kernel reads.
+    pub(crate) fn axes(self) -> usize {
+        match self {
+            RowGrid::Spread => 2,
+        }
+    }
+
+    /// The rows and the elements of each row a launch with `config` computes.
+    pub(crate) fn covered(
+        self,
+        config: &LaunchConfig,
+        rows: usize,
+        row_len: usize,
+    ) -> (usize, usize) {
+        let rows = rows.min(config.grid[0] as usize);
+        match self {
+            RowGrid::Spread => (
+                rows,
+                row_len.min(config.grid[1] as usize * BLOCK_1D as usize),
+            ),
+        }
+    }
+}
+
+/// The computation of one row of a row kind.
+pub(crate) trait RowOp<T>: fmt::Debug + Send + Sync + 'static {
+    /// About how many operations one row costs (for step and part sizes).
+    fn row_work(&self) -> usize;
+
+    /// Computes elements `0..out.len()` of row `row` into `out`, from `inputs`: the bytes of
+    /// each input buffer (as far as the launch's shape needs), in parameter order.
+    fn row(&self, row: usize, inputs: &[&[u8]], out: &mut [T]);
+}
+
+/// A row kind's launch on the CPU.
+pub(crate) struct RowRun<T, K> {
+    op: Arc<K>,
+    /// Byte ranges of guest memory of the inputs, in parameter order.
+    inputs: Vec<Range<usize>>,
+    /// Byte offset of the output.
+    out: usize,
+    row_len: usize,
+    /// Rows and elements per row computed.
+    rows: usize,
+    cols: usize,
+    next: usize,
+    scratch: Vec<T>,
+}
+
+impl<T, K> fmt::Debug for RowRun<T, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RowRun")
+            .field("inputs", &self.inputs)
+            .field("out", &self.out)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl<T: Element, K: RowOp<T>> RowRun<T, K> {
+    /// The run of `op` over `rows` rows of `row_len` elements (of which `config` covers
+    /// some), reading `inputs` and writing at byte offset `out`.
+    pub(crate) fn new(
+        op: K,
+        grid: RowGrid,
+        config: &LaunchConfig,
+        inputs: Vec<Range<usize>>,
+        out: usize,
+        rows: usize,
+        row_len: usize,
+    ) -> Self {
+        let (rows, cols) = grid.covered(config, rows, row_len);
+        RowRun {
+            op: Arc::new(op),
+            inputs,
+            out,
+            row_len,
+            rows,
+            cols,
+            next: 0,
+            scratch: Vec::new(),
+        }
+    }
+}
+
+impl<T: Element + Send, K: RowOp<T>> KindRun<T> for RowRun<T, K> {
+    fn step(&mut self, memory: &mut [u8], work: usize) -> bool {
+        self.scratch.resize(self.cols, T::ZERO);
+        let mut spent = 0;
+        while self.next < self.rows && spent < work {
+            let inputs: Vec<&[u8]> = self.inputs.iter().map(|r| &memory[r.clone()]).collect();
+            self.op.row(self.next, &inputs, &mut self.scratch);
+            let at = self.out + 4 * self.next * self.row_len;
+            for (bytes, value) in memory[at..at + 4 * self.cols]
+                .chunks_exact_mut(4)
+                .zip(&self.scratch)
+            {
+                bytes.copy_from_slice(&value.to_le());
+            }
+            self.next += 1;
+            spent += self.op.row_work().max(1);
+        }
+        self.next >= self.rows
+    }
+
+    fn parts(self: Box<Self>, workers: usize) -> Option<CpuParts> {
+        let RowRun {
+            op,
+            inputs,
+            out,
+            row_len,
+            rows,
+            cols,
+            ..
+        } = *self;
+        let parts = split(rows, op.row_work(), workers)
+            .into_iter()
+            .map(|range| {
+                let first = out + 4 * range.start * row_len;
+                let last = if range.is_empty() {
+                    first
+                } else {
+                    out + 4 * ((range.end - 1) * row_len + cols)
+                };
+                let part = RowPart {
+                    op: op.clone(),
+                    row_len,
+                    cols,
+                    first: range.start,
+                    rows: range,
+                    scratch: Vec::new(),
+                };
+                (first..last, Box::new(part) as Box<dyn CpuPart>)
+            })
+            .collect();
+        disjoint(CpuParts { inputs, parts })
+    }
+}
+
+/// Rows `rows` of a row kind, on one core.
+struct RowPart<T, K> {
+    op: Arc<K>,
+    row_len: usize,
+    cols: usize,
+    /// The first row of the part (at byte 0 of its output range).
+    first: usize,
+    rows: Range<usize>,
+    scratch: Vec<T>,
+}
+
+impl<T: Element + Send, K: RowOp<T>> CpuPart for RowPart<T, K> {
+    fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
+        self.scratch.resize(self.cols, T::ZERO);
+        let mut spent = 0;
+        while !self.rows.is_empty() && spent < crate::cpu::STEP_WORK {
+            let row = self.rows.start;
+            self.op.row(row, inputs, &mut self.scratch);
+            let at = 4 * (row - self.first) * self.row_len;
+            for (bytes, value) in output[at..at + 4 * self.cols]
+                .chunks_exact_mut(4)
+                .zip(&self.scratch)
+            {
+                bytes.copy_from_slice(&value.to_le());
+            }
+            self.rows.start += 1;
+            spent += self.op.row_work().max(1);
+        }
+        Ok(self.rows.is_empty())
+    }
+}
+
+/// PTX: `%rd1` = row (`ctaid.x`), `%rd2` = element of the row (`ctaid.y * 256 + tid.x`) of a
+/// [`RowGrid::Spread`] launch, both 64-bit; branches to `DONE` unless `row < %rd3` and
+/// `element < %rd4`, which the caller has loaded (rows, row length).
+pub(crate) fn spread_prologue(out: &mut String) {
+    ins!(out, "mov.u32 %r1, %ctaid.x;");
+    ins!(out, "cvt.u64.u32 %rd1, %r1; // row");
+    ins!(out, "mov.u32 %r2, %ctaid.y;");
+    ins!(out, "mov.u32 %r3, %tid.x;");
+    ins!(out, "mul.wide.u32 %rd2, %r2, {BLOCK_1D};");
+    ins!(out, "cvt.u64.u32 %rd5, %r3;");
+    ins!(out, "add.u64 %rd2, %rd2, %rd5; // element of the row");
+    ins!(out, "setp.ge.u64 %p1, %rd1, %rd3; // guard: row < rows");
+    ins!(out, "@%p1 bra DONE;");
+    ins!(
+        out,
+        "setp.ge.u64 %p1, %rd2, %rd4; // guard: element < row length"
+    );
+    ins!(out, "@%p1 bra DONE;");
+}
+
+/// Decodes element `index` of a little-endian buffer.
+#[inline(always)]
+pub(crate) fn load<T: Element>(bytes: &[u8], index: usize) -> T {
+    let at = 4 * index;
+    T::from_le([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
