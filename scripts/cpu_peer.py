@@ -129,6 +129,10 @@ def main():
         record(f"matmul {size}^3 f32", fn, flops, "gflop_per_s")
     fn, flops = matmul_peer(256 if args.quick else 1024, "i32", rng)
     record(f"matmul {256 if args.quick else 1024}^3 i32", fn, flops, "gflop_per_s")
+    a = rng.standard_normal((4096, n // 4096 // 2), dtype=np.float32)
+    b = rng.standard_normal((4096, n // 4096 // 2), dtype=np.float32)
+    joined = np.empty((4096, 2 * a.shape[1]), dtype=np.float32)
+    record("concat axis 1 f32", lambda: np.concatenate((a, b), axis=1, out=joined), 2 * 4 * n, "gb_per_s")
     for stride in (1, 2):
         fn, flops = conv2d_peer(stride, rng, batch=1 if args.quick else 8)
         record(f"conv2d 3x3 stride {stride} f32", fn, flops, "gflop_per_s")

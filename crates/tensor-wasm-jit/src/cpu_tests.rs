@@ -305,3 +305,30 @@ fn parts_are_offered_only_for_separate_buffers() {
         }
     }
 }
+
+/// Every blueprint of the conformance set, on its fixed cases (smaller and larger grids than
+/// the shape's included): steps of any size and parts on 1 to 4 cores compute what one
+/// uninterrupted run computes, and nothing outside the output changes.
+#[test]
+fn every_catalogue_blueprint_runs_alike_in_steps_and_in_parts() {
+    for blueprint in crate::conformance::blueprints() {
+        for case in crate::conformance::fixed_cases(&blueprint, 4) {
+            let (config, args, layout) = crate::conformance::build(&blueprint, &case);
+            let mut expected = layout.memory.clone();
+            run_sliced(&blueprint, &config, &args, &mut expected, usize::MAX);
+            let mut sliced = layout.memory.clone();
+            run_sliced(&blueprint, &config, &args, &mut sliced, 7);
+            assert!(same_words(&sliced, &expected), "{blueprint} in steps of 7");
+            for workers in 1..=4 {
+                let mut memory = layout.memory.clone();
+                if run_parts(&blueprint, &config, &args, &mut memory, workers) {
+                    assert!(
+                        same_words(&memory, &expected),
+                        "{blueprint} as parts on {workers} cores, grid {:?}",
+                        config.grid
+                    );
+                }
+            }
+        }
+    }
+}

@@ -249,6 +249,17 @@ fn cases(backend: &dyn Backend, tenant: &TenantKey, quick: bool) -> anyhow::Resu
         work: 3.0 * 4.0 * n as f64,
         unit: "gb_per_s",
     });
+    // concat[2] along axis 1 of two (rows × n/2/rows) tensors: n elements read and written.
+    let (outer, half) = (4096u32, n32 / 4096 / 2);
+    cases.push(jit_case(
+        backend,
+        tenant,
+        "concat[2]",
+        Shape::of_sizes(&[outer, half, half, 1]),
+        (&[n / 2, n / 2, n], &[outer, half, half, 1]),
+        "concat axis 1 f32",
+        (2.0 * 4.0 * n as f64, "gb_per_s"),
+    )?);
     let (batch, channels, side, kernels) = (if quick { 1u32 } else { 8 }, 64u32, 56u32, 64u32);
     for stride in [1u32, 2] {
         let out_side = (side + 2 - 3) / stride + 1;

@@ -11,7 +11,7 @@ use std::fmt;
 
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
 
-use super::rows::{load, spread_prologue, RowGrid, RowOp, RowRun};
+use super::rows::{spread_prologue, RowGrid, RowOp, RowRun};
 use super::{parse_int, product, Kind};
 use crate::contract::{Param, ParamKind, Shape};
 use crate::cpu::{Element, Stage};
@@ -202,18 +202,16 @@ impl<T: Element> RowOp<T> for Concat {
         self.slabs.iter().sum()
     }
 
-    fn row(&self, row: usize, inputs: &[&[u8]], out: &mut [T]) {
+    fn row(&self, row: usize, inputs: &[&[u8]], out: &mut [u8]) {
         let mut start = 0;
         for (input, &slab) in inputs.iter().zip(&self.slabs) {
             if start >= out.len() {
                 break;
             }
-            let take = slab.min(out.len() - start);
-            let from = row * slab;
-            for (j, value) in out[start..start + take].iter_mut().enumerate() {
-                *value = load(input, from + j);
-            }
-            start += slab;
+            let take = (4 * slab).min(out.len() - start);
+            let from = 4 * row * slab;
+            out[start..start + take].copy_from_slice(&input[from..from + take]);
+            start += 4 * slab;
         }
     }
 }

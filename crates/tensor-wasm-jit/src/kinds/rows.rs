@@ -12,7 +12,10 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
+use std::marker::PhantomData;
+
 use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, LaunchConfig};
+use zerocopy::IntoBytes;
 
 use super::{blocks, KindRun};
 use crate::contract::BLOCK_1D;
@@ -64,9 +67,16 @@ pub(crate) trait RowOp<T>: fmt::Debug + Send + Sync + 'static {
     /// About how many operations one row costs (for step and part sizes).
     fn row_work(&self) -> usize;
 
-    /// Computes elements `0..out.len()` of row `row` into `out`, from `inputs`: the bytes of
-    /// each input buffer (as far as the launch's shape needs), in parameter order.
-    fn row(&self, row: usize, inputs: &[&[u8]], out: &mut [T]);
+    /// Computes the first `out.len() / 4` elements of row `row` into `out` (little-endian,
+    /// 4-byte aligned), from `inputs`: the bytes of each input buffer (as far as the launch's
+    /// shape needs), in parameter order.
+    fn row(&self, row: usize, inputs: &[&[u8]], out: &mut [u8]);
+
+    /// Whether [`RowOp::row`] may leave elements of `out` as they are (a launch covering part
+    /// of a row): then `out` holds the output's current bytes when it is called.
+    fn keeps_output(&self) -> bool {
+        false
+    }
 }
 
 /// A row kind's launch on the CPU.
@@ -81,6 +91,7 @@ pub(crate) struct RowRun<T, K> {
     rows: usize,
     cols: usize,
     next: usize,
+    /// The row being computed (aligned for `T`), copied into the memory after.
     scratch: Vec<T>,
 }
 
@@ -109,6 +120,18 @@ impl<T: Element, K: RowOp<T>> RowRun<T, K> {
         row_len: usize,
     ) -> Self {
         let (rows, cols) = grid.covered(config, rows, row_len);
+        Self::covering(op, inputs, out, rows, row_len, cols)
+    }
+
+    /// The run of `op` over rows `0..rows` of `row_len` elements, elements `0..cols` of each.
+    pub(crate) fn covering(
+        op: K,
+        inputs: Vec<Range<usize>>,
+        out: usize,
+        rows: usize,
+        row_len: usize,
+        cols: usize,
+    ) -> Self {
         RowRun {
             op: Arc::new(op),
             inputs,
@@ -127,15 +150,14 @@ impl<T: Element + Send, K: RowOp<T>> KindRun<T> for RowRun<T, K> {
         self.scratch.resize(self.cols, T::ZERO);
         let mut spent = 0;
         while self.next < self.rows && spent < work {
-            let inputs: Vec<&[u8]> = self.inputs.iter().map(|r| &memory[r.clone()]).collect();
-            self.op.row(self.next, &inputs, &mut self.scratch);
             let at = self.out + 4 * self.next * self.row_len;
-            for (bytes, value) in memory[at..at + 4 * self.cols]
-                .chunks_exact_mut(4)
-                .zip(&self.scratch)
-            {
-                bytes.copy_from_slice(&value.to_le());
+            let scratch = self.scratch.as_mut_bytes();
+            if self.op.keeps_output() {
+                scratch.copy_from_slice(&memory[at..at + 4 * self.cols]);
             }
+            let inputs: Vec<&[u8]> = self.inputs.iter().map(|r| &memory[r.clone()]).collect();
+            self.op.row(self.next, &inputs, scratch);
+            memory[at..at + 4 * self.cols].copy_from_slice(scratch);
             self.next += 1;
             spent += self.op.row_work().max(1);
         }
@@ -167,7 +189,7 @@ impl<T: Element + Send, K: RowOp<T>> KindRun<T> for RowRun<T, K> {
                     cols,
                     first: range.start,
                     rows: range,
-                    scratch: Vec::new(),
+                    _element: PhantomData::<T>,
                 };
                 (first..last, Box::new(part) as Box<dyn CpuPart>)
             })
@@ -184,23 +206,18 @@ struct RowPart<T, K> {
     /// The first row of the part (at byte 0 of its output range).
     first: usize,
     rows: Range<usize>,
-    scratch: Vec<T>,
+    _element: PhantomData<T>,
 }
 
 impl<T: Element + Send, K: RowOp<T>> CpuPart for RowPart<T, K> {
     fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
-        self.scratch.resize(self.cols, T::ZERO);
         let mut spent = 0;
         while !self.rows.is_empty() && spent < crate::cpu::STEP_WORK {
             let row = self.rows.start;
-            self.op.row(row, inputs, &mut self.scratch);
             let at = 4 * (row - self.first) * self.row_len;
-            for (bytes, value) in output[at..at + 4 * self.cols]
-                .chunks_exact_mut(4)
-                .zip(&self.scratch)
-            {
-                bytes.copy_from_slice(&value.to_le());
-            }
+            // The output range holds the memory's current bytes: nothing to load.
+            self.op
+                .row(row, inputs, &mut output[at..at + 4 * self.cols]);
             self.rows.start += 1;
             spent += self.op.row_work().max(1);
         }
@@ -226,11 +243,4 @@ pub(crate) fn spread_prologue(out: &mut String) {
         "setp.ge.u64 %p1, %rd2, %rd4; // guard: element < row length"
     );
     ins!(out, "@%p1 bra DONE;");
-}
-
-/// Decodes element `index` of a little-endian buffer.
-#[inline(always)]
-pub(crate) fn load<T: Element>(bytes: &[u8], index: usize) -> T {
-    let at = 4 * index;
-    T::from_le([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
 }
