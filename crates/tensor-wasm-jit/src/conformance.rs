@@ -276,7 +276,17 @@ pub fn build(blueprint: &Blueprint, case: &Case) -> (LaunchConfig, Vec<KernelArg
     let mut rng = Rng(case.seed);
     let inputs = elements.len() - 1;
     for (index, &count) in elements.iter().enumerate().take(inputs) {
-        layout.fill(index, count, blueprint.dtype(), &mut rng);
+        let words: Vec<u32> = (0..count)
+            .map(|_| {
+                with_kind!(blueprint.kind(), |k| k.case_input(
+                    blueprint.dtype(),
+                    index,
+                    &shape,
+                    &mut rng
+                ))
+            })
+            .collect();
+        layout.write(index, &words);
     }
     let scalars = shape.sizes();
     let (mut buffer, mut scalar) = (0, 0);

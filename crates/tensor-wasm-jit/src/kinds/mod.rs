@@ -15,6 +15,7 @@ use std::fmt;
 
 use tensor_wasm_gpu::{CpuParts, KernelArg, LaunchConfig};
 
+use crate::conformance::Rng;
 use crate::contract::{Param, Shape, BLOCK_1D};
 use crate::cpu::{Element, Stage};
 use crate::emit::Ops;
@@ -22,8 +23,11 @@ use crate::{Dtype, JitError};
 
 pub(crate) mod concat;
 pub(crate) mod conv2d;
+pub(crate) mod copy;
 pub(crate) mod elementwise;
+pub(crate) mod gather;
 pub(crate) mod matmul;
+pub(crate) mod permute;
 pub(crate) mod reduce;
 pub(crate) mod rows;
 pub(crate) mod vector_add;
@@ -107,6 +111,13 @@ pub(crate) trait Kind: Copy + fmt::Debug + Sized {
 
     /// Two shapes the GPU suite launches (one odd-sized, one larger).
     fn suite_shapes(&self) -> [Shape; 2];
+
+    /// The bits of the next element of input buffer `input` (its index among the buffer
+    /// parameters) in a conformance case of `shape`: by default any value of `dtype`, edge
+    /// values included. Kinds whose inputs must mean something (indices) draw their own.
+    fn case_input(&self, dtype: Dtype, _input: usize, _shape: &Shape, rng: &mut Rng) -> u32 {
+        rng.bits(dtype)
+    }
 }
 
 /// A kind's CPU run in steps, for kinds whose run is not one of [`Stage`]'s built-in forms.
@@ -176,6 +187,10 @@ catalogue! {$
     Conv2d(conv2d::Conv2dParams),
     /// `concat[N]`: `N` tensors joined along one axis.
     Concat(concat::ConcatInputs),
+    /// `permute[P]`: the axes of a 2- to 4-dimensional tensor reordered.
+    Permute(permute::Permutation),
+    /// `gather[rows]`: rows of a table picked by i32 indices.
+    Gather(gather::GatherRows),
 }
 
 impl BlueprintKind {
