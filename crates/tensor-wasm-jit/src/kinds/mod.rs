@@ -20,6 +20,7 @@ use crate::cpu::{Element, Stage};
 use crate::emit::Ops;
 use crate::{Dtype, JitError};
 
+pub(crate) mod bmm;
 pub(crate) mod concat;
 pub(crate) mod conv2d;
 pub(crate) mod elementwise;
@@ -176,6 +177,8 @@ catalogue! {$
     Conv2d(conv2d::Conv2dParams),
     /// `concat[N]`: `N` tensors joined along one axis.
     Concat(concat::ConcatInputs),
+    /// `bmm[XY]`: batched C (m × n) = op(A) · op(B), X and Y `n` (normal) or `t` (transposed).
+    Bmm(bmm::BmmLayout),
 }
 
 impl BlueprintKind {

@@ -142,6 +142,14 @@ const MUTANTS: &[Mutant] = &[
         everywhere: false,
         dims: &[[6, 6, 9, 0, 0]],
     },
+    Mutant {
+        name: "bmm walks a transposed A along its rows",
+        blueprint: "bmm[tn]:f32",
+        from: "shl.b64 %rd9, %rd21, 2;",
+        to: "mov.u64 %rd9, 4;",
+        everywhere: false,
+        dims: &[[2, 5, 7, 4, 0]],
+    },
 ];
 
 /// Runs every mutant; returns `(caught, total)` and panics naming any mutant not caught.
