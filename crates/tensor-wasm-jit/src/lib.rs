@@ -89,6 +89,7 @@ pub use kinds::concat::ConcatInputs;
 pub use kinds::conv2d::{conv2d_output_size, Conv2dParams};
 pub use kinds::elementwise::ElementwiseOp;
 pub use kinds::matmul::MatmulTile;
+pub use kinds::pool::{AvgPool, MaxPool};
 pub use kinds::reduce::ReduceOp;
 pub use kinds::vector_add::Lanes;
 pub use kinds::{BlueprintKind, KIND_NAMES};

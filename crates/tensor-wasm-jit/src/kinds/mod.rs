@@ -25,6 +25,7 @@ pub(crate) mod concat;
 pub(crate) mod conv2d;
 pub(crate) mod elementwise;
 pub(crate) mod matmul;
+pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod rows;
 pub(crate) mod vector_add;
@@ -179,6 +180,10 @@ catalogue! {$
     Concat(concat::ConcatInputs),
     /// `bmm[XY]`: batched C (m × n) = op(A) · op(B), X and Y `n` (normal) or `t` (transposed).
     Bmm(bmm::BmmLayout),
+    /// `maxpool[RxS,sT,pP]`: 2-D max pooling over NCHW, padding taps skipped.
+    MaxPool(pool::MaxPool),
+    /// `avgpool[RxS,sT,pP]`: 2-D average pooling over NCHW, over the in-range taps.
+    AvgPool(pool::AvgPool),
 }
 
 impl BlueprintKind {
