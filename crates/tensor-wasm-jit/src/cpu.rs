@@ -32,6 +32,9 @@ pub(crate) trait Element:
     fn div(self, other: Self) -> Option<Self>;
     /// Neither infinite nor NaN (every integer).
     fn is_finite(self) -> bool;
+    /// `self / count`, the mean of values summing to `self` (`count` at least 1 and below
+    /// 2^24): f32 divides by `count` converted exactly (`div.rn`), i32 truncates toward zero.
+    fn mean(self, count: u32) -> Self;
     /// `y[i] = a[i].fma(b[i], c[i])`.
     fn fma_into(y: &mut [Self], a: &[Self], b: &[Self], c: &[Self]) {
         for (((y, &a), &b), &c) in y.iter_mut().zip(a).zip(b).zip(c) {
@@ -63,6 +66,9 @@ impl Element for f32 {
     fn is_finite(self) -> bool {
         f32::is_finite(self)
     }
+    fn mean(self, count: u32) -> Self {
+        self / count as f32
+    }
 }
 
 impl Element for i32 {
@@ -84,6 +90,9 @@ impl Element for i32 {
     }
     fn is_finite(self) -> bool {
         true
+    }
+    fn mean(self, count: u32) -> Self {
+        self.wrapping_div(count as i32)
     }
 }
 

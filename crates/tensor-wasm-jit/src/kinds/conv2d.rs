@@ -39,6 +39,70 @@ pub fn conv2d_output_size(params: &Conv2dParams, h: u32, w: u32) -> (u64, u64) {
     (side(h, params.r), side(w, params.s))
 }
 
+/// Parses a window `RxS[,sT][,pP]` (the brackets of `conv2d` and the pooling kinds); `kind`
+/// names the kind in errors.
+pub(crate) fn parse_window(
+    descriptor: &str,
+    params: &str,
+    kind: &str,
+) -> Result<Conv2dParams, JitError> {
+    let mut parts = params.split(',');
+    let filter = parts.next().unwrap_or_default();
+    let Some((r, s)) = filter.split_once('x') else {
+        return Err(JitError::parse(
+            descriptor,
+            format!("{kind} takes a filter RxS, e.g. {kind}[3x3,s1,p1]"),
+        ));
+    };
+    let mut window = Conv2dParams {
+        r: parse_int(descriptor, r)?,
+        s: parse_int(descriptor, s)?,
+        stride: 1,
+        pad: 0,
+    };
+    let mut next = parts.next();
+    if let Some(stride) = next.and_then(|part| part.strip_prefix('s')) {
+        window.stride = parse_int(descriptor, stride)?;
+        next = parts.next();
+    }
+    if let Some(pad) = next.and_then(|part| part.strip_prefix('p')) {
+        window.pad = parse_int(descriptor, pad)?;
+        next = parts.next();
+    }
+    if next.is_some() {
+        return Err(JitError::parse(
+            descriptor,
+            format!("{kind} options are ,sSTRIDE then ,pPADDING"),
+        ));
+    }
+    Ok(window)
+}
+
+/// The limits of a window (`conv2d` and the pooling kinds): `r`, `s` in 1..=11, stride in
+/// 1..=8, padding below both `r` and `s`; `kind` names the kind in errors.
+pub(crate) fn check_window(window: &Conv2dParams, kind: &str) -> Result<(), String> {
+    for (what, value) in [("r", window.r), ("s", window.s)] {
+        if !(1..=11).contains(&value) {
+            return Err(format!(
+                "{kind} filter {what} must be in 1..=11, not {value}"
+            ));
+        }
+    }
+    if !(1..=8).contains(&window.stride) {
+        return Err(format!(
+            "{kind} stride must be in 1..=8, not {}",
+            window.stride
+        ));
+    }
+    if window.pad >= window.r.min(window.s) {
+        return Err(format!(
+            "{kind} padding {} must be smaller than the filter ({}x{})",
+            window.pad, window.r, window.s
+        ));
+    }
+    Ok(())
+}
+
 /// The GPU suite's shapes: odd sizes, then more channels.
 const SUITE_SHAPES: [Shape; 2] = [
     Shape::Conv2d {
@@ -73,36 +137,7 @@ impl Kind for Conv2dParams {
     ];
 
     fn parse(descriptor: &str, params: &str) -> Result<Self, JitError> {
-        let mut parts = params.split(',');
-        let filter = parts.next().unwrap_or_default();
-        let Some((r, s)) = filter.split_once('x') else {
-            return Err(JitError::parse(
-                descriptor,
-                "conv2d takes a filter RxS, e.g. conv2d[3x3,s1,p1]",
-            ));
-        };
-        let mut conv = Conv2dParams {
-            r: parse_int(descriptor, r)?,
-            s: parse_int(descriptor, s)?,
-            stride: 1,
-            pad: 0,
-        };
-        let mut next = parts.next();
-        if let Some(stride) = next.and_then(|part| part.strip_prefix('s')) {
-            conv.stride = parse_int(descriptor, stride)?;
-            next = parts.next();
-        }
-        if let Some(pad) = next.and_then(|part| part.strip_prefix('p')) {
-            conv.pad = parse_int(descriptor, pad)?;
-            next = parts.next();
-        }
-        if next.is_some() {
-            return Err(JitError::parse(
-                descriptor,
-                "conv2d options are ,sSTRIDE then ,pPADDING",
-            ));
-        }
-        Ok(conv)
+        parse_window(descriptor, params, Self::NAME)
     }
 
     fn write_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -110,26 +145,7 @@ impl Kind for Conv2dParams {
     }
 
     fn check(&self, _dtype: Dtype) -> Result<(), String> {
-        for (what, value) in [("r", self.r), ("s", self.s)] {
-            if !(1..=11).contains(&value) {
-                return Err(format!(
-                    "conv2d filter {what} must be in 1..=11, not {value}"
-                ));
-            }
-        }
-        if !(1..=8).contains(&self.stride) {
-            return Err(format!(
-                "conv2d stride must be in 1..=8, not {}",
-                self.stride
-            ));
-        }
-        if self.pad >= self.r.min(self.s) {
-            return Err(format!(
-                "conv2d padding {} must be smaller than the filter ({}x{})",
-                self.pad, self.r, self.s
-            ));
-        }
-        Ok(())
+        check_window(self, Self::NAME)
     }
 
     fn params(&self, _dtype: Dtype) -> Vec<Param> {

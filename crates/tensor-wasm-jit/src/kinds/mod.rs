@@ -21,6 +21,7 @@ use crate::cpu::{Element, Stage};
 use crate::emit::Ops;
 use crate::{Dtype, JitError};
 
+pub(crate) mod bmm;
 pub(crate) mod concat;
 pub(crate) mod conv2d;
 pub(crate) mod copy;
@@ -28,6 +29,7 @@ pub(crate) mod elementwise;
 pub(crate) mod gather;
 pub(crate) mod matmul;
 pub(crate) mod permute;
+pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod rows;
 pub(crate) mod vector_add;
@@ -191,6 +193,12 @@ catalogue! {$
     Permute(permute::Permutation),
     /// `gather[rows]`: rows of a table picked by i32 indices.
     Gather(gather::GatherRows),
+    /// `bmm[XY]`: batched C (m × n) = op(A) · op(B), X and Y `n` (normal) or `t` (transposed).
+    Bmm(bmm::BmmLayout),
+    /// `maxpool[RxS,sT,pP]`: 2-D max pooling over NCHW, padding taps skipped.
+    MaxPool(pool::MaxPool),
+    /// `avgpool[RxS,sT,pP]`: 2-D average pooling over NCHW, over the in-range taps.
+    AvgPool(pool::AvgPool),
 }
 
 impl BlueprintKind {

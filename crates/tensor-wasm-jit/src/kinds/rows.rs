@@ -14,8 +14,9 @@ use std::sync::Arc;
 
 use std::marker::PhantomData;
 
+use tensor_wasm_gpu::gemm::{decode_into, encode_into};
 use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, LaunchConfig};
-use zerocopy::IntoBytes;
+use zerocopy::{FromBytes, IntoBytes};
 
 use super::{blocks, KindRun};
 use crate::contract::BLOCK_1D;
@@ -243,4 +244,25 @@ pub(crate) fn spread_prologue(out: &mut String) {
         "setp.ge.u64 %p1, %rd2, %rd4; // guard: element < row length"
     );
     ins!(out, "@%p1 bra DONE;");
+}
+
+/// Decodes element `index` of a little-endian buffer.
+#[inline(always)]
+pub(crate) fn load<T: Element>(bytes: &[u8], index: usize) -> T {
+    let at = 4 * index;
+    T::from_le([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+/// Runs `f` on `out` viewed as `T`s: in place when aligned (always so for guest memory and the
+/// row scratch), else through a decoded copy written back after.
+pub(crate) fn with_values<T: Element>(out: &mut [u8], f: impl FnOnce(&mut [T])) {
+    match <[T]>::mut_from_bytes(out) {
+        Ok(values) => f(values),
+        Err(_) => {
+            let mut values = vec![T::ZERO; out.len() / 4];
+            decode_into(out, &mut values);
+            f(&mut values);
+            encode_into(&values, out);
+        }
+    }
 }

@@ -166,6 +166,30 @@ const MUTANTS: &[Mutant] = &[
         everywhere: false,
         dims: &[[6, 6, 9, 0, 0]],
     },
+    Mutant {
+        name: "bmm walks a transposed A along its rows",
+        blueprint: "bmm[tn]:f32",
+        from: "shl.b64 %rd9, %rd21, 2;",
+        to: "mov.u64 %rd9, 4;",
+        everywhere: false,
+        dims: &[[2, 5, 7, 4, 0]],
+    },
+    Mutant {
+        name: "maxpool skips a NaN tap",
+        blueprint: "maxpool[3x3,s2,p1]:f32",
+        from: "    setp.nan.or.f32 %p7, %v1, %v1, %p7; // a NaN tap is taken\n",
+        to: "",
+        everywhere: false,
+        dims: &[[2, 3, 9, 9, 0]],
+    },
+    Mutant {
+        name: "avgpool counts the padding taps",
+        blueprint: "avgpool[3x3,s1,p1]:f32",
+        from: "max.u32 %r8, %r8, 1; // no tap: +0 / 1",
+        to: "mov.u32 %r8, 9;",
+        everywhere: false,
+        dims: &[[1, 2, 5, 6, 0]],
+    },
 ];
 
 /// Runs every mutant; returns `(caught, total)` and panics naming any mutant not caught.

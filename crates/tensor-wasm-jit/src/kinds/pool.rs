@@ -1,0 +1,647 @@
+//! `maxpool[RxS,sT,pP]` and `avgpool[RxS,sT,pP]`: 2-D pooling over an NCHW input into an
+//! `n × c × P × Q` output, with `conv2d`'s window grammar, limits and output size
+//! ([`conv2d_output_size`]). f32 and i32.
+//!
+//! Each output reads the window's taps that fall inside the input, in order of filter rows `r`,
+//! then columns `s`; taps in the padding are skipped (neither `-inf` nor zero):
+//!
+//! - maxpool: `m = lowest; m = (x > m || x is NaN) ? x : m` over the taps, `lowest` being -inf
+//!   (i32: `i32::MIN`). A NaN tap makes the result NaN (as numpy's `max` and PyTorch's
+//!   `max_pool2d`), whatever its place in the window; ties keep the earlier tap (`-0` before
+//!   `+0` stays `-0`).
+//! - avgpool: `sum = ((+0 + x_0) + x_1) + ...` (f32 `add.rn`, i32 wrapping), then `sum / count`
+//!   with `count` the in-range taps (ONNX `count_include_pad = 0`): f32 `div.rn` by `count`
+//!   (exact as an f32), i32 division truncating toward zero.
+//!
+//! A window without an in-range tap writes `lowest` (maxpool) or `+0` (avgpool, `+0 / 1`). With
+//! padding below the filter that happens only for an input without rows or columns.
+//!
+//! Parameters: `input, output, n, c, h, w`. A row grid ([`RowGrid::Spread`]): grid row `r` is
+//! output row `r % P` of plane `r / P` (plane = image · c + channel), one output per thread.
+
+use std::fmt;
+
+use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+
+use super::conv2d::{check_window, conv2d_output_size, parse_window, Conv2dParams};
+use super::rows::{load, spread_prologue, with_values, RowGrid, RowOp, RowRun};
+use super::{product, Kind};
+use crate::contract::{Param, ParamKind, Shape};
+use crate::cpu::{Element, Stage};
+use crate::emit::{global_pointer, ins, label, Ops};
+use crate::{Dtype, JitError};
+
+/// `maxpool[RxS,sT,pP]`: the largest in-range tap of each window (a NaN tap wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MaxPool(pub Conv2dParams);
+
+/// `avgpool[RxS,sT,pP]`: the mean of each window's in-range taps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AvgPool(pub Conv2dParams);
+
+/// How a pooling kind folds a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fold {
+    Max,
+    Mean,
+}
+
+/// What the two pooling kinds differ in; the rest is [`Kind`] for both.
+trait Pooling: Copy + fmt::Debug {
+    const NAME: &'static str;
+    const EXAMPLES: &'static [&'static str];
+    const FOLD: Fold;
+    fn window(&self) -> Conv2dParams;
+    fn of(window: Conv2dParams) -> Self;
+}
+
+impl Pooling for MaxPool {
+    const NAME: &'static str = "maxpool";
+    const EXAMPLES: &'static [&'static str] = &[
+        "maxpool[2x2,s2]",
+        "maxpool[3x3,s2,p1]",
+        "maxpool[3x3,p2]",
+        "maxpool[1x1]",
+        "maxpool[5x3,s3,p2]",
+        "maxpool[7x7,s8,p3]",
+    ];
+    const FOLD: Fold = Fold::Max;
+    fn window(&self) -> Conv2dParams {
+        self.0
+    }
+    fn of(window: Conv2dParams) -> Self {
+        MaxPool(window)
+    }
+}
+
+impl Pooling for AvgPool {
+    const NAME: &'static str = "avgpool";
+    const EXAMPLES: &'static [&'static str] = &[
+        "avgpool[2x2,s2]",
+        "avgpool[3x3,s2,p1]",
+        "avgpool[3x3,p2]",
+        "avgpool[1x1]",
+        "avgpool[5x3,s3,p2]",
+        "avgpool[7x7,s8,p3]",
+    ];
+    const FOLD: Fold = Fold::Mean;
+    fn window(&self) -> Conv2dParams {
+        self.0
+    }
+    fn of(window: Conv2dParams) -> Self {
+        AvgPool(window)
+    }
+}
+
+/// `n, c, h, w` of a shape with four sizes.
+fn dims(shape: &Shape) -> Option<[u32; 4]> {
+    match shape {
+        Shape::Sizes { .. } => shape.sizes().try_into().ok(),
+        _ => None,
+    }
+}
+
+/// Output rows of the row grid (`n · c · P`, saturating) and their length `Q`.
+fn rows(window: &Conv2dParams, [n, c, h, w]: [u32; 4]) -> (u64, u64) {
+    let (p, q) = conv2d_output_size(window, h, w);
+    let planes = u64::from(n) * u64::from(c);
+    (planes.saturating_mul(p), q)
+}
+
+impl<P: Pooling> Kind for P {
+    const NAME: &'static str = <P as Pooling>::NAME;
+    const EXAMPLES: &'static [&'static str] = <P as Pooling>::EXAMPLES;
+
+    fn parse(descriptor: &str, params: &str) -> Result<Self, JitError> {
+        parse_window(descriptor, params, <P as Pooling>::NAME).map(P::of)
+    }
+
+    fn write_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.window().write_params(f)
+    }
+
+    fn check(&self, _dtype: Dtype) -> Result<(), String> {
+        check_window(&self.window(), <P as Pooling>::NAME)
+    }
+
+    fn params(&self, _dtype: Dtype) -> Vec<Param> {
+        vec![
+            Param::new("input", ParamKind::Input),
+            Param::new("output", ParamKind::Output),
+            Param::new("n", ParamKind::U32),
+            Param::new("c", ParamKind::U32),
+            Param::new("h", ParamKind::U32),
+            Param::new("w", ParamKind::U32),
+        ]
+    }
+
+    fn grid_axes(&self) -> usize {
+        RowGrid::Spread.axes()
+    }
+
+    fn grid(&self, shape: &Shape) -> Option<[u64; 3]> {
+        let (rows, q) = rows(&self.window(), dims(shape)?);
+        Some(RowGrid::Spread.grid(rows, q))
+    }
+
+    fn shape(&self, sizes: &[u32]) -> Option<Shape> {
+        (sizes.len() == 4).then(|| Shape::of_sizes(sizes))
+    }
+
+    fn buffer_elements(&self, shape: &Shape, _buffers: usize) -> Vec<Option<u64>> {
+        let Some([n, c, h, w]) = dims(shape) else {
+            return Vec::new();
+        };
+        let (p, q) = conv2d_output_size(&self.window(), h, w);
+        let output = product(&[n, c]).and_then(|nc| nc.checked_mul(p)?.checked_mul(q));
+        vec![product(&[n, c, h, w]), output]
+    }
+
+    fn emit(&self, dtype: Dtype, _params: &[Param], ops: &Ops, out: &mut String) {
+        pool(out, ops, dtype, P::FOLD, self.window());
+    }
+
+    fn plan<T: Element>(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        shape: &Shape,
+        buffers: &[usize],
+    ) -> Result<Stage<T>, JitError> {
+        let (Some(sizes), &[input, output]) = (dims(shape), buffers) else {
+            return Err(JitError::InvalidLaunch(format!(
+                "{}: {args:?}",
+                <P as Pooling>::NAME
+            )));
+        };
+        let window = self.window();
+        let (p, q) = conv2d_output_size(&window, sizes[2], sizes[3]);
+        let (rows, _) = rows(&window, sizes);
+        // Validation checked both buffers against the memory, so a shape with output
+        // elements fits in usize; one without has nothing to compute.
+        let rows = if q == 0 { 0 } else { rows as usize };
+        let [n, c, h, w] = sizes.map(|size| size as usize);
+        let op = Window {
+            fold: P::FOLD,
+            r: window.r as usize,
+            s: window.s as usize,
+            stride: window.stride as usize,
+            pad: window.pad as usize,
+            h,
+            w,
+            p: p as usize,
+            q: q as usize,
+        };
+        let x = input..input + 4 * n * c * h * w;
+        Ok(Stage::Kind(Box::new(RowRun::<T, _>::new(
+            op,
+            RowGrid::Spread,
+            config,
+            vec![x],
+            output,
+            rows,
+            q as usize,
+        ))))
+    }
+
+    fn case_shape(&self, dims: [u32; 5]) -> Shape {
+        // Rows longer than a block (a second block of the row grid) at times.
+        let w = if (250..260).contains(&dims[3]) {
+            dims[3] + 8
+        } else {
+            dims[3] % 12
+        };
+        Shape::of_sizes(&[dims[0] % 3, dims[1] % 4, dims[2] % 12, w])
+    }
+
+    fn suite_shapes(&self) -> [Shape; 2] {
+        [
+            Shape::of_sizes(&[2, 3, 17, 13]),
+            Shape::of_sizes(&[4, 16, 64, 300]),
+        ]
+    }
+}
+
+/// One output per thread: `%rd1` the grid row (`plane · P + p`), `%rd2` the column `q`; the
+/// taps in order of `r` then `s`, those outside the input skipped.
+fn pool(out: &mut String, ops: &Ops, dtype: Dtype, fold: Fold, window: Conv2dParams) {
+    let Conv2dParams { r, s, stride, pad } = window;
+    for (reg, name) in [(20, "n"), (21, "c"), (6, "h"), (7, "w")] {
+        ins!(out, "ld.param.u32 %r4, [p_{name}];");
+        ins!(out, "cvt.u64.u32 %rd{reg}, %r4;");
+    }
+    // P = (h + 2 pad - r) / stride + 1 and Q likewise; no output when the padded input is
+    // smaller than the filter.
+    for (reg, input, filter) in [(9, 6, r), (4, 7, s)] {
+        ins!(out, "add.u64 %rd{reg}, %rd{input}, {};", 2 * pad);
+        ins!(out, "setp.lt.u64 %p1, %rd{reg}, {filter};");
+        ins!(out, "@%p1 bra DONE;");
+        ins!(out, "sub.u64 %rd{reg}, %rd{reg}, {filter};");
+        ins!(out, "div.u64 %rd{reg}, %rd{reg}, {stride};");
+        ins!(out, "add.u64 %rd{reg}, %rd{reg}, 1;");
+    }
+    ins!(out, "mul.lo.u64 %rd3, %rd20, %rd21;");
+    ins!(out, "mul.lo.u64 %rd3, %rd3, %rd9; // rows: n * c * P");
+    spread_prologue(out);
+    ins!(out, "div.u64 %rd12, %rd1, %rd9; // plane");
+    ins!(out, "mul.lo.u64 %rd13, %rd12, %rd9;");
+    ins!(out, "sub.u64 %rd13, %rd1, %rd13; // p");
+    global_pointer(out, 14, "input");
+    ins!(out, "mul.lo.u64 %rd16, %rd12, %rd6;");
+    ins!(out, "mul.lo.u64 %rd16, %rd16, %rd7;");
+    ins!(out, "shl.b64 %rd16, %rd16, 2;");
+    ins!(out, "add.u64 %rd14, %rd14, %rd16; // &input[plane][0][0]");
+    ins!(out, "mul.lo.u64 %rd18, %rd13, {stride}; // p * stride");
+    ins!(out, "mul.lo.u64 %rd19, %rd2, {stride}; // q * stride");
+    match (fold, dtype) {
+        (Fold::Max, Dtype::F32) => ins!(out, "mov.f32 %v0, 0fFF800000; // -inf"),
+        (Fold::Max, Dtype::I32) => ins!(out, "mov.b32 %v0, -2147483648;"),
+        (Fold::Mean, _) => ins!(out, "mov.b32 %v0, 0;"),
+    }
+    ins!(out, "mov.u32 %r8, 0; // in-range taps");
+    ins!(out, "mov.u32 %r6, 0; // r");
+    label!(out, "FILTER_ROW");
+    ins!(out, "setp.ge.u32 %p3, %r6, {r};");
+    ins!(out, "@%p3 bra FILTER_ROW_END;");
+    ins!(out, "cvt.u64.u32 %rd23, %r6;");
+    ins!(out, "add.u64 %rd23, %rd23, %rd18;");
+    ins!(out, "setp.lt.u64 %p4, %rd23, {pad}; // guard: ih >= 0");
+    ins!(out, "@%p4 bra FILTER_ROW_NEXT;");
+    ins!(out, "sub.u64 %rd23, %rd23, {pad}; // ih");
+    ins!(out, "setp.ge.u64 %p4, %rd23, %rd6; // guard: ih < h");
+    ins!(out, "@%p4 bra FILTER_ROW_NEXT;");
+    ins!(out, "mul.lo.u64 %rd24, %rd23, %rd7;");
+    ins!(out, "shl.b64 %rd24, %rd24, 2;");
+    ins!(out, "add.u64 %rd24, %rd24, %rd14; // &input[plane][ih][0]");
+    ins!(out, "mov.u32 %r7, 0; // s");
+    label!(out, "FILTER_COL");
+    ins!(out, "setp.ge.u32 %p5, %r7, {s};");
+    ins!(out, "@%p5 bra FILTER_ROW_NEXT;");
+    ins!(out, "cvt.u64.u32 %rd25, %r7;");
+    ins!(out, "add.u64 %rd25, %rd25, %rd19;");
+    ins!(out, "setp.lt.u64 %p6, %rd25, {pad}; // guard: iw >= 0");
+    ins!(out, "@%p6 bra FILTER_COL_NEXT;");
+    ins!(out, "sub.u64 %rd25, %rd25, {pad}; // iw");
+    ins!(out, "setp.ge.u64 %p6, %rd25, %rd7; // guard: iw < w");
+    ins!(out, "@%p6 bra FILTER_COL_NEXT;");
+    ins!(out, "shl.b64 %rd25, %rd25, 2;");
+    ins!(out, "add.u64 %rd25, %rd25, %rd24;");
+    ins!(out, "ld.global.b32 %v1, [%rd25];");
+    match (fold, dtype) {
+        (Fold::Max, Dtype::F32) => {
+            ins!(out, "setp.gt.f32 %p7, %v1, %v0;");
+            ins!(
+                out,
+                "setp.nan.or.f32 %p7, %v1, %v1, %p7; // a NaN tap is taken"
+            );
+            ins!(out, "selp.b32 %v0, %v1, %v0, %p7;");
+        }
+        (Fold::Max, Dtype::I32) => {
+            ins!(out, "setp.gt.s32 %p7, %v1, %v0;");
+            ins!(out, "selp.b32 %v0, %v1, %v0, %p7;");
+        }
+        (Fold::Mean, _) => {
+            ins!(out, "{} %v0, %v0, %v1;", ops.add);
+            ins!(out, "add.u32 %r8, %r8, 1;");
+        }
+    }
+    label!(out, "FILTER_COL_NEXT");
+    ins!(out, "add.u32 %r7, %r7, 1;");
+    ins!(out, "bra FILTER_COL;");
+    label!(out, "FILTER_ROW_NEXT");
+    ins!(out, "add.u32 %r6, %r6, 1;");
+    ins!(out, "bra FILTER_ROW;");
+    label!(out, "FILTER_ROW_END");
+    if fold == Fold::Mean {
+        ins!(out, "max.u32 %r8, %r8, 1; // no tap: +0 / 1");
+        match dtype {
+            Dtype::F32 => {
+                ins!(out, "cvt.rn.f32.u32 %v2, %r8;");
+                ins!(out, "div.rn.f32 %v0, %v0, %v2;");
+            }
+            Dtype::I32 => ins!(out, "div.s32 %v0, %v0, %r8;"),
+        }
+    }
+    global_pointer(out, 26, "output");
+    ins!(
+        out,
+        "mad.lo.u64 %rd27, %rd1, %rd4, %rd2; // output[plane][p][q]"
+    );
+    ins!(out, "shl.b64 %rd27, %rd27, 2;");
+    ins!(out, "add.u64 %rd27, %rd27, %rd26;");
+    ins!(out, "st.global.b32 [%rd27], %v0;");
+}
+
+/// Whether `x` is a NaN (never for an integer).
+#[inline(always)]
+fn is_nan<T: PartialOrd>(x: &T) -> bool {
+    x.partial_cmp(x).is_none()
+}
+
+/// The rows of a pooling launch: output row `p` of a plane per grid row.
+#[derive(Debug)]
+struct Window {
+    fold: Fold,
+    r: usize,
+    s: usize,
+    stride: usize,
+    pad: usize,
+    h: usize,
+    w: usize,
+    /// Output rows and columns of a plane.
+    p: usize,
+    q: usize,
+}
+
+impl Window {
+    /// The output columns `j` below `cols` whose tap `s` lies inside a row: `j · stride + s −
+    /// pad` in `0..w`.
+    fn columns(&self, s: usize, cols: usize) -> std::ops::Range<usize> {
+        let first = self.pad.saturating_sub(s).div_ceil(self.stride);
+        let end = (self.w + self.pad)
+            .saturating_sub(s)
+            .div_ceil(self.stride)
+            .min(cols);
+        first..end.max(first)
+    }
+
+    /// In-range taps of a row of the window over output column `j`.
+    fn taps_across(&self, j: usize) -> usize {
+        let at = j * self.stride;
+        let first = self.pad.saturating_sub(at);
+        let end = self.s.min((self.w + self.pad).saturating_sub(at));
+        end.saturating_sub(first)
+    }
+}
+
+impl<T: Element> RowOp<T> for Window {
+    fn row_work(&self) -> usize {
+        self.q * self.r * self.s
+    }
+
+    fn row(&self, row: usize, inputs: &[&[u8]], out: &mut [u8]) {
+        with_values(out, |out: &mut [T]| self.compute(row, inputs, out));
+    }
+}
+
+impl Window {
+    /// Row `row` of the output (`out.len()` of its elements).
+    fn compute<T: Element>(&self, row: usize, inputs: &[&[u8]], out: &mut [T]) {
+        let (plane, p) = (row / self.p, row % self.p);
+        let x = &inputs[0][4 * plane * self.h * self.w..];
+        out.fill(match self.fold {
+            Fold::Max => T::LOWEST,
+            Fold::Mean => T::ZERO,
+        });
+        // Tap by tap over the whole row: each output still takes its taps in order of r, s.
+        let mut rows_in = 0;
+        for r in 0..self.r {
+            let Some(ih) = (p * self.stride + r).checked_sub(self.pad) else {
+                continue;
+            };
+            if ih >= self.h {
+                continue;
+            }
+            rows_in += 1;
+            let line = &x[4 * ih * self.w..4 * (ih + 1) * self.w];
+            for s in 0..self.s {
+                let columns = self.columns(s, out.len());
+                let first = columns.start * self.stride + s - self.pad;
+                let outputs = out[columns].iter_mut();
+                let taps = (first..).step_by(self.stride);
+                match self.fold {
+                    Fold::Max => {
+                        for (value, iw) in outputs.zip(taps) {
+                            let x: T = load(line, iw);
+                            if x > *value || is_nan(&x) {
+                                *value = x;
+                            }
+                        }
+                    }
+                    Fold::Mean => {
+                        for (value, iw) in outputs.zip(taps) {
+                            *value = value.add(load(line, iw));
+                        }
+                    }
+                }
+            }
+        }
+        if self.fold == Fold::Mean {
+            for (j, value) in out.iter_mut().enumerate() {
+                let count = (rows_in * self.taps_across(j)).max(1);
+                *value = value.mean(count as u32);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Blueprint, BlueprintKind};
+
+    /// Runs `descriptor` on the CPU over an `n × c × h × w` input of `values` (bits) and
+    /// returns the output's bits; the output buffer starts as a canary.
+    fn pool_cpu(descriptor: &str, [n, c, h, w]: [u32; 4], values: &[u32]) -> Vec<u32> {
+        let blueprint = Blueprint::parse(descriptor).unwrap();
+        let shape = Shape::of_sizes(&[n, c, h, w]);
+        let elements = blueprint.buffer_elements(&shape);
+        let (input, output) = (elements[0].unwrap() as usize, elements[1].unwrap() as usize);
+        assert_eq!(values.len(), input);
+        let mut memory: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        memory.extend(0x5ac3_5ac3_u32.to_le_bytes().repeat(output));
+        let args = [
+            KernelArg::Buffer {
+                offset: 0,
+                len: 4 * input as u64,
+            },
+            KernelArg::Buffer {
+                offset: 4 * input as u64,
+                len: 4 * output as u64,
+            },
+            KernelArg::U32(n),
+            KernelArg::U32(c),
+            KernelArg::U32(h),
+            KernelArg::U32(w),
+        ];
+        let config = blueprint.launch_config(&shape).unwrap();
+        let mut parted = memory.clone();
+        blueprint.run_cpu(&config, &args, &mut memory).unwrap();
+        blueprint
+            .cpu_parts(&config, &args, parted.len(), 3)
+            .unwrap()
+            .expect("parts")
+            .run_in_order(&mut parted)
+            .unwrap();
+        assert_eq!(memory, parted, "{descriptor}: one run and the parts differ");
+        memory[4 * input..]
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
+    fn f32s(values: &[f32]) -> Vec<u32> {
+        values.iter().map(|v| v.to_bits()).collect()
+    }
+
+    fn i32s(values: &[i32]) -> Vec<u32> {
+        values.iter().map(|&v| v as u32).collect()
+    }
+
+    #[test]
+    fn descriptors_share_conv2ds_grammar_and_limits() {
+        let max = Blueprint::parse("maxpool[3x3,s2,p1]").unwrap();
+        assert_eq!(max.descriptor(), "maxpool[3x3,s2,p1]:f32");
+        assert_eq!(max.entry_name(), "tw_maxpool_3x3_s2_p1_f32");
+        let window = Conv2dParams {
+            r: 2,
+            s: 3,
+            stride: 1,
+            pad: 0,
+        };
+        assert_eq!(
+            *Blueprint::parse("avgpool[2x3]:i32").unwrap().kind(),
+            BlueprintKind::AvgPool(AvgPool(window))
+        );
+        assert_eq!(
+            Blueprint::parse("maxpool[2x3]").unwrap().descriptor(),
+            "maxpool[2x3,s1,p0]:f32"
+        );
+        for (bad, says) in [
+            ("maxpool[3]", "maxpool takes a filter RxS"),
+            (
+                "avgpool[3x3,p1,s2]",
+                "avgpool options are ,sSTRIDE then ,pPADDING",
+            ),
+            (
+                "maxpool[3x3,p3]",
+                "maxpool padding 3 must be smaller than the filter",
+            ),
+            ("avgpool[12x1]", "avgpool filter r must be in 1..=11"),
+            ("maxpool[3x3,s0]", "maxpool stride must be in 1..=8"),
+            ("avgpool[3x03]", "not a number"),
+        ] {
+            let error = Blueprint::parse(bad).unwrap_err().to_string();
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+        // conv2d's own messages still name conv2d.
+        let error = Blueprint::parse("conv2d[3x3,p3]").unwrap_err().to_string();
+        assert!(error.contains("conv2d padding 3"), "{error}");
+    }
+
+    #[test]
+    fn the_launch_is_a_row_per_output_row_of_each_plane() {
+        let blueprint = Blueprint::parse("avgpool[3x3,s2,p1]").unwrap();
+        // 2 × 3 planes of 9 × 600: P = 5, Q = 300.
+        let shape = Shape::of_sizes(&[2, 3, 9, 600]);
+        let config = blueprint.launch_config(&shape).unwrap();
+        assert_eq!(config.grid, [30, 2, 1]);
+        assert_eq!(config.block, [256, 1, 1]);
+        assert_eq!(
+            blueprint.buffer_elements(&shape),
+            [Some(2 * 3 * 9 * 600), Some(2 * 3 * 5 * 300)]
+        );
+        let params: Vec<&str> = blueprint.params().iter().map(|p| p.name).collect();
+        assert_eq!(params, ["input", "output", "n", "c", "h", "w"]);
+    }
+
+    #[test]
+    fn maxpool_takes_the_largest_in_range_tap() {
+        // One 4 × 4 plane, 1..16 row by row.
+        let plane: Vec<f32> = (1..=16).map(|v| v as f32).collect();
+        assert_eq!(
+            pool_cpu("maxpool[2x2,s2]", [1, 1, 4, 4], &f32s(&plane)),
+            f32s(&[6., 8., 14., 16.])
+        );
+        // Padding 1, 3 × 3, stride 2: windows over rows/columns -1..=1 and 1..=3.
+        assert_eq!(
+            pool_cpu("maxpool[3x3,s2,p1]", [1, 1, 4, 4], &f32s(&plane)),
+            f32s(&[6., 8., 14., 16.])
+        );
+        // Negative values: padding is skipped, not a zero tap.
+        let negative: Vec<f32> = plane.iter().map(|v| -v).collect();
+        assert_eq!(
+            pool_cpu("maxpool[3x3,s2,p1]", [1, 1, 4, 4], &f32s(&negative)),
+            f32s(&[-1., -2., -5., -6.])
+        );
+        let ints: Vec<i32> = (1..=16).map(|v| -v).collect();
+        assert_eq!(
+            pool_cpu("maxpool[3x3,s2,p1]:i32", [1, 1, 4, 4], &i32s(&ints)),
+            i32s(&[-1, -2, -5, -6])
+        );
+    }
+
+    #[test]
+    fn a_nan_tap_makes_the_max_nan_wherever_it_is() {
+        // 1 × 4, windows 1 × 2 with stride 2: [NaN, 1] and [1, NaN].
+        let values = [f32::NAN, 1., 1., f32::NAN];
+        let out = pool_cpu("maxpool[1x2,s2]", [1, 1, 1, 4], &f32s(&values));
+        assert!(
+            out.iter().all(|&bits| f32::from_bits(bits).is_nan()),
+            "{out:x?}"
+        );
+        // Ties keep the earlier tap: -0 then +0 gives -0.
+        let out = pool_cpu("maxpool[1x2]", [1, 1, 1, 2], &f32s(&[-0.0, 0.0]));
+        assert_eq!(out, [0x8000_0000]);
+    }
+
+    #[test]
+    fn avgpool_divides_by_the_in_range_taps() {
+        // 3 × 3 with padding 1 over a 3 × 3 plane of 1..9: corners average 4 taps, edges 6,
+        // the centre 9.
+        let plane: Vec<f32> = (1..=9).map(|v| v as f32).collect();
+        let expected = [
+            (1. + 2. + 4. + 5.) / 4.,
+            (1. + 2. + 3. + 4. + 5. + 6.) / 6.,
+            (2. + 3. + 5. + 6.) / 4.,
+            (1. + 2. + 4. + 5. + 7. + 8.) / 6.,
+            45. / 9.,
+            (2. + 3. + 5. + 6. + 8. + 9.) / 6.,
+            (4. + 5. + 7. + 8.) / 4.,
+            (4. + 5. + 6. + 7. + 8. + 9.) / 6.,
+            (5. + 6. + 8. + 9.) / 4.,
+        ];
+        assert_eq!(
+            pool_cpu("avgpool[3x3,p1]", [1, 1, 3, 3], &f32s(&plane)),
+            f32s(&expected)
+        );
+        // i32: a wrapping sum, then division truncating toward zero.
+        let ints = [-7, 0, 5, 2, i32::MAX, 1];
+        assert_eq!(
+            pool_cpu("avgpool[1x2,s2]:i32", [1, 1, 1, 6], &i32s(&ints)),
+            i32s(&[-3, 3, i32::MIN / 2])
+        );
+    }
+
+    #[test]
+    fn a_window_without_taps_writes_lowest_or_zero() {
+        // No input rows, padding 2 under a 3 × 3 filter: P = 2 rows of Q = 5 windows over
+        // nothing.
+        let max = pool_cpu("maxpool[3x3,p2]", [1, 1, 0, 3], &[]);
+        assert_eq!(max, f32s(&[f32::NEG_INFINITY; 10]));
+        let max = pool_cpu("maxpool[3x3,p2]:i32", [1, 1, 0, 3], &[]);
+        assert_eq!(max, i32s(&[i32::MIN; 10]));
+        let mean = pool_cpu("avgpool[3x3,p2]", [1, 1, 0, 3], &[]);
+        assert_eq!(mean, [0; 10]);
+    }
+
+    #[test]
+    fn every_plane_and_row_of_a_batch_is_pooled() {
+        // 2 images × 3 channels of 5 × 7, each plane offset by 100 · plane.
+        let (n, c, h, w) = (2u32, 3u32, 5u32, 7u32);
+        let values: Vec<i32> = (0..n * c * h * w)
+            .map(|i| (i / (h * w)) as i32 * 100 + (i % (h * w)) as i32)
+            .collect();
+        let out = pool_cpu("maxpool[2x2,s2]:i32", [n, c, h, w], &i32s(&values));
+        // P = 2, Q = 3: the max of each window is its bottom-right tap.
+        let mut expected = Vec::new();
+        for plane in 0..6 {
+            for p in 0..2 {
+                for q in 0..3 {
+                    expected.push((plane * 100 + (2 * p + 1) * 7 + 2 * q + 1) as u32);
+                }
+            }
+        }
+        assert_eq!(out, expected);
+    }
+}
