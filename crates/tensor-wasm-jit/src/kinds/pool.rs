@@ -411,11 +411,10 @@ impl Window {
                 let taps = (first..).step_by(self.stride);
                 match self.fold {
                     Fold::Max => {
+                        // A select, not a branch: which tap wins is data-dependent.
                         for (value, iw) in outputs.zip(taps) {
-                            let x: T = load(line, iw);
-                            if x > *value || is_nan(&x) {
-                                *value = x;
-                            }
+                            let (m, x): (T, T) = (*value, load(line, iw));
+                            *value = if x > m || is_nan(&x) { x } else { m };
                         }
                     }
                     Fold::Mean => {
