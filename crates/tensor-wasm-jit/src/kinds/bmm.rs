@@ -10,8 +10,9 @@
 //! Parameters: `a, b, c, batch, m, n, k`. A row grid ([`RowGrid::Spread`]): grid row `r` is
 //! row `r % m` of matrix `r / m` (`batch · m` rows of `n`), one output per thread with a loop
 //! over `p`. On the CPU each part is a range of those rows, multiplied by the blocked GEMM
-//! ([`tensor_wasm_gpu::gemm::Gemm`]) one matrix at a time, reading a transposed operand in
-//! place (which keeps the order of `p`, so the bits are the loop's).
+//! ([`tensor_wasm_gpu::gemm::Gemm`]) one matrix at a time; a transposed operand is copied into
+//! the order the multiply reads when it is small, else gathered in place. Either keeps the
+//! order of `p`, so the bits are the loop's.
 
 use std::fmt;
 use std::ops::Range;
@@ -163,7 +164,9 @@ impl Kind for BmmLayout {
             dims,
             first: 0,
             rows: 0..rows,
-            gemm: None,
+            multiply: None,
+            a_rows: Vec::new(),
+            b_rows: Vec::new(),
         };
         Ok(Stage::Kind(Box::new(BmmRun { part, inputs, out })))
     }
@@ -256,19 +259,32 @@ struct Dims {
     cols: usize,
 }
 
+/// Most values of a transposed operand a multiply copies into the order it reads (rows of
+/// op(A), of op(B)) before it starts: about one step's work. A larger one is gathered in place
+/// as it is packed.
+const COPY_LIMIT: usize = STEP_WORK;
+
 /// One matrix of a batch as a [`Gemm`]'s operands: its rows from `i0` on.
-struct Operands<'a> {
+struct Operands<'a, T> {
     dims: Dims,
     /// The bytes of A and B of the matrix, from its first element.
     a: &'a [u8],
     b: &'a [u8],
     /// The row of C the multiply's row 0 is.
     i0: usize,
+    /// Transposed operands copied: op(A)'s rows from `i0` (`k` values each), op(B)'s rows
+    /// (`cols` values each).
+    a_rows: Option<&'a [T]>,
+    b_rows: Option<&'a [T]>,
 }
 
-impl<T: Element> GemmSource<T> for Operands<'_> {
+impl<T: Element> GemmSource<T> for Operands<'_, T> {
     fn a_row(&self, row: usize, p0: usize, out: &mut [T]) {
         let Dims { m, k, .. } = self.dims;
+        if let Some(rows) = self.a_rows {
+            out.copy_from_slice(&rows[row * k + p0..][..out.len()]);
+            return;
+        }
         let i = self.i0 + row;
         match self.dims.layout.a {
             BmmOperand::Normal => decode_into(&self.a[4 * (i * k + p0)..], out),
@@ -281,7 +297,11 @@ impl<T: Element> GemmSource<T> for Operands<'_> {
     }
 
     fn b_row(&self, p: usize, col0: usize, out: &mut [T]) {
-        let Dims { n, k, .. } = self.dims;
+        let Dims { n, k, cols, .. } = self.dims;
+        if let Some(rows) = self.b_rows {
+            out.copy_from_slice(&rows[p * cols + col0..][..out.len()]);
+            return;
+        }
         match self.dims.layout.b {
             BmmOperand::Normal => decode_into(&self.b[4 * (p * n + col0)..], out),
             BmmOperand::Transposed => {
@@ -299,35 +319,88 @@ struct BmmPart<T> {
     dims: Dims,
     first: usize,
     rows: Range<usize>,
-    /// The multiply of the matrix in progress, and the row it ends before.
-    gemm: Option<(Gemm<T>, usize)>,
+    /// The multiply of the matrix in progress.
+    multiply: Option<Multiply<T>>,
+    /// Copies of transposed operands ([`Operands`]), kept for the next matrix.
+    a_rows: Vec<T>,
+    b_rows: Vec<T>,
+}
+
+/// One matrix's multiply: rows up to `end` (before it), from copies of its transposed
+/// operands where they were made.
+struct Multiply<T> {
+    gemm: Gemm<T>,
+    end: usize,
+    a_copied: bool,
+    b_copied: bool,
 }
 
 impl<T: Element> BmmPart<T> {
     /// Computes about `work` multiply-adds from A and B into `output`; `true` once every row
     /// is written.
     fn advance(&mut self, [a, b]: [&[u8]; 2], output: &mut [u8], work: usize) -> bool {
-        let Dims { m, n, k, cols, .. } = self.dims;
+        let Dims {
+            layout,
+            m,
+            n,
+            k,
+            cols,
+        } = self.dims;
         let mut spent = 0;
         while !self.rows.is_empty() && spent < work {
             let row = self.rows.start;
             let (matrix, i0) = (row / m, row % m);
-            let rows_end = self.rows.end;
-            let (gemm, end) = self.gemm.get_or_insert_with(|| {
-                let end = rows_end.min((matrix + 1) * m);
-                (Gemm::new(end - row, cols, k, n), end)
-            });
+            let (a, b) = (&a[4 * matrix * m * k..], &b[4 * matrix * k * n..]);
+            if self.multiply.is_none() {
+                let end = self.rows.end.min((matrix + 1) * m);
+                let rows = end - row;
+                let a_copied = layout.a == BmmOperand::Transposed && rows * k <= COPY_LIMIT;
+                if a_copied {
+                    // A is k × m: op(A)'s row i is column i.
+                    self.a_rows.resize(rows * k, T::ZERO);
+                    for p in 0..k {
+                        let line = &a[4 * (p * m + i0)..][..4 * rows];
+                        for (r, bytes) in line.chunks_exact(4).enumerate() {
+                            self.a_rows[r * k + p] = load(bytes, 0);
+                        }
+                    }
+                    spent += rows * k;
+                }
+                let b_copied = layout.b == BmmOperand::Transposed && k * cols <= COPY_LIMIT;
+                if b_copied {
+                    // B is n × k: op(B)'s row p is column p.
+                    self.b_rows.resize(k * cols, T::ZERO);
+                    for j in 0..cols {
+                        let line = &b[4 * j * k..][..4 * k];
+                        for (p, bytes) in line.chunks_exact(4).enumerate() {
+                            self.b_rows[p * cols + j] = load(bytes, 0);
+                        }
+                    }
+                    spent += k * cols;
+                }
+                self.multiply = Some(Multiply {
+                    gemm: Gemm::new(rows, cols, k, n),
+                    end,
+                    a_copied,
+                    b_copied,
+                });
+            }
+            let Some(multiply) = &mut self.multiply else {
+                break;
+            };
             let source = Operands {
                 dims: self.dims,
-                a: &a[4 * matrix * m * k..],
-                b: &b[4 * matrix * k * n..],
+                a,
+                b,
                 i0,
+                a_rows: multiply.a_copied.then_some(&self.a_rows[..]),
+                b_rows: multiply.b_copied.then_some(&self.b_rows[..]),
             };
             let at = 4 * (row - self.first) * n;
-            if gemm.step(&source, &mut output[at..], work) {
-                spent += ((*end - row) * cols * k).max(1);
-                self.rows.start = *end;
-                self.gemm = None;
+            if multiply.gemm.step(&source, &mut output[at..], work) {
+                spent += ((multiply.end - row) * cols * k).max(1);
+                self.rows.start = multiply.end;
+                self.multiply = None;
             } else {
                 spent += work;
             }
@@ -400,7 +473,9 @@ impl<T: Element + Send> KindRun<T> for BmmRun<T> {
                     dims: part.dims,
                     first: rows.start,
                     rows,
-                    gemm: None,
+                    multiply: None,
+                    a_rows: Vec::new(),
+                    b_rows: Vec::new(),
                 };
                 (bytes, Box::new(part) as Box<dyn CpuPart>)
             })
@@ -570,7 +645,8 @@ mod tests {
     }
 
     /// The blocked multiply, in one run and in parts, against the contract's loop: shapes
-    /// past the GEMM's blocks (12 rows, 16 columns, 96 rows, 256 values of `p`), edge values
+    /// past the GEMM's blocks (12 rows, 16 columns, 96 rows, 256 values of `p`), transposed
+    /// operands copied first or gathered in place, edge values
     /// (NaN, infinities, subnormals, full-range integers), every layout, and grids that cover
     /// only some rows or columns.
     #[test]
@@ -583,6 +659,9 @@ mod tests {
             [2, 5, 6, 0],
             [0, 4, 4, 4],
             [3, 0, 4, 4],
+            // Transposed operands past COPY_LIMIT, gathered while packing.
+            [1, 600, 3, 520],
+            [1, 3, 600, 520],
         ];
         let mut rng = Rng(7);
         for dtype in [Dtype::F32, Dtype::I32] {
