@@ -3,7 +3,7 @@
 
 Prints one JSON document: for each kernel the CPU-backend benchmark measures, the time of
 numpy's equivalent operation on the same shapes (median of repeats after a warm-up) and its
-rate (GB/s of bytes read and written for memory-bound kernels, GFLOP/s for matmul and
+rate (GB/s of bytes read and written for memory-bound kernels, GFLOP/s for matmul, bmm and
 conv2d), plus the BLAS library, its kernel (architecture) and thread count as threadpoolctl
 reports them, numpy's version and the CPU. Run in the venv `make cpu-peer` creates
 (numpy + threadpoolctl from PyPI).
@@ -102,6 +102,39 @@ def conv2d_peer(stride, rng, batch=8, channels=64, size=56, kernels=64):
     return run, flops
 
 
+def bmm_peer(layout, rng, batch=32, m=128, n=128, k=64):
+    """Batched matmul; a `t` operand is stored transposed and passed as a transposed view."""
+    a = rng.standard_normal((batch, k, m) if layout[0] == "t" else (batch, m, k), dtype=np.float32)
+    b = rng.standard_normal((batch, n, k) if layout[1] == "t" else (batch, k, n), dtype=np.float32)
+    op_a = a.transpose(0, 2, 1) if layout[0] == "t" else a
+    op_b = b.transpose(0, 2, 1) if layout[1] == "t" else b
+    out = np.empty((batch, m, n), dtype=np.float32)
+    return (lambda: np.matmul(op_a, op_b, out=out)), 2.0 * batch * m * n * k
+
+
+def pool_peer(op, rng, batch=8, channels=64, size=112):
+    """3x3, stride 2, padding 1 pooling over windows of a padded copy: max with -inf padding,
+    mean over the in-range taps (count_include_pad = 0)."""
+    x = rng.standard_normal((batch, channels, size, size), dtype=np.float32)
+    out_size = (size + 2 - 3) // 2 + 1
+    pad = ((0, 0), (0, 0), (1, 1), (1, 1))
+
+    def windows(array):
+        view = np.lib.stride_tricks.sliding_window_view(array, (3, 3), axis=(2, 3))
+        return view[:, :, ::2, ::2]  # N, C, OH, OW, 3, 3
+
+    ones = np.pad(np.ones((1, 1, size, size), dtype=np.float32), pad)
+    counts = windows(ones).sum(axis=(4, 5))
+
+    def run():
+        if op == "max":
+            return windows(np.pad(x, pad, constant_values=-np.inf)).max(axis=(4, 5))
+        return windows(np.pad(x, pad)).sum(axis=(4, 5)) / counts
+
+    moved = 4 * (x.size + batch * channels * out_size * out_size)
+    return run, moved
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small shapes, short runs")
@@ -136,6 +169,14 @@ def main():
     for stride in (1, 2):
         fn, flops = conv2d_peer(stride, rng, batch=1 if args.quick else 8)
         record(f"conv2d 3x3 stride {stride} f32", fn, flops, "gflop_per_s")
+
+    batch = 4 if args.quick else 32
+    for layout in ("nn", "nt", "tn", "tt"):
+        fn, flops = bmm_peer(layout, rng, batch=batch)
+        record(f"bmm {batch}x128x128x64 {layout} f32", fn, flops, "gflop_per_s")
+    for op in ("max", "avg"):
+        fn, moved = pool_peer(op, rng, batch=1 if args.quick else 8)
+        record(f"{op}pool 3x3 stride 2 f32", fn, moved, "gb_per_s")
 
     cpu = platform.processor()
     try:

@@ -287,6 +287,39 @@ fn cases(backend: &dyn Backend, tenant: &TenantKey, quick: bool) -> anyhow::Resu
             (flops, "gflop_per_s"),
         )?);
     }
+    // Attention-like batched products: 32 matrices of 128 × 64 times 64 × 128, each layout.
+    let (batch, m, n, k) = (if quick { 4u32 } else { 32 }, 128u32, 128u32, 64u32);
+    let (bs, ms, ns, ks) = (batch as usize, m as usize, n as usize, k as usize);
+    for layout in ["nn", "nt", "tn", "tt"] {
+        cases.push(jit_case(
+            backend,
+            tenant,
+            &format!("bmm[{layout}]"),
+            Shape::of_sizes(&[batch, m, n, k]),
+            (
+                &[bs * ms * ks, bs * ks * ns, bs * ms * ns],
+                &[batch, m, n, k],
+            ),
+            &format!("bmm {batch}x{m}x{n}x{k} {layout} f32"),
+            (2.0 * f64::from(batch * m * n * k), "gflop_per_s"),
+        )?);
+    }
+    // Pooling 3 × 3, stride 2, padding 1 (a ResNet stem's), over 8 × 64 × 112 × 112.
+    let (batch, channels, side) = (if quick { 1u32 } else { 8 }, 64u32, 112u32);
+    let out_side = (side + 2 - 3) / 2 + 1;
+    let input = (batch * channels * side * side) as usize;
+    let output = (batch * channels * out_side * out_side) as usize;
+    for op in ["maxpool", "avgpool"] {
+        cases.push(jit_case(
+            backend,
+            tenant,
+            &format!("{op}[3x3,s2,p1]"),
+            Shape::of_sizes(&[batch, channels, side, side]),
+            (&[input, output], &[batch, channels, side, side]),
+            &format!("{op} 3x3 stride 2 f32"),
+            (4.0 * (input + output) as f64, "gb_per_s"),
+        )?);
+    }
     Ok(cases)
 }
 
@@ -322,6 +355,26 @@ fn time(
     Ok((times[times.len() / 2], times.len()))
 }
 
+/// The names of `NAME[,NAME...]`; a comma inside brackets belongs to its name
+/// (`conv2d[3x3,s1,p1]`).
+fn names(list: &str) -> Vec<String> {
+    let mut names = vec![String::new()];
+    let mut depth = 0u32;
+    for c in list.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                names.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        names.last_mut().expect("one name at least").push(c);
+    }
+    names
+}
+
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut quick, mut seconds, mut only) = (false, 1.0f64, Vec::<String>::new());
@@ -329,14 +382,7 @@ fn main() -> anyhow::Result<()> {
         match arg.as_str() {
             "--quick" => quick = true,
             "--seconds" => seconds = args.next().unwrap_or_default().parse()?,
-            "--only" => {
-                only = args
-                    .next()
-                    .unwrap_or_default()
-                    .split(',')
-                    .map(str::to_owned)
-                    .collect()
-            }
+            "--only" => only = names(&args.next().unwrap_or_default()),
             other => anyhow::bail!("unknown argument {other}; usage: cpu-kernels [--quick] [--seconds S] [--only NAME,...]"),
         }
     }
