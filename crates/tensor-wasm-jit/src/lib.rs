@@ -73,6 +73,7 @@ mod emit;
 mod error;
 mod fingerprint;
 mod fma;
+pub mod math;
 mod program;
 mod target;
 
