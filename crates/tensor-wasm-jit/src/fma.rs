@@ -1,4 +1,5 @@
-//! Fused multiply-add over slices with the CPU's FMA instructions when it has them.
+//! Fused multiply-add over slices, and element-wise maps, with the CPU's FMA (and AVX2)
+//! instructions when it has them.
 //!
 //! `f32::mul_add` is one correctly rounded operation either way, but without the `fma` target
 //! feature (not in the baseline x86-64 target) it is a libm call per element. Compiled for
@@ -30,6 +31,45 @@ fn fma_f32_portable(y: &mut [f32], a: &[f32], b: &[f32], c: &[f32]) {
 fn fma_f32_with_fma(y: &mut [f32], a: &[f32], b: &[f32], c: &[f32]) {
     for (((y, &a), &b), &c) in y.iter_mut().zip(a).zip(b).zip(c) {
         *y = a.mul_add(b, c);
+    }
+}
+
+/// A function of one f32 that [`map_f32`] applies to every element. `apply` should be
+/// `#[inline(always)]` (with everything it calls): it is then compiled into the loop, for the
+/// loop's target features, and the loop can be vectorised.
+pub(crate) trait ElementFunction {
+    /// The function. It must compute the same bits with and without AVX2 and FMA: correctly
+    /// rounded operations only (`crate::math` is written so).
+    fn apply(x: f32) -> f32;
+}
+
+/// `y[i] = F::apply(x[i])`, with the loop compiled for AVX2 and FMA when the CPU has both.
+///
+/// # Panics
+/// If the slices differ in length.
+pub(crate) fn map_f32<F: ElementFunction>(y: &mut [f32], x: &[f32]) {
+    assert_eq!(y.len(), x.len(), "input and output lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above), the one requirement of a
+        // `#[target_feature(enable = "avx2,fma")]` function; the function itself is safe code.
+        unsafe { map_f32_with_avx2_fma::<F>(y, x) };
+        return;
+    }
+    map_f32_portable::<F>(y, x);
+}
+
+pub(crate) fn map_f32_portable<F: ElementFunction>(y: &mut [f32], x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = F::apply(x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn map_f32_with_avx2_fma<F: ElementFunction>(y: &mut [f32], x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = F::apply(x);
     }
 }
 

@@ -74,6 +74,7 @@ mod error;
 mod fingerprint;
 mod fma;
 mod kinds;
+pub mod math;
 mod program;
 mod target;
 

@@ -1,9 +1,11 @@
-//! Assembles every emitted kernel of the conformance set (`tensor_wasm_jit::conformance`) with
-//! NVIDIA's `ptxas` (no GPU needed) for sm_80 and sm_90.
+//! Assembles every emitted kernel of the conformance set (`tensor_wasm_jit::conformance`) and
+//! the check kernel of every math function (`tensor_wasm_jit::math`) with NVIDIA's `ptxas` (no
+//! GPU needed) for sm_80 and sm_90.
 
 use std::path::PathBuf;
 use std::process::Command;
 
+use tensor_wasm_jit::math::MathFunction;
 use tensor_wasm_jit::{conformance, PtxTarget};
 
 /// `$TENSOR_WASM_PTXAS`, or the copy `scripts/install-deps.sh` puts under `.tools/`.
@@ -57,4 +59,36 @@ fn every_emitted_kernel_assembles_with_ptxas() {
     // Every blueprint of the conformance set (each example of every kind of the catalogue).
     assert!(blueprints.len() >= conformance::blueprint_kinds().len());
     assert_eq!(assembled, blueprints.len() * targets.len());
+}
+
+#[test]
+fn every_math_check_kernel_assembles_with_ptxas() {
+    let ptxas = ptxas();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let targets = [
+        PtxTarget::default(),
+        PtxTarget::for_device((9, 0), 13000).expect("sm_90 under CUDA 13.0"),
+        PtxTarget::for_device((9, 0), 12040).expect("sm_90 under CUDA 12.4"),
+    ];
+    for function in MathFunction::ALL {
+        for target in &targets {
+            let ptx = function.check_kernel(target);
+            let name = format!("{}_{}", function.entry_name(), target.sm_name());
+            let source = dir.path().join(format!("{name}.ptx"));
+            std::fs::write(&source, &ptx).expect("write PTX");
+            let output = Command::new(&ptxas)
+                .arg("--warning-as-error")
+                .arg(format!("--gpu-name={}", target.sm_name()))
+                .arg("--output-file")
+                .arg(dir.path().join(format!("{name}.cubin")))
+                .arg(&source)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.display()));
+            assert!(
+                output.status.success(),
+                "ptxas rejected {name} for {target}:\n{}\n--- PTX ---\n{ptx}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
 }

@@ -391,6 +391,16 @@ impl Decoder<'_> {
                 }
                 Ok(Op::MadLo { ty, dst, a, b, c })
             }
+            "sqrt" => {
+                n(2)?;
+                if parts[..] != ["sqrt", "rn", "f32"] {
+                    return self.unsupported(format!("{opcode}: only sqrt.rn.f32"));
+                }
+                Ok(Op::Sqrt {
+                    dst: self.dst(&operands[0])?,
+                    a: self.src(&operands[1])?,
+                })
+            }
             "neg" | "abs" | "not" => {
                 n(2)?;
                 let ty = self.ty(last)?;

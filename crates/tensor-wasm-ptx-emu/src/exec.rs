@@ -444,6 +444,10 @@ impl Block<'_, '_, '_, '_> {
                     let value = ops::fma(self.read(t, *a), self.read(t, *b), self.read(t, *c));
                     self.write(t, *dst, 32, value);
                 }
+                Op::Sqrt { dst, a } => {
+                    let value = ops::sqrt(self.read(t, *a));
+                    self.write(t, *dst, 32, value);
+                }
                 Op::Unary { op, ty, dst, a } => {
                     let value = ops::unary(*op, *ty, self.read(t, *a));
                     self.write(t, *dst, ty.bits, value);

@@ -223,6 +223,11 @@ pub(crate) enum Op {
         a: Src,
         b: Src,
     },
+    /// `sqrt.rn.f32`: the correctly rounded square root.
+    Sqrt {
+        dst: u16,
+        a: Src,
+    },
     /// `fma.rn.f32`: one rounding.
     Fma {
         dst: u16,

@@ -2,8 +2,9 @@
 //! a GPU, and reports what compute-sanitizer would.
 //!
 //! It understands the PTX subset our kernels use (see [`Module::parse`]; anything else is a
-//! clear [`EmuError::Unsupported`]) with the ISA's semantics: `.rn` f32 arithmetic rounded
-//! once per instruction (`fma` fused, nothing else contracted), wrapping integer arithmetic,
+//! clear [`EmuError::Unsupported`]) with the ISA's semantics: `.rn` f32 arithmetic (`div`
+//! and `sqrt` included) rounded once per instruction (`fma` fused, nothing else contracted),
+//! no approximate (`.approx`) or flush-to-zero (`.ftz`) forms, wrapping integer arithmetic,
 //! clamped shifts, predicates, vector loads and stores, module- and function-level `.shared`,
 //! `bar.sync`, the special registers of 3-D grids and blocks.
 //!

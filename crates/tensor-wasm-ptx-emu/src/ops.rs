@@ -156,6 +156,12 @@ pub(crate) fn fma(a: u64, b: u64, c: u64) -> u64 {
     bits_of(f(a).mul_add(f(b), f(c)))
 }
 
+/// `sqrt.rn.f32`: correctly rounded; `sqrt(−0) = −0`, negative operands give the canonical
+/// NaN, subnormals kept.
+pub(crate) fn sqrt(a: u64) -> u64 {
+    bits_of(f(a).sqrt())
+}
+
 /// Unary operations: `neg`/`abs` of integers wrap; of f32 they flip or clear the sign bit.
 pub(crate) fn unary(op: UnaryOp, ty: Ty, a: u64) -> u64 {
     if ty.kind == TyKind::F {

@@ -93,6 +93,38 @@ fn f32_keeps_subnormals_and_writes_a_canonical_nan() {
 }
 
 #[test]
+fn sqrt_rounds_correctly_and_keeps_the_sign_of_zero() {
+    let sqrt = |x: u32| r10("sqrt.rn.f32 %r10, %r1;", [x, 0, 0]);
+    for x in [2.0f32, 3.0, 0.5, 1e-3, 1e30, f32::MAX, f32::MIN_POSITIVE] {
+        assert_eq!(sqrt(f(x)), f(x.sqrt()), "sqrt({x})");
+    }
+    // The correctly rounded root of 2 (1.41421353..., not the 1.41421366 above it).
+    assert_eq!(sqrt(f(2.0)), 0x3fb5_04f3);
+    assert_eq!(sqrt(1), f(f32::from_bits(1).sqrt()), "subnormal operand");
+    assert_eq!(sqrt(0x8000_0000), 0x8000_0000, "sqrt(-0) = -0");
+    assert_eq!(sqrt(0), 0);
+    assert_eq!(sqrt(f(f32::INFINITY)), f(f32::INFINITY));
+    assert_eq!(sqrt(f(-1.0)), 0x7fff_ffff, "canonical NaN");
+    assert_eq!(sqrt(f(f32::NEG_INFINITY)), 0x7fff_ffff);
+    assert_eq!(sqrt(0x7fc0_0001), 0x7fff_ffff);
+}
+
+#[test]
+fn f32_sign_operations_and_rounding_to_an_integral_value() {
+    let one = |body: &str, x: f32| f32::from_bits(r10(body, [f(x), 0, 0]));
+    let rni = "cvt.rni.f32.f32 %r10, %r1;";
+    assert_eq!(one(rni, 2.5), 2.0, "ties to even");
+    assert_eq!(one(rni, 3.5), 4.0);
+    assert_eq!(one(rni, -0.4).to_bits(), f(-0.0));
+    assert_eq!(one(rni, 1e30), 1e30);
+    assert_eq!(one("cvt.rzi.f32.f32 %r10, %r1;", -2.7), -2.0);
+    assert_eq!(r10(rni, [0x7fc0_0001, 0, 0]), 0x7fff_ffff);
+    assert_eq!(one("abs.f32 %r10, %r1;", -0.0).to_bits(), 0);
+    assert_eq!(one("neg.f32 %r10, %r1;", 0.0).to_bits(), f(-0.0));
+    assert_eq!(one("neg.f32 %r10, %r1;", -3.0), 3.0);
+}
+
+#[test]
 fn f32_min_max_follow_the_nan_and_signed_zero_rules() {
     let nan = 0x7fc0_0001;
     assert_eq!(r10("min.f32 %r10, %r1, %r2;", [nan, f(1.0), 0]), f(1.0));
@@ -489,6 +521,11 @@ fn ptx_outside_the_subset_is_unsupported_with_its_line() {
         ("ld.local.b32 %r10, [%rd1];", "local"),
         ("cvta.to.shared.u64 %rd3, %rd1;", "generic"),
         ("div.approx.f32 %r10, %r1, %r2;", "div"),
+        ("sqrt.approx.f32 %r10, %r1;", "only sqrt.rn.f32"),
+        ("sqrt.rn.ftz.f32 %r10, %r1;", "only sqrt.rn.f32"),
+        ("sqrt.rn.f64 %rd10, %rd1;", "only sqrt.rn.f32"),
+        ("rsqrt.approx.f32 %r10, %r1;", "rsqrt"),
+        ("ex2.approx.f32 %r10, %r1;", "ex2"),
         ("bar.sync 1;", "barrier other than 0"),
         ("mov.u32 %r10, %laneid;", "%laneid"),
     ] {
