@@ -2,10 +2,10 @@
 """`make cpu-kernels`: the CPU backend's kernels next to their numpy / OpenBLAS peer, one run.
 
 Builds `cpu-kernels` (crates/tensor-wasm-bench/src/bin/cpu-kernels.rs, release), creates the
-venv `.tools/cpu-peer` with pinned numpy and threadpoolctl from PyPI when missing, then runs
-the peer (scripts/cpu_peer.py) and the backend one after the other on the same cores, and
-writes one run file: machine, date, commit, both raw reports, and per kernel the backend's
-rate, the peer's rate and their ratio. Prints the ratio table (markdown).
+venv `.tools/cpu-peer` with pinned numpy, scipy (the peer of erf and GELU) and threadpoolctl
+from PyPI when missing, then runs the peer (scripts/cpu_peer.py) and the backend one after
+the other on the same cores, and writes one run file: machine, date, commit, both raw
+reports, and per kernel the backend's rate, the peer's rate and their ratio. Prints the ratio table (markdown).
 
 Usage: scripts/cpu_kernels.py [--quick] [--only NAME,...] [--isa portable|avx2|avx512]
        [--peer-coretype auto|Haswell|SkylakeX|...] [--out PATH]
@@ -24,7 +24,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".tools", "cpu-peer")
-PINS = ["numpy==2.3.5", "threadpoolctl==3.6.0"]
+PINS = ["numpy==2.3.5", "scipy==1.16.3", "threadpoolctl==3.6.0"]
 
 
 def venv_python():

@@ -135,6 +135,64 @@ def pool_peer(op, rng, batch=8, channels=64, size=112):
     return run, moved
 
 
+def model_peers(n, rng):
+    """The operations networks need, as numpy (and scipy for erf) computes them: name ->
+    (callable, bytes of input read and output written per call)."""
+    from scipy.special import erf
+
+    x = rng.standard_normal(n, dtype=np.float32)
+    positive = np.abs(x) + np.float32(0.5)
+    out = np.empty_like(x)
+    two = 2 * 4 * n
+    half = np.float32(0.5)
+    root_half = np.float32(np.sqrt(0.5))
+
+    def sigmoid():
+        np.negative(x, out=out)
+        np.exp(out, out=out)
+        np.add(out, 1, out=out)
+        np.reciprocal(out, out=out)
+
+    def rsqrt():
+        np.sqrt(positive, out=out)
+        np.reciprocal(out, out=out)
+
+    def gelu():
+        np.multiply(x, root_half, out=out)
+        erf(out, out=out)
+        np.add(out, 1, out=out)
+        np.multiply(out, x, out=out)
+        np.multiply(out, half, out=out)
+
+    rows = x.reshape(-1, 1024)
+    matrix = out.reshape(-1, 1024)
+    scale = rng.standard_normal(1024, dtype=np.float32)
+    bias = rng.standard_normal(1024, dtype=np.float32)
+
+    def softmax():
+        np.subtract(rows, rows.max(axis=1, keepdims=True), out=matrix)
+        np.exp(matrix, out=matrix)
+        np.divide(matrix, matrix.sum(axis=1, keepdims=True), out=matrix)
+
+    def layernorm():
+        np.subtract(rows, rows.mean(axis=1, keepdims=True), out=matrix)
+        r = 1 / np.sqrt(np.square(matrix).mean(axis=1, keepdims=True) + np.float32(1e-5))
+        np.multiply(matrix, r, out=matrix)
+        np.multiply(matrix, scale, out=matrix)
+        np.add(matrix, bias, out=matrix)
+
+    return {
+        "elementwise[exp] f32": (lambda: np.exp(x, out=out), two),
+        "elementwise[tanh] f32": (lambda: np.tanh(x, out=out), two),
+        "elementwise[sigmoid] f32": (sigmoid, two),
+        "elementwise[rsqrt] f32": (rsqrt, two),
+        "elementwise[erf] f32": (lambda: erf(x, out=out), two),
+        "elementwise[gelu] f32": (gelu, two),
+        "softmax last axis f32": (softmax, two),
+        "layernorm rows f32": (layernorm, two),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small shapes, short runs")
@@ -162,6 +220,8 @@ def main():
         record(f"matmul {size}^3 f32", fn, flops, "gflop_per_s")
     fn, flops = matmul_peer(256 if args.quick else 1024, "i32", rng)
     record(f"matmul {256 if args.quick else 1024}^3 i32", fn, flops, "gflop_per_s")
+    for name, (fn, moved) in model_peers(n, rng).items():
+        record(name, fn, moved, "gb_per_s")
     a = rng.standard_normal((4096, n // 4096 // 2), dtype=np.float32)
     b = rng.standard_normal((4096, n // 4096 // 2), dtype=np.float32)
     joined = np.empty((4096, 2 * a.shape[1]), dtype=np.float32)

@@ -250,7 +250,8 @@ def criterion_headline_row(row, cited):
 
 # Issue 18's goals, per kernel family (the peer's operation on the same shapes and cores).
 CPU_KERNEL_GOALS = [
-    (re.compile(r"^(vector_add|elementwise|reduce)\["), 0.8, "memory-bound blueprints"),
+    (re.compile(r"^(vector_add|elementwise|reduce|concat|permute|gather|softmax|layernorm|maxpool|avgpool)\["), 0.8,
+     "memory-bound blueprints"),
     (re.compile(r"^(builtin )?matmul.*(f32|\^3)$"), 0.35, "f32 matmul"),
     (re.compile(r"^conv2d\["), 0.35, "conv2d"),
 ]

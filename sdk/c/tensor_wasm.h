@@ -16,6 +16,18 @@
  *     row-major, bounds-checked by the host. On a CUDA host they run on the
  *     GPU over CUDA managed memory; elsewhere on the CPU backend with the same
  *     results.
+ *   - Blueprints (tw_kernel_from_blueprint): generated, bounds-checked kernels
+ *     with the same bits on the GPU and the CPU backend, named by a descriptor
+ *     "NAME[PARAMS]" with an optional ":f32" (default) or ":i32":
+ *       elementwise[add|sub|mul|div|max|min|relu|scale|fma]   (a, b.., out, [alpha,] n)
+ *       elementwise[exp|tanh|sigmoid|rsqrt|erf|gelu]          (x, out, n), f32
+ *       vector_add[N]  reduce[sum|max]  matmul[TMxTNxTK]  conv2d[RxS,sT,pP]
+ *       bmm[nn|nt|tn|tt] (a, b, c, batch, m, n, k)
+ *       softmax[axis]    (x, out, outer, n, inner), f32
+ *       layernorm[rows]  (x, scale, bias, out, rows, cols, epsilon), f32
+ *       concat[N] permute[P] gather[rows] maxpool[RxS,sT,pP] avgpool[RxS,sT,pP]
+ *     Arguments go in the order shown, buffers first; every kind's contract,
+ *     grid and numeric definition: docs/kernels.md.
  *   - tw_kernel_from_ptx() needs a CUDA host and a function deployed with the
  *     raw_ptx capability (granted by the operator to trusted tenants only:
  *     raw PTX can address any device memory).

@@ -37,25 +37,18 @@ impl Dtype {
 /// ```text
 /// descriptor := kernel [ ":" dtype ]            dtype defaults to f32
 /// dtype      := "f32" | "i32"
-/// kernel     := "elementwise[" op "]"
-///             | "vector_add[" lanes "]"          lanes := 1 | 2 | 4 | 8 | 16
-///             | "reduce[" ( "sum" | "max" ) "]"
-///             | "matmul[" int "x" int "x" int "]"              tile m x n x k
-///             | "conv2d[" int "x" int [ ",s" int ] [ ",p" int ] "]"   filter r x s,
-///                                                              stride (default 1),
-///                                                              padding (default 0)
-/// op         := "add" | "sub" | "mul" | "div" | "max" | "min" | "relu" | "scale" | "fma"
+/// kernel     := NAME "[" PARAMS "]"             NAME one of KIND_NAMES; PARAMS as that
+///                                               kind's parser reads them, e.g.
+///                                               vector_add[4], matmul[16x16x16],
+///                                               conv2d[3x3,s2,p1], softmax[axis]
 /// int        := decimal digits without a leading zero, at most 4 of them
 /// ```
 ///
-/// The canonical form ([`fmt::Display`]) always spells the dtype and, for `conv2d`, the stride
-/// and padding: `conv2d[3x3]` is `conv2d[3x3,s1,p0]:f32`.
-///
-/// # Limits (checked by [`Blueprint::new`] and the parser)
-/// - `elementwise[div]` is f32 only;
-/// - matmul tiles: each side 1..=64, at most 1024 threads (`m * n`), shared memory
-///   `4 * (m*k + k*n)` at most 48 KiB;
-/// - conv2d: `r`, `s` in 1..=11, stride in 1..=8, padding below both `r` and `s`.
+/// Each kind of the catalogue ([`BlueprintKind`], [`crate::KIND_NAMES`]) parses its own
+/// `PARAMS` and checks its own limits (matmul tiles at most 1024 threads and 48 KiB of shared
+/// memory, conv2d filters 1..=11, f32-only functions, ...); docs/kernels.md lists every kind
+/// with its parameters and numeric contract. The canonical form ([`fmt::Display`]) always
+/// spells the dtype and every option: `conv2d[3x3]` is `conv2d[3x3,s1,p0]:f32`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Blueprint {
     kind: BlueprintKind,
@@ -222,7 +215,8 @@ mod tests {
             "vector_add[4]:",
             "vector_add[4]]",
             "vector_add[[4]",
-            "elementwise[tanh]",
+            "elementwise[tanh]:i32",
+            "elementwise[cosh]",
             "elementwise[div]:i32",
             "reduce[min]",
             "matmul[16x16]",

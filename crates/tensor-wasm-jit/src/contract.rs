@@ -119,16 +119,9 @@ impl Blueprint {
     /// scalars. Guests pass [`KernelArg`]s in exactly this order; the PTX entry declares them in
     /// this order.
     ///
-    /// | blueprint | parameters |
-    /// |---|---|
-    /// | `elementwise[relu]` | `x, out, n` |
-    /// | `elementwise[scale]` | `x, out, alpha (f32 or i32), n` |
-    /// | `elementwise[add\|sub\|mul\|div\|max\|min]` | `a, b, out, n` |
-    /// | `elementwise[fma]` | `a, b, c, out, n` (`out = a*b + c`) |
-    /// | `vector_add[N]` | `a, b, out, n` |
-    /// | `reduce[OP]` | `x, out, rows, cols` |
-    /// | `matmul[..]` | `a, b, c, m, n, k` |
-    /// | `conv2d[..]` | `input, weight, output, n, c, h, w, k` |
+    /// Each kind declares its list (docs/kernels.md has them all); for example
+    /// `elementwise[add]` takes `a, b, out, n`, `matmul[..]` takes `a, b, c, m, n, k` and
+    /// `layernorm[rows]` takes `x, scale, bias, out, rows, cols, epsilon`.
     pub fn params(&self) -> Vec<Param> {
         with_kind!(self.kind(), |k| k.params(self.dtype()))
     }

@@ -35,6 +35,8 @@ pub(crate) trait Element:
     /// `self / count`, the mean of values summing to `self` (`count` at least 1 and below
     /// 2^24): f32 divides by `count` converted exactly (`div.rn`), i32 truncates toward zero.
     fn mean(self, count: u32) -> Self;
+    /// `f(y, x)` for f32; nothing for i32 (the f32-only functions are refused for it first).
+    fn map_f32(f: fn(&mut [f32], &[f32]), y: &mut [Self], x: &[Self]);
     /// `y[i] = a[i].fma(b[i], c[i])`.
     fn fma_into(y: &mut [Self], a: &[Self], b: &[Self], c: &[Self]) {
         for (((y, &a), &b), &c) in y.iter_mut().zip(a).zip(b).zip(c) {
@@ -69,6 +71,9 @@ impl Element for f32 {
     fn mean(self, count: u32) -> Self {
         self / count as f32
     }
+    fn map_f32(f: fn(&mut [f32], &[f32]), y: &mut [Self], x: &[Self]) {
+        f(y, x);
+    }
 }
 
 impl Element for i32 {
@@ -94,6 +99,7 @@ impl Element for i32 {
     fn mean(self, count: u32) -> Self {
         self.wrapping_div(count as i32)
     }
+    fn map_f32(_f: fn(&mut [f32], &[f32]), _y: &mut [Self], _x: &[Self]) {}
 }
 
 /// `a > b ? a : b`, the GPU's `setp.gt` + `selp`.
@@ -641,6 +647,16 @@ fn apply<T: Element>(op: ElementwiseOp, alpha: Option<T>, y: &mut [T], [a, b, c]
             zip2(y, a, a, |a, _| alpha.mul(a));
         }
         ElementwiseOp::Fma => T::fma_into(y, a, b, c),
+        ElementwiseOp::Exp
+        | ElementwiseOp::Tanh
+        | ElementwiseOp::Sigmoid
+        | ElementwiseOp::Rsqrt
+        | ElementwiseOp::Erf
+        | ElementwiseOp::Gelu => {
+            if let Some(f) = op.function() {
+                T::map_f32(f, y, a);
+            }
+        }
     }
 }
 

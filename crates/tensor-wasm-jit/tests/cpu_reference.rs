@@ -3,7 +3,9 @@
 
 use proptest::prelude::*;
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
-use tensor_wasm_jit::{conv2d_output_size, Blueprint, BlueprintKind, Dtype, ElementwiseOp, Shape};
+use tensor_wasm_jit::{
+    conv2d_output_size, math, Blueprint, BlueprintKind, Dtype, ElementwiseOp, Shape,
+};
 
 /// Byte every output starts as; bytes the launch does not cover must keep it.
 const SENTINEL: u8 = 0xA5;
@@ -203,7 +205,8 @@ proptest! {
         parts in prop::option::of(1usize..5),
     ) {
         let Ok(blueprint) = Blueprint::parse(&format!("elementwise[{}]:{}", op.as_str(), dtype.as_str())) else {
-            prop_assert!(op == ElementwiseOp::Div && dtype == Dtype::I32);
+            prop_assert!(op.inputs() == 1 || op == ElementwiseOp::Div, "{}", op.as_str());
+            prop_assert!(dtype == Dtype::I32);
             return Ok(());
         };
         let arith = Values::of(dtype);
@@ -250,8 +253,30 @@ proptest! {
                         .to_bits(),
                     Dtype::I32 => arith.add(arith.mul(inputs[0][i], inputs[1][i]), inputs[2][i]),
                 },
+                ElementwiseOp::Exp
+                | ElementwiseOp::Tanh
+                | ElementwiseOp::Sigmoid
+                | ElementwiseOp::Rsqrt
+                | ElementwiseOp::Erf
+                | ElementwiseOp::Gelu => {
+                    let x = f32::from_bits(inputs[0][i]);
+                    let y = match op {
+                        ElementwiseOp::Exp => math::exp(x),
+                        ElementwiseOp::Tanh => math::tanh(x),
+                        ElementwiseOp::Sigmoid => math::sigmoid(x),
+                        ElementwiseOp::Rsqrt => math::rsqrt(x),
+                        ElementwiseOp::Erf => math::erf(x),
+                        _ => math::gelu(x),
+                    };
+                    y.to_bits()
+                }
                 _ => arith.binary(op, inputs[0][i], inputs[1][i]),
             };
+            let nan = |bits: u32| f32::from_bits(bits).is_nan();
+            if dtype == Dtype::F32 && nan(want) {
+                prop_assert!(nan(got[i]), "{} element {}: NaN expected", blueprint, i);
+                continue;
+            }
             prop_assert_eq!(got[i], want, "{} element {}", blueprint, i);
         }
     }

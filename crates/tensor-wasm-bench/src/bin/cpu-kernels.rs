@@ -249,6 +249,39 @@ fn cases(backend: &dyn Backend, tenant: &TenantKey, quick: bool) -> anyhow::Resu
         work: 3.0 * 4.0 * n as f64,
         unit: "gb_per_s",
     });
+    // The functions of `tensor_wasm_jit::math`, element-wise over n f32s.
+    for op in ["exp", "tanh", "sigmoid", "rsqrt", "erf", "gelu"] {
+        cases.push(jit_case(
+            backend,
+            tenant,
+            &format!("elementwise[{op}]:f32"),
+            Shape::Elements { n: n32 },
+            (&[n, n], &[n32]),
+            &format!("elementwise[{op}] f32"),
+            (2.0 * 4.0 * n as f64, "gb_per_s"),
+        )?);
+    }
+    // Softmax along the last axis and layer normalisation of rows of 1024: n elements read
+    // and written (layernorm's scale and bias, 1024 each, not counted).
+    let (rows, cols) = (n32 / 1024, 1024u32);
+    cases.push(jit_case(
+        backend,
+        tenant,
+        "softmax[axis]",
+        Shape::of_sizes(&[rows, cols, 1]),
+        (&[n, n], &[rows, cols, 1]),
+        "softmax last axis f32",
+        (2.0 * 4.0 * n as f64, "gb_per_s"),
+    )?);
+    cases.push(jit_case(
+        backend,
+        tenant,
+        "layernorm[rows]",
+        Shape::Rows { rows, cols },
+        (&[n, 1024, 1024, n], &[rows, cols]),
+        "layernorm rows f32",
+        (2.0 * 4.0 * n as f64, "gb_per_s"),
+    )?);
     // concat[2] along axis 1 of two (rows × n/2/rows) tensors: n elements read and written.
     let (outer, half) = (4096u32, n32 / 4096 / 2);
     cases.push(jit_case(

@@ -8,6 +8,7 @@ use super::{blocks, Kind};
 use crate::contract::{Param, ParamKind, Shape};
 use crate::cpu::{covered, Element, Stage};
 use crate::emit::{global_index_1d, ins, Ops};
+use crate::math::{self, Temps};
 use crate::{Dtype, JitError};
 
 /// An element-wise operation: `out[i] = op(inputs[i]...)`.
@@ -35,11 +36,23 @@ pub enum ElementwiseOp {
     Scale,
     /// `a * b + c` with a single rounding (fused multiply-add; wrapping `a*b+c` for i32).
     Fma,
+    /// `e^x` ([`crate::math::exp`]; f32 only, as every function below).
+    Exp,
+    /// `tanh(x)` ([`crate::math::tanh`]).
+    Tanh,
+    /// `1 / (1 + e^-x)` ([`crate::math::sigmoid`]).
+    Sigmoid,
+    /// `1 / sqrt(x)` ([`crate::math::rsqrt`]).
+    Rsqrt,
+    /// `erf(x)` ([`crate::math::erf`]).
+    Erf,
+    /// `x · Φ(x)` in the erf form, `(0.5·x)·(1 + erf(x/√2))` ([`crate::math::gelu`]).
+    Gelu,
 }
 
 impl ElementwiseOp {
     /// Every operation, in descriptor order.
-    pub const ALL: [ElementwiseOp; 9] = [
+    pub const ALL: [ElementwiseOp; 15] = [
         ElementwiseOp::Add,
         ElementwiseOp::Sub,
         ElementwiseOp::Mul,
@@ -49,6 +62,12 @@ impl ElementwiseOp {
         ElementwiseOp::Relu,
         ElementwiseOp::Scale,
         ElementwiseOp::Fma,
+        ElementwiseOp::Exp,
+        ElementwiseOp::Tanh,
+        ElementwiseOp::Sigmoid,
+        ElementwiseOp::Rsqrt,
+        ElementwiseOp::Erf,
+        ElementwiseOp::Gelu,
     ];
 
     /// The descriptor spelling (`add`, `relu`, ...).
@@ -63,18 +82,46 @@ impl ElementwiseOp {
             ElementwiseOp::Relu => "relu",
             ElementwiseOp::Scale => "scale",
             ElementwiseOp::Fma => "fma",
+            ElementwiseOp::Exp => "exp",
+            ElementwiseOp::Tanh => "tanh",
+            ElementwiseOp::Sigmoid => "sigmoid",
+            ElementwiseOp::Rsqrt => "rsqrt",
+            ElementwiseOp::Erf => "erf",
+            ElementwiseOp::Gelu => "gelu",
         }
+    }
+
+    /// The f32 function of the functions defined in [`crate::math`], `None` for the
+    /// operations of one IEEE instruction.
+    pub(crate) fn function(&self) -> Option<SliceFunction> {
+        Some(match self {
+            ElementwiseOp::Exp => math::exp_slice,
+            ElementwiseOp::Tanh => math::tanh_slice,
+            ElementwiseOp::Sigmoid => math::sigmoid_slice,
+            ElementwiseOp::Rsqrt => math::rsqrt_slice,
+            ElementwiseOp::Erf => math::erf_slice,
+            ElementwiseOp::Gelu => math::gelu_slice,
+            _ => return None,
+        })
     }
 
     /// How many input buffers the operation reads (1 for `relu` and `scale`, 3 for `fma`).
     pub fn inputs(&self) -> usize {
         match self {
-            ElementwiseOp::Relu | ElementwiseOp::Scale => 1,
             ElementwiseOp::Fma => 3,
-            _ => 2,
+            ElementwiseOp::Add
+            | ElementwiseOp::Sub
+            | ElementwiseOp::Mul
+            | ElementwiseOp::Div
+            | ElementwiseOp::Max
+            | ElementwiseOp::Min => 2,
+            _ => 1,
         }
     }
 }
+
+/// A function of [`crate::math`] over a slice: `y[i] = f(x[i])`.
+pub(crate) type SliceFunction = fn(&mut [f32], &[f32]);
 
 impl Kind for ElementwiseOp {
     const NAME: &'static str = "elementwise";
@@ -88,6 +135,12 @@ impl Kind for ElementwiseOp {
         "elementwise[relu]",
         "elementwise[scale]",
         "elementwise[fma]",
+        "elementwise[exp]",
+        "elementwise[tanh]",
+        "elementwise[sigmoid]",
+        "elementwise[rsqrt]",
+        "elementwise[erf]",
+        "elementwise[gelu]",
     ];
     const RANDOM_CASES: u32 = 32;
 
@@ -98,7 +151,8 @@ impl Kind for ElementwiseOp {
             .ok_or_else(|| {
                 JitError::parse(
                     descriptor,
-                    "unknown element-wise op (add, sub, mul, div, max, min, relu, scale, fma)",
+                    "unknown element-wise op (add, sub, mul, div, max, min, relu, scale, fma, \
+                     exp, tanh, sigmoid, rsqrt, erf, gelu)",
                 )
             })
     }
@@ -108,8 +162,11 @@ impl Kind for ElementwiseOp {
     }
 
     fn check(&self, dtype: Dtype) -> Result<(), String> {
-        if *self == ElementwiseOp::Div && dtype == Dtype::I32 {
-            return Err("elementwise[div] is only defined for f32".into());
+        if (*self == ElementwiseOp::Div || self.function().is_some()) && dtype == Dtype::I32 {
+            return Err(format!(
+                "elementwise[{}] is only defined for f32",
+                self.as_str()
+            ));
         }
         Ok(())
     }
@@ -160,7 +217,11 @@ impl Kind for ElementwiseOp {
     }
 
     fn emit(&self, _dtype: Dtype, params: &[Param], ops: &Ops, out: &mut String) {
-        emit_elementwise(out, ops, *self, params);
+        let mut temps = Temps::new("m");
+        let mut body = String::new();
+        emit_elementwise(&mut body, ops, *self, params, &mut temps);
+        out.push_str(&temps.declarations());
+        out.push_str(&body);
     }
 
     fn plan<T: Element>(
@@ -209,12 +270,7 @@ pub(super) fn plan<T: Element>(
         ));
     };
     let alpha = args.iter().find_map(T::from_arg);
-    let arity_ok = match op {
-        ElementwiseOp::Relu => inputs.len() == 1,
-        ElementwiseOp::Scale => inputs.len() == 1 && alpha.is_some(),
-        ElementwiseOp::Fma => inputs.len() == 3,
-        _ => inputs.len() == 2,
-    };
+    let arity_ok = inputs.len() == op.inputs() && (op != ElementwiseOp::Scale || alpha.is_some());
     if !arity_ok {
         return Err(JitError::InvalidLaunch(format!(
             "elementwise[{}] got {} input buffers{}",
@@ -227,10 +283,12 @@ pub(super) fn plan<T: Element>(
             }
         )));
     }
-    if op == ElementwiseOp::Div && T::ZERO.div(T::ZERO).is_none() {
-        return Err(JitError::InvalidBlueprint(
-            "division is only defined for f32".into(),
-        ));
+    let f32_only = op == ElementwiseOp::Div || op.function().is_some();
+    if f32_only && T::ZERO.div(T::ZERO).is_none() {
+        return Err(JitError::InvalidBlueprint(format!(
+            "elementwise[{}] is only defined for f32",
+            op.as_str()
+        )));
     }
     Ok(Stage::Elementwise {
         op,
@@ -243,7 +301,13 @@ pub(super) fn plan<T: Element>(
 }
 
 /// `out[i] = op(inputs[i])` for `i = ctaid.x * 256 + tid.x < n`.
-fn emit_elementwise(out: &mut String, ops: &Ops, op: ElementwiseOp, params: &[Param]) {
+fn emit_elementwise(
+    out: &mut String,
+    ops: &Ops,
+    op: ElementwiseOp,
+    params: &[Param],
+    temps: &mut Temps,
+) {
     global_index_1d(out);
     ins!(out, "ld.param.u32 %r3, [p_n];");
     ins!(out, "cvt.u64.u32 %rd2, %r3;");
@@ -289,6 +353,12 @@ fn emit_elementwise(out: &mut String, ops: &Ops, op: ElementwiseOp, params: &[Pa
             ins!(out, "{} %v0, %v5, %v1;", ops.mul);
         }
         ElementwiseOp::Fma => ins!(out, "{} %v0, %v1, %v2, %v3;", ops.fma),
+        ElementwiseOp::Exp => math::emit_exp(out, "%v0", "%v1", temps),
+        ElementwiseOp::Tanh => math::emit_tanh(out, "%v0", "%v1", temps),
+        ElementwiseOp::Sigmoid => math::emit_sigmoid(out, "%v0", "%v1", temps),
+        ElementwiseOp::Rsqrt => math::emit_rsqrt(out, "%v0", "%v1", temps),
+        ElementwiseOp::Erf => math::emit_erf(out, "%v0", "%v1", temps),
+        ElementwiseOp::Gelu => math::emit_gelu(out, "%v0", "%v1", temps),
     }
     ins!(out, "st.global.b32 [%rd{}], %v0;", 10 + inputs);
 }

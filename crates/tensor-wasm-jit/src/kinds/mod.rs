@@ -27,11 +27,13 @@ pub(crate) mod conv2d;
 pub(crate) mod copy;
 pub(crate) mod elementwise;
 pub(crate) mod gather;
+pub(crate) mod layernorm;
 pub(crate) mod matmul;
 pub(crate) mod permute;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod rows;
+pub(crate) mod softmax;
 pub(crate) mod vector_add;
 
 /// What one blueprint kind defines. `Self` is the kind's parameters (what the brackets of its
@@ -199,6 +201,10 @@ catalogue! {$
     MaxPool(pool::MaxPool),
     /// `avgpool[RxS,sT,pP]`: 2-D average pooling over NCHW, over the in-range taps.
     AvgPool(pool::AvgPool),
+    /// `softmax[axis]`: softmax along one axis, max-subtracted (f32).
+    Softmax(softmax::SoftmaxAxis),
+    /// `layernorm[rows]`: each row normalised, scaled and shifted (f32).
+    LayerNorm(layernorm::LayerNormRows),
 }
 
 impl BlueprintKind {

@@ -22,7 +22,7 @@ use super::{blocks, KindRun};
 use crate::contract::BLOCK_1D;
 use crate::cpu::Element;
 use crate::cpu_parts::{disjoint, split};
-use crate::emit::ins;
+use crate::emit::{ins, label};
 
 /// How a row kind's grid maps onto its rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,4 +265,27 @@ pub(crate) fn with_values<T: Element>(out: &mut [u8], f: impl FnOnce(&mut [T])) 
             encode_into(&values, out);
         }
     }
+}
+
+/// PTX of a block that reduces a row: combines the 256 threads' partials `%v0` by the fixed
+/// tree (`p[t] = op(p[t], p[t + s])`, `s = 128, ..., 1`) into `%v1` of every thread, with
+/// `combine` computing `%v1 = op(%v1, %v2)`. Needs `.shared smem[256]`, `%r2` = the thread,
+/// `%r5` = `smem`, `%r7` = `&smem[t]`; leaves the shared memory free for reuse.
+pub(crate) fn block_tree(out: &mut String, tag: &str, combine: impl Fn(&mut String)) {
+    ins!(out, "st.shared.b32 [%r7], %v0;");
+    ins!(out, "bar.sync 0;");
+    let mut stride = BLOCK_1D / 2;
+    while stride > 0 {
+        ins!(out, "setp.ge.u32 %p3, %r2, {stride};");
+        ins!(out, "@%p3 bra {tag}_TREE_{stride};");
+        ins!(out, "ld.shared.b32 %v1, [%r7];");
+        ins!(out, "ld.shared.b32 %v2, [%r7+{}];", stride * 4);
+        combine(out);
+        ins!(out, "st.shared.b32 [%r7], %v1;");
+        label!(out, &format!("{tag}_TREE_{stride}"));
+        ins!(out, "bar.sync 0;");
+        stride /= 2;
+    }
+    ins!(out, "ld.shared.b32 %v1, [%r5];");
+    ins!(out, "bar.sync 0;");
 }

@@ -190,6 +190,28 @@ const MUTANTS: &[Mutant] = &[
         everywhere: false,
         dims: &[[1, 2, 5, 6, 0]],
     },
+    Mutant {
+        name: "softmax forgets to subtract the maximum",
+        blueprint: "softmax[axis]:f32",
+        from: "    sub.rn.f32 %v1, %v1, %v3;\n",
+        to: "",
+        everywhere: false,
+        dims: &[[2, 40, 1, 0, 0], [1, 7, 2, 0, 0]],
+    },
+    Mutant {
+        name: "layernorm's variance without the mean subtracted",
+        blueprint: "layernorm[rows]:f32",
+        from: "    sub.rn.f32 %v1, %v1, %v3;\n",
+        to: "",
+        everywhere: false,
+        // Short rows: long ones of edge values are mostly infinite or NaN either way.
+        dims: &[
+            [3, 2, 0, 0, 0],
+            [3, 3, 0, 0, 0],
+            [2, 4, 0, 0, 0],
+            [3, 5, 0, 0, 0],
+        ],
+    },
 ];
 
 /// Runs every mutant; returns `(caught, total)` and panics naming any mutant not caught.
