@@ -37,7 +37,7 @@ fn run(
     let blueprint = Blueprint::parse(descriptor).unwrap();
     let mut memory = Vec::new();
     let mut args = Vec::new();
-    let mut place = |values: &[f32], memory: &mut Vec<u8>| {
+    let place = |values: &[f32], memory: &mut Vec<u8>| {
         let offset = memory.len().next_multiple_of(64);
         memory.resize(offset, 0);
         for value in values {
