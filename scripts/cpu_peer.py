@@ -193,6 +193,36 @@ def model_peers(n, rng):
     }
 
 
+def data_movement(quick, rng):
+    """Permute and gather peers (f32), into preallocated outputs as the backend writes:
+    name -> (callable, bytes moved per call)."""
+    batch, square = (2, 1024) if quick else (32, 4096)
+    heads = rng.standard_normal((batch, 512, 16, 64), dtype=np.float32)
+    heads_out = np.empty((batch, 16, 512, 64), dtype=np.float32)
+    matrix = rng.standard_normal((square, square), dtype=np.float32)
+    matrix_out = np.empty_like(matrix)
+    rows, cols, count = (5000 if quick else 50000), 768, 8192
+    table = rng.standard_normal((rows, cols), dtype=np.float32)
+    indices = rng.integers(0, rows, count, dtype=np.int32)
+    rows_out = np.empty((count, cols), dtype=np.float32)
+    return {
+        f"permute[0213] {batch}x512x16x64 f32": (
+            lambda: np.copyto(heads_out, heads.transpose(0, 2, 1, 3)),
+            2 * 4 * heads.size,
+        ),
+        f"permute[10] {square}x{square} f32": (
+            lambda: np.copyto(matrix_out, matrix.T),
+            2 * 4 * matrix.size,
+        ),
+        # mode="wrap" takes negative indices as ONNX does and, unlike the default "raise",
+        # writes into `out` without an extra buffer.
+        f"gather[rows] {rows}x{cols} by {count} f32": (
+            lambda: np.take(table, indices, axis=0, out=rows_out, mode="wrap"),
+            2 * 4 * rows_out.size + 4 * count,
+        ),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small shapes, short runs")
@@ -226,6 +256,8 @@ def main():
     b = rng.standard_normal((4096, n // 4096 // 2), dtype=np.float32)
     joined = np.empty((4096, 2 * a.shape[1]), dtype=np.float32)
     record("concat axis 1 f32", lambda: np.concatenate((a, b), axis=1, out=joined), 2 * 4 * n, "gb_per_s")
+    for name, (fn, moved) in data_movement(args.quick, rng).items():
+        record(name, fn, moved, "gb_per_s")
     for stride in (1, 2):
         fn, flops = conv2d_peer(stride, rng, batch=1 if args.quick else 8)
         record(f"conv2d 3x3 stride {stride} f32", fn, flops, "gflop_per_s")

@@ -293,6 +293,56 @@ fn cases(backend: &dyn Backend, tenant: &TenantKey, quick: bool) -> anyhow::Resu
         "concat axis 1 f32",
         (2.0 * 4.0 * n as f64, "gb_per_s"),
     )?);
+    // Data movement (f32): an attention-head permute (batch × sequence × heads × head size to
+    // batch × heads × sequence × head size), a square transpose, and an embedding lookup.
+    let (batch, square) = if quick { (2u32, 1024u32) } else { (32, 4096) };
+    for (order, dims) in [
+        ("0213", vec![batch, 512, 16, 64]),
+        ("10", vec![square, square]),
+    ] {
+        let elements = dims.iter().map(|&d| d as usize).product::<usize>();
+        let text = dims
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join("x");
+        let descriptor = format!("permute[{order}]:f32");
+        let mut case = jit_case(
+            backend,
+            tenant,
+            &descriptor,
+            Shape::of_sizes(&dims),
+            (&[elements, elements], &dims),
+            &format!("permute[{order}] {text} f32"),
+            (2.0 * 4.0 * elements as f64, "gb_per_s"),
+        )?;
+        case.name = format!("{descriptor} {text}");
+        cases.push(case);
+    }
+    let (rows, cols, count) = (if quick { 5000u32 } else { 50_000 }, 768u32, 8192u32);
+    let (table, out) = ((rows * cols) as usize, (count * cols) as usize);
+    let mut case = jit_case(
+        backend,
+        tenant,
+        "gather[rows]:f32",
+        Shape::of_sizes(&[rows, cols, count]),
+        (&[table, count as usize, out], &[rows, cols, count]),
+        &format!("gather[rows] {rows}x{cols} by {count} f32"),
+        (2.0 * 4.0 * out as f64 + 4.0 * f64::from(count), "gb_per_s"),
+    )?;
+    case.name = format!("gather[rows]:f32 {rows}x{cols} by {count}");
+    // Indices spread over the table, every one in range (as the peer's).
+    if let KernelArg::Buffer { offset, .. } = case.args[1] {
+        let mut state = 0x2545_f491_u32;
+        for i in 0..count as usize {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            let at = offset as usize + 4 * i;
+            case.memory[at..at + 4].copy_from_slice(&((state % rows) as i32).to_le_bytes());
+        }
+    }
+    cases.push(case);
     let (batch, channels, side, kernels) = (if quick { 1u32 } else { 8 }, 64u32, 56u32, 64u32);
     for stride in [1u32, 2] {
         let out_side = (side + 2 - 3) / stride + 1;

@@ -79,9 +79,8 @@ impl CopyRows {
 pub(crate) trait CopyOp: fmt::Debug + Send + Sync + 'static {
     /// Copies the covered elements of `rows` from `cursor` on, up to unit `cursor.end`
     /// (exclusive), about `work` of them, and advances `cursor`; `cursor.unit == cursor.end`
-    /// once done. `inputs` are
-    /// the input buffers in parameter order; `out` starts at output row `origin` (element
-    /// `(r - origin) * row_len + c` is row `r`, column `c`).
+    /// once done. `inputs` are the input buffers in parameter order; `out` starts at output
+    /// row `origin` (element `(r - origin) * row_len + c` is row `r`, column `c`).
     fn copy(
         &self,
         rows: &CopyRows,
@@ -171,7 +170,8 @@ impl<T: Element, K: CopyOp> KindRun<T> for CopyRun<K> {
     }
 }
 
-/// Units `cursor.unit..cursor.end` of a copy kind, on one core; its output starts at row `origin`.
+/// Units `cursor.unit..cursor.end` of a copy kind, on one core; its output range starts at
+/// row `origin`.
 struct CopyPart<K> {
     op: Arc<K>,
     rows: CopyRows,
@@ -289,7 +289,7 @@ mod tests {
     #[test]
     fn steps_and_parts_of_every_size_equal_one_pass() {
         let launches = [
-            ("permute[10]:f32", &[70u32, 37][..], [1, 0]),
+            ("permute[10]:f32", &[37u32, 150][..], [1, 0]),
             ("permute[021]:i32", &[3, 300, 19], [5, 1]),
             ("permute[201]:f32", &[5, 300, 40], [3, 1]),
             ("permute[0213]:i32", &[2, 5, 3, 300], [1, 1]),

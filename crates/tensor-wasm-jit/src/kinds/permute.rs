@@ -11,9 +11,9 @@
 //! writes only the elements before `grid.x * 256`.
 //!
 //! The CPU copy is blocked for both sides' caches: when `P` keeps the last axis last, each
-//! output row is one contiguous input run; otherwise tiles of `TILE_A` × `TILE_B` elements
-//! are copied between the output axis that is the input's last (contiguous reads) and the
-//! output's last (contiguous writes).
+//! output row is one contiguous input run; otherwise blocks of `TILE_A` × `TILE_B` elements
+//! go through a buffer on the stack between the output axis that is the input's last
+//! (contiguous reads) and the output's last (contiguous writes).
 
 use std::fmt;
 
@@ -66,7 +66,7 @@ impl Permutation {
 const SIZE_NAMES: [&str; 4] = ["d0", "d1", "d2", "d3"];
 
 /// Output rows the CPU copies together across the output axis that is the input's last.
-const TILE_A: usize = 16;
+const TILE_A: usize = 64;
 /// Output columns per tile.
 const TILE_B: usize = 64;
 /// Elements of a contiguous row copied per piece of a step.
@@ -342,7 +342,10 @@ impl PermuteCopy {
     }
 
     /// Units that are tiles: rows `unit * unit_rows + m` for `TILE_A` consecutive units of the
-    /// same outer index, each read from `TILE_A` consecutive input elements per column.
+    /// same outer index, read from `TILE_A` consecutive input elements per column. A block of
+    /// `TILE_A` × `TILE_B` goes through a buffer on the stack: read run by run, written row by
+    /// row, so every cache line is used whole while it is loaded, whatever the strides (a
+    /// power-of-two stride maps a direct strided copy's lines onto one cache set).
     fn copy_tiles(
         &self,
         rows: &CopyRows,
@@ -353,33 +356,34 @@ impl PermuteCopy {
         work: usize,
     ) {
         let (q, last) = (self.q, self.n - 1);
-        let step = self.s[last].max(1);
+        let step = self.s[last];
         let along = self.e[q].max(1);
+        let mut block = [[[0u8; 4]; TILE_A]; TILE_B];
         let mut spent = 0;
         while cursor.unit < cursor.end && spent < work {
-            // The tile: units of the same outer index as the cursor's, at most TILE_A.
+            // The tile: units of the same outer index as the cursor's, at most TILE_A, of
+            // which the first `live` have this row covered.
             let group_end = (cursor.unit / along + 1) * along;
             let tile = cursor.unit..cursor.end.min(group_end).min(cursor.unit + TILE_A);
+            let row_of = |unit: usize| unit * rows.unit_rows + cursor.m;
+            let live = tile.clone().take_while(|&u| row_of(u) < rows.rows).count();
             let outer = offset(&self.e[..q], &self.s[..q], cursor.unit / along);
             let middle = offset(&self.e[q + 1..last], &self.s[q + 1..last], cursor.m);
             let first = outer + middle + cursor.unit % along;
             let columns = cursor.b..rows.cols.min(cursor.b + TILE_B);
-            for (t, unit) in tile.clone().enumerate() {
-                let row = unit * rows.unit_rows + cursor.m;
-                if row >= rows.rows {
-                    break;
-                }
+            for (runs, column) in block.iter_mut().zip(columns.clone()) {
+                let from = first + column * step;
+                runs[..live].copy_from_slice(&input[from..from + live]);
+            }
+            for t in 0..live {
+                let row = row_of(cursor.unit + t);
                 let stop = columns.end.min(rows.cols_of(row));
                 if stop <= columns.start {
                     break;
                 }
                 let to = (row - origin) * rows.row_len;
-                let from = &input[first + t + columns.start * step..];
-                for (word, value) in out[to + columns.start..to + stop]
-                    .iter_mut()
-                    .zip(from.iter().step_by(step))
-                {
-                    *word = *value;
+                for (word, runs) in out[to + columns.start..to + stop].iter_mut().zip(&block) {
+                    *word = runs[t];
                 }
             }
             spent += tile.len() * columns.len() + 8;
@@ -493,6 +497,18 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn accepted_orders_are_permutations_and_round_trip(text in "[0-9a:-]{0,6}") {
+            if let Ok(blueprint) = Blueprint::parse(&format!("permute[{text}]")) {
+                let mut axes: Vec<u8> = text.bytes().map(|b| b - b'0').collect();
+                axes.sort_unstable();
+                proptest::prop_assert_eq!(axes, (0..text.len() as u8).collect::<Vec<_>>());
+                proptest::prop_assert_eq!(Blueprint::parse(&blueprint.descriptor()), Ok(blueprint));
+            }
+        }
+    }
+
     /// Runs `descriptor` on the CPU over input `0, 1, 2, ...` of dimensions `d` with the
     /// launch `config` (the full grid when `None`); returns the output words.
     fn run(descriptor: &str, d: &[u32], config: Option<LaunchConfig>) -> Vec<u32> {
@@ -565,9 +581,10 @@ mod tests {
 
     #[test]
     fn every_order_of_the_examples_matches_the_definition_across_tiles() {
-        // Sizes past a tile (16 x 64) and not multiples of it, so tiles end mid-axis.
+        // Sizes past a tile (64 x 64) and not multiples of it, so tiles end mid-axis.
         for (descriptor, d) in [
-            ("permute[10]", &[70u32, 37][..]),
+            ("permute[10]", &[37u32, 150][..]),
+            ("permute[10]", &[150, 37]),
             ("permute[021]", &[3, 19, 70]),
             ("permute[120]", &[33, 5, 18]),
             ("permute[201]", &[4, 3, 20]),
