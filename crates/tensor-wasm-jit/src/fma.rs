@@ -8,6 +8,8 @@
 
 #![allow(unsafe_code)]
 
+use tensor_wasm_gpu::gemm::Isa;
+
 /// `y[i] = a[i] * b[i] + c[i]`, fused, over the shortest of the four slices.
 pub(crate) fn fma_f32(y: &mut [f32], a: &[f32], b: &[f32], c: &[f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -43,23 +45,45 @@ pub(crate) trait ElementFunction {
     fn apply(x: f32) -> f32;
 }
 
-/// `y[i] = F::apply(x[i])`, with the loop compiled for AVX2 and FMA when the CPU has both.
+/// `y[i] = F::apply(x[i])`, with the loop compiled for the widest vector unit the CPU has
+/// (AVX-512, else AVX2, with FMA), or a narrower one named by `TENSOR_WASM_CPU_ISA`
+/// ([`Isa::selected`]); every path gives the same bits.
 ///
 /// # Panics
 /// If the slices differ in length.
 pub(crate) fn map_f32<F: ElementFunction>(y: &mut [f32], x: &[f32]) {
+    map_f32_on::<F>(Isa::selected(), y, x);
+}
+
+/// [`map_f32`] with the loop for `isa` (narrower when the CPU lacks FMA).
+///
+/// # Panics
+/// If the slices differ in length, or `isa` is one this CPU lacks.
+pub(crate) fn map_f32_on<F: ElementFunction>(isa: Isa, y: &mut [f32], x: &[f32]) {
     assert_eq!(y.len(), x.len(), "input and output lengths differ");
+    assert!(isa.is_available(), "{} is not available here", isa.name());
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA (checked just above), the one requirement of a
-        // `#[target_feature(enable = "avx2,fma")]` function; the function itself is safe code.
-        unsafe { map_f32_with_avx2_fma::<F>(y, x) };
-        return;
+    if std::arch::is_x86_feature_detected!("fma") {
+        match isa {
+            Isa::Avx512 => {
+                // SAFETY: the CPU has AVX-512F (`is_available`, asserted above) and FMA
+                // (checked just above), the requirements of the `#[target_feature]` function;
+                // the function itself is safe code.
+                unsafe { map_f32_with_avx512::<F>(y, x) };
+                return;
+            }
+            Isa::Avx2 => {
+                // SAFETY: as above, with AVX2.
+                unsafe { map_f32_with_avx2_fma::<F>(y, x) };
+                return;
+            }
+            Isa::Portable => {}
+        }
     }
     map_f32_portable::<F>(y, x);
 }
 
-pub(crate) fn map_f32_portable<F: ElementFunction>(y: &mut [f32], x: &[f32]) {
+fn map_f32_portable<F: ElementFunction>(y: &mut [f32], x: &[f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
         *y = F::apply(x);
     }
@@ -68,6 +92,14 @@ pub(crate) fn map_f32_portable<F: ElementFunction>(y: &mut [f32], x: &[f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn map_f32_with_avx2_fma<F: ElementFunction>(y: &mut [f32], x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = F::apply(x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn map_f32_with_avx512<F: ElementFunction>(y: &mut [f32], x: &[f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
         *y = F::apply(x);
     }

@@ -3,7 +3,8 @@
 //! interesting ranges, the values around each threshold, and the edges.
 
 use super::*;
-use crate::fma::map_f32_portable;
+use crate::fma::map_f32_on;
+use tensor_wasm_gpu::gemm::Isa;
 
 // ---- float64 references -------------------------------------------------------------------
 
@@ -498,17 +499,21 @@ fn slices_give_the_scalar_bits_on_every_path() {
         let scalar: Vec<f32> = x.iter().map(|&v| function.eval(v)).collect();
         let mut detected = vec![0.0; x.len()];
         function.eval_slice(&mut detected, &x);
-        let mut portable = vec![0.0; x.len()];
-        match function {
-            MathFunction::Exp => map_f32_portable::<Exp>(&mut portable, &x),
-            MathFunction::Erf => map_f32_portable::<Erf>(&mut portable, &x),
-            MathFunction::Tanh => map_f32_portable::<Tanh>(&mut portable, &x),
-            MathFunction::Rsqrt => map_f32_portable::<Rsqrt>(&mut portable, &x),
-            MathFunction::Sigmoid => map_f32_portable::<Sigmoid>(&mut portable, &x),
-            MathFunction::Gelu => map_f32_portable::<Gelu>(&mut portable, &x),
+        let mut paths = vec![("detected", detected)];
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
+            let mut y = vec![0.0; x.len()];
+            match function {
+                MathFunction::Exp => map_f32_on::<Exp>(isa, &mut y, &x),
+                MathFunction::Erf => map_f32_on::<Erf>(isa, &mut y, &x),
+                MathFunction::Tanh => map_f32_on::<Tanh>(isa, &mut y, &x),
+                MathFunction::Rsqrt => map_f32_on::<Rsqrt>(isa, &mut y, &x),
+                MathFunction::Sigmoid => map_f32_on::<Sigmoid>(isa, &mut y, &x),
+                MathFunction::Gelu => map_f32_on::<Gelu>(isa, &mut y, &x),
+            }
+            paths.push((isa.name(), y));
         }
         for (i, &v) in x.iter().enumerate() {
-            for (path, y) in [("detected", detected[i]), ("portable", portable[i])] {
+            for (path, y) in paths.iter().map(|(path, y)| (path, y[i])) {
                 let same = y.to_bits() == scalar[i].to_bits() || (y.is_nan() && scalar[i].is_nan());
                 assert!(
                     same,
