@@ -7,6 +7,7 @@
  *
  * Build: clang --target=wasm32-wasi -O2 -I sdk/c examples/c/blueprints.c -o examples/c/blueprints.wasm
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,66 @@ static unsigned conv2d(unsigned nn, unsigned cc, unsigned h, unsigned w, unsigne
     return bad;
 }
 
+/* |got - want| within atol + rtol * |want|: the model kernels' numeric contracts are exact
+ * between the CPU and the GPU, not with this guest's libm. */
+static unsigned off(float got, double want, double atol, double rtol) {
+    return !(fabs((double)got - want) <= atol + rtol * fabs(want));
+}
+
+static unsigned softmax(unsigned rows, unsigned n) {
+    float *x = buffer(4 * rows * n), *out = buffer(4 * rows * n);
+    for (unsigned i = 0; i < rows * n; i++) x[i] = (float)((int)((i * 37u) % 101u) - 50) * 0.1f;
+    tw_arg args[5] = {tw_buffer(x, 4 * rows * n), tw_buffer(out, 4 * rows * n), tw_u32(rows),
+                      tw_u32(n), tw_u32(1)};
+    launch("softmax[axis]", kernel("softmax[axis]"), rows, 1, 1, 256, 1, args, 5);
+    unsigned bad = 0;
+    for (unsigned r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        double m = row[0], s = 0.0;
+        for (unsigned j = 1; j < n; j++) m = row[j] > m ? row[j] : m;
+        for (unsigned j = 0; j < n; j++) s += exp(row[j] - m);
+        for (unsigned j = 0; j < n; j++) bad += off(out[r * n + j], exp(row[j] - m) / s, 0.0, 1e-5);
+    }
+    return bad;
+}
+
+static unsigned layernorm(unsigned rows, unsigned cols) {
+    float *x = buffer(4 * rows * cols), *scale = buffer(4 * cols), *bias = buffer(4 * cols),
+          *out = buffer(4 * rows * cols);
+    for (unsigned i = 0; i < rows * cols; i++) x[i] = (float)((int)((i * 29u) % 83u) - 40) * 0.05f;
+    for (unsigned j = 0; j < cols; j++) {
+        scale[j] = 1.0f + (float)(j % 5) * 0.25f;
+        bias[j] = (float)(j % 3) - 1.0f;
+    }
+    tw_arg args[7] = {tw_buffer(x, 4 * rows * cols), tw_buffer(scale, 4 * cols),
+                      tw_buffer(bias, 4 * cols), tw_buffer(out, 4 * rows * cols), tw_u32(rows),
+                      tw_u32(cols), tw_f32(1e-5f)};
+    launch("layernorm[rows]", kernel("layernorm[rows]"), rows, 1, 1, 256, 1, args, 7);
+    unsigned bad = 0;
+    for (unsigned r = 0; r < rows; r++) {
+        const float *row = x + r * cols;
+        double mean = 0.0, var = 0.0;
+        for (unsigned j = 0; j < cols; j++) mean += row[j];
+        mean /= cols;
+        for (unsigned j = 0; j < cols; j++) var += (row[j] - mean) * (row[j] - mean);
+        double inv = 1.0 / sqrt(var / cols + 1e-5);
+        for (unsigned j = 0; j < cols; j++)
+            bad += off(out[r * cols + j], (row[j] - mean) * inv * scale[j] + bias[j], 1e-5, 1e-5);
+    }
+    return bad;
+}
+
+static unsigned gelu(unsigned n) {
+    float *x = buffer(4 * n), *out = buffer(4 * n);
+    for (unsigned i = 0; i < n; i++) x[i] = (float)((int)(i % 97u) - 48) * 0.125f;
+    tw_arg args[3] = {tw_buffer(x, 4 * n), tw_buffer(out, 4 * n), tw_u32(n)};
+    launch("elementwise[gelu]", kernel("elementwise[gelu]"), (n + 255) / 256, 1, 1, 256, 1, args, 3);
+    unsigned bad = 0;
+    for (unsigned i = 0; i < n; i++)
+        bad += off(out[i], 0.5 * x[i] * (1.0 + erf(x[i] / sqrt(2.0))), 1e-6, 1e-5);
+    return bad;
+}
+
 int main(void) {
     unsigned scale = 100;
     if (scanf("%u", &scale) != 1 || scale == 0 || scale > 4096) scale = 100;
@@ -140,8 +201,12 @@ int main(void) {
     unsigned s = reduce_sum_i32(scale / 10 + 1, scale * 3 + 7);
     unsigned m = matmul(scale / 3 + 1, scale / 2 + 3, scale / 4 + 5);
     unsigned c = conv2d(2, 3, scale / 10 + 3, scale / 8 + 4, 4);
+    unsigned sm = softmax(scale / 10 + 2, scale + 5);
+    unsigned ln = layernorm(scale / 10 + 2, scale + 3);
+    unsigned g = gelu(scale * 10 + 1);
     printf("{\"vector_add[4]\": %u, \"elementwise[relu]\": %u, \"reduce[sum]:i32\": %u, "
-           "\"matmul[16x16x16]\": %u, \"conv2d[3x3,s1,p1]\": %u}\n",
-           v, r, s, m, c);
-    return v + r + s + m + c == 0 ? 0 : 1;
+           "\"matmul[16x16x16]\": %u, \"conv2d[3x3,s1,p1]\": %u, \"softmax[axis]\": %u, "
+           "\"layernorm[rows]\": %u, \"elementwise[gelu]\": %u}\n",
+           v, r, s, m, c, sm, ln, g);
+    return v + r + s + m + c + sm + ln + g == 0 ? 0 : 1;
 }

@@ -446,7 +446,7 @@ fn guests_launch_kernels_end_to_end_on_the_cpu_backend() {
         assert_eq!(status, 200);
         let result = json_of(&out);
         let families = result.as_object().unwrap_or_else(|| panic!("{result}"));
-        assert_eq!(families.len(), 5, "{result}");
+        assert_eq!(families.len(), 8, "{result}");
         assert!(families.values().all(|v| v == 0), "scale {scale}: {result}");
         assert_eq!(exit.as_deref(), Some("0"));
     }

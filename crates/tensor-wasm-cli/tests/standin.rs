@@ -142,7 +142,7 @@ fn guests_launch_kernels_on_the_cuda_backend_over_the_stand_in() {
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&out));
         let result = json_of(&out);
         let families = result.as_object().unwrap_or_else(|| panic!("{result}"));
-        assert_eq!(families.len(), 5, "{result}");
+        assert_eq!(families.len(), 8, "{result}");
         assert!(families.values().all(|v| v == 0), "scale {scale}: {result}");
         assert_eq!(exit.as_deref(), Some("0"));
     }
