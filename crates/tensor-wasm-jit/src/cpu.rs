@@ -5,16 +5,13 @@
 //! was. The per-element order of operations is the GPU's (see each function), so f32 results
 //! are bit-identical except for the payload of NaNs, which the hardware canonicalises.
 
-use std::ops::Range;
-
 use tensor_wasm_gpu::gemm::{decode_into, encode_into, Lane};
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::contract::BLOCK_1D;
-use crate::cpu_parts::{conv_pixel, Conv};
 use crate::kinds::{with_kind, Kind, KindRun};
-use crate::{Blueprint, Dtype, ElementwiseOp, JitError, ReduceOp, Shape};
+use crate::{Blueprint, Dtype, JitError, ReduceOp, Shape};
 
 /// A 32-bit element type with the GPU's arithmetic, viewable in place in guest memory (on a
 /// little-endian host, at a 4-byte-aligned address).
@@ -103,7 +100,7 @@ impl Element for i32 {
 }
 
 /// `a > b ? a : b`, the GPU's `setp.gt` + `selp`.
-fn max<T: Element>(a: T, b: T) -> T {
+pub(crate) fn max<T: Element>(a: T, b: T) -> T {
     if a > b {
         a
     } else {
@@ -112,7 +109,7 @@ fn max<T: Element>(a: T, b: T) -> T {
 }
 
 /// `a < b ? a : b`.
-fn min<T: Element>(a: T, b: T) -> T {
+pub(crate) fn min<T: Element>(a: T, b: T) -> T {
     if a < b {
         a
     } else {
@@ -121,7 +118,7 @@ fn min<T: Element>(a: T, b: T) -> T {
 }
 
 /// Writes `values` as elements `first..` of the buffer at byte `offset`.
-fn write<T: Element>(memory: &mut [u8], offset: usize, first: usize, values: &[T]) {
+pub(crate) fn write<T: Element>(memory: &mut [u8], offset: usize, first: usize, values: &[T]) {
     let start = offset + 4 * first;
     encode_into(values, &mut memory[start..start + 4 * values.len()]);
 }
@@ -136,9 +133,6 @@ pub(crate) fn covered(config: &LaunchConfig, per_thread: u64, n: u64) -> usize {
 /// 0.1 ms on one core of an optimised build (a few ms unoptimised); the CPU backend checks for
 /// cancellation and lets other tenants' work run between steps.
 pub(crate) const STEP_WORK: usize = 1 << 18;
-
-/// Matmul: output rows summed together, sharing each row of b while it is in L1.
-const MATMUL_ROWS: usize = 4;
 
 impl Blueprint {
     /// Runs the kernel on the CPU over guest `memory`, after [`Blueprint::validate_launch`]:
@@ -231,56 +225,8 @@ enum Typed {
     I32(Stage<i32>),
 }
 
-/// Where a launch is, with what it must carry between steps.
-#[derive(Debug)]
-pub(crate) enum Stage<T> {
-    /// Elements `next..count` are left; buffers are the inputs then the output.
-    Elementwise {
-        op: ElementwiseOp,
-        alpha: Option<T>,
-        inputs: Vec<usize>,
-        out: usize,
-        count: usize,
-        next: usize,
-    },
-    /// Rows `row..rows` are left; the current row is folded up to column `col`.
-    Reduce {
-        op: ReduceOp,
-        x: usize,
-        out: usize,
-        rows: usize,
-        cols: usize,
-        row: usize,
-        col: usize,
-        partials: Vec<T>,
-    },
-    /// Output rows `i..rows` are left; rows `i..i + MATMUL_ROWS` are summed up to `p` in
-    /// `acc` (row by row, `cols` each). `b_values` is b, decoded at the first step.
-    Matmul {
-        a: usize,
-        b: usize,
-        c: usize,
-        n: usize,
-        k: usize,
-        rows: usize,
-        cols: usize,
-        i: usize,
-        p: usize,
-        b_values: Vec<T>,
-        acc: Vec<T>,
-    },
-    /// A kind's own run (`crate::kinds::KindRun`).
-    Kind(Box<dyn KindRun<T>>),
-    /// The next output is pixel `at[0]` of channel `at[1]` of image `at[2]`.
-    Conv {
-        conv: Conv,
-        buffers: [usize; 3],
-        pixels: usize,
-        channels: usize,
-        images: usize,
-        at: [usize; 3],
-    },
-}
+/// Where a launch is, with what it must carry between steps: each kind's own run.
+pub(crate) type Stage<T> = Box<dyn KindRun<T>>;
 
 impl CpuRun {
     /// Computes the next step over `memory`, the guest memory the run was planned for;
@@ -313,182 +259,14 @@ impl CpuRun {
 }
 
 /// Element `index` of the buffer at byte `offset`.
-fn load<T: Element>(memory: &[u8], offset: usize, index: usize) -> T {
+pub(crate) fn load<T: Element>(memory: &[u8], offset: usize, index: usize) -> T {
     let at = offset + 4 * index;
     T::from_le([memory[at], memory[at + 1], memory[at + 2], memory[at + 3]])
-}
-
-impl<T: Element> Stage<T> {
-    /// Computes about `work` operations; `true` once everything is computed.
-    fn step(&mut self, memory: &mut [u8], work: usize) -> bool {
-        match self {
-            Stage::Kind(run) => run.step(memory, work),
-            Stage::Elementwise {
-                op,
-                alpha,
-                inputs,
-                out,
-                count,
-                next,
-            } => {
-                let range = *next..(*count).min(next.saturating_add(work));
-                elementwise::<T>(*op, *alpha, inputs, *out, range.clone(), memory);
-                *next = range.end;
-                *next >= *count
-            }
-            Stage::Reduce {
-                op,
-                x,
-                out,
-                rows,
-                cols,
-                row,
-                col,
-                partials,
-            } => {
-                let mut spent = 0;
-                let mut values = [T::ZERO; BLOCK];
-                while *row < *rows && spent < work {
-                    let start = *x + 4 * (*row * *cols + *col);
-                    let span = (*cols).min(*col + REDUCE_SPAN) - *col;
-                    fold_span(*op, partials, &memory[start..start + 4 * span], &mut values);
-                    spent += span;
-                    *col += span;
-                    if *col == *cols {
-                        let result = finish_row(*op, partials);
-                        write(memory, *out, *row, &[result]);
-                        *row += 1;
-                        *col = 0;
-                        spent += REDUCE_THREADS;
-                    }
-                }
-                *row >= *rows
-            }
-            Stage::Matmul {
-                a,
-                b,
-                c,
-                n,
-                k,
-                rows,
-                cols,
-                i,
-                p,
-                b_values,
-                acc,
-            } => {
-                if *cols == 0 || *rows == 0 {
-                    return true;
-                }
-                if b_values.is_empty() && *k > 0 {
-                    // b as it is when the launch starts, decoded once: every tile reads it.
-                    b_values.resize(*k * *n, T::ZERO);
-                    load_into(memory, *b, b_values);
-                    acc.resize(MATMUL_ROWS * *cols, T::ZERO);
-                }
-                let (cols, n, k) = (*cols, *n, *k);
-                let mut spent = 0;
-                while *i < *rows {
-                    let tile = MATMUL_ROWS.min(*rows - *i);
-                    // i-p-j order: each output's products still arrive in order of p; row p
-                    // of b serves the tile's rows while it is in L1.
-                    while *p < k {
-                        let b_row = &b_values[*p * n..][..cols];
-                        for (r, sums) in acc.chunks_exact_mut(cols).take(tile).enumerate() {
-                            let a_ip = load::<T>(memory, *a, (*i + r) * k + *p);
-                            for (sum, &b_pj) in sums.iter_mut().zip(b_row) {
-                                *sum = sum.add(a_ip.mul(b_pj));
-                            }
-                        }
-                        *p += 1;
-                        spent += cols * tile;
-                        if spent >= work && *p < k {
-                            return false;
-                        }
-                    }
-                    if k == 0 {
-                        acc.resize(MATMUL_ROWS * cols, T::ZERO);
-                    }
-                    for (r, sums) in acc.chunks_exact(cols).take(tile).enumerate() {
-                        write(memory, *c, (*i + r) * n, sums);
-                    }
-                    acc.fill(T::ZERO);
-                    *p = 0;
-                    *i += tile;
-                    spent += cols * tile;
-                    if spent >= work {
-                        break;
-                    }
-                }
-                *i >= *rows
-            }
-            Stage::Conv {
-                conv,
-                buffers,
-                pixels,
-                channels,
-                images,
-                at,
-            } => {
-                if *pixels == 0 || *channels == 0 {
-                    return true;
-                }
-                let per_pixel = (conv.c * conv.r * conv.s).max(1);
-                let mut spent = 0;
-                while at[2] < *images && spent < work {
-                    let [pq, ko, img] = *at;
-                    let [input, weight, _] = *buffers;
-                    let tensors = [&memory[input..], &memory[weight..]];
-                    let value = conv_pixel::<T>(conv, tensors, [pq, ko, img]);
-                    let index = (img * conv.k + ko) * conv.p * conv.q + pq;
-                    write(memory, buffers[2], index, &[value]);
-                    spent += per_pixel;
-                    *at = if pq + 1 < *pixels {
-                        [pq + 1, ko, img]
-                    } else if ko + 1 < *channels {
-                        [0, ko + 1, img]
-                    } else {
-                        [0, 0, img + 1]
-                    };
-                }
-                at[2] >= *images
-            }
-        }
-    }
 }
 
 /// Elements an element-wise kernel or a reduction loads at a time into arrays on the stack
 /// (4 KiB each, within L1), so a step allocates nothing and its loops vectorise.
 pub(crate) const BLOCK: usize = 1024;
-
-/// Element-wise over elements `range`: `inputs` are the input buffers' offsets. Block by
-/// block, every input of a block is read before its outputs are written.
-fn elementwise<T: Element>(
-    op: ElementwiseOp,
-    alpha: Option<T>,
-    inputs: &[usize],
-    out: usize,
-    range: Range<usize>,
-    memory: &mut [u8],
-) {
-    if elementwise_in_place(op, alpha, inputs, out, range.clone(), memory) {
-        return;
-    }
-    let mut x = [[T::ZERO; BLOCK]; 3];
-    let mut y = [T::ZERO; BLOCK];
-    let mut first = range.start;
-    while first < range.end {
-        let n = BLOCK.min(range.end - first);
-        for (block, &offset) in x.iter_mut().zip(inputs) {
-            load_into(memory, offset + 4 * first, &mut block[..n]);
-        }
-        let [a, b, c] = &x;
-        let (a, b, c, y) = (&a[..n], &b[..n], &c[..n], &mut y[..n]);
-        apply(op, alpha, y, [a, b, c]);
-        write(memory, out, first, y);
-        first += n;
-    }
-}
 
 /// Folds `values` into `partials` in order, value `i` into partial `i % partials.len()`.
 #[inline(always)]
@@ -553,123 +331,8 @@ pub(crate) fn reduce_identity<T: Element>(op: ReduceOp) -> T {
     }
 }
 
-/// [`elementwise`] when the output overlaps no input (the common case; the block path of
-/// `elementwise` handles the rest): guest memory split into the output and the inputs, then
-/// [`apply_bytes`]. Whether it ran.
-fn elementwise_in_place<T: Element>(
-    op: ElementwiseOp,
-    alpha: Option<T>,
-    inputs: &[usize],
-    out: usize,
-    range: Range<usize>,
-    memory: &mut [u8],
-) -> bool {
-    if inputs.len() > 3 {
-        return false;
-    }
-    let bytes = 4 * range.len();
-    let out_start = out + 4 * range.start;
-    let disjoint = |offset: usize| {
-        let start = offset + 4 * range.start;
-        start + bytes <= out_start || start >= out_start + bytes
-    };
-    if !inputs.iter().all(|&offset| disjoint(offset)) {
-        return false;
-    }
-    let (head, rest) = memory.split_at_mut(out_start);
-    let (dst, tail) = rest.split_at_mut(bytes);
-    let mut views: [&[u8]; 3] = [&[], &[], &[]];
-    for (view, &offset) in views.iter_mut().zip(inputs) {
-        let start = offset + 4 * range.start;
-        *view = if start + bytes <= out_start {
-            &head[start..start + bytes]
-        } else {
-            let at = start - out_start - bytes;
-            &tail[at..at + bytes]
-        };
-    }
-    apply_bytes(op, alpha, views, dst);
-    true
-}
-
-/// `out = op(ins)` over little-endian bytes (unused inputs empty): straight on the bytes viewed
-/// as `T`s when they can be (a little-endian host, 4-byte-aligned slices), else block by block
-/// through arrays on the stack.
-pub(crate) fn apply_bytes<T: Element>(
-    op: ElementwiseOp,
-    alpha: Option<T>,
-    ins: [&[u8]; 3],
-    out: &mut [u8],
-) {
-    if cfg!(target_endian = "little") {
-        // An unused input is empty, and an empty byte slice need not be aligned.
-        let [a, b, c] = ins.map(|bytes| match bytes {
-            [] => Some(&[][..]),
-            bytes => <[T]>::ref_from_bytes(bytes).ok(),
-        });
-        if let (Some(a), Some(b), Some(c)) = (a, b, c) {
-            if let Ok(y) = <[T]>::mut_from_bytes(out) {
-                apply(op, alpha, y, [a, b, c]);
-                return;
-            }
-        }
-    }
-    let mut x = [[T::ZERO; BLOCK]; 3];
-    let mut y = [T::ZERO; BLOCK];
-    let count = out.len() / 4;
-    for first in (0..count).step_by(BLOCK) {
-        let n = BLOCK.min(count - first);
-        for (block, input) in x.iter_mut().zip(ins) {
-            if !input.is_empty() {
-                decode_into(&input[4 * first..4 * (first + n)], &mut block[..n]);
-            }
-        }
-        let [a, b, c] = &x;
-        apply(op, alpha, &mut y[..n], [&a[..n], &b[..n], &c[..n]]);
-        encode_into(&y[..n], &mut out[4 * first..4 * (first + n)]);
-    }
-}
-
-/// `y = op(a, b, c)` element by element (unary ops read `a`, binary ones `a` and `b`).
-/// `plan` checked the arity, the scalar and that division is defined.
-#[inline(always)]
-fn apply<T: Element>(op: ElementwiseOp, alpha: Option<T>, y: &mut [T], [a, b, c]: [&[T]; 3]) {
-    match op {
-        ElementwiseOp::Add => zip2(y, a, b, T::add),
-        ElementwiseOp::Sub => zip2(y, a, b, T::sub),
-        ElementwiseOp::Mul => zip2(y, a, b, T::mul),
-        ElementwiseOp::Max => zip2(y, a, b, max),
-        ElementwiseOp::Min => zip2(y, a, b, min),
-        ElementwiseOp::Div => zip2(y, a, b, |a, b| a.div(b).unwrap_or(T::ZERO)),
-        ElementwiseOp::Relu => zip2(y, a, a, |a, _| max(a, T::ZERO)),
-        ElementwiseOp::Scale => {
-            let alpha = alpha.unwrap_or(T::ZERO);
-            zip2(y, a, a, |a, _| alpha.mul(a));
-        }
-        ElementwiseOp::Fma => T::fma_into(y, a, b, c),
-        ElementwiseOp::Exp
-        | ElementwiseOp::Tanh
-        | ElementwiseOp::Sigmoid
-        | ElementwiseOp::Rsqrt
-        | ElementwiseOp::Erf
-        | ElementwiseOp::Gelu => {
-            if let Some(f) = op.function() {
-                T::map_f32(f, y, a);
-            }
-        }
-    }
-}
-
-/// `y[i] = f(a[i], b[i])`.
-#[inline(always)]
-fn zip2<T: Element>(y: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
-    for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
-        *y = f(a, b);
-    }
-}
-
 /// Fills `into` with the elements at byte `offset`.
-fn load_into<T: Element>(memory: &[u8], offset: usize, into: &mut [T]) {
+pub(crate) fn load_into<T: Element>(memory: &[u8], offset: usize, into: &mut [T]) {
     decode_into(&memory[offset..offset + 4 * into.len()], into);
 }
 

@@ -168,7 +168,7 @@ impl Kind for BmmLayout {
             a_rows: Vec::new(),
             b_rows: Vec::new(),
         };
-        Ok(Stage::Kind(Box::new(BmmRun { part, inputs, out })))
+        Ok(Box::new(BmmRun { part, inputs, out }))
     }
 
     fn case_shape(&self, dims: [u32; 5]) -> Shape {

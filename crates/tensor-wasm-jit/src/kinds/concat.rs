@@ -161,7 +161,7 @@ impl Kind for ConcatInputs {
             .collect();
         let row_len = slabs.iter().sum();
         let op = Concat { slabs };
-        Ok(Stage::Kind(Box::new(RowRun::<T, _>::new(
+        Ok(Box::new(RowRun::<T, _>::new(
             op,
             RowGrid::Spread,
             config,
@@ -169,7 +169,7 @@ impl Kind for ConcatInputs {
             out,
             outer as usize,
             row_len,
-        ))))
+        )))
     }
 
     fn case_shape(&self, dims: [u32; 5]) -> Shape {

@@ -2,13 +2,16 @@
 //! output pixel per thread.
 
 use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
 
-use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+use tensor_wasm_gpu::gemm::{decode_into, encode_into, Gemm, GemmSource};
+use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, KernelArg, LaunchConfig};
 
-use super::{blocks, parse_int, product, Kind};
+use super::{blocks, parse_int, product, Kind, KindRun};
 use crate::contract::{Param, ParamKind, Shape, BLOCK_1D};
-use crate::cpu::{covered, Element, Stage};
-use crate::cpu_parts::Conv;
+use crate::cpu::{covered, write, Element, Stage, STEP_WORK};
+use crate::cpu_parts::{disjoint, internal, split, GEMM_STEP};
 use crate::emit::{global_index_1d, global_pointer, ins, label, Ops};
 use crate::{Dtype, JitError};
 
@@ -225,14 +228,15 @@ impl Kind for Conv2dParams {
             p: p as usize,
             q: q as usize,
         };
-        Ok(Stage::Conv {
+        Ok(Box::new(ConvRun {
             pixels: covered(config, 1, p * q),
             channels: conv.k.min(config.grid[1] as usize),
             images: conv.n.min(config.grid[2] as usize),
             conv,
             buffers: [input, weight, output],
             at: [0, 0, 0],
-        })
+            _element: std::marker::PhantomData,
+        }))
     }
 
     fn case_shape(&self, dims: [u32; 5]) -> Shape {
@@ -359,4 +363,281 @@ fn conv2d(out: &mut String, ops: &Ops, params: Conv2dParams) {
     ins!(out, "shl.b64 %rd27, %rd27, 2;");
     ins!(out, "add.u64 %rd27, %rd27, %rd26;");
     ins!(out, "st.global.b32 [%rd27], %v0;");
+}
+
+/// The next output is pixel `at[0]` of channel `at[1]` of image `at[2]`.
+#[derive(Debug)]
+pub(crate) struct ConvRun<T> {
+    conv: Conv,
+    buffers: [usize; 3],
+    pixels: usize,
+    channels: usize,
+    images: usize,
+    at: [usize; 3],
+    _element: std::marker::PhantomData<T>,
+}
+
+impl<T: Element + Send> KindRun<T> for ConvRun<T> {
+    fn step(&mut self, memory: &mut [u8], work: usize) -> bool {
+        let Self {
+            conv,
+            buffers,
+            pixels,
+            channels,
+            images,
+            at,
+            ..
+        } = self;
+        {
+            if *pixels == 0 || *channels == 0 {
+                return true;
+            }
+            let per_pixel = (conv.c * conv.r * conv.s).max(1);
+            let mut spent = 0;
+            while at[2] < *images && spent < work {
+                let [pq, ko, img] = *at;
+                let [input, weight, _] = *buffers;
+                let tensors = [&memory[input..], &memory[weight..]];
+                let value = conv_pixel::<T>(conv, tensors, [pq, ko, img]);
+                let index = (img * conv.k + ko) * conv.p * conv.q + pq;
+                write(memory, buffers[2], index, &[value]);
+                spent += per_pixel;
+                *at = if pq + 1 < *pixels {
+                    [pq + 1, ko, img]
+                } else if ko + 1 < *channels {
+                    [0, ko + 1, img]
+                } else {
+                    [0, 0, img + 1]
+                };
+            }
+            at[2] >= *images
+        }
+    }
+
+    fn parts(self: Box<Self>, workers: usize) -> Option<CpuParts> {
+        let boxed = |part: Box<dyn CpuPart>| part;
+        let Self {
+            conv,
+            buffers: [input, weight, output],
+            pixels,
+            channels,
+            images,
+            ..
+        } = *self;
+        disjoint({
+            let conv = Arc::new(conv);
+            let taps = conv.taps();
+            let plane = 4 * conv.p * conv.q;
+            let inputs = vec![
+                input..input + images * conv.image_bytes(),
+                weight..weight + 4 * conv.k * taps,
+            ];
+            if pixels == 0 {
+                return Some(CpuParts {
+                    inputs,
+                    parts: Vec::new(),
+                });
+            }
+            let parts = split(images * channels, pixels * taps, workers)
+                .into_iter()
+                .map(|rows| {
+                    // Flat row `i` is output channel `i % channels` of image `i / channels`.
+                    let first = (rows.start / channels) * conv.k + rows.start % channels;
+                    let last = ((rows.end - 1) / channels) * conv.k + (rows.end - 1) % channels;
+                    let range = output + plane * first..output + plane * (last + 1);
+                    let part = ConvPart::<T> {
+                        conv: conv.clone(),
+                        pixels,
+                        channels,
+                        rows,
+                        first,
+                        exact: None,
+                        pixel: 0,
+                        gemm: None,
+                    };
+                    (range, boxed(Box::new(part)))
+                })
+                .collect();
+            CpuParts { inputs, parts }
+        })
+    }
+}
+
+/// Dimensions of one convolution launch.
+#[derive(Debug)]
+pub(crate) struct Conv {
+    pub(crate) n: usize,
+    pub(crate) c: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) k: usize,
+    pub(crate) r: usize,
+    pub(crate) s: usize,
+    pub(crate) stride: usize,
+    pub(crate) pad: usize,
+    pub(crate) p: usize,
+    pub(crate) q: usize,
+}
+
+impl Conv {
+    /// Bytes of one input image.
+    fn image_bytes(&self) -> usize {
+        4 * self.c * self.h * self.w
+    }
+
+    /// Taps per output pixel.
+    fn taps(&self) -> usize {
+        self.c * self.r * self.s
+    }
+}
+
+/// Output pixel `pq` of channel `ko` of image `img`: `x` is the input tensor's bytes, `w` the
+/// weights'. The PTX's order: channels, then filter rows, then columns; taps in the padding are
+/// skipped.
+pub(crate) fn conv_pixel<T: Element>(
+    conv: &Conv,
+    [x, w]: [&[u8]; 2],
+    [pq, ko, img]: [usize; 3],
+) -> T {
+    let load = |bytes: &[u8], index: usize| {
+        let mut value = [T::ZERO];
+        decode_into(&bytes[4 * index..4 * index + 4], &mut value);
+        value[0]
+    };
+    let (p, q) = (pq / conv.q, pq % conv.q);
+    let mut acc = T::ZERO;
+    for ci in 0..conv.c {
+        for r in 0..conv.r {
+            let Some(ih) = (p * conv.stride + r).checked_sub(conv.pad) else {
+                continue;
+            };
+            if ih >= conv.h {
+                continue;
+            }
+            let row = ((img * conv.c + ci) * conv.h + ih) * conv.w;
+            let taps = ((ko * conv.c + ci) * conv.r + r) * conv.s;
+            for s in 0..conv.s {
+                let Some(iw) = (q * conv.stride + s).checked_sub(conv.pad) else {
+                    continue;
+                };
+                if iw < conv.w {
+                    acc = acc.add(load(x, row + iw).mul(load(w, taps + s)));
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// Flat rows `rows` (image `i / channels`, output channel `i % channels`) of a convolution,
+/// whose output range starts at output row `first` (`image * k + channel`).
+struct ConvPart<T> {
+    conv: Arc<Conv>,
+    pixels: usize,
+    channels: usize,
+    rows: Range<usize>,
+    first: usize,
+    /// Whether the weights need the pixel-by-pixel path (decided at the first step).
+    exact: Option<bool>,
+    /// The pixel-by-pixel path: the next pixel of the row in progress.
+    pixel: usize,
+    /// The multiply of the image in progress.
+    gemm: Option<Gemm<T>>,
+}
+
+/// One image's taps as the columns of a multiply: `b[(ci, r, s)][pixel]`.
+struct Taps<'a> {
+    conv: &'a Conv,
+    /// The image's bytes.
+    x: &'a [u8],
+    /// The weights of the first output channel in the multiply onward.
+    w: &'a [u8],
+}
+
+impl<T: Element> GemmSource<T> for Taps<'_> {
+    fn a_row(&self, row: usize, p0: usize, out: &mut [T]) {
+        decode_into(&self.w[4 * (row * self.conv.taps() + p0)..], out);
+    }
+
+    fn b_row(&self, tap: usize, col0: usize, out: &mut [T]) {
+        let conv = self.conv;
+        let (ci, rs) = (tap / (conv.r * conv.s), tap % (conv.r * conv.s));
+        let (r, s) = (rs / conv.s, rs % conv.s);
+        let mut pixel = col0;
+        let mut filled = 0;
+        while filled < out.len() {
+            let (p, q0) = (pixel / conv.q, pixel % conv.q);
+            let run = (conv.q - q0).min(out.len() - filled);
+            let values = &mut out[filled..filled + run];
+            match (p * conv.stride + r).checked_sub(conv.pad) {
+                Some(ih) if ih < conv.h => {
+                    let row = &self.x[4 * (ci * conv.h + ih) * conv.w..][..4 * conv.w];
+                    for (value, q) in values.iter_mut().zip(q0..) {
+                        *value = match (q * conv.stride + s).checked_sub(conv.pad) {
+                            Some(iw) if iw < conv.w => {
+                                let at = 4 * iw;
+                                T::from_le([row[at], row[at + 1], row[at + 2], row[at + 3]])
+                            }
+                            _ => T::ZERO,
+                        };
+                    }
+                }
+                _ => values.fill(T::ZERO),
+            }
+            filled += run;
+            pixel += run;
+        }
+    }
+}
+
+impl<T: Element + Send> CpuPart for ConvPart<T> {
+    fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
+        let [x, w] = inputs else {
+            return Err(internal("conv2d"));
+        };
+        let conv = self.conv.clone();
+        let exact = *self.exact.get_or_insert_with(|| {
+            let mut value = [T::ZERO];
+            w.chunks_exact(4).any(|bytes| {
+                decode_into(bytes, &mut value);
+                !value[0].is_finite()
+            })
+        });
+        let channels = self.channels;
+        let mut spent = 0;
+        while self.rows.start < self.rows.end && spent < STEP_WORK {
+            let (img, ko) = (self.rows.start / channels, self.rows.start % channels);
+            let row_out = img * conv.k + ko - self.first;
+            let plane = conv.p * conv.q;
+            if exact {
+                let value: T = conv_pixel(&conv, [x, w], [self.pixel, ko, img]);
+                let at = 4 * (row_out * plane + self.pixel);
+                encode_into(&[value], &mut output[at..at + 4]);
+                spent += conv.taps().max(1);
+                self.pixel += 1;
+                if self.pixel == self.pixels {
+                    self.pixel = 0;
+                    self.rows.start += 1;
+                }
+                continue;
+            }
+            // One multiply per image: this image's remaining rows of the part.
+            let end = self.rows.end.min((img + 1) * channels);
+            let gemm = self.gemm.get_or_insert_with(|| {
+                Gemm::new(end - self.rows.start, self.pixels, conv.taps(), plane)
+            });
+            let taps = Taps {
+                conv: &conv,
+                x: &x[img * conv.image_bytes()..],
+                w: &w[4 * ko * conv.taps()..],
+            };
+            let done = gemm.step(&taps, &mut output[4 * row_out * plane..], GEMM_STEP);
+            spent += STEP_WORK;
+            if done {
+                self.rows.start = end;
+                self.gemm = None;
+            }
+        }
+        Ok(self.rows.start >= self.rows.end)
+    }
 }

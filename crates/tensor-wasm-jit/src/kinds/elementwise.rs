@@ -1,12 +1,16 @@
 //! `elementwise[OP]`: `out[i] = op(inputs[i]...)`, one element per thread.
 
 use std::fmt;
+use std::ops::Range;
 
-use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+use tensor_wasm_gpu::gemm::{decode_into, encode_into};
+use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, KernelArg, LaunchConfig};
+use zerocopy::FromBytes;
 
-use super::{blocks, Kind};
+use super::{blocks, Kind, KindRun};
 use crate::contract::{Param, ParamKind, Shape};
-use crate::cpu::{covered, Element, Stage};
+use crate::cpu::{covered, load_into, max, min, write, Element, Stage, BLOCK, STEP_WORK};
+use crate::cpu_parts::{disjoint, internal, split};
 use crate::emit::{global_index_1d, ins, Ops};
 use crate::math::{self, Temps};
 use crate::{Dtype, JitError};
@@ -290,14 +294,14 @@ pub(super) fn plan<T: Element>(
             op.as_str()
         )));
     }
-    Ok(Stage::Elementwise {
+    Ok(Box::new(ElementwiseRun {
         op,
         alpha,
         inputs: inputs.to_vec(),
         out,
         count,
         next: 0,
-    })
+    }))
 }
 
 /// `out[i] = op(inputs[i])` for `i = ctaid.x * 256 + tid.x < n`.
@@ -361,4 +365,234 @@ fn emit_elementwise(
         ElementwiseOp::Gelu => math::emit_gelu(out, "%v0", "%v1", temps),
     }
     ins!(out, "st.global.b32 [%rd{}], %v0;", 10 + inputs);
+}
+
+/// Elements `next..count` are left; buffers are the inputs then the output.
+#[derive(Debug)]
+pub(crate) struct ElementwiseRun<T> {
+    op: ElementwiseOp,
+    alpha: Option<T>,
+    inputs: Vec<usize>,
+    out: usize,
+    count: usize,
+    next: usize,
+}
+
+impl<T: Element + Send> KindRun<T> for ElementwiseRun<T> {
+    fn step(&mut self, memory: &mut [u8], work: usize) -> bool {
+        let Self {
+            op,
+            alpha,
+            inputs,
+            out,
+            count,
+            next,
+        } = self;
+        {
+            let range = *next..(*count).min(next.saturating_add(work));
+            elementwise::<T>(*op, *alpha, inputs, *out, range.clone(), memory);
+            *next = range.end;
+            *next >= *count
+        }
+    }
+
+    fn parts(self: Box<Self>, workers: usize) -> Option<CpuParts> {
+        let boxed = |part: Box<dyn CpuPart>| part;
+        let Self {
+            op,
+            alpha,
+            inputs,
+            out,
+            count,
+            ..
+        } = *self;
+        disjoint(CpuParts {
+            parts: split(count, 1, workers)
+                .into_iter()
+                .map(|range| {
+                    let output = out + 4 * range.start..out + 4 * range.end;
+                    let part = ElementwisePart {
+                        op,
+                        alpha,
+                        arity: inputs.len(),
+                        next: range.start,
+                        range,
+                    };
+                    (output, boxed(Box::new(part)))
+                })
+                .collect(),
+            inputs: inputs.iter().map(|&at| at..at + 4 * count).collect(),
+        })
+    }
+}
+
+/// Elements `range` of an element-wise kernel (`vector_add[N]` too), from `next` on.
+struct ElementwisePart<T> {
+    op: ElementwiseOp,
+    alpha: Option<T>,
+    arity: usize,
+    range: Range<usize>,
+    next: usize,
+}
+
+impl<T: Element + Send> CpuPart for ElementwisePart<T> {
+    fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
+        if inputs.len() != self.arity {
+            return Err(internal("element-wise"));
+        }
+        let chunk = self.next..self.range.end.min(self.next + STEP_WORK);
+        let mut ins: [&[u8]; 3] = [&[], &[], &[]];
+        for (view, input) in ins.iter_mut().zip(inputs) {
+            *view = &input[4 * chunk.start..4 * chunk.end];
+        }
+        let at = chunk.start - self.range.start;
+        let out = &mut output[4 * at..4 * (at + chunk.len())];
+        apply_bytes(self.op, self.alpha, ins, out);
+        self.next = chunk.end;
+        Ok(self.next >= self.range.end)
+    }
+}
+
+/// Element-wise over elements `range`: `inputs` are the input buffers' offsets. Block by
+/// block, every input of a block is read before its outputs are written.
+fn elementwise<T: Element>(
+    op: ElementwiseOp,
+    alpha: Option<T>,
+    inputs: &[usize],
+    out: usize,
+    range: Range<usize>,
+    memory: &mut [u8],
+) {
+    if elementwise_in_place(op, alpha, inputs, out, range.clone(), memory) {
+        return;
+    }
+    let mut x = [[T::ZERO; BLOCK]; 3];
+    let mut y = [T::ZERO; BLOCK];
+    let mut first = range.start;
+    while first < range.end {
+        let n = BLOCK.min(range.end - first);
+        for (block, &offset) in x.iter_mut().zip(inputs) {
+            load_into(memory, offset + 4 * first, &mut block[..n]);
+        }
+        let [a, b, c] = &x;
+        let (a, b, c, y) = (&a[..n], &b[..n], &c[..n], &mut y[..n]);
+        apply(op, alpha, y, [a, b, c]);
+        write(memory, out, first, y);
+        first += n;
+    }
+}
+
+/// [`elementwise`] when the output overlaps no input (the common case; the block path of
+/// `elementwise` handles the rest): guest memory split into the output and the inputs, then
+/// [`apply_bytes`]. Whether it ran.
+fn elementwise_in_place<T: Element>(
+    op: ElementwiseOp,
+    alpha: Option<T>,
+    inputs: &[usize],
+    out: usize,
+    range: Range<usize>,
+    memory: &mut [u8],
+) -> bool {
+    if inputs.len() > 3 {
+        return false;
+    }
+    let bytes = 4 * range.len();
+    let out_start = out + 4 * range.start;
+    let disjoint = |offset: usize| {
+        let start = offset + 4 * range.start;
+        start + bytes <= out_start || start >= out_start + bytes
+    };
+    if !inputs.iter().all(|&offset| disjoint(offset)) {
+        return false;
+    }
+    let (head, rest) = memory.split_at_mut(out_start);
+    let (dst, tail) = rest.split_at_mut(bytes);
+    let mut views: [&[u8]; 3] = [&[], &[], &[]];
+    for (view, &offset) in views.iter_mut().zip(inputs) {
+        let start = offset + 4 * range.start;
+        *view = if start + bytes <= out_start {
+            &head[start..start + bytes]
+        } else {
+            let at = start - out_start - bytes;
+            &tail[at..at + bytes]
+        };
+    }
+    apply_bytes(op, alpha, views, dst);
+    true
+}
+
+/// `out = op(ins)` over little-endian bytes (unused inputs empty): straight on the bytes viewed
+/// as `T`s when they can be (a little-endian host, 4-byte-aligned slices), else block by block
+/// through arrays on the stack.
+pub(crate) fn apply_bytes<T: Element>(
+    op: ElementwiseOp,
+    alpha: Option<T>,
+    ins: [&[u8]; 3],
+    out: &mut [u8],
+) {
+    if cfg!(target_endian = "little") {
+        // An unused input is empty, and an empty byte slice need not be aligned.
+        let [a, b, c] = ins.map(|bytes| match bytes {
+            [] => Some(&[][..]),
+            bytes => <[T]>::ref_from_bytes(bytes).ok(),
+        });
+        if let (Some(a), Some(b), Some(c)) = (a, b, c) {
+            if let Ok(y) = <[T]>::mut_from_bytes(out) {
+                apply(op, alpha, y, [a, b, c]);
+                return;
+            }
+        }
+    }
+    let mut x = [[T::ZERO; BLOCK]; 3];
+    let mut y = [T::ZERO; BLOCK];
+    let count = out.len() / 4;
+    for first in (0..count).step_by(BLOCK) {
+        let n = BLOCK.min(count - first);
+        for (block, input) in x.iter_mut().zip(ins) {
+            if !input.is_empty() {
+                decode_into(&input[4 * first..4 * (first + n)], &mut block[..n]);
+            }
+        }
+        let [a, b, c] = &x;
+        apply(op, alpha, &mut y[..n], [&a[..n], &b[..n], &c[..n]]);
+        encode_into(&y[..n], &mut out[4 * first..4 * (first + n)]);
+    }
+}
+
+/// `y = op(a, b, c)` element by element (unary ops read `a`, binary ones `a` and `b`).
+/// `plan` checked the arity, the scalar and that division is defined.
+#[inline(always)]
+fn apply<T: Element>(op: ElementwiseOp, alpha: Option<T>, y: &mut [T], [a, b, c]: [&[T]; 3]) {
+    match op {
+        ElementwiseOp::Add => zip2(y, a, b, T::add),
+        ElementwiseOp::Sub => zip2(y, a, b, T::sub),
+        ElementwiseOp::Mul => zip2(y, a, b, T::mul),
+        ElementwiseOp::Max => zip2(y, a, b, max),
+        ElementwiseOp::Min => zip2(y, a, b, min),
+        ElementwiseOp::Div => zip2(y, a, b, |a, b| a.div(b).unwrap_or(T::ZERO)),
+        ElementwiseOp::Relu => zip2(y, a, a, |a, _| max(a, T::ZERO)),
+        ElementwiseOp::Scale => {
+            let alpha = alpha.unwrap_or(T::ZERO);
+            zip2(y, a, a, |a, _| alpha.mul(a));
+        }
+        ElementwiseOp::Fma => T::fma_into(y, a, b, c),
+        ElementwiseOp::Exp
+        | ElementwiseOp::Tanh
+        | ElementwiseOp::Sigmoid
+        | ElementwiseOp::Rsqrt
+        | ElementwiseOp::Erf
+        | ElementwiseOp::Gelu => {
+            if let Some(f) = op.function() {
+                T::map_f32(f, y, a);
+            }
+        }
+    }
+}
+
+/// `y[i] = f(a[i], b[i])`.
+#[inline(always)]
+fn zip2<T: Element>(y: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
+        *y = f(a, b);
+    }
 }

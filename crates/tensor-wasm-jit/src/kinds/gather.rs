@@ -169,9 +169,7 @@ impl Kind for GatherRows {
             limit: usize::MAX,
         };
         let inputs = vec![table..table + 4 * rows * cols, indices..indices + 4 * n];
-        Ok(Stage::Kind(Box::new(CopyRun::new(
-            copy, layout, inputs, out,
-        ))))
+        Ok(Box::new(CopyRun::new(copy, layout, inputs, out)))
     }
 
     fn case_shape(&self, dims: [u32; 5]) -> Shape {

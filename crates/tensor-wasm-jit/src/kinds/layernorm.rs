@@ -122,7 +122,7 @@ impl Kind for LayerNormRows {
         };
         let (rows, cols) = (rows as usize, cols as usize);
         let op = LayerNorm { cols, epsilon };
-        Ok(Stage::Kind(Box::new(RowRun::<T, _>::covering(
+        Ok(Box::new(RowRun::<T, _>::covering(
             op,
             vec![
                 x..x + 4 * rows * cols,
@@ -133,7 +133,7 @@ impl Kind for LayerNormRows {
             rows.min(config.grid[0] as usize),
             cols,
             cols,
-        ))))
+        )))
     }
 
     fn case_shape(&self, dims: [u32; 5]) -> Shape {

@@ -2,12 +2,14 @@
 
 use std::fmt;
 
-use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+use tensor_wasm_gpu::gemm::{Gemm, Matrices};
+use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, KernelArg, LaunchConfig};
 
-use super::{blocks, parse_int, product, Kind};
+use super::{blocks, parse_int, product, Kind, KindRun};
 use crate::blueprint::{MAX_SHARED, MAX_THREADS};
 use crate::contract::{Param, ParamKind, Shape};
-use crate::cpu::{Element, Stage};
+use crate::cpu::{load, load_into, write, Element, Stage};
+use crate::cpu_parts::{disjoint, internal, split, GEMM_STEP};
 use crate::emit::{global_pointer, ins, label, Ops};
 use crate::{Dtype, JitError};
 
@@ -24,6 +26,10 @@ pub struct MatmulTile {
 }
 
 /// The GPU suite's shapes: one odd-sized, one larger than a tile in every direction.
+/// Matmul: output rows summed together, sharing each row of b while it is in L1.
+const MATMUL_ROWS: usize = 4;
+
+/// The GPU suite's shapes.
 const SUITE_SHAPES: [Shape; 2] = [
     Shape::Matmul {
         m: 37,
@@ -160,7 +166,7 @@ impl Kind for MatmulTile {
         };
         let rows = (u64::from(config.grid[1]) * u64::from(self.m)).min(u64::from(m));
         let cols = (u64::from(config.grid[0]) * u64::from(self.n)).min(u64::from(n));
-        Ok(Stage::Matmul {
+        Ok(Box::new(MatmulRun {
             a,
             b,
             c,
@@ -172,7 +178,7 @@ impl Kind for MatmulTile {
             p: 0,
             b_values: Vec::new(),
             acc: Vec::new(),
-        })
+        }))
     }
 
     fn case_shape(&self, dims: [u32; 5]) -> Shape {
@@ -320,4 +326,138 @@ fn matmul(out: &mut String, ops: &Ops, tile: MatmulTile) {
     ins!(out, "shl.b64 %rd17, %rd17, 2;");
     ins!(out, "add.u64 %rd17, %rd12, %rd17;");
     ins!(out, "st.global.b32 [%rd17], %v0;");
+}
+
+/// Output rows `i..rows` are left; rows `i..i + MATMUL_ROWS` are summed up to `p` in
+/// `acc` (row by row, `cols` each). `b_values` is b, decoded at the first step.
+#[derive(Debug)]
+pub(crate) struct MatmulRun<T> {
+    a: usize,
+    b: usize,
+    c: usize,
+    n: usize,
+    k: usize,
+    rows: usize,
+    cols: usize,
+    i: usize,
+    p: usize,
+    b_values: Vec<T>,
+    acc: Vec<T>,
+}
+
+impl<T: Element + Send> KindRun<T> for MatmulRun<T> {
+    fn step(&mut self, memory: &mut [u8], work: usize) -> bool {
+        let Self {
+            a,
+            b,
+            c,
+            n,
+            k,
+            rows,
+            cols,
+            i,
+            p,
+            b_values,
+            acc,
+        } = self;
+        {
+            if *cols == 0 || *rows == 0 {
+                return true;
+            }
+            if b_values.is_empty() && *k > 0 {
+                // b as it is when the launch starts, decoded once: every tile reads it.
+                b_values.resize(*k * *n, T::ZERO);
+                load_into(memory, *b, b_values);
+                acc.resize(MATMUL_ROWS * *cols, T::ZERO);
+            }
+            let (cols, n, k) = (*cols, *n, *k);
+            let mut spent = 0;
+            while *i < *rows {
+                let tile = MATMUL_ROWS.min(*rows - *i);
+                // i-p-j order: each output's products still arrive in order of p; row p
+                // of b serves the tile's rows while it is in L1.
+                while *p < k {
+                    let b_row = &b_values[*p * n..][..cols];
+                    for (r, sums) in acc.chunks_exact_mut(cols).take(tile).enumerate() {
+                        let a_ip = load::<T>(memory, *a, (*i + r) * k + *p);
+                        for (sum, &b_pj) in sums.iter_mut().zip(b_row) {
+                            *sum = sum.add(a_ip.mul(b_pj));
+                        }
+                    }
+                    *p += 1;
+                    spent += cols * tile;
+                    if spent >= work && *p < k {
+                        return false;
+                    }
+                }
+                if k == 0 {
+                    acc.resize(MATMUL_ROWS * cols, T::ZERO);
+                }
+                for (r, sums) in acc.chunks_exact(cols).take(tile).enumerate() {
+                    write(memory, *c, (*i + r) * n, sums);
+                }
+                acc.fill(T::ZERO);
+                *p = 0;
+                *i += tile;
+                spent += cols * tile;
+                if spent >= work {
+                    break;
+                }
+            }
+            *i >= *rows
+        }
+    }
+
+    fn parts(self: Box<Self>, workers: usize) -> Option<CpuParts> {
+        let boxed = |part: Box<dyn CpuPart>| part;
+        let Self {
+            a,
+            b,
+            c,
+            n,
+            k,
+            rows,
+            cols,
+            ..
+        } = *self;
+        disjoint(CpuParts {
+            parts: split(rows, cols * k, workers)
+                .into_iter()
+                .map(|range| {
+                    let output = c + 4 * range.start * n..c + 4 * range.end * n;
+                    let part = MatmulPart {
+                        gemm: Gemm::<T>::new(range.len(), cols, k, n),
+                        row0: range.start,
+                        k,
+                        n,
+                    };
+                    (output, boxed(Box::new(part)))
+                })
+                .collect(),
+            inputs: vec![a..a + 4 * rows * k, b..b + 4 * k * n],
+        })
+    }
+}
+
+/// Rows `row0..` of a matmul.
+struct MatmulPart<T> {
+    gemm: Gemm<T>,
+    row0: usize,
+    k: usize,
+    n: usize,
+}
+
+impl<T: Element + Send> CpuPart for MatmulPart<T> {
+    fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
+        let [a, b] = inputs else {
+            return Err(internal("matmul"));
+        };
+        let source = Matrices {
+            a: &a[4 * self.row0 * self.k..],
+            b,
+            k: self.k,
+            ldb: self.n,
+        };
+        Ok(self.gemm.step(&source, output, GEMM_STEP))
+    }
 }

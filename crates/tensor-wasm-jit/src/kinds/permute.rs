@@ -217,12 +217,7 @@ impl Kind for Permutation {
         let total: usize = d.iter().product();
         let (copy, rows) = PermuteCopy::new(self.axes(), &d, config);
         let input = x..x + 4 * total;
-        Ok(Stage::Kind(Box::new(CopyRun::new(
-            copy,
-            rows,
-            Vec::from([input]),
-            out,
-        ))))
+        Ok(Box::new(CopyRun::new(copy, rows, Vec::from([input]), out)))
     }
 
     fn case_shape(&self, dims: [u32; 5]) -> Shape {

@@ -193,7 +193,7 @@ impl<P: Pooling> Kind for P {
             q: q as usize,
         };
         let x = input..input + 4 * n * c * h * w;
-        Ok(Stage::Kind(Box::new(RowRun::<T, _>::new(
+        Ok(Box::new(RowRun::<T, _>::new(
             op,
             RowGrid::Spread,
             config,
@@ -201,7 +201,7 @@ impl<P: Pooling> Kind for P {
             output,
             rows,
             q as usize,
-        ))))
+        )))
     }
 
     fn case_shape(&self, dims: [u32; 5]) -> Shape {

@@ -2,12 +2,18 @@
 //! `b` by a fixed tree.
 
 use std::fmt;
+use std::ops::Range;
 
-use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+use tensor_wasm_gpu::gemm::encode_into;
+use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, KernelArg, LaunchConfig};
 
-use super::{product, Kind};
+use super::{product, Kind, KindRun};
 use crate::contract::{Param, ParamKind, Shape, BLOCK_1D};
-use crate::cpu::{reduce_identity, Element, Stage, REDUCE_THREADS};
+use crate::cpu::{
+    finish_row, fold_span, reduce_identity, write, Element, Stage, BLOCK, REDUCE_SPAN,
+    REDUCE_THREADS, STEP_WORK,
+};
+use crate::cpu_parts::{disjoint, internal, split};
 use crate::emit::{global_pointer, ins, label, Ops};
 use crate::{Dtype, JitError};
 
@@ -95,7 +101,7 @@ impl Kind for ReduceOp {
         let (Shape::Rows { rows, cols }, &[x, out]) = (shape, buffers) else {
             return Err(JitError::InvalidLaunch("reduce takes two buffers".into()));
         };
-        Ok(Stage::Reduce {
+        Ok(Box::new(ReduceRun {
             op: *self,
             x,
             out,
@@ -104,7 +110,7 @@ impl Kind for ReduceOp {
             row: 0,
             col: 0,
             partials: vec![reduce_identity(*self); REDUCE_THREADS],
-        })
+        }))
     }
 
     fn case_shape(&self, dims: [u32; 5]) -> Shape {
@@ -196,4 +202,125 @@ fn reduce(out: &mut String, ops: &Ops, op: ReduceOp, dtype: Dtype) {
     ins!(out, "shl.b64 %rd9, %rd1, 2;");
     ins!(out, "add.u64 %rd11, %rd11, %rd9;");
     ins!(out, "st.global.b32 [%rd11], %v1;");
+}
+
+/// Rows `row..rows` are left; the current row is folded up to column `col`.
+#[derive(Debug)]
+pub(crate) struct ReduceRun<T> {
+    op: ReduceOp,
+    x: usize,
+    out: usize,
+    rows: usize,
+    cols: usize,
+    row: usize,
+    col: usize,
+    partials: Vec<T>,
+}
+
+impl<T: Element + Send> KindRun<T> for ReduceRun<T> {
+    fn step(&mut self, memory: &mut [u8], work: usize) -> bool {
+        let Self {
+            op,
+            x,
+            out,
+            rows,
+            cols,
+            row,
+            col,
+            partials,
+        } = self;
+        {
+            let mut spent = 0;
+            let mut values = [T::ZERO; BLOCK];
+            while *row < *rows && spent < work {
+                let start = *x + 4 * (*row * *cols + *col);
+                let span = (*cols).min(*col + REDUCE_SPAN) - *col;
+                fold_span(*op, partials, &memory[start..start + 4 * span], &mut values);
+                spent += span;
+                *col += span;
+                if *col == *cols {
+                    let result = finish_row(*op, partials);
+                    write(memory, *out, *row, &[result]);
+                    *row += 1;
+                    *col = 0;
+                    spent += REDUCE_THREADS;
+                }
+            }
+            *row >= *rows
+        }
+    }
+
+    fn parts(self: Box<Self>, workers: usize) -> Option<CpuParts> {
+        let boxed = |part: Box<dyn CpuPart>| part;
+        let Self {
+            op,
+            x,
+            out,
+            rows,
+            cols,
+            partials,
+            ..
+        } = *self;
+        disjoint(CpuParts {
+            parts: split(rows, cols, workers)
+                .into_iter()
+                .map(|range| {
+                    let output = out + 4 * range.start..out + 4 * range.end;
+                    let part = ReducePart {
+                        op,
+                        cols,
+                        first: range.start,
+                        rows: range,
+                        col: 0,
+                        partials: partials.clone(),
+                    };
+                    (output, boxed(Box::new(part)))
+                })
+                .collect(),
+            inputs: std::iter::once(x..x + 4 * rows * cols).collect(),
+        })
+    }
+}
+
+/// Rows `rows` of a reduction (the part's output starts at row `first`); the row in progress
+/// is folded up to column `col`.
+struct ReducePart<T> {
+    op: ReduceOp,
+    cols: usize,
+    first: usize,
+    rows: Range<usize>,
+    col: usize,
+    partials: Vec<T>,
+}
+
+impl<T: Element + Send> CpuPart for ReducePart<T> {
+    fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
+        let [x] = inputs else {
+            return Err(internal("reduce"));
+        };
+        let mut block = [T::ZERO; BLOCK];
+        let mut spent = 0;
+        while self.rows.start < self.rows.end && spent < STEP_WORK {
+            let row = self.rows.start;
+            let span = self.cols.min(self.col + REDUCE_SPAN) - self.col;
+            let start = 4 * (row * self.cols + self.col);
+            fold_span(
+                self.op,
+                &mut self.partials,
+                &x[start..start + 4 * span],
+                &mut block,
+            );
+            spent += span;
+            self.col += span;
+            if self.col == self.cols {
+                let result = finish_row(self.op, &mut self.partials);
+                let at = 4 * (row - self.first);
+                encode_into(&[result], &mut output[at..at + 4]);
+                self.rows.start += 1;
+                self.col = 0;
+                spent += self.partials.len();
+            }
+        }
+        Ok(self.rows.start >= self.rows.end)
+    }
 }

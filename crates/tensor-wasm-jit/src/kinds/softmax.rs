@@ -115,14 +115,14 @@ impl Kind for SoftmaxAxis {
         // Slabs (outer indices) with a covered line; the last may be covered in part.
         let slabs = lines.div_ceil(inner.max(1));
         let op = Softmax { n, inner, lines };
-        Ok(Stage::Kind(Box::new(RowRun::<T, _>::covering(
+        Ok(Box::new(RowRun::<T, _>::covering(
             op,
             std::iter::once(x..x + 4 * outer * n * inner).collect(),
             out,
             slabs,
             n * inner,
             n * inner,
-        ))))
+        )))
     }
 
     fn case_shape(&self, dims: [u32; 5]) -> Shape {
