@@ -182,17 +182,23 @@ impl Blueprint {
     /// The shape named by the scalar arguments of a launch (which must already have the
     /// contract's count and types).
     fn shape_of(&self, args: &[KernelArg]) -> Result<Shape, JitError> {
-        let scalars: Vec<u32> = self
-            .params()
-            .iter()
-            .zip(args)
-            .filter(|(param, _)| param.kind == ParamKind::U32)
-            .map(|(_, arg)| match arg {
-                KernelArg::U32(value) => *value,
-                _ => 0,
-            })
-            .collect();
-        with_kind!(self.kind(), |k| k.shape(&scalars)).ok_or_else(|| {
+        // After validation every `U32` argument is a `U32` parameter, in order.
+        let mut sizes = [0u32; MAX_SIZES];
+        let mut len = 0;
+        for arg in args {
+            if let KernelArg::U32(value) = arg {
+                if len == MAX_SIZES {
+                    len += 1;
+                    break;
+                }
+                sizes[len] = *value;
+                len += 1;
+            }
+        }
+        let shape = (len <= MAX_SIZES)
+            .then(|| with_kind!(self.kind(), |k| k.shape(&sizes[..len])))
+            .flatten();
+        shape.ok_or_else(|| {
             JitError::InvalidLaunch(format!("{self}: wrong number of shape scalars"))
         })
     }
@@ -205,6 +211,11 @@ impl Blueprint {
             .iter()
             .filter(|p| matches!(p.kind, ParamKind::Input | ParamKind::Output))
             .count();
+        self.buffer_elements_of(shape, buffers)
+    }
+
+    /// [`Blueprint::buffer_elements`] for a kind with `buffers` buffer parameters.
+    fn buffer_elements_of(&self, shape: &Shape, buffers: usize) -> Vec<Option<u64>> {
         with_kind!(self.kind(), |k| k.buffer_elements(shape, buffers))
     }
 
@@ -302,7 +313,11 @@ impl Blueprint {
         }
 
         let shape = self.shape_of(args)?;
-        let elements = self.buffer_elements(&shape);
+        let buffer_params = params
+            .iter()
+            .filter(|p| matches!(p.kind, ParamKind::Input | ParamKind::Output))
+            .count();
+        let elements = self.buffer_elements_of(&shape, buffer_params);
         let alignment = self.buffer_alignment();
         let buffers: Vec<(&Param, u64, u64)> = params
             .iter()
