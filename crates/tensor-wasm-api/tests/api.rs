@@ -84,7 +84,7 @@ async fn metric(h: &InsecureApp, series: &str) -> f64 {
         .unwrap()
 }
 
-/// Issue 17, item 6: a module that compiled but failed to link stayed in the
+/// A module that compiled but failed to link stayed in the
 /// compiled-module map and in `artifacts/` forever (100 such deploys left 200
 /// files and `tensor_wasm_cached_modules 100`), and nothing bounded either cache.
 #[tokio::test]

@@ -1,5 +1,4 @@
-//! Connections and request bodies on a real loopback socket (issue 17,
-//! item 8): the body is read only after authentication and the rate check,
+//! Connections and request bodies on a real loopback socket: the body is read only after authentication and the rate check,
 //! slow headers and slow bodies run into their timeouts, and connections
 //! above the cap are answered `503 too_many_connections` while the others
 //! keep working.

@@ -22,7 +22,7 @@ async fn cross_tenant_matrix_denies_everything_and_changes_nothing() {
 }
 
 /// The same matrix with functions, snapshots, tenants and tokens in the shared store (real
-/// PostgreSQL and S3 servers, issue 19's test 7).
+/// PostgreSQL and S3 servers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_tenant_matrix_holds_on_the_shared_store() {
     let pg = Postgres::start();
@@ -604,8 +604,7 @@ async fn existing_tenants_gpu_isolation_reaches_the_runtime_at_start() {
     );
 }
 
-/// The raw-kernel capability is the admin's to grant and revoke (issue 17,
-/// item 3): a tenant cannot deploy or PATCH its way to raw PTX, nor grant
+/// The raw-kernel capability is the admin's to grant and revoke: a tenant cannot deploy or PATCH its way to raw PTX, nor grant
 /// itself the capability; once the admin revokes it, the tenant's raw-kernel
 /// functions get no new instance while its other functions keep working.
 #[tokio::test]
@@ -764,7 +763,7 @@ fn gated_app() -> (
     (s, writes, deletes)
 }
 
-/// Issue 17, item 12: a deploy that reaches its commit while its tenant is
+/// A deploy that reaches its commit while its tenant is
 /// being deleted (the delete has retired the tenant and is sweeping its
 /// functions, held here at its first record delete) is refused with 410
 /// `tenant_deleted` and stores nothing: no record, no module, nothing the
@@ -807,7 +806,7 @@ async fn a_deploy_in_flight_when_its_tenant_is_deleted_leaves_nothing() {
     );
 }
 
-/// Issue 17, item 5: the function count is taken and given back by the
+/// The function count is taken and given back by the
 /// deploy's and the delete's work, not by their connections. A client that
 /// goes away while its deploy is storing the module still ends with the
 /// function counted (so a quota of 1 refuses a second one), and one that goes
@@ -889,7 +888,7 @@ async fn the_function_count_follows_the_work_not_the_connection() {
     assert_eq!(tenant.usage(Resource::Functions), 1);
 }
 
-/// Issue 17, item 5: deploys (compiles) of one tenant in progress at once are
+/// Deploys (compiles) of one tenant in progress at once are
 /// bounded by its `max_concurrent_deploys`: the one over it is refused at
 /// once with 429 `quota_exhausted`, and the slots come back when the deploys end.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! WebAssembly components end to end (issue 20, the first style): a real `tensor-wasm serve`
+//! WebAssembly components end to end (the first style): a real `tensor-wasm serve`
 //! on a socket deploys a WASI 0.2 command component (`examples/echo-component.wat`) through
 //! `POST /functions` and runs it through `POST /functions/{id}/invoke` and `/invoke-stream`,
 //! stdin to stdout; a

@@ -1,6 +1,6 @@
 //! Invocation deadlines inside host calls, end to end over real HTTP: a kernel launch that
 //! would run for minutes ends at the invocation's deadline, and another tenant's small kernel
-//! is served meanwhile (issue 17, item 1). A test binary of its own, so no other test of this
+//! is served meanwhile. A test binary of its own, so no other test of this
 //! crate shares the CPU with it.
 
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! `tensor-wasm import-data-dir` end to end (issue 19): a single-node server's data dir, with
+//! `tensor-wasm import-data-dir` end to end: a single-node server's data dir, with
 //! functions, a snapshot and its tokens, is copied into a shared store on a real PostgreSQL 15
 //! and a real S3 server; a replica with an empty data dir then serves every function with the
 //! old tokens, starting from the imported snapshot. A second run finishes nothing new and

@@ -283,7 +283,7 @@ fn snapshots_restore_into_managed_guest_memory() {
 /// event's record, or by its synchronization); the tenant's next invocation gets a fresh
 /// context and succeeds.
 ///
-/// Regression test (issue 16, item 4): a fault reported by the launch or by `cuEventRecord`
+/// Regression test: a fault reported by the launch or by `cuEventRecord`
 /// used to leave the lane unmarked, so its context was never replaced and every later launch
 /// of the tenant failed.
 #[test]
@@ -476,7 +476,7 @@ fn tenants_get_stream_lanes_of_their_own_through_the_server() {
     );
 }
 
-/// Issue 17, item 1 on CUDA: a kernel cannot be stopped (here a 4096³ matmul in the stand-in's
+/// On CUDA a kernel cannot be stopped (here a 4096³ matmul in the stand-in's
 /// interpreter, which would run for hours). The client still gets `invocation_timeout` at the
 /// deadline (+ 100 ms), the server keeps serving, and the invocation keeps its quota (and so its
 /// guest memory) while the kernel runs.

@@ -1,4 +1,4 @@
-//! Functions from real component toolchains (issue 20), all pinned and installed by
+//! Functions from real component toolchains, all pinned and installed by
 //! `make deps` under `.tools/`:
 //! - one WIT world (`examples/components/calc.wit`) implemented in Python
 //!   (`examples/components/python/app.py`, componentize-py), JavaScript

@@ -1,4 +1,4 @@
-//! The WIT packages of `sdk/wit/` (the GPU for components, issue 20) parse and resolve with
+//! The WIT packages of `sdk/wit/` (the GPU for components) parse and resolve with
 //! `wit-parser`, carry a version, and docs/components.md describes each of their interfaces,
 //! functions and world.
 
