@@ -304,6 +304,11 @@ impl Memory {
     }
 }
 
+/// The cap on a command's stdout in the suite's runtimes and servers: the launcher writes the
+/// whole output buffer of a plan (the largest, a 4-D permute of 6.4 M elements, is 25.7 MB),
+/// past the default 16 MiB.
+pub const MAX_OUTPUT_BYTES: usize = 128 << 20;
+
 /// A runtime over `backend` with unified guest memory (as `serve --guest-memory unified`;
 /// CUDA forces it), `instances` slots and memory limits up to `max_memory` bytes.
 pub fn runtime(
@@ -324,6 +329,7 @@ pub fn runtime(
         max_timeout: Duration::from_secs(600),
         allow_raw_ptx,
         gpu_isolation: isolation,
+        max_output_bytes: MAX_OUTPUT_BYTES,
         ..RuntimeConfig::new(dir)
     };
     let store = Arc::new(FsFunctionStore::open(dir).context("function store")?);

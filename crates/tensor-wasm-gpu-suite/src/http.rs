@@ -50,6 +50,10 @@ impl Server {
             .arg(data_dir.join("data"))
             .args(["--device", device, "--guest-memory", "unified"])
             .args(["--insecure-no-auth", "--default-timeout-ms", "120000"])
+            .args([
+                "--max-output-bytes",
+                &crate::common::MAX_OUTPUT_BYTES.to_string(),
+            ])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log)?)

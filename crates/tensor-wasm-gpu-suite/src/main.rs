@@ -223,6 +223,17 @@ mod tests {
         }
         let names: std::collections::HashSet<_> = plans.iter().map(|p| &p.name).collect();
         assert_eq!(names.len(), plans.len(), "plan names are unique");
+        // The launcher's stdout (a header, a message of up to 4 KiB, the
+        // timings, the output buffer) fits
+        // under the cap the HTTP section's server runs with.
+        for p in &plans {
+            let stdout = 12 + 4096 + 8 * u64::from(plan::MAX_REPEATS) + p.out.1;
+            assert!(
+                stdout <= crate::common::MAX_OUTPUT_BYTES as u64,
+                "{}: {stdout} bytes of output",
+                p.name
+            );
+        }
     }
 
     #[test]
