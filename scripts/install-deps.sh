@@ -6,7 +6,8 @@
 # the pinned S3 server `weed` (the shared-store tests), the component toolchains
 # (componentize-py, componentize-js, wit-bindgen, wasm-tools), valgrind and the pinned
 # gungraun-runner (the instruction-count gate, `make icount`), and the pinned
-# matplotlib that draws the charts of PERFORMANCE.md (`make perf-doc-check`).
+# matplotlib that draws the charts of PERFORMANCE.md (`make perf-doc-check`), and
+# the pinned onnx and onnxruntime that write the ONNX graph cases (.tools/onnx).
 set -euo pipefail
 
 # --- free disk -----------------------------------------------------------------
@@ -126,6 +127,35 @@ if ! perf_doc_tools_ok; then
     --only-binary :all: $PERF_DOC_PINS
   echo "$PERF_DOC_PINS" > "$PERF_DOC_TOOLS/.pins"
   perf_doc_tools_ok || { echo "matplotlib $MATPLOTLIB_VERSION did not install in $PERF_DOC_TOOLS" >&2; exit 1; }
+fi
+
+# --- ONNX graph cases (onnx + onnxruntime) --------------------------------------
+# The graph executor's tests run scripts/onnx/graphs.py with the python of
+# .tools/onnx (git-ignored): it writes ONNX models with the `onnx` package and
+# their reference outputs from ONNX Runtime's CPU provider. Wheels only, every
+# package pinned, since the reference outputs are compared to what ONNX Runtime
+# of another version might compute a few ulps apart.
+ONNX_VERSION=1.23.2
+ONNXRUNTIME_VERSION=1.32.0
+ONNX_TOOLS="$ROOT/.tools/onnx"
+ONNX_PINS="onnx==$ONNX_VERSION onnxruntime==$ONNXRUNTIME_VERSION numpy==2.4.6 protobuf==7.36.2 ml_dtypes==0.6.0 typing_extensions==4.16.0 flatbuffers==25.12.19 packaging==26.4"
+
+onnx_tools_ok() {
+  [[ "$("$ONNX_TOOLS/bin/python" -c 'import numpy, onnx, onnxruntime; print(onnx.__version__, onnxruntime.__version__)' 2>/dev/null)" == "$ONNX_VERSION $ONNXRUNTIME_VERSION" ]] &&
+    [[ "$(cat "$ONNX_TOOLS/.pins" 2>/dev/null)" == "$ONNX_PINS" ]]
+}
+
+if ! onnx_tools_ok; then
+  echo "installing onnx and onnxruntime for the graph cases ($ONNX_PINS) into $ONNX_TOOLS ..."
+  PY=$(command -v python3 || command -v python) || { echo "python3 is needed for the ONNX graph cases" >&2; exit 1; }
+  rm -rf "$ONNX_TOOLS"
+  "$PY" -m venv "$ONNX_TOOLS" || { echo "python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
+  # shellcheck disable=SC2086
+  PIP_ROOT_USER_ACTION=ignore "$ONNX_TOOLS/bin/pip" install --quiet --disable-pip-version-check \
+    --only-binary :all: $ONNX_PINS ||
+    { echo "pip could not install $ONNX_PINS (wheels only; CPython 3.11 on linux x86_64 has them all)" >&2; exit 1; }
+  echo "$ONNX_PINS" > "$ONNX_TOOLS/.pins"
+  onnx_tools_ok || { echo "onnx $ONNX_VERSION and onnxruntime $ONNXRUNTIME_VERSION did not install in $ONNX_TOOLS (import failed)" >&2; exit 1; }
 fi
 
 # --- PostgreSQL 15 + an S3 server (the shared-store tests) ------------------------
