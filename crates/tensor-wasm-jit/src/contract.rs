@@ -179,6 +179,12 @@ impl Blueprint {
         Ok(config)
     }
 
+    /// The shape named by a launch's `u32` scalars, in parameter order (what
+    /// [`Blueprint::launch_config`] takes); `None` when their count is not this kind's.
+    pub fn shape(&self, sizes: &[u32]) -> Option<Shape> {
+        with_kind!(self.kind(), |k| k.shape(sizes))
+    }
+
     /// The shape named by the scalar arguments of a launch (which must already have the
     /// contract's count and types).
     fn shape_of(&self, args: &[KernelArg]) -> Result<Shape, JitError> {
