@@ -3,7 +3,7 @@
 CARGO ?= cargo
 LISTEN ?= 127.0.0.1:8080
 DATA_DIR ?= ./tensor-wasm-data
-C_GUESTS := examples/c/wordcount.wasm examples/c/matmul.wasm examples/c/blueprints.wasm examples/c/ticker.wasm
+C_GUESTS := examples/c/wordcount.wasm examples/c/matmul.wasm examples/c/blueprints.wasm examples/c/ticker.wasm examples/c/nn_run.wasm
 
 .PHONY: run test ci deps examples fmt-check clippy unit doc bench bench-record ci-bench http-throughput perf-doc build release clean-data
 
@@ -24,7 +24,7 @@ deps:
 
 examples: $(C_GUESTS)
 
-examples/c/%.wasm: examples/c/%.c sdk/c/tensor_wasm.h
+examples/c/%.wasm: examples/c/%.c sdk/c/tensor_wasm.h sdk/c/wasi_nn.h
 	clang --target=wasm32-wasi -O2 -I sdk/c $< -o $@
 
 fmt-check:

@@ -7,7 +7,8 @@ Every case is OUT_DIR/<case>/model.onnx (opset 20, default domain only), its inp
 and ONNX Runtime's outputs as raw little-endian arrays (in0.bin, out0.bin, ...) and
 case.json describing them; OUT_DIR/index.json lists the cases and their operators.
 OUT_DIR/bad/ holds models an executor must refuse, with bad/index.json saying which
-error each one must give. Everything is deterministic: weights and inputs come from
+error each one must give; OUT_DIR/slow/model.onnx is a long model (no reference) for
+deadline tests. Everything is deterministic: weights and inputs come from
 generators seeded by the model's and the case's name. scripts/onnx/README.md has
 the formats.
 """
@@ -511,6 +512,24 @@ def check_written(out_dir, index):
     assert [e["name"] for e in json.loads((out_dir / "index.json").read_text())] == [e["name"] for e in index]
 
 
+def write_slow(out_dir):
+    """slow/model.onnx: x [512, 512] through 1024 MatMuls by one 512 x 512 weight (275 GFLOP,
+    no reference output): long enough that a short deadline ends it during compute."""
+    w = (seeded("slow").standard_normal((512, 512)) * 0.01).astype(np.float32)
+    nodes, last = [], "x"
+    for i in range(1024):
+        nodes.append(helper.make_node("MatMul", [last, "w"], [f"h{i}"]))
+        last = f"h{i}"
+    nodes.append(helper.make_node("Identity", [last], ["y"]))
+    graph = helper.make_graph(nodes, "slow", [f32("x", [512, 512])], [f32("y", [512, 512])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="tensor-wasm scripts/onnx/graphs.py")
+    onnx.checker.check_model(model, full_check=True)
+    (out_dir / "slow").mkdir(exist_ok=True)
+    (out_dir / "slow" / "model.onnx").write_bytes(model.SerializeToString())
+
+
 def main(argv):
     if len(argv) != 2:
         sys.exit("usage: graphs.py OUT_DIR")
@@ -521,6 +540,7 @@ def main(argv):
     assert len(set(names)) == len(names), "two cases share a name"
     (out_dir / "index.json").write_text(json_lines(index))
     bad = write_bad(out_dir)
+    write_slow(out_dir)
     check_written(out_dir, index)
     paths = [out_dir / "index.json", out_dir / "bad" / "index.json"]
     paths += [p for n in names for p in (out_dir / n).iterdir()]

@@ -408,6 +408,8 @@ pub(crate) struct ComponentState {
     pub(crate) deadline: Option<std::time::Instant>,
     /// The invocation's `tensor-wasm:gpu` state (its buffers and kernels).
     pub(crate) gpu: Option<crate::component_gpu::ComponentGpu>,
+    /// The invocation's `wasi:nn` state (its graphs and execution contexts).
+    pub(crate) nn: Option<crate::nn::NnHost>,
 }
 
 impl WasiHttpView for ComponentState {
@@ -449,6 +451,7 @@ impl ComponentState {
             http,
             hooks: OutgoingHttp::new(outgoing_allow),
             gpu: None,
+            nn: None,
             deadline: None,
             budget: MemoryBudget::new(memory_limit),
             field_size_limit: limits.max_field_bytes,
@@ -505,6 +508,7 @@ impl ComponentHost {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .and_then(|()| wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker))
             .and_then(|()| crate::component_gpu::add_to_linker(&mut linker))
+            .and_then(|()| crate::nn::wit::add_to_linker(&mut linker))
             .and_then(|()| crate::component_charge::charge_http_calls(&mut linker))
             .and_then(|()| deadline_bounded_sleeps(&mut linker))
             .and_then(|()| {

@@ -65,6 +65,8 @@ pub(crate) struct MemoryBudget {
     linear: usize,
     gpu: usize,
     host: usize,
+    /// What `wasi-nn` holds for the invocation (models, arenas), under the same limit.
+    nn: std::sync::Arc<crate::nn::HostBytes>,
     /// The message of the first charge refused for the limit, if one was.
     pub(crate) hit: Option<String>,
 }
@@ -76,8 +78,23 @@ impl MemoryBudget {
             linear: 0,
             gpu: 0,
             host: 0,
+            nn: crate::nn::HostBytes::new(limit),
             hit: None,
         }
+    }
+
+    /// What `wasi-nn` charges its models and arenas to.
+    pub(crate) fn nn_bytes(&self) -> std::sync::Arc<crate::nn::HostBytes> {
+        self.nn.clone()
+    }
+
+    /// Tells the `wasi-nn` share what the rest of the budget holds.
+    fn sync(&self) {
+        self.nn.set_others(
+            self.linear
+                .saturating_add(self.gpu)
+                .saturating_add(self.host),
+        );
     }
 
     /// The function's memory limit.
@@ -90,15 +107,20 @@ impl MemoryBudget {
         self.linear
             .saturating_add(self.gpu)
             .saturating_add(self.host)
+            .saturating_add(self.nn.held())
     }
 
     /// The refusal of a charge that would bring the total to `total` bytes.
     fn refusal(&self, what: &str, total: usize) -> String {
         format!(
             "memory limit exceeded: {what} would bring the component's memory to {total} bytes \
-             (linear memories {} + GPU buffers {} + bytes held by the host {}); the function's \
-             limit is {} bytes",
-            self.linear, self.gpu, self.host, self.limit
+             (linear memories {} + GPU buffers {} + bytes held by the host {} + wasi-nn {}); \
+             the function's limit is {} bytes",
+            self.linear,
+            self.gpu,
+            self.host,
+            self.nn.held(),
+            self.limit
         )
     }
 
@@ -114,11 +136,15 @@ impl MemoryBudget {
     /// Linear memories growing from `current` to `desired` bytes (one of them).
     pub(crate) fn grow_linear(&mut self, current: usize, desired: usize) -> Result<(), String> {
         let linear = self.linear - current.min(self.linear) + desired;
-        let total = linear.saturating_add(self.gpu).saturating_add(self.host);
+        let total = linear
+            .saturating_add(self.gpu)
+            .saturating_add(self.host)
+            .saturating_add(self.nn.held());
         if total > self.limit {
             return Err(self.refuse("growing a linear memory", total));
         }
         self.linear = linear;
+        self.sync();
         Ok(())
     }
 
@@ -131,6 +157,7 @@ impl MemoryBudget {
             return Err(self.refusal(&format!("a GPU buffer of {bytes} bytes"), total));
         }
         self.gpu += bytes;
+        self.sync();
         Ok(())
     }
 
@@ -139,6 +166,7 @@ impl MemoryBudget {
         self.gpu = self
             .gpu
             .saturating_sub(usize::try_from(bytes).unwrap_or(usize::MAX));
+        self.sync();
     }
 
     /// `bytes` the host keeps for the component (`what` says which), charged until the
@@ -150,6 +178,7 @@ impl MemoryBudget {
             return Err(wasmtime::Error::msg(message));
         }
         self.host += bytes;
+        self.sync();
         Ok(())
     }
 }

@@ -153,6 +153,8 @@ pub struct RuntimeConfig {
     pub caches: CacheLimits,
     /// Bounds of the host resources a component invocation may hold.
     pub component_limits: ComponentLimits,
+    /// `wasi-nn`: the largest model, the parsed-model cache, the `gpu` target's fallback.
+    pub nn: crate::NnConfig,
     /// Tests only (no flag or setting of the server reaches it): links
     /// `tensor-wasm:test/never@0.1.0`, whose `never` returns a `wasi:io/poll` pollable that is
     /// never ready, so that a test can hold a component in a host wait no interface would end.
@@ -188,6 +190,7 @@ impl RuntimeConfig {
             max_stored_bytes_per_tenant: 4 << 30,
             caches: CacheLimits::default(),
             component_limits: ComponentLimits::default(),
+            nn: crate::NnConfig::default(),
             outgoing_http_allow: std::sync::Arc::from([]),
             test_never_ready_import: false,
         }

@@ -18,6 +18,8 @@ pub(crate) struct Prepared {
     pub(crate) pre: InstancePre<InvocationState>,
     pub(crate) needs_wasi: bool,
     pub(crate) needs_gpu: bool,
+    /// Whether the module imports `wasi_ephemeral_nn` (its instances get `wasi-nn` state).
+    pub(crate) needs_nn: bool,
     /// Function exports and their types, resolved once.
     pub(crate) funcs: HashMap<String, FuncType>,
     /// Whether the module is a reactor with an `_initialize` to run first.

@@ -257,10 +257,35 @@ impl GpuShared {
         args: &[tensor_wasm_gpu::KernelArg],
         memory: &mut [u8],
     ) -> Result<(), Failure> {
+        self.launch_on_backend(
+            &*self.backend,
+            tenant,
+            deadline,
+            kernel,
+            config,
+            args,
+            memory,
+        )
+    }
+
+    /// [`GpuShared::launch_on`] on `backend` (a kernel it loaded): the `wasi-nn` `cpu`
+    /// target runs on a CPU backend beside a CUDA host's, with the same dispatcher, deadline
+    /// and kernel seconds.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_on_backend(
+        &self,
+        backend: &dyn tensor_wasm_gpu::Backend,
+        tenant: &TenantKey,
+        deadline: Instant,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: &[tensor_wasm_gpu::KernelArg],
+        memory: &mut [u8],
+    ) -> Result<(), Failure> {
         let permit = self.dispatcher.acquire_blocking_until(deadline)?;
         let launched = Instant::now();
         let outcome = tensor_wasm_gpu::launch(
-            &*self.backend,
+            backend,
             tenant,
             kernel,
             config,

@@ -28,11 +28,15 @@ pub(crate) struct InvocationState {
     wasi: Option<WasiP1Ctx>,
     pub(crate) gpu: Option<GuestGpu>,
     pub(crate) stream: Option<crate::stream::StreamIo>,
+    /// The `wasi-nn` state, for modules importing `wasi_ephemeral_nn`.
+    pub(crate) nn: Option<crate::nn::NnHost>,
 }
 
 /// Enforces the function's memory limit and remembers that it did.
 struct InvocationLimiter {
     memory_limit: usize,
+    /// What `wasi-nn` holds for the invocation, under the same limit.
+    host: std::sync::Arc<crate::nn::HostBytes>,
     hit: Option<String>,
     /// An inline call's caps (memory bytes); `None` off the async threads.
     inline_memory_cap: Option<usize>,
@@ -71,12 +75,14 @@ impl ResourceLimiter for InvocationLimiter {
             self.inline_cap_hit = true;
             return Err(wasmtime::Error::new(InlineCapExceeded));
         }
-        if desired <= self.memory_limit {
+        let held = self.host.held();
+        if desired.saturating_add(held) <= self.memory_limit {
+            self.host.set_others(desired);
             return Ok(true);
         }
         let message = format!(
             "memory limit exceeded: the guest asked to grow linear memory from {current} to \
-             {desired} bytes; the function's limit is {} bytes",
+             {desired} bytes (wasi-nn holds {held} more); the function's limit is {} bytes",
             self.memory_limit
         );
         refuse_growth(&mut self.hit, message)
@@ -117,6 +123,7 @@ impl InvocationState {
             deadline,
             limiter: InvocationLimiter {
                 memory_limit: usize::try_from(memory_limit_bytes).unwrap_or(usize::MAX),
+                host: crate::nn::HostBytes::new(memory_limit_bytes),
                 hit: None,
                 inline_memory_cap: None,
                 inline_cap_hit: false,
@@ -124,7 +131,14 @@ impl InvocationState {
             wasi,
             gpu,
             stream: None,
+            nn: None,
         }
+    }
+
+    /// What `wasi-nn` charges its models and arenas to: the function's memory limit, shared
+    /// with linear memory.
+    pub(crate) fn host_bytes(&self) -> std::sync::Arc<crate::nn::HostBytes> {
+        self.limiter.host.clone()
     }
 
     /// The WASI context, for the linker's WASI imports.

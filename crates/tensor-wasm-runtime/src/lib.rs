@@ -37,6 +37,7 @@ mod instrument;
 mod invocation_state;
 pub mod layout;
 mod metrics;
+mod nn;
 mod outgoing_http;
 mod quarantine;
 mod runtime;
@@ -54,6 +55,7 @@ pub use engine::{build_engine, engine_fingerprint, EngineParts, ModuleSource};
 pub use error::{Result, RuntimeError};
 pub use invocation_state::INLINE_MAX_TABLE_ELEMENTS;
 pub use metrics::{Outcome, RuntimeMetrics};
+pub use nn::NnConfig;
 pub use outgoing_http::Origin;
 pub use quarantine::{inspect as inspect_quarantine, QuarantinedRecord, QUARANTINE_DIR};
 pub use runtime::{

@@ -73,6 +73,8 @@ pub(crate) struct Inner {
     pub(crate) storage: StorageLedger,
     pub(crate) metrics: RuntimeMetrics,
     gpu: Arc<GpuShared>,
+    /// `wasi-nn`'s shared state: parsed models by hash, the `cpu` target's backend.
+    pub(crate) nn: Arc<crate::nn::NnShared>,
     pub(crate) memory_creator: Option<Arc<TensorWasmMemoryCreator>>,
     /// The snapshot encoder kept between captures (see
     /// [`RuntimeConfig::snapshot_encoder_keep_bytes`]).
@@ -153,6 +155,8 @@ impl Runtime {
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         crate::guest_gpu::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        crate::nn::witx::add_to_linker(&mut linker)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         crate::stream::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let kernel_dir = config.data_dir.join("kernels");
@@ -210,6 +214,7 @@ impl Runtime {
             vec![engine.clone(), components.engine.clone()],
             config.epoch_tick,
         );
+        let config_nn = config.nn.clone();
         let runtime = Runtime {
             inner: Arc::new(Inner {
                 config,
@@ -229,6 +234,7 @@ impl Runtime {
                 storage,
                 metrics,
                 gpu,
+                nn: Arc::new(crate::nn::NnShared::new(config_nn)),
                 memory_creator: parts.memory_creator,
                 snapshot_encoder: Mutex::new(None),
                 components,

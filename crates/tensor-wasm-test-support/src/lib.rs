@@ -44,6 +44,7 @@ pub mod app;
 pub mod gate;
 pub mod guests;
 pub mod history;
+pub mod nn_cases;
 pub mod pace;
 pub mod serve;
 pub mod servers;

@@ -84,6 +84,12 @@ pub fn build(command: &mut Command, what: &str) {
 /// The `wit/` directory of the `wasmtime-wasi-http` crate this workspace builds against: the
 /// `wasi:http` package (and its dependencies) that the server implements.
 pub fn wasi_http_wit() -> PathBuf {
+    dependency_wit("wasmtime-wasi-http")
+}
+
+/// The `wit/` directory of the crate `name`, a dependency of the workspace (found through
+/// `cargo metadata`).
+fn dependency_wit(name: &str) -> PathBuf {
     let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         // This platform's packages only: the others' may not be downloaded.
         .args([
@@ -107,12 +113,36 @@ pub fn wasi_http_wit() -> PathBuf {
         .as_array()
         .expect("packages")
         .iter()
-        .find(|p| p["name"] == "wasmtime-wasi-http")
+        .find(|p| p["name"] == name)
         .and_then(|p| p["manifest_path"].as_str())
-        .expect("wasmtime-wasi-http is a dependency of the workspace");
+        .unwrap_or_else(|| panic!("{name} is a dependency of the workspace"));
     let wit = Path::new(manifest).with_file_name("wit");
     assert!(wit.is_dir(), "{} is missing", wit.display());
     wit
+}
+
+/// `examples/components/nn-cmd.wit` with the WASI packages and, as its `wasi:nn`, the WIT
+/// wasmtime's `wasi-nn` host is generated from (the `wasmtime-wasi-nn` crate's), in `out`:
+/// a component built against it is one written for wasmtime's `wasi-nn`.
+pub fn nn_cmd_wit(out: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = wit_with_wasi_deps(out, &root.join("examples/components/nn-cmd.wit"));
+    let nn = dir.join("deps/wasi-nn");
+    std::fs::create_dir_all(&nn).expect("a WIT directory");
+    std::fs::copy(
+        dependency_wit("wasmtime-wasi-nn").join("wasi-nn.wit"),
+        nn.join("wasi-nn.wit"),
+    )
+    .expect("copying wasmtime-wasi-nn's WIT");
+    dir
+}
+
+/// `examples/components/python/nn_cmd.py` built by componentize-py into `out` (world
+/// [`nn_cmd_wit`]).
+pub fn python_nn_component(out: &Path) -> PathBuf {
+    let wasm = out.join("nn-python.wasm");
+    componentize_py_build(&nn_cmd_wit(out), "nn-cmd", "nn_cmd", &wasm);
+    wasm
 }
 
 /// The target triple of the host, from `rustc -vV`.

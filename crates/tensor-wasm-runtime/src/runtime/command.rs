@@ -259,6 +259,14 @@ impl Runtime {
             self.is_uvm_backed(),
             limits.memory_limit_bytes,
         ));
+        state.nn = Some(crate::nn::NnHost::new(
+            self.inner.nn.clone(),
+            self.inner.gpu.clone(),
+            &record.tenant,
+            deadline,
+            state.budget.nn_bytes(),
+            self.is_uvm_backed(),
+        ));
         let mut store = Store::new(&self.inner.components.engine, state);
         store.limiter(|s| &mut s.budget);
         // What one call lifts from the guest (a typed export's results included) is bounded

@@ -164,6 +164,9 @@ impl Runtime {
         })?;
         let needs_wasi = module.imports().any(|i| i.module() == WASI_P1);
         let needs_gpu = module.imports().any(|i| i.module() == crate::abi::MODULE);
+        let needs_nn = module.imports().any(|i| {
+            i.module() == crate::nn::witx::MODULE || i.module() == crate::nn::witx::ERROR_MODULE
+        });
         let funcs: HashMap<String, FuncType> = module
             .exports()
             .filter_map(|e| match e.ty() {
@@ -191,6 +194,7 @@ impl Runtime {
             pre,
             needs_wasi,
             needs_gpu,
+            needs_nn,
             funcs,
             has_initialize,
             state_globals,
@@ -280,6 +284,16 @@ impl Runtime {
                 .with_tenant(&record.tenant)
         });
         let mut state = InvocationState::new(limits.memory_limit_bytes, deadline, wasi, gpu);
+        if prepared.needs_nn {
+            state.nn = Some(crate::nn::NnHost::new(
+                self.inner.nn.clone(),
+                self.inner.gpu.clone(),
+                &record.tenant,
+                deadline,
+                state.host_bytes(),
+                self.is_uvm_backed(),
+            ));
+        }
         if let Some(budget) = inline {
             state.cap_for_inline(budget.max_memory_bytes);
         }

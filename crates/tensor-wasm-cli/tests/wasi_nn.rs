@@ -1,0 +1,189 @@
+//! `wasi-nn` over HTTP on the real binary (CPU backend): every ONNX case of
+//! `scripts/onnx/graphs.py` run by a C core module (`examples/c/nn_run.c`, `wasi_ephemeral_nn`)
+//! and by a Python component (`examples/components/python/nn_cmd.py`, built by
+//! componentize-py against the `wasi:nn` WIT of wasmtime-wasi-nn 48, i.e. a guest written for
+//! wasmtime's `wasi-nn`), each output within |a − b| ≤ 1e-4·|b| + 1e-5 of ONNX Runtime's and
+//! the two guests' bytes identical; bad models refused with the error their guest reports;
+//! models and arenas charged to the function's memory limit; a model past the deadline ends
+//! the invocation at it.
+
+use std::path::Path;
+
+use tensor_wasm_test_support::guests::examples_dir;
+use tensor_wasm_test_support::nn_cases::{self, parse_outputs};
+use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess};
+use tensor_wasm_test_support::toolchains::python_nn_component;
+// The crate is here for its WIT (found through cargo metadata), not its code.
+use wasmtime_wasi_nn as _;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
+
+/// Runs `case` through function `id`; its outputs, or why it failed.
+fn run(server: &ServeProcess, id: &str, stdin: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let (status, body, exit) = server.post(
+        &format!("/functions/{id}/invoke"),
+        "application/octet-stream",
+        stdin,
+    );
+    if status != 200 || exit.as_deref() != Some("0") {
+        return Err(format!(
+            "HTTP {status}, exit {exit:?}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(400)])
+        ));
+    }
+    parse_outputs(&body)
+}
+
+fn deploy_guests(server: &ServeProcess, out: &Path) -> (String, String) {
+    let python = python_nn_component(out);
+    let c = examples_dir().join("c/nn_run.wasm");
+    let query = "style=wasi&memory_limit_bytes=268435456&timeout_ms=60000";
+    let c_id = server.deploy(&c, &format!("name=nn-c&{query}"));
+    let py_id = server.deploy(
+        &python,
+        "name=nn-python&memory_limit_bytes=268435456&timeout_ms=60000",
+    );
+    (c_id, py_id)
+}
+
+#[test]
+fn onnx_cases_agree_with_onnx_runtime_from_c_and_python_over_http() {
+    let cases_dir = tempfile::tempdir().unwrap();
+    nn_cases::write_cases(cases_dir.path());
+    let cases = nn_cases::cases(cases_dir.path());
+    assert!(cases.len() >= 80, "{} cases", cases.len());
+    let out = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let server = ServeProcess::start(Path::new(BIN), data.path(), &[]);
+    let (c_id, py_id) = deploy_guests(&server, out.path());
+    let mut failures = Vec::new();
+    for case in &cases {
+        let stdin = case.stdin(0);
+        let c = run(&server, &c_id, &stdin).and_then(|o| case.check(&o).map(|()| o));
+        let py = run(&server, &py_id, &stdin).and_then(|o| case.check(&o).map(|()| o));
+        match (c, py) {
+            (Ok(c), Ok(py)) if c == py => {}
+            (Ok(_), Ok(_)) => failures.push(format!("{}: C and Python bytes differ", case.name)),
+            (c, py) => failures.push(format!(
+                "{}: C {:?} / Python {:?}",
+                case.name,
+                c.err(),
+                py.err()
+            )),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    println!(
+        "wasi-nn: {} ONNX cases agree with ONNX Runtime, C and Python bytes identical",
+        cases.len()
+    );
+
+    // Bad models: the C guest exits with 10 + the nn_errno, the Python one with 1 (its `run`
+    // failed); the server serves on.
+    for bad in nn_cases::bad_models(cases_dir.path()) {
+        let errno = match bad.expect.as_str() {
+            "onnx_unsupported" => 6,
+            _ => 2,
+        };
+        let stdin = nn_cases::stdin(0, &bad.model, &[]);
+        for (id, want) in [(&c_id, 10 + errno), (&py_id, 1)] {
+            let (status, _, exit) = server.post(
+                &format!("/functions/{id}/invoke"),
+                "application/octet-stream",
+                &stdin,
+            );
+            assert_eq!(
+                (status, exit.as_deref()),
+                (200, Some(want.to_string().as_str())),
+                "{}",
+                bad.file
+            );
+        }
+    }
+    // The gpu target on a host without a GPU is unsupported-operation (errno 6).
+    let small = cases.iter().find(|c| c.name == "relu").unwrap();
+    let (_, _, exit) = server.post(
+        &format!("/functions/{c_id}/invoke"),
+        "application/octet-stream",
+        &small.stdin(1),
+    );
+    assert_eq!(exit.as_deref(), Some("16"));
+    server.terminate();
+}
+
+/// A model whose weights and arena pass the function's memory limit is refused with
+/// too-large (errno 7) and takes nothing from the next invocation; a model whose compute
+/// runs past the deadline ends the invocation at it.
+#[test]
+fn models_count_against_the_memory_limit_and_stop_at_the_deadline() {
+    let cases_dir = tempfile::tempdir().unwrap();
+    nn_cases::write_cases(cases_dir.path());
+    let cases = nn_cases::cases(cases_dir.path());
+    let data = tempfile::tempdir().unwrap();
+    let server = ServeProcess::start(Path::new(BIN), data.path(), &[]);
+    let c = examples_dir().join("c/nn_run.wasm");
+    // The slow model under a 12 MiB limit: nn_run's linear memory (its 2 MiB output buffer,
+    // stdin: the model's 1 MiB and the input's 1 MiB) fits, but not with the model's weights
+    // (1 MiB) and its arena (weights, input and two activations: 4 MiB) on top.
+    let slow = std::fs::read(cases_dir.path().join("slow/model.onnx")).unwrap();
+    let x = nn_cases::CaseInput {
+        name: "x".into(),
+        ty: 1,
+        dims: vec![512, 512],
+        data: vec![0u8; 512 * 512 * 4],
+    };
+    let tight = server.deploy(
+        &c,
+        "name=nn-tight&style=wasi&memory_limit_bytes=12582912&timeout_ms=20000",
+    );
+    let (status, body, exit) = server.post(
+        &format!("/functions/{tight}/invoke"),
+        "application/octet-stream",
+        &nn_cases::stdin(0, &slow, std::slice::from_ref(&x)),
+    );
+    assert_eq!(
+        (status, exit.as_deref()),
+        (200, Some("17")),
+        "too-large: {}",
+        String::from_utf8_lossy(&body)
+    );
+    // Nothing of it is left charged: a small model runs in the same function.
+    let relu = cases.iter().find(|c| c.name == "relu").unwrap();
+    let ok = run(&server, &tight, &relu.stdin(0)).unwrap();
+    relu.check(&ok).unwrap();
+
+    // A deadline: the slow model (1024 MatMuls of 512 x 512) with a 400 ms deadline ends as
+    // invocation_timeout at the deadline, its kernels cancelled, not when compute would end.
+    let short = server.deploy(
+        &c,
+        "name=nn-short&style=wasi&memory_limit_bytes=67108864&timeout_ms=400",
+    );
+    let started = std::time::Instant::now();
+    let (status, body, _) = server.post(
+        &format!("/functions/{short}/invoke"),
+        "application/octet-stream",
+        &nn_cases::stdin(0, &slow, &[x]),
+    );
+    let took = started.elapsed();
+    assert_eq!(
+        status,
+        504,
+        "{}",
+        String::from_utf8_lossy(&body[..body.len().min(300)])
+    );
+    assert_eq!(error_code(&json_of(&body)), "invocation_timeout");
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "answered {took:?} after the request, past its 400 ms deadline"
+    );
+    // The server serves on.
+    let ok = run(&server, &tight, &relu.stdin(0)).unwrap();
+    relu.check(&ok).unwrap();
+    server.terminate();
+}
