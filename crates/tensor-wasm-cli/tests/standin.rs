@@ -564,3 +564,80 @@ fn an_unstoppable_kernel_is_answered_at_the_deadline_and_keeps_its_memory() {
     );
     assert_eq!(server.get("/healthz").0, 200);
 }
+
+/// `wasi-nn` with the `gpu` target on the CUDA backend: the small ONNX cases of
+/// `scripts/onnx/graphs.py` (every operator kind among them) run by the C core module and the
+/// Python component with target `gpu` (kernels in the stand-in's PTX interpreter) and with
+/// target `cpu` (the CPU backend beside the CUDA one) on the same server: identical bytes,
+/// within ONNX Runtime's tolerance.
+#[test]
+fn wasi_nn_models_give_the_same_bytes_on_the_gpu_target() {
+    use tensor_wasm_test_support::nn_cases::{self, parse_outputs};
+    let cases_dir = tempfile::tempdir().unwrap();
+    nn_cases::write_cases(cases_dir.path());
+    let cases: Vec<_> = nn_cases::cases(cases_dir.path())
+        .into_iter()
+        .filter(|c| c.largest <= 1024)
+        .collect();
+    let out = tempfile::tempdir().unwrap();
+    let python = tensor_wasm_test_support::toolchains::python_nn_component(out.path());
+    let standin = StandIn::new(&[]);
+    let data = tempfile::tempdir().unwrap();
+    let server = standin.serve(data.path());
+    let limits = "memory_limit_bytes=67108864&timeout_ms=120000";
+    let c = server.deploy(
+        &c_guest("nn_run"),
+        &format!("name=nn-c&style=wasi&{limits}"),
+    );
+    let py = server.deploy(&python, &format!("name=nn-python&{limits}"));
+    let run = |id: &str, stdin: &[u8]| -> Result<Vec<Vec<u8>>, String> {
+        let (status, body, exit) = server.post(
+            &format!("/functions/{id}/invoke"),
+            "application/octet-stream",
+            stdin,
+        );
+        if status != 200 || exit.as_deref() != Some("0") {
+            return Err(format!("HTTP {status}, exit {exit:?}"));
+        }
+        parse_outputs(&body)
+    };
+    let started = Instant::now();
+    let mut failures = Vec::new();
+    for case in &cases {
+        let cpu = run(&c, &case.stdin(0));
+        let outcomes = [
+            ("C gpu", run(&c, &case.stdin(1))),
+            ("Python gpu", run(&py, &case.stdin(1))),
+        ];
+        let cpu = match cpu.and_then(|o| case.check(&o).map(|()| o)) {
+            Ok(cpu) => cpu,
+            Err(e) => {
+                failures.push(format!("{}: C cpu: {e}", case.name));
+                continue;
+            }
+        };
+        for (what, outcome) in outcomes {
+            match outcome {
+                Ok(gpu) if gpu == cpu => {}
+                Ok(_) => failures.push(format!("{}: {what}: bytes differ from cpu", case.name)),
+                Err(e) => failures.push(format!("{}: {what}: {e}", case.name)),
+            }
+        }
+    }
+    server.terminate();
+    standin.calls("wasi-nn, gpu and cpu targets");
+    assert!(cases.len() >= 60, "{} small cases", cases.len());
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "stand-in: wasi-nn: {} ONNX cases identical on the gpu and cpu targets ({:?})",
+        cases.len(),
+        started.elapsed()
+    );
+}
