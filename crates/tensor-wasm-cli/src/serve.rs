@@ -182,6 +182,17 @@ pub struct ServeArgs {
         value_name = "ORIGINS"
     )]
     outgoing_http_allow: Vec<tensor_wasm_runtime::Origin>,
+    /// wasi-nn: the largest ONNX model (bytes) a guest may load.
+    #[arg(long, env = "TENSOR_WASM_NN_MAX_MODEL_BYTES", default_value_t = 256 << 20)]
+    nn_max_model_bytes: usize,
+    /// wasi-nn: parsed models kept per host (by content hash), to load them again without
+    /// parsing.
+    #[arg(long, env = "TENSOR_WASM_NN_CACHED_MODELS", default_value_t = 64)]
+    nn_cached_models: usize,
+    /// wasi-nn: on a host without a GPU, run the `gpu` execution target on the CPU backend
+    /// (the same bytes) instead of refusing it with `unsupported-operation`.
+    #[arg(long, env = "TENSOR_WASM_NN_GPU_FALLBACK")]
+    nn_gpu_fallback: bool,
     /// With `--store`: how long a replica may go without reading the shared change log to its
     /// end before it fails closed: no tenant's raw-kernel functions start or deploy there, and
     /// `/readyz` answers 503, until it has caught up again.
@@ -316,6 +327,14 @@ impl ServeArgs {
             component_limits: ComponentLimits {
                 max_resources: self.component_max_resources,
                 max_field_bytes: self.component_max_field_bytes,
+            },
+            nn: tensor_wasm_runtime::NnConfig {
+                max_model_bytes: self.nn_max_model_bytes,
+                cached_models: tensor_wasm_runtime::CacheBounds {
+                    max_entries: self.nn_cached_models,
+                    ..tensor_wasm_runtime::NnConfig::default().cached_models
+                },
+                gpu_fallback: self.nn_gpu_fallback,
             },
             caches: CacheLimits {
                 module_entries: self.module_cache_entries,
