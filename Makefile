@@ -167,7 +167,7 @@ GPU_SUITE_DIR ?= .gpu-suite
 ## GPU validation suite: stripped release `tensor-wasm` + `gpu-suite`, the example
 ## guests, the runner and the CPU backend's record, in $(GPU_SUITE_DIR) (git-ignored; carried
 ## to the GPU machine). See BUILD.md, "GPU validation suite".
-gpu-suite: examples
+gpu-suite: deps examples
 	$(CARGO) build --release -p tensor-wasm-cli --bin tensor-wasm -p tensor-wasm-gpu-suite --bin gpu-suite
 	bash scripts/gpu-suite/build.sh $(GPU_SUITE_DIR)
 

@@ -8,6 +8,7 @@
 #   DIR/run.sh, torch_peer.py, summarize.py, check_results.py
 #   DIR/BUILD_INFO.json                      commit, toolchain, sizes
 #   DIR/expected/http-check-cpu-build.json   the CPU backend's responses, recorded here
+#   DIR/expected/onnx/                       the ONNX cases of scripts/onnx/graphs.py
 #   DIR/expected/bit-identity.{json,bin}     the CPU backend's memory after every kernel of
 #                                            the conformance set (tensor_wasm_jit::conformance)
 #
@@ -87,6 +88,13 @@ LD_LIBRARY_PATH="$ROOT/.tools/nvrtc/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRA
   echo "gpu-suite: the CPU record failed (above); the artifact is not usable" >&2
   exit 1
 }
+# The ONNX cases of the wasi-nn section (scripts/onnx/graphs.py, with ONNX Runtime's outputs);
+# the long deadline-test model is left out.
+"$ROOT/.tools/onnx/bin/python" "$ROOT/scripts/onnx/graphs.py" "$DIR/expected/onnx" > /dev/null || {
+  echo "gpu-suite: writing the ONNX cases failed (make deps installs .tools/onnx)" >&2
+  exit 1
+}
+rm -rf "$DIR/expected/onnx/slow"
 # The CPU backend's memory after every kernel of the conformance set: what the GPU's
 # bit-identity section must reproduce byte for byte.
 "$DIR/bin/gpu-suite" bit-identity --record "$DIR/expected" --device cpu --out "$DIR/expected" \

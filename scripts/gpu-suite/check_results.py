@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-EXPECTED = ["provenance.json", "bit-identity.json", "correctness.json", "http-check.json", "latency.json",
+EXPECTED = ["provenance.json", "bit-identity.json", "correctness.json", "http-check.json", "wasi-nn.json", "latency.json",
             "throughput.json", "torch.json", "unified-memory.json", "jit.json",
             "cold-start.json", "concurrency.json", "sanitizer.json", "summary.json", "SUMMARY.md"]
 PROVENANCE = ["machine", "driver", "cuda_version", "commit", "date", "command"]

@@ -10,7 +10,7 @@
 # $OUT, else ./gpu-suite-out), --work DIR (default a temporary directory), --budget S
 # (default 540: sections that would start with less than 20 s left are skipped, so the
 # results are packed before a 600 s limit), --only "NAME ..." (run only these sections, e.g.
-# to finish a run that ran out of time: bit-identity correctness sanitizer http-check-cpu http-check latency
+# to finish a run that ran out of time: bit-identity correctness sanitizer http-check-cpu http-check wasi-nn latency
 # throughput torch unified-memory jit cold-start concurrency).
 #
 # Writes <work>/<date>-<gpu>/ (CPU: <date>-cpu-dry-run/): provenance.json, one JSON file
@@ -229,6 +229,8 @@ if [[ "$DEVICE" == cuda ]]; then
   [[ -f "$R/http-check-cpu.json" ]] && EXPECTED+=(--expected "$R/http-check-cpu.json")
 fi
 section http-check 240 "$SUITE" "${HTTP[@]}" "${EXPECTED[@]}" "${COMMON[@]}"
+section wasi-nn 150 "$SUITE" wasi-nn --server "$BIN/tensor-wasm" --examples "$HERE/examples" \
+  --cases "$HERE/expected/onnx" "${COMMON[@]}"
 section latency 120 "$SUITE" latency "${COMMON[@]}"
 section throughput 240 "$SUITE" throughput "${COMMON[@]}"
 section torch 150 python3 "$HERE/torch_peer.py" --throughput "$R/throughput.json" \

@@ -24,7 +24,7 @@ use crate::correctness::memory_limit;
 use crate::plan::{self, Plan, LAUNCHER_WAT};
 
 /// The server under test; killed on drop.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     base: String,
     log: PathBuf,
@@ -38,7 +38,7 @@ impl Drop for Server {
 }
 
 impl Server {
-    fn start(binary: &Path, data_dir: &Path, device: &str) -> anyhow::Result<Server> {
+    pub(crate) fn start(binary: &Path, data_dir: &Path, device: &str) -> anyhow::Result<Server> {
         let log = data_dir.join("server.log");
         // The server stays in this process's process group, so it does not live on with the
         // GPU when this process is stopped: the runner's `timeout` (scripts/gpu-suite/run.sh)
@@ -96,14 +96,14 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
-    fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let start = text.len().saturating_sub(4096);
         text[text.floor_char_boundary(start)..].to_owned()
     }
 
     /// Sends a request; returns status, body and the `x-exit-code` header.
-    fn send(
+    pub(crate) fn send(
         &self,
         method: &str,
         path: &str,
@@ -135,7 +135,7 @@ impl Server {
         })
     }
 
-    fn deploy(&self, module: &[u8], options: &[(&str, &str)]) -> anyhow::Result<String> {
+    pub(crate) fn deploy(&self, module: &[u8], options: &[(&str, &str)]) -> anyhow::Result<String> {
         let reply = self.send("POST", "/functions", options, "application/wasm", module)?;
         let doc: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
         match doc["id"].as_str() {
@@ -188,10 +188,10 @@ impl Server {
     }
 }
 
-struct Reply {
-    status: u16,
-    exit_code: Option<i32>,
-    body: Vec<u8>,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) body: Vec<u8>,
 }
 
 fn agent() -> ureq::Agent {

@@ -27,6 +27,7 @@ mod correctness;
 mod http;
 mod jit;
 mod latency;
+mod nn;
 mod plan;
 mod raw;
 mod throughput;
@@ -111,6 +112,21 @@ enum SectionCommand {
         #[arg(long, default_value = "http-check")]
         name: String,
     },
+    /// wasi-nn: the artifact's ONNX cases through the real server, gpu target against cpu
+    /// target (identical bytes) and ONNX Runtime (tolerance).
+    WasiNn {
+        #[command(flatten)]
+        common: Common,
+        /// The `tensor-wasm` binary to start.
+        #[arg(long)]
+        server: PathBuf,
+        /// Directory with the example modules (`c/nn_run.wasm`).
+        #[arg(long)]
+        examples: PathBuf,
+        /// Directory with the ONNX cases (`scripts/onnx/graphs.py`'s output).
+        #[arg(long)]
+        cases: PathBuf,
+    },
     /// Launch-to-completion latency: raw cudarc vs backend launch vs guest ABI.
     Latency(Common),
     /// Kernel throughput: vector add, matmul, conv2d.
@@ -143,6 +159,7 @@ fn main() -> ExitCode {
         ),
         SectionCommand::Correctness { common, name, .. }
         | SectionCommand::HttpCheck { common, name, .. } => (name.clone(), common.clone()),
+        SectionCommand::WasiNn { common, .. } => ("wasi-nn".into(), common.clone()),
         SectionCommand::Latency(c) => ("latency".into(), c.clone()),
         SectionCommand::Throughput(c) => ("throughput".into(), c.clone()),
         SectionCommand::UnifiedMemory(c) => ("unified-memory".into(), c.clone()),
@@ -172,6 +189,12 @@ fn main() -> ExitCode {
             expected,
             ..
         } => http::run(&suite, &server, &examples, &expected),
+        SectionCommand::WasiNn {
+            server,
+            examples,
+            cases,
+            ..
+        } => nn::run(&suite, &server, &examples, &cases),
         SectionCommand::Latency(_) => latency::run(&suite),
         SectionCommand::Throughput(_) => throughput::run(&suite),
         SectionCommand::UnifiedMemory(_) => unified::run(&suite),
