@@ -30,7 +30,7 @@ pub fn fold(graph: &mut Graph, max_bytes: usize) -> Result<usize> {
             inputs: Vec::new(),
             outputs: graph.nodes[i].outputs.clone(),
         };
-        let lowered = Lower::run(&single, &[], None)?;
+        let lowered = Lower::run(&single, &[], None, true)?;
         let plan = Plan::place(&single, lowered, max_bytes)?;
         let mut arena = vec![0u8; plan.arena_bytes];
         plan.write_constants(&single, &mut arena);

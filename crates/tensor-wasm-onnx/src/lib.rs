@@ -8,7 +8,8 @@
 //!    refused), operators known ([`ops`]), float32 everywhere but indices, shapes and axes;
 //! 3. [`fold`] computes the nodes whose inputs are all constants, once, on the CPU backend;
 //! 4. for each set of input shapes (a dynamic batch dimension gives one per batch size),
-//!    [`lower`] infers shapes and turns every node into blueprint launches, and [`plan`]
+//!    [`lower`] infers shapes and turns every node into blueprint launches (element-wise
+//!    chains fused into one `chain[..]` launch), and [`plan`]
 //!    places the tensors in one arena, reusing the memory of tensors no longer needed;
 //! 5. [`Execution`] writes the inputs into an arena, runs the launches through a
 //!    [`Launcher`] and reads the outputs back.
@@ -42,6 +43,9 @@ pub struct Options {
     pub max_arena_bytes: usize,
     /// Plans (one per set of input shapes) kept per model.
     pub max_plans: usize,
+    /// Whether element-wise chains run as one `chain[..]` launch (the same bits; off only to
+    /// compare).
+    pub fuse: bool,
 }
 
 impl Default for Options {
@@ -50,6 +54,7 @@ impl Default for Options {
             limits: proto::Limits::default(),
             max_arena_bytes: 1 << 30,
             max_plans: 8,
+            fuse: true,
         }
     }
 }
@@ -144,7 +149,7 @@ impl Model {
             return Ok(plan);
         }
         drop(plans);
-        let lowered = lower::Lower::run(&self.graph, shapes, deadline)?;
+        let lowered = lower::Lower::run(&self.graph, shapes, deadline, self.options.fuse)?;
         let plan = Arc::new(Plan::place(
             &self.graph,
             lowered,

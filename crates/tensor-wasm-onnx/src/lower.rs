@@ -11,6 +11,7 @@ use tensor_wasm_jit::{Blueprint, ParamKind};
 use crate::graph::{ConstData, Constant, Graph, GraphNode, Source, ValueId};
 use crate::ops::{BinaryOp, Op, UnaryOp};
 
+mod fuse;
 mod nn;
 mod shape;
 #[cfg(test)]
@@ -144,10 +145,12 @@ pub struct Lower<'g> {
 
 impl<'g> Lower<'g> {
     /// Lowers `graph` with `input_shapes` (one per graph input).
+    /// With `fuse`, element-wise chains become `chain[..]` launches (the same bits).
     pub fn run(
         graph: &'g Graph,
         input_shapes: &[Vec<usize>],
         deadline: Option<Instant>,
+        fuse: bool,
     ) -> Result<Lowered> {
         let mut lower = Lower {
             graph,
@@ -196,6 +199,9 @@ impl<'g> Lower<'g> {
             lower.touch_at(slot, usize::MAX);
             let shape = lower.shape(value)?.to_vec();
             lower.out.outputs.push((slot, shape));
+        }
+        if fuse {
+            fuse::fuse(&mut lower.out);
         }
         Ok(lower.out)
     }

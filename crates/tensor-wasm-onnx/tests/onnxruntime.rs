@@ -1,8 +1,8 @@
 //! Every graph of `scripts/onnx/graphs.py` (written with the `onnx` package, one or more per
 //! supported operator, plus composites and a dynamic batch) through the executor on the CPU
 //! backend, against ONNX Runtime's outputs on the same inputs: within
-//! |a − b| ≤ 1e-4·|b| + 1e-5 per element. The script's bad models are refused with the code
-//! it expects.
+//! |a − b| ≤ 1e-4·|b| + 1e-5 per element, and with element-wise chains fused the same bytes as
+//! unfused. The script's bad models are refused with the code it expects.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -50,19 +50,22 @@ fn floats(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-/// Runs one case directory; returns its name and the largest error as a share of the
-/// tolerance.
-fn run_case(dir: &Path) -> Result<(String, f64), String> {
-    let case: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("case.json")).unwrap()).unwrap();
-    let name = case["name"].as_str().unwrap().to_owned();
+/// An output's dimensions and bytes.
+type Output = (Vec<usize>, Vec<u8>);
+
+/// Runs `model` on the case's inputs; the outputs' dimensions and bytes, and how many of the
+/// plan's launches are fused chains.
+fn execute(
+    name: &str,
+    dir: &Path,
+    case: &Value,
+    options: &Options,
+) -> Result<(Vec<Output>, usize), String> {
     let bytes = std::fs::read(dir.join("model.onnx")).unwrap();
-    let model = Arc::new(
-        Model::load(&bytes, &Options::default()).map_err(|e| format!("{name}: load: {e}"))?,
-    );
+    let model = Arc::new(Model::load(&bytes, options).map_err(|e| format!("{name}: load: {e}"))?);
     let mut exec: Execution<Vec<u8>> = Execution::new(model.clone());
-    let inputs = case["inputs"].as_array().unwrap();
-    for spec in inputs {
+    let mut shapes = vec![Vec::new(); model.inputs().len()];
+    for spec in case["inputs"].as_array().unwrap() {
         let index = model
             .inputs()
             .iter()
@@ -84,11 +87,50 @@ fn run_case(dir: &Path) -> Result<(String, f64), String> {
             },
         )
         .map_err(|e| format!("{name}: set_input: {e}"))?;
+        shapes[index] = d;
     }
     let mut launcher = BackendLauncher::cpu().unwrap();
     exec.compute(&mut launcher, &mut |n| Ok(vec![0u8; n]), None)
         .map_err(|e| format!("{name}: compute: {e}"))?;
-    let names: Vec<String> = model.output_names().iter().map(|s| s.to_string()).collect();
+    let chains = model
+        .plan(&shapes, None)
+        .unwrap()
+        .launches
+        .iter()
+        .filter(|l| l.blueprint.descriptor().starts_with("chain["))
+        .count();
+    let outputs = (0..model.output_names().len())
+        .map(|i| {
+            let (d, b) = exec.output(i).unwrap();
+            (d, b.to_vec())
+        })
+        .collect();
+    Ok((outputs, chains))
+}
+
+/// Runs one case directory, fused and unfused; returns its name, the largest error as a share
+/// of the tolerance, and how many fused chains its plan has.
+fn run_case(dir: &Path) -> Result<(String, f64, usize), String> {
+    let case: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("case.json")).unwrap()).unwrap();
+    let name = case["name"].as_str().unwrap().to_owned();
+    let (outputs, chains) = execute(&name, dir, &case, &Options::default())?;
+    let unfused = Options {
+        fuse: false,
+        ..Options::default()
+    };
+    let (plain, none) = execute(&name, dir, &case, &unfused)?;
+    assert_eq!(none, 0, "{name}: chains with fusion off");
+    if plain != outputs {
+        return Err(format!("{name}: fused and unfused outputs differ"));
+    }
+    let bytes = std::fs::read(dir.join("model.onnx")).unwrap();
+    let names: Vec<String> = Model::load(&bytes, &Options::default())
+        .unwrap()
+        .output_names()
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let mut worst = 0f64;
     for spec in case["outputs"].as_array().unwrap() {
         let index = names
@@ -96,8 +138,8 @@ fn run_case(dir: &Path) -> Result<(String, f64), String> {
             .position(|n| n == spec["name"].as_str().unwrap())
             .unwrap();
         let want = floats(&std::fs::read(dir.join(spec["file"].as_str().unwrap())).unwrap());
-        let (got_dims, got) = exec.output(index).unwrap();
-        if got_dims != dims(spec) {
+        let (got_dims, got) = &outputs[index];
+        if *got_dims != dims(spec) {
             return Err(format!(
                 "{name}: output shape {got_dims:?}, ONNX Runtime {:?}",
                 dims(spec)
@@ -115,7 +157,7 @@ fn run_case(dir: &Path) -> Result<(String, f64), String> {
             worst = worst.max(share);
         }
     }
-    Ok((name, worst))
+    Ok((name, worst, chains))
 }
 
 #[test]
@@ -129,12 +171,17 @@ fn every_operator_agrees_with_onnx_runtime() {
     entries.sort();
     assert!(entries.len() >= 80, "{} cases", entries.len());
     let mut failures = Vec::new();
+    let mut fused = 0;
     for entry in &entries {
         match run_case(entry) {
-            Ok((name, worst)) => println!("{name}: largest error {worst:.3} of the tolerance"),
+            Ok((name, worst, chains)) => {
+                fused += chains;
+                println!("{name}: largest error {worst:.3} of the tolerance, {chains} fused chains")
+            }
             Err(e) => failures.push(e),
         }
     }
+    println!("{fused} fused chains in all");
     assert!(
         failures.is_empty(),
         "{} of {} cases failed:\n{}",
