@@ -212,3 +212,28 @@ fn bad_models_are_refused_with_their_codes() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Every prefix and many one-byte edits of a real model (the attention block) are refused
+/// with a stable code or load; none panics.
+#[test]
+fn truncated_and_mutated_models_are_refused_not_crashed() {
+    let dir = cases();
+    let bytes = std::fs::read(dir.path().join("attention_block/model.onnx")).unwrap();
+    let mut refused = 0;
+    for len in (0..bytes.len()).step_by(7) {
+        if Model::load(&bytes[..len], &Options::default()).is_err() {
+            refused += 1;
+        }
+    }
+    assert!(refused > bytes.len() / 7 - 2, "{refused} prefixes refused");
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..300 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let mut edited = bytes.clone();
+        let at = (state % edited.len() as u64) as usize;
+        edited[at] = (state >> 32) as u8;
+        let _ = Model::load(&edited, &Options::default());
+    }
+}
