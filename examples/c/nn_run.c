@@ -1,8 +1,8 @@
 /*
  * nn_run — runs an ONNX model through wasi-nn (a WASI command; sdk/c/wasi_nn.h).
  *
- * stdin, little-endian u32s: target (0 cpu, 1 gpu), the model's length and bytes, the number
- * of inputs, then per input in the model's order: its name's length and bytes (unused here),
+ * stdin, little-endian u32s: target (0 cpu, 1 gpu), the model's length and bytes (or 0, then
+ * the length and bytes of a model's name: the model is loaded by name), the number of inputs, then per input in the model's order: its name's length and bytes (unused here),
  * its tensor type (1 f32, 4 i32, 5 i64), its number of dimensions and the dimensions, its
  * data's length and bytes.
  * stdout: the number of outputs, then per output its length and bytes.
@@ -60,9 +60,15 @@ int main(void) {
     }
     uint32_t target = take_u32();
     uint32_t model_len = take_u32();
-    nn_graph_builder builder = {take_bytes(model_len), model_len};
     nn_graph graph;
-    check(nn_load(&builder, 1, NN_ENCODING_ONNX, target, &graph), "load");
+    if (model_len == 0) {
+        uint32_t name_len = take_u32();
+        const char *name = (const char *)take_bytes(name_len);
+        check(nn_load_by_name(name, name_len, &graph), "load_by_name");
+    } else {
+        nn_graph_builder builder = {take_bytes(model_len), model_len};
+        check(nn_load(&builder, 1, NN_ENCODING_ONNX, target, &graph), "load");
+    }
     nn_context context;
     check(nn_init_execution_context(graph, &context), "init_execution_context");
     uint32_t inputs = take_u32();

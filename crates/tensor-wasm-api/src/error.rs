@@ -56,6 +56,8 @@ error_codes! {
         "The request is malformed: invalid JSON, an unknown field, a bad query parameter or body.";
     InvalidModule => "invalid_module", 400,
         "The module is not valid WebAssembly (binary or WAT) or does not compile.";
+    InvalidOnnx => "invalid_onnx", 400,
+        "The uploaded model is not an ONNX model this server runs: malformed, an invalid graph, or an operator, attribute or data type the executor does not support (the message has the executor's code and names it).";
     UnsupportedFeature => "unsupported_feature", 400,
         "The module is valid WebAssembly but uses a feature the server refuses (more than one linear memory).";
     InvalidConfig => "invalid_config", 400,
@@ -118,6 +120,8 @@ error_codes! {
         "A stored snapshot failed validation.";
     Internal => "internal", 500,
         "The server failed; the details are in its log, not in the response.";
+    NotImplemented => "not_implemented", 501,
+        "A capability this server does not have yet (the message says which, e.g. models on a shared store).";
     HandlerFailed => "handler_failed", 502,
         "An HTTP-handler component returned, or failed, without giving a response, or answered with a `wasi:http` error code instead of one.";
     NotReady => "not_ready", 503,
@@ -237,7 +241,11 @@ impl From<RuntimeError> for ApiError {
             RuntimeError::UnsupportedFeature(_) => {
                 ApiError::new(ErrorCode::UnsupportedFeature, message)
             }
-            RuntimeError::FunctionNotFound(_) => ApiError::new(ErrorCode::NotFound, message),
+            RuntimeError::FunctionNotFound(_) | RuntimeError::ModelNotFound(_) => {
+                ApiError::new(ErrorCode::NotFound, message)
+            }
+            RuntimeError::InvalidOnnx(_) => ApiError::new(ErrorCode::InvalidOnnx, message),
+            RuntimeError::NotImplemented(_) => ApiError::new(ErrorCode::NotImplemented, message),
             RuntimeError::UnknownExport(_) => ApiError::new(ErrorCode::UnknownExport, message),
             RuntimeError::InvalidArguments(_) => {
                 ApiError::new(ErrorCode::InvalidArguments, message)

@@ -34,6 +34,7 @@ mod functions;
 mod http_handler;
 mod jobs;
 mod metrics;
+mod models;
 mod openapi;
 mod priority;
 mod request_id;
@@ -299,6 +300,14 @@ pub fn router(state: AppState) -> Router {
             any(http_handler::by_name),
         )
         .route("/jobs/{id}", get(jobs::get_job).delete(jobs::cancel_job))
+        .route(
+            "/models",
+            post(models::create_model).get(models::list_models),
+        )
+        .route(
+            "/models/{name}",
+            get(models::get_model).delete(models::delete_model),
+        )
         .route(
             "/tenants",
             post(tenants::create_tenant).get(tenants::list_tenants),

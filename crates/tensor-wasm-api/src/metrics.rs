@@ -127,6 +127,8 @@ pub const ROUTE_TEMPLATES: &[&str] = &[
     "/functions/{id}/http/{path}",
     "/functions/by-name/{name}/http/{path}",
     "/jobs/{id}",
+    "/models",
+    "/models/{name}",
     "/tenants",
     "/tenants/{id}",
     "/tenants/{id}/tokens",

@@ -100,7 +100,7 @@ mod tests {
     /// response declares, and together reach every operation on a resource
     /// from the route that creates it: every `/functions/{id}` route from
     /// `POST /functions`, jobs from `invoke-async`, tenants and tokens from
-    /// `POST /tenants`.
+    /// `POST /tenants`, models from `POST /models`.
     #[test]
     fn links_resolve_and_reach_every_function_route() {
         let spec = spec();
@@ -166,7 +166,7 @@ mod tests {
 
         // What the creators reach, following links transitively.
         let mut reached = BTreeSet::new();
-        let mut todo: Vec<&str> = vec!["createFunction", "createTenant"];
+        let mut todo: Vec<&str> = vec!["createFunction", "createTenant", "createModel"];
         while let Some(op) = todo.pop() {
             for next in edges.get(op).into_iter().flatten() {
                 if reached.insert(next.clone()) {

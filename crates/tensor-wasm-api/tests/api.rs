@@ -582,7 +582,7 @@ async fn openapi_document_matches_the_router() {
             }
         }
     }
-    assert_eq!(seen_routes, 34);
+    assert_eq!(seen_routes, 38);
     // The metrics route-label allow-list is exactly the documented routes.
     let mut documented: Vec<&str> = paths.keys().map(String::as_str).collect();
     let mut allowed = ROUTE_TEMPLATES.to_vec();

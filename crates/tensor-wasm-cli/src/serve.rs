@@ -193,6 +193,17 @@ pub struct ServeArgs {
     /// (the same bytes) instead of refusing it with `unsupported-operation`.
     #[arg(long, env = "TENSOR_WASM_NN_GPU_FALLBACK")]
     nn_gpu_fallback: bool,
+    /// wasi-nn: ONNX models every tenant can load by name, as `NAME=PATH` (repeatable, or
+    /// comma-separated in the variable); parsed at start (a bad one stops the server). A
+    /// tenant's own model of the same name comes first.
+    #[arg(
+        long,
+        env = "TENSOR_WASM_NN_PRELOAD",
+        value_delimiter = ',',
+        value_name = "NAME=PATH",
+        value_parser = parse_preload
+    )]
+    nn_preload: Vec<(String, PathBuf)>,
     /// With `--store`: how long a replica may go without reading the shared change log to its
     /// end before it fails closed: no tenant's raw-kernel functions start or deploy there, and
     /// `/readyz` answers 503, until it has caught up again.
@@ -335,6 +346,7 @@ impl ServeArgs {
                     ..tensor_wasm_runtime::NnConfig::default().cached_models
                 },
                 gpu_fallback: self.nn_gpu_fallback,
+                preload: self.nn_preload.clone(),
             },
             caches: CacheLimits {
                 module_entries: self.module_cache_entries,
@@ -647,4 +659,17 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     async {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// `NAME=PATH` of `--nn-preload`.
+fn parse_preload(text: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}`: expected NAME=PATH"))?;
+    if !tensor_wasm_runtime::is_valid_model_name(name) {
+        return Err(format!(
+            "`{name}`: a model name is 1 to 128 of A-Z a-z 0-9 . _ -"
+        ));
+    }
+    Ok((name.to_owned(), PathBuf::from(path)))
 }

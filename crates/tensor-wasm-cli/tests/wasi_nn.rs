@@ -34,13 +34,25 @@ fn run(server: &ServeProcess, id: &str, stdin: &[u8]) -> Result<Vec<Vec<u8>>, St
     parse_outputs(&body)
 }
 
-fn deploy_guests(server: &ServeProcess, out: &Path) -> (String, String) {
-    let python = python_nn_component(out);
+/// The Python guest, built once for the tests of this file.
+fn python_guest() -> &'static Path {
+    static BUILT: std::sync::OnceLock<(tempfile::TempDir, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    let (_, wasm) = BUILT.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let wasm = python_nn_component(dir.path());
+        (dir, wasm)
+    });
+    wasm
+}
+
+fn deploy_guests(server: &ServeProcess) -> (String, String) {
+    let python = python_guest();
     let c = examples_dir().join("c/nn_run.wasm");
     let query = "style=wasi&memory_limit_bytes=268435456&timeout_ms=60000";
     let c_id = server.deploy(&c, &format!("name=nn-c&{query}"));
     let py_id = server.deploy(
-        &python,
+        python,
         "name=nn-python&memory_limit_bytes=268435456&timeout_ms=60000",
     );
     (c_id, py_id)
@@ -52,10 +64,9 @@ fn onnx_cases_agree_with_onnx_runtime_from_c_and_python_over_http() {
     nn_cases::write_cases(cases_dir.path());
     let cases = nn_cases::cases(cases_dir.path());
     assert!(cases.len() >= 80, "{} cases", cases.len());
-    let out = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let server = ServeProcess::start(Path::new(BIN), data.path(), &[]);
-    let (c_id, py_id) = deploy_guests(&server, out.path());
+    let (c_id, py_id) = deploy_guests(&server);
     let mut failures = Vec::new();
     for case in &cases {
         let stdin = case.stdin(0);
@@ -185,5 +196,101 @@ fn models_count_against_the_memory_limit_and_stop_at_the_deadline() {
     // The server serves on.
     let ok = run(&server, &tight, &relu.stdin(0)).unwrap();
     relu.check(&ok).unwrap();
+    server.terminate();
+}
+
+/// Models stored with `POST /models` (and one the operator preloaded with `--nn-preload`)
+/// load by name from C and Python with the same bytes as the model loaded from the guest; a
+/// name taken, a model the executor refuses, a deleted model and a server restart each behave
+/// as docs/models.md says.
+#[test]
+fn models_are_stored_and_loaded_by_name_over_http() {
+    use tensor_wasm_test_support::serve::json_of;
+    let cases_dir = tempfile::tempdir().unwrap();
+    nn_cases::write_cases(cases_dir.path());
+    let cases = nn_cases::cases(cases_dir.path());
+    let mlp = cases.iter().find(|c| c.name == "mlp").unwrap();
+    let model_path = cases_dir.path().join("mlp/model.onnx");
+    let preload = format!("shared-mlp={}", model_path.display());
+    let data = tempfile::tempdir().unwrap();
+    let server = ServeProcess::start(Path::new(BIN), data.path(), &["--nn-preload", &preload]);
+    let (c_id, py_id) = deploy_guests(&server);
+    let expected = run(&server, &c_id, &mlp.stdin(0)).unwrap();
+    mlp.check(&expected).unwrap();
+
+    let (status, body, _) = server.post("/models?name=mlp", "application/octet-stream", &mlp.model);
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let record = json_of(&body);
+    assert_eq!(record["name"], "mlp");
+    assert_eq!(record["bytes"], mlp.model.len());
+    assert_eq!(
+        record["sha256"],
+        tensor_wasm_runtime::sha256_hex(&mlp.model).as_str()
+    );
+    let (status, body) = server.get("/models");
+    assert_eq!(status, 200);
+    assert_eq!(json_of(&body)["models"][0]["name"], "mlp");
+
+    for name in ["mlp", "shared-mlp"] {
+        let stdin = nn_cases::stdin_by_name(name, &mlp.inputs);
+        for id in [&c_id, &py_id] {
+            assert_eq!(
+                run(&server, id, &stdin).unwrap(),
+                expected,
+                "{name} by name"
+            );
+        }
+    }
+
+    let (status, body, _) = server.post("/models?name=mlp", "application/octet-stream", &mlp.model);
+    assert_eq!((status, error_code(&json_of(&body))), (409, "conflict"));
+    let (status, body, _) = server.post(
+        "/models?name=junk",
+        "application/octet-stream",
+        b"\x08\x07junk",
+    );
+    assert_eq!((status, error_code(&json_of(&body))), (400, "invalid_onnx"));
+    let bad = nn_cases::bad_models(cases_dir.path());
+    let einsum = bad.iter().find(|b| b.expect == "onnx_unsupported").unwrap();
+    let (status, body, _) = server.post(
+        "/models?name=unsupported",
+        "application/octet-stream",
+        &einsum.model,
+    );
+    assert_eq!(status, 400);
+    let message = json_of(&body)["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("onnx_unsupported"), "{message}");
+
+    // A restart keeps the model.
+    server.terminate();
+    let server = ServeProcess::start(Path::new(BIN), data.path(), &[]);
+    let (status, body) = server.get("/models/mlp");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let stdin = nn_cases::stdin_by_name("mlp", &mlp.inputs);
+    assert_eq!(run(&server, &c_id, &stdin).unwrap(), expected);
+
+    // Deleted: not found by name (nn_errno 8: exit 18), and its bytes gone from the store.
+    let (status, _, _) = ServeProcess::reply(
+        ServeProcess::agent()
+            .delete(&server.url("/models/mlp"))
+            .set("authorization", &server.auth())
+            .call(),
+    );
+    assert_eq!(status, 204);
+    let (_, _, exit) = server.post(
+        &format!("/functions/{c_id}/invoke"),
+        "application/octet-stream",
+        &stdin,
+    );
+    assert_eq!(exit.as_deref(), Some("18"));
+    let (status, _) = server.get("/models/mlp");
+    assert_eq!(status, 404);
+    let left = std::fs::read_dir(data.path().join("nn-models"))
+        .unwrap()
+        .count();
+    assert_eq!(left, 0, "the deleted model's record and bytes are gone");
     server.terminate();
 }

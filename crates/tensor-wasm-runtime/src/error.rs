@@ -22,6 +22,16 @@ pub enum RuntimeError {
     /// No function with this id exists.
     #[error("function {0} not found")]
     FunctionNotFound(String),
+    /// The tenant has no model of this name.
+    #[error("model `{0}` not found")]
+    ModelNotFound(String),
+    /// The uploaded model is not an ONNX model this server runs (the message has the
+    /// executor's code and names the operator, tensor or field).
+    #[error("invalid model: {0}")]
+    InvalidOnnx(String),
+    /// A capability this server does not have yet (the message says which).
+    #[error("not implemented: {0}")]
+    NotImplemented(String),
     /// The export-call request names an export the module does not have.
     #[error("unknown export `{0}`")]
     UnknownExport(String),

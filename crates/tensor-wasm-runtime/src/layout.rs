@@ -42,6 +42,11 @@ pub const DATA_DIR: &[DataDirEntry] = &[
         backup: Backup::Yes,
     },
     DataDirEntry {
+        path: "nn-models/",
+        what: "models tenants stored for `wasi-nn` (records and content-addressed bytes)",
+        backup: Backup::Yes,
+    },
+    DataDirEntry {
         path: "jobs/",
         what: "async jobs and their results",
         backup: Backup::Yes,

@@ -37,6 +37,7 @@ mod instrument;
 mod invocation_state;
 pub mod layout;
 mod metrics;
+mod model_store;
 mod nn;
 mod outgoing_http;
 mod quarantine;
@@ -59,14 +60,15 @@ pub use nn::NnConfig;
 pub use outgoing_http::Origin;
 pub use quarantine::{inspect as inspect_quarantine, QuarantinedRecord, QUARANTINE_DIR};
 pub use runtime::{
-    CommandOutput, DeploySpec, FunctionInfo, HttpAnswer, HttpBody, HttpBodyError, InvocationTarget,
-    Runtime, TenantPolicy,
+    is_valid_model_name, CommandOutput, DeploySpec, FunctionInfo, HttpAnswer, HttpBody,
+    HttpBodyError, InvocationTarget, ModelSpec, Runtime, TenantPolicy,
 };
 pub use snapshot::{RestoreMode, MAX_SNAPSHOTS_PER_FUNCTION};
 pub use storage_quota::{StorageLedger, StorageReservation};
 pub use store::{
     is_valid_function_id, is_valid_snapshot_id, sha256_hex, FsFunctionStore, FunctionLimits,
-    FunctionRecord, FunctionStore, InvocationStyle, SnapshotRecord, WriteBounds, RECORD_FORMAT,
+    FunctionRecord, FunctionStore, InvocationStyle, ModelRecord, SnapshotRecord, WriteBounds,
+    RECORD_FORMAT,
 };
 /// How tenants are separated on a CUDA device (see
 /// [`Runtime::set_tenant_gpu_isolation`] and [`RuntimeConfig::gpu_isolation`]).

@@ -30,6 +30,7 @@ use tensor_wasm_onnx::{ErrorCode, Execution, Launcher, Model, OnnxError};
 
 use crate::bounded::{BoundedLru, CacheBounds};
 use crate::guest_gpu::{Failure, GpuShared};
+use crate::store::{FunctionStore, ModelRecord};
 
 /// Graphs one invocation may load.
 pub(crate) const MAX_GRAPHS: usize = 16;
@@ -46,6 +47,9 @@ pub struct NnConfig {
     /// Whether the `gpu` target runs on the CPU backend on a host without a GPU (else it is
     /// refused with `unsupported-operation`).
     pub gpu_fallback: bool,
+    /// Models the operator preloads for every tenant: (name, ONNX file). A tenant's own model
+    /// of the same name comes first.
+    pub preload: Vec<(String, std::path::PathBuf)>,
 }
 
 impl Default for NnConfig {
@@ -57,6 +61,7 @@ impl Default for NnConfig {
                 max_bytes: 4 << 30,
             },
             gpu_fallback: false,
+            preload: Vec::new(),
         }
     }
 }
@@ -120,6 +125,13 @@ impl HostBytes {
 pub(crate) struct NnShared {
     config: NnConfig,
     models: RwLock<BoundedLru<[u8; 32], Arc<Model>>>,
+    /// Models tenants stored, by tenant and name (`crate::runtime::models`).
+    pub(crate) named: RwLock<HashMap<(String, String), ModelRecord>>,
+    /// Serialises stores and deletes of named models.
+    pub(crate) named_lock: Mutex<()>,
+    /// Models the operator preloaded, by name, parsed once and never evicted.
+    preloaded: HashMap<String, Arc<Model>>,
+    store: Arc<dyn FunctionStore>,
     side_cpu: OnceLock<Result<Arc<dyn Backend>, String>>,
     side_kernels: Mutex<HashMap<String, Kernel>>,
 }
@@ -136,13 +148,78 @@ impl std::fmt::Debug for NnShared {
 const MAX_SIDE_KERNELS: usize = 256;
 
 impl NnShared {
-    pub(crate) fn new(config: NnConfig) -> Self {
-        NnShared {
+    /// The shared state over `store`: its model records read, the operator's models parsed.
+    pub(crate) fn open(
+        config: NnConfig,
+        store: Arc<dyn FunctionStore>,
+    ) -> Result<Self, crate::RuntimeError> {
+        let mut shared = NnShared {
             models: RwLock::new(BoundedLru::new(config.cached_models)),
+            named: RwLock::new(HashMap::new()),
+            named_lock: Mutex::new(()),
+            preloaded: HashMap::new(),
+            store: store.clone(),
             config,
             side_cpu: OnceLock::new(),
             side_kernels: Mutex::new(HashMap::new()),
+        };
+        for (name, path) in shared.config.preload.clone() {
+            let bytes = std::fs::read(&path).map_err(|e| {
+                crate::RuntimeError::InvalidConfig(format!(
+                    "preloading model `{name}` from {}: {e}",
+                    path.display()
+                ))
+            })?;
+            let deadline = Instant::now() + std::time::Duration::from_secs(600);
+            let model = shared.model(&bytes, deadline).map_err(|e| {
+                crate::RuntimeError::InvalidConfig(format!("preloading model `{name}`: {e}"))
+            })?;
+            shared.preloaded.insert(name, model);
         }
+        let records = store.models()?;
+        *shared
+            .named
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = records
+            .into_iter()
+            .map(|r| ((r.tenant.clone(), r.name.clone()), r))
+            .collect();
+        Ok(shared)
+    }
+
+    /// The model `tenant` named `name`: its own stored model, else one the operator
+    /// preloaded; `None` when neither exists.
+    pub(crate) fn by_name(
+        &self,
+        tenant: &str,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Option<Arc<Model>>, OnnxError> {
+        let record = self
+            .named
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(tenant.to_owned(), name.to_owned()))
+            .cloned();
+        if let Some(record) = record {
+            let mut key = [0u8; 32];
+            if hex::decode_to_slice(&record.sha256, &mut key).is_ok() {
+                if let Some(model) = self
+                    .models
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&key)
+                {
+                    return Ok(Some(model.clone()));
+                }
+            }
+            let bytes = self
+                .store
+                .model_bytes(&record.sha256)
+                .map_err(|e| OnnxError::kernel(format!("reading model `{name}`: {e}")))?;
+            return self.model(&bytes, deadline).map(Some);
+        }
+        Ok(self.preloaded.get(name).cloned())
     }
 
     /// The model in `bytes`: from the cache when a model with the same bytes was loaded,
@@ -263,6 +340,7 @@ pub(crate) struct NnContext {
 pub(crate) struct NnHost {
     shared: Arc<NnShared>,
     gpu: Arc<GpuShared>,
+    tenant_id: String,
     tenant: TenantKey,
     deadline: Instant,
     charge: Arc<HostBytes>,
@@ -287,6 +365,7 @@ impl NnHost {
         managed: bool,
     ) -> Self {
         NnHost {
+            tenant_id: tenant.to_owned(),
             tenant: gpu.tenant_key(tenant),
             shared,
             gpu,
@@ -302,11 +381,34 @@ impl NnHost {
 
     /// Loads the model in `bytes` for `target`; returns its graph handle.
     pub(crate) fn load(&mut self, bytes: &[u8], target: Requested) -> Result<u32, OnnxError> {
+        let target = self.target(target)?;
+        let model = self.shared.model(bytes, self.deadline)?;
+        self.add_graph(model, target)
+    }
+
+    /// Loads the model named `name` (the tenant's own, else the operator's), on the GPU on a
+    /// CUDA host and on the CPU elsewhere; `None` when there is no such model.
+    pub(crate) fn load_by_name(&mut self, name: &str) -> Result<Option<u32>, OnnxError> {
+        match self.shared.by_name(&self.tenant_id, name, self.deadline)? {
+            Some(model) => self.add_graph(model, Target::Host).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn add_graph(&mut self, model: Arc<Model>, target: Target) -> Result<u32, OnnxError> {
         if self.graphs.len() >= MAX_GRAPHS {
             return Err(OnnxError::too_large(format!(
                 "an invocation may load at most {MAX_GRAPHS} graphs"
             )));
         }
+        self.charge
+            .take(model.constant_bytes(), "the model's weights")?;
+        self.graphs.push(NnGraph { model, target });
+        Ok((self.graphs.len() - 1) as u32)
+    }
+
+    /// Where a requested target runs on this host.
+    fn target(&self, target: Requested) -> Result<Target, OnnxError> {
         let host_is_gpu = matches!(self.gpu.backend.device(), Device::Cuda(_));
         let target = match (target, host_is_gpu) {
             (Requested::Cpu, false) => Target::Host,
@@ -323,11 +425,7 @@ impl NnHost {
                 return Err(OnnxError::unsupported("execution target tpu"));
             }
         };
-        let model = self.shared.model(bytes, self.deadline)?;
-        self.charge
-            .take(model.constant_bytes(), "the model's weights")?;
-        self.graphs.push(NnGraph { model, target });
-        Ok((self.graphs.len() - 1) as u32)
+        Ok(target)
     }
 
     /// A new execution context of graph `graph`.

@@ -17,7 +17,10 @@ mod deploy;
 mod http_handler;
 mod invoke;
 mod load;
+mod models;
 mod refresh;
+
+pub use models::{is_valid_model_name, ModelSpec};
 
 pub use command::CommandOutput;
 pub use deploy::{DeploySpec, FunctionInfo, InvocationTarget};
@@ -214,7 +217,15 @@ impl Runtime {
             vec![engine.clone(), components.engine.clone()],
             config.epoch_tick,
         );
-        let config_nn = config.nn.clone();
+        let nn = Arc::new(crate::nn::NnShared::open(config.nn.clone(), store.clone())?);
+        for record in nn
+            .named
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+        {
+            storage.charge(&record.tenant, record.bytes);
+        }
         let runtime = Runtime {
             inner: Arc::new(Inner {
                 config,
@@ -234,7 +245,7 @@ impl Runtime {
                 storage,
                 metrics,
                 gpu,
-                nn: Arc::new(crate::nn::NnShared::new(config_nn)),
+                nn,
                 memory_creator: parts.memory_creator,
                 snapshot_encoder: Mutex::new(None),
                 components,

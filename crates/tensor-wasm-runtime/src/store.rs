@@ -28,6 +28,8 @@ use sha2::{Digest, Sha256};
 use tensor_wasm_durable::{write_file_pieces, DurableError, WriteOptions};
 
 use crate::error::{Result, RuntimeError};
+use crate::model_store::models_unsupported;
+pub use crate::model_store::ModelRecord;
 use crate::quarantine::{self, Protected, QuarantinedRecord};
 
 /// Version of the [`FunctionRecord`] encoding written by this build.
@@ -135,6 +137,27 @@ pub struct SnapshotRecord {
 /// The embedded default is [`FsFunctionStore`]; a shared store for several
 /// replicas is another implementation of this trait.
 pub trait FunctionStore: Send + Sync + 'static {
+    /// Stores an ONNX model's bytes (under their sha256) and then its record; durable when
+    /// it returns. Stores without models refuse it.
+    fn put_model(&self, record: &ModelRecord, bytes: &[u8]) -> Result<()> {
+        let _ = (record, bytes);
+        Err(models_unsupported())
+    }
+    /// The bytes of the model with digest `sha256`, checked against it.
+    fn model_bytes(&self, sha256: &str) -> Result<Vec<u8>> {
+        let _ = sha256;
+        Err(models_unsupported())
+    }
+    /// Every model record.
+    fn models(&self) -> Result<Vec<ModelRecord>> {
+        Ok(Vec::new())
+    }
+    /// Deletes the record of `tenant`'s model `name` (and its bytes when no other record has
+    /// them); whether there was one.
+    fn delete_model(&self, tenant: &str, name: &str) -> Result<bool> {
+        let _ = (tenant, name);
+        Err(models_unsupported())
+    }
     /// Stores module bytes under their sha256 and returns the hex digest.
     /// Durable when it returns.
     fn put_module(&self, bytes: &[u8]) -> Result<String>;
@@ -280,7 +303,7 @@ fn random_hex() -> String {
     hex::encode(raw)
 }
 
-fn is_sha256_hex(s: &str) -> bool {
+pub(crate) fn is_sha256_hex(s: &str) -> bool {
     s.len() == 64
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -421,6 +444,22 @@ fn sync_dir(dir: &Path) -> Result<()> {
 }
 
 impl FunctionStore for FsFunctionStore {
+    fn put_model(&self, record: &ModelRecord, bytes: &[u8]) -> Result<()> {
+        crate::model_store::put(&self.root, record, bytes)
+    }
+
+    fn model_bytes(&self, sha256: &str) -> Result<Vec<u8>> {
+        crate::model_store::bytes(&self.root, sha256)
+    }
+
+    fn models(&self) -> Result<Vec<ModelRecord>> {
+        crate::model_store::records(&self.root)
+    }
+
+    fn delete_model(&self, tenant: &str, name: &str) -> Result<bool> {
+        crate::model_store::delete(&self.root, tenant, name)
+    }
+
     fn put_module(&self, bytes: &[u8]) -> Result<String> {
         let sha = sha256_hex(bytes);
         let path = self.module_path(&sha);

@@ -163,6 +163,18 @@ fn put(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
+/// The stdin of the `wasi-nn` guests for the model named `name` (loaded by name) and
+/// `inputs`.
+pub fn stdin_by_name(name: &str, inputs: &[CaseInput]) -> Vec<u8> {
+    let mut with_name = Vec::new();
+    put(&mut with_name, name.len() as u32);
+    with_name.extend_from_slice(name.as_bytes());
+    let mut out = stdin(0, &[], inputs);
+    // `stdin` wrote a model length of 0 at 4..8: the name goes right after it.
+    out.splice(8..8, with_name);
+    out
+}
+
 /// The stdin of the `wasi-nn` guests for `model` and `inputs` on `target` (0 cpu, 1 gpu).
 pub fn stdin(target: u32, model: &[u8], inputs: &[CaseInput]) -> Vec<u8> {
     let mut out = Vec::new();

@@ -1,7 +1,7 @@
 """Runs an ONNX model through wasi:nn: a WASI 0.2 command (../nn-cmd.wit).
 
-stdin, little-endian u32s: target (0 cpu, 1 gpu), the model's length and bytes, the number of
-inputs, then per input: its name's length and bytes, its tensor type (1 f32, 4 i32, 5 i64), its
+stdin, little-endian u32s: target (0 cpu, 1 gpu), the model's length and bytes (or 0, then the
+length and bytes of a model's name: the model is loaded by name), the number of inputs, then per input: its name's length and bytes, its tensor type (1 f32, 4 i32, 5 i64), its
 number of dimensions and the dimensions, its data's length and bytes.
 stdout: the number of outputs, then per output its length and bytes (the model's order).
 A refused call prints "wasi-nn: <call>: <code>: <message>" on stderr and fails (exit 1).
@@ -45,7 +45,10 @@ class Run(exports.Run):
         target = [graph.ExecutionTarget.CPU, graph.ExecutionTarget.GPU][r.u32()]
         model = r.take(r.u32())
         try:
-            g = graph.load([model], graph.GraphEncoding.ONNX, target)
+            if model:
+                g = graph.load([model], graph.GraphEncoding.ONNX, target)
+            else:
+                g = graph.load_by_name(r.take(r.u32()).decode())
         except Err as e:
             refused("load", e)
         try:

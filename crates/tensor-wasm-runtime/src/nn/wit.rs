@@ -167,11 +167,21 @@ impl graph::Host for ComponentState {
     }
 
     fn load_by_name(&mut self, name: String) -> NnResult<Resource<NnGraphHandle>> {
-        let error = NnError {
-            code: errors::ErrorCode::NotFound,
-            data: format!("no model named `{name}` is loaded on this host"),
-        };
-        Ok(Err(self.table.push(error)?))
+        let outcome = self.nn()?.load_by_name(&name);
+        match self.nn_result(outcome)? {
+            Ok(Some(index)) => Ok(Ok(self.table.push(NnGraphHandle(index))?)),
+            Ok(None) => {
+                let error = NnError {
+                    code: errors::ErrorCode::NotFound,
+                    data: format!(
+                        "no model named `{name}`: neither the tenant's nor one the operator \
+                         preloaded"
+                    ),
+                };
+                Ok(Err(self.table.push(error)?))
+            }
+            Err(e) => Ok(Err(e)),
+        }
     }
 }
 

@@ -163,22 +163,26 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
     linker.func_wrap(
         MODULE,
         "load_by_name",
-        |mut caller: Caller<'_, InvocationState>, name: i32, len: i32, _graph_out: i32| {
-            with_nn(&mut caller, |mem, _| {
+        |mut caller: Caller<'_, InvocationState>, name: i32, len: i32, graph_out: i32| {
+            let mut missing = false;
+            let code = with_nn(&mut caller, |mem, nn| {
                 let r = range(mem, name, u64::from(len as u32))?;
-                let name = String::from_utf8_lossy(&mem[r]).into_owned();
-                Err(OnnxError::new(
-                    ErrorCode::InvalidInput,
-                    format!("no model named `{name}` is loaded on this host"),
-                ))
-            })
-            .map(|code| {
-                if code == errno::INVALID_ARGUMENT {
-                    errno::NOT_FOUND
-                } else {
-                    code
+                range(mem, graph_out, 4)?;
+                let name = std::str::from_utf8(&mem[r])
+                    .map_err(|_| OnnxError::invalid_input("a model name is UTF-8"))?
+                    .to_owned();
+                match nn.load_by_name(&name)? {
+                    Some(graph) => write_u32(mem, graph_out, graph),
+                    None => {
+                        missing = true;
+                        Err(OnnxError::invalid_input(format!(
+                            "no model named `{name}`: neither the tenant's nor one the \
+                             operator preloaded"
+                        )))
+                    }
                 }
-            })
+            })?;
+            Ok(if missing { errno::NOT_FOUND } else { code })
         },
     )?;
     linker.func_wrap(
