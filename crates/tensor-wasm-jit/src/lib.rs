@@ -86,6 +86,7 @@ pub use emit::EMITTER_VERSION;
 pub use error::JitError;
 pub use fingerprint::Fingerprint;
 pub use kinds::bmm::{BmmLayout, BmmOperand};
+pub use kinds::chain::{Chain, ChainOp, MAX_CHAIN_OPS, MIN_CHAIN_OPS};
 pub use kinds::concat::ConcatInputs;
 pub use kinds::conv2d::{conv2d_output_size, Conv2dParams};
 pub use kinds::elementwise::ElementwiseOp;

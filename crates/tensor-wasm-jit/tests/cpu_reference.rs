@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
 use tensor_wasm_jit::{
-    conv2d_output_size, math, Blueprint, BlueprintKind, Dtype, ElementwiseOp, Shape,
+    conv2d_output_size, math, Blueprint, BlueprintKind, Chain, ChainOp, Dtype, ElementwiseOp, Shape,
 };
 
 /// Byte every output starts as; bytes the launch does not cover must keep it.
@@ -451,6 +451,77 @@ proptest! {
                     }
                 }
             }
+        }
+    }
+}
+
+/// f32 bits of every class: ordinary values, any bits, NaNs (payloads, both signs), infinities,
+/// signed zeros and subnormals.
+fn edge_f32() -> impl Strategy<Value = u32> {
+    prop_oneof![
+        4 => (-10.0f32..10.0).prop_map(f32::to_bits),
+        2 => any::<u32>(),
+        1 => prop::sample::select(vec![
+            0x0000_0000u32, 0x8000_0000, 0x7f80_0000, 0xff80_0000,
+            0x7fc0_0000, 0xffc0_0001, 0x7f80_0001, 0x7f7f_ffff,
+        ]),
+        1 => (0u32..0x0080_0000, any::<bool>()).prop_map(|(m, sign)| m | u32::from(sign) << 31),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// A `chain[..]` computes the bits of its `elementwise[..]` kernels run one after another
+    /// (`neg` as `elementwise[scale]` with `alpha = -1`), NaN payloads included, in one run or
+    /// as parts, in place or not, over several blocks of the CPU backend.
+    #[test]
+    fn chain_gives_the_bits_of_its_elementwise_kernels_in_a_row(
+        ops in prop::collection::vec(prop::sample::select(ChainOp::ALL.to_vec()), 2..=4),
+        n in prop_oneof![0usize..300, 1000usize..2600],
+        seed in prop::collection::vec(edge_f32(), 5 * 2600),
+        in_place in any::<bool>(),
+        parts in prop::option::of(1usize..5),
+    ) {
+        let chain = Chain::new(&ops).unwrap();
+        let names: Vec<&str> = ops.iter().map(ChainOp::as_str).collect();
+        let blueprint = Blueprint::parse(&format!("chain[{}]", names.join("."))).unwrap();
+        prop_assert_eq!(blueprint.kind(), &BlueprintKind::Chain(chain));
+        let inputs: Vec<&[u32]> =
+            (0..=chain.operands()).map(|i| &seed[i * n..(i + 1) * n]).collect();
+        let shape = Shape::Elements { n: n as u32 };
+
+        let mut memory = Memory::default();
+        let mut args: Vec<KernelArg> = inputs.iter().map(|v| memory.place(v)).collect();
+        let out = if in_place { args[0] } else { memory.output(n) };
+        args.extend([out, KernelArg::U32(n as u32)]);
+        let config = blueprint.launch_config(&shape).unwrap();
+        run(&blueprint, &config, &args, &mut memory.bytes, parts.filter(|_| !in_place));
+        let got = memory.words(&out);
+
+        // The same operations as separate launches, each into a buffer of its own.
+        let mut steps = Memory::default();
+        let mut value = steps.place(inputs[0]);
+        let mut operands = inputs[1..].iter();
+        for op in &ops {
+            let descriptor = format!("elementwise[{}]", op.elementwise().as_str());
+            let kernel = Blueprint::parse(&descriptor).unwrap();
+            let mut args = vec![value];
+            if op.is_binary() {
+                args.push(steps.place(operands.next().unwrap()));
+            }
+            value = steps.output(n);
+            args.push(value);
+            if *op == ChainOp::Neg {
+                args.push(KernelArg::F32(-1.0));
+            }
+            args.push(KernelArg::U32(n as u32));
+            let config = kernel.launch_config(&shape).unwrap();
+            kernel.run_cpu(&config, &args, &mut steps.bytes).unwrap();
+        }
+        let want = steps.words(&value);
+        for i in 0..n {
+            prop_assert_eq!(got[i], want[i], "{} element {}", blueprint, i);
         }
     }
 }

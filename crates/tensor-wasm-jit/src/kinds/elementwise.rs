@@ -333,38 +333,54 @@ fn emit_elementwise(
     for index in 0..inputs {
         ins!(out, "ld.global.b32 %v{}, [%rd{}];", index + 1, 10 + index);
     }
+    if op == ElementwiseOp::Scale {
+        ins!(out, "ld.param.{} %v5, [p_alpha];", ops.cmp);
+    }
+    emit_op(out, ops, op, "%v0", ["%v1", "%v2", "%v3"], "%v5", temps);
+    ins!(out, "st.global.b32 [%rd{}], %v0;", 10 + inputs);
+}
+
+/// Appends the instructions of `dst = op(a, b, c)` (unary operations read `a`, binary ones
+/// `a` and `b`); `alpha` is `scale`'s factor (a register or an immediate). `dst` may be `a`
+/// or `b`: every operation reads its inputs before it writes `dst`. Uses `%p2` and, for
+/// `relu`, `%v6`; the functions' temporaries come from `temps`.
+pub(super) fn emit_op(
+    out: &mut String,
+    ops: &Ops,
+    op: ElementwiseOp,
+    dst: &str,
+    [a, b, c]: [&str; 3],
+    alpha: &str,
+    temps: &mut Temps,
+) {
     let cmp = ops.cmp;
     match op {
-        ElementwiseOp::Add => ins!(out, "{} %v0, %v1, %v2;", ops.add),
-        ElementwiseOp::Sub => ins!(out, "{} %v0, %v1, %v2;", ops.sub),
-        ElementwiseOp::Mul => ins!(out, "{} %v0, %v1, %v2;", ops.mul),
-        ElementwiseOp::Div => ins!(out, "div.rn.f32 %v0, %v1, %v2;"),
+        ElementwiseOp::Add => ins!(out, "{} {dst}, {a}, {b};", ops.add),
+        ElementwiseOp::Sub => ins!(out, "{} {dst}, {a}, {b};", ops.sub),
+        ElementwiseOp::Mul => ins!(out, "{} {dst}, {a}, {b};", ops.mul),
+        ElementwiseOp::Div => ins!(out, "div.rn.f32 {dst}, {a}, {b};"),
         ElementwiseOp::Max => {
-            ins!(out, "setp.gt.{cmp} %p2, %v1, %v2;");
-            ins!(out, "selp.b32 %v0, %v1, %v2, %p2;");
+            ins!(out, "setp.gt.{cmp} %p2, {a}, {b};");
+            ins!(out, "selp.b32 {dst}, {a}, {b}, %p2;");
         }
         ElementwiseOp::Min => {
-            ins!(out, "setp.lt.{cmp} %p2, %v1, %v2;");
-            ins!(out, "selp.b32 %v0, %v1, %v2, %p2;");
+            ins!(out, "setp.lt.{cmp} %p2, {a}, {b};");
+            ins!(out, "selp.b32 {dst}, {a}, {b}, %p2;");
         }
         ElementwiseOp::Relu => {
             ins!(out, "mov.b32 %v6, 0;");
-            ins!(out, "setp.gt.{cmp} %p2, %v1, %v6;");
-            ins!(out, "selp.b32 %v0, %v1, %v6, %p2;");
+            ins!(out, "setp.gt.{cmp} %p2, {a}, %v6;");
+            ins!(out, "selp.b32 {dst}, {a}, %v6, %p2;");
         }
-        ElementwiseOp::Scale => {
-            ins!(out, "ld.param.{cmp} %v5, [p_alpha];");
-            ins!(out, "{} %v0, %v5, %v1;", ops.mul);
-        }
-        ElementwiseOp::Fma => ins!(out, "{} %v0, %v1, %v2, %v3;", ops.fma),
-        ElementwiseOp::Exp => math::emit_exp(out, "%v0", "%v1", temps),
-        ElementwiseOp::Tanh => math::emit_tanh(out, "%v0", "%v1", temps),
-        ElementwiseOp::Sigmoid => math::emit_sigmoid(out, "%v0", "%v1", temps),
-        ElementwiseOp::Rsqrt => math::emit_rsqrt(out, "%v0", "%v1", temps),
-        ElementwiseOp::Erf => math::emit_erf(out, "%v0", "%v1", temps),
-        ElementwiseOp::Gelu => math::emit_gelu(out, "%v0", "%v1", temps),
+        ElementwiseOp::Scale => ins!(out, "{} {dst}, {alpha}, {a};", ops.mul),
+        ElementwiseOp::Fma => ins!(out, "{} {dst}, {a}, {b}, {c};", ops.fma),
+        ElementwiseOp::Exp => math::emit_exp(out, dst, a, temps),
+        ElementwiseOp::Tanh => math::emit_tanh(out, dst, a, temps),
+        ElementwiseOp::Sigmoid => math::emit_sigmoid(out, dst, a, temps),
+        ElementwiseOp::Rsqrt => math::emit_rsqrt(out, dst, a, temps),
+        ElementwiseOp::Erf => math::emit_erf(out, dst, a, temps),
+        ElementwiseOp::Gelu => math::emit_gelu(out, dst, a, temps),
     }
-    ins!(out, "st.global.b32 [%rd{}], %v0;", 10 + inputs);
 }
 
 /// Elements `next..count` are left; buffers are the inputs then the output.
@@ -560,9 +576,15 @@ pub(crate) fn apply_bytes<T: Element>(
 }
 
 /// `y = op(a, b, c)` element by element (unary ops read `a`, binary ones `a` and `b`).
-/// `plan` checked the arity, the scalar and that division is defined.
+/// The caller's plan (this kind's, or `chain`'s for each of its operations) checked the
+/// arity, the scalar and that division is defined.
 #[inline(always)]
-fn apply<T: Element>(op: ElementwiseOp, alpha: Option<T>, y: &mut [T], [a, b, c]: [&[T]; 3]) {
+pub(super) fn apply<T: Element>(
+    op: ElementwiseOp,
+    alpha: Option<T>,
+    y: &mut [T],
+    [a, b, c]: [&[T]; 3],
+) {
     match op {
         ElementwiseOp::Add => zip2(y, a, b, T::add),
         ElementwiseOp::Sub => zip2(y, a, b, T::sub),

@@ -22,6 +22,7 @@ use crate::emit::Ops;
 use crate::{Dtype, JitError};
 
 pub(crate) mod bmm;
+pub(crate) mod chain;
 pub(crate) mod concat;
 pub(crate) mod conv2d;
 pub(crate) mod copy;
@@ -205,6 +206,8 @@ catalogue! {$
     Softmax(softmax::SoftmaxAxis),
     /// `layernorm[rows]`: each row normalised, scaled and shifted (f32).
     LayerNorm(layernorm::LayerNormRows),
+    /// `chain[OP1.OP2...]`: 2 to 4 element-wise operations fused, one element per thread (f32).
+    Chain(chain::Chain),
 }
 
 impl BlueprintKind {

@@ -212,6 +212,14 @@ const MUTANTS: &[Mutant] = &[
             [3, 5, 0, 0, 0],
         ],
     },
+    Mutant {
+        name: "chain takes the running value as the right operand",
+        blueprint: "chain[sub.max.div.erf]:f32",
+        from: "sub.rn.f32 %v0, %v0, %v1;",
+        to: "sub.rn.f32 %v0, %v1, %v0;",
+        everywhere: false,
+        dims: &[[300, 0, 0, 0, 0]],
+    },
 ];
 
 /// Runs every mutant; returns `(caught, total)` and panics naming any mutant not caught.
