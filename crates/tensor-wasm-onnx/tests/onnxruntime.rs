@@ -182,6 +182,7 @@ fn every_operator_agrees_with_onnx_runtime() {
         }
     }
     println!("{fused} fused chains in all");
+    assert!(fused >= 5, "only {fused} fused chains");
     assert!(
         failures.is_empty(),
         "{} of {} cases failed:\n{}",

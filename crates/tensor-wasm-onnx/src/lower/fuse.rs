@@ -37,6 +37,8 @@ fn slot(arg: &Arg) -> Option<Slot> {
 /// `launch` as a chain, when it is an element-wise kernel a chain can run.
 fn chain_of(launch: &Launch) -> Option<Chain> {
     let descriptor = launch.blueprint.descriptor();
+    // Canonical descriptors carry the dtype; chains are f32.
+    let descriptor = descriptor.strip_suffix(":f32")?;
     if let Some(inner) = descriptor
         .strip_prefix("chain[")
         .and_then(|d| d.strip_suffix(']'))
