@@ -120,6 +120,9 @@ pub struct GraphNode {
     pub outputs: Vec<ValueId>,
     /// The node as text for messages.
     pub what: String,
+    /// Whether its outputs are int64 values computed when planning (shape arithmetic:
+    /// `Shape`, and ops passing such values on), not tensors in memory.
+    pub ints: bool,
 }
 
 /// A checked graph, nodes in execution order.
@@ -312,7 +315,7 @@ impl Graph {
             }
         }
         let mut ready: VecDeque<usize> = (0..g.nodes.len()).filter(|&i| waiting[i] == 0).collect();
-        let mut nodes = Vec::with_capacity(g.nodes.len());
+        let mut nodes: Vec<GraphNode> = Vec::with_capacity(g.nodes.len());
         let mut done = 0;
         while let Some(i) = ready.pop_front() {
             if done % 256 == 0 {
@@ -329,11 +332,19 @@ impl Graph {
                 names.define(output, Source::Constant(constant))?;
             } else {
                 let op = Op::from_node(node, i)?;
-                let inputs = node
+                let inputs: Vec<Option<ValueId>> = node
                     .inputs
                     .iter()
                     .map(|s| (!s.is_empty()).then(|| names.by_name[s.as_str()]))
                     .collect();
+                let int_data = |v: ValueId| match &names.values[v].source {
+                    Source::Constant(c) => c.elem() == Elem::I64,
+                    Source::Node(k) => nodes[*k].ints,
+                    Source::Input(_) => false,
+                };
+                let ints = matches!(op, Op::Shape { .. })
+                    || (op.passes_ints()
+                        && inputs.first().copied().flatten().is_some_and(int_data));
                 let index = nodes.len();
                 let mut outputs = Vec::new();
                 for output in node.outputs.iter().filter(|o| !o.is_empty()) {
@@ -344,6 +355,7 @@ impl Graph {
                     inputs,
                     outputs,
                     what,
+                    ints,
                 });
             }
             for &r in &readers[i] {
@@ -388,6 +400,7 @@ impl Graph {
         match &self.values[value].source {
             Source::Input(i) => self.inputs[*i].elem,
             Source::Constant(c) => c.elem(),
+            Source::Node(n) if self.nodes[*n].ints => Elem::I64,
             Source::Node(_) => Elem::F32,
         }
     }
@@ -409,8 +422,10 @@ impl Graph {
                 let Some(value) = *input else { continue };
                 let name = &self.values[value].name;
                 let elem = self.elem(value);
-                let ok = if node.op.constant_inputs().contains(&slot) {
+                let ok = if node.op.constant_inputs().contains(&slot) || node.ints {
                     elem == Elem::I64
+                } else if matches!(node.op, Op::Shape { .. }) {
+                    true
                 } else if node.op.index_inputs().contains(&slot) {
                     matches!(elem, Elem::Index | Elem::I64)
                 } else {

@@ -78,7 +78,8 @@ impl Model {
         let model = proto::decode_model(bytes, &options.limits)?;
         let mut graph = Graph::build(&model, options.limits.deadline)?;
         drop(model);
-        let folded = fold::fold(&mut graph, options.max_arena_bytes)?;
+        let folded =
+            fold::fold_batchnorm(&mut graph)? + fold::fold(&mut graph, options.max_arena_bytes)?;
         Ok(Model {
             graph,
             options: options.clone(),

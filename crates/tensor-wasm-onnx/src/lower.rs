@@ -12,6 +12,7 @@ use crate::graph::{ConstData, Constant, Graph, GraphNode, Source, ValueId};
 use crate::ops::{BinaryOp, Op, UnaryOp};
 
 mod fuse;
+mod ints;
 mod nn;
 mod shape;
 #[cfg(test)]
@@ -19,6 +20,8 @@ mod tests;
 
 use crate::{OnnxError, Result};
 use shape::{index_bytes, reshape};
+
+pub(crate) use nn::batchnorm_affine;
 
 /// Where a tensor's bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -138,6 +141,8 @@ fn broadcast(a: &[usize], b: &[usize], what: &str) -> Result<Vec<usize>> {
 pub struct Lower<'g> {
     graph: &'g Graph,
     shapes: Vec<Option<Vec<usize>>>,
+    /// int64 values computed when planning (shape arithmetic), by value.
+    known: Vec<Option<Constant>>,
     slots: Vec<Option<Slot>>,
     out: Lowered,
     node: usize,
@@ -155,6 +160,7 @@ impl<'g> Lower<'g> {
         let mut lower = Lower {
             graph,
             shapes: vec![None; graph.values.len()],
+            known: vec![None; graph.values.len()],
             slots: vec![None; graph.values.len()],
             out: Lowered {
                 consts: Vec::new(),
@@ -419,13 +425,13 @@ impl<'g> Lower<'g> {
         let Some(value) = node.inputs.get(i).copied().flatten() else {
             return Ok(None);
         };
-        match self.graph.constant(value) {
+        match self.graph.constant(value).or(self.known[value].as_ref()) {
             Some(Constant {
                 data: ConstData::I64(v),
                 ..
             }) => Ok(Some(v.clone())),
             _ => Err(OnnxError::unsupported(format!(
-                "input {i} must be an int64 constant"
+                "input {i} must be an int64 constant (or computed from shapes)"
             ))),
         }
     }
@@ -439,6 +445,9 @@ impl<'g> Lower<'g> {
     }
 
     fn lower_node(&mut self, node: &GraphNode) -> Result<()> {
+        if node.ints {
+            return self.lower_ints(node);
+        }
         match &node.op {
             Op::Binary(op) => self.binary(node, *op),
             Op::Unary(op) => {
@@ -524,49 +533,33 @@ impl<'g> Lower<'g> {
             }
             Op::Squeeze => {
                 let (x, dims) = self.input(node, 0)?;
-                let axes = match self.ints(node, 1)? {
-                    Some(axes) => axes
-                        .iter()
-                        .map(|&a| axis_of(a, dims.len(), "Squeeze"))
-                        .collect::<Result<Vec<_>>>()?,
-                    None => (0..dims.len()).filter(|&a| dims[a] == 1).collect(),
-                };
-                if axes.iter().any(|&a| dims[a] != 1) {
-                    return Err(OnnxError::invalid_graph(format!(
-                        "Squeeze of axes {axes:?} of {dims:?}"
-                    )));
-                }
-                let shape = (0..dims.len())
-                    .filter(|a| !axes.contains(a))
-                    .map(|a| dims[a])
-                    .collect();
+                let shape = squeeze_dims(&dims, self.ints(node, 1)?)?;
                 self.result(node, x, shape)
             }
             Op::Unsqueeze => {
                 let (x, dims) = self.input(node, 0)?;
-                let axes = self.ints(node, 1)?.unwrap_or_default();
-                let rank = dims.len() + axes.len();
-                let mut axes = axes
-                    .iter()
-                    .map(|&a| axis_of(a, rank, "Unsqueeze"))
-                    .collect::<Result<Vec<_>>>()?;
-                axes.sort_unstable();
-                axes.dedup();
-                if axes.len() + dims.len() != rank {
-                    return Err(OnnxError::invalid_graph("Unsqueeze: repeated axes"));
-                }
-                let mut rest = dims.iter();
-                let shape = (0..rank)
-                    .map(|a| {
-                        if axes.contains(&a) {
-                            1
-                        } else {
-                            *rest.next().expect("rank counts them")
-                        }
-                    })
-                    .collect();
+                let shape = unsqueeze_dims(&dims, &self.ints(node, 1)?.unwrap_or_default())?;
                 self.result(node, x, shape)
             }
+            Op::BatchNorm { epsilon } => self.batchnorm(node, *epsilon),
+            Op::HardSigmoid { alpha, beta } => {
+                let (x, dims) = self.input(node, 0)?;
+                let out = self.hard_sigmoid(x, &dims, *alpha, *beta)?;
+                self.result(node, out, dims)
+            }
+            Op::HardSwish => {
+                let (x, dims) = self.input(node, 0)?;
+                let h = self.hard_sigmoid(x, &dims, 1.0 / 6.0, 0.5)?;
+                let n = u32_of(elements(&dims).unwrap_or(0), "elements")?;
+                if n > 0 {
+                    self.launch("elementwise[mul]", &[h, x, h], &[n], &[])?;
+                }
+                self.result(node, h, dims)
+            }
+            Op::Shape { .. } => Err(OnnxError::unsupported("Shape outside shape arithmetic")),
+            Op::Slice => Err(OnnxError::unsupported(
+                "Slice of a float tensor (only of int64 shape values)",
+            )),
             Op::Concat { axis } => self.concat(node, *axis),
             Op::Gather => self.gather(node),
             Op::Reduce {
@@ -619,4 +612,48 @@ fn buffer_index(slot: Slot) -> usize {
         Slot::Buffer(b) => b,
         Slot::Const(_) => unreachable!("inputs are buffers"),
     }
+}
+
+/// Squeeze's output dimensions: `axes` removed (each of size 1), or every unit axis.
+fn squeeze_dims(dims: &[usize], axes: Option<Vec<i64>>) -> Result<Vec<usize>> {
+    let axes = match axes {
+        Some(axes) => axes
+            .iter()
+            .map(|&a| axis_of(a, dims.len(), "Squeeze"))
+            .collect::<Result<Vec<_>>>()?,
+        None => (0..dims.len()).filter(|&a| dims[a] == 1).collect(),
+    };
+    if axes.iter().any(|&a| dims[a] != 1) {
+        return Err(OnnxError::invalid_graph(format!(
+            "Squeeze of axes {axes:?} of {dims:?}"
+        )));
+    }
+    Ok((0..dims.len())
+        .filter(|a| !axes.contains(a))
+        .map(|a| dims[a])
+        .collect())
+}
+
+/// Unsqueeze's output dimensions: a unit axis at each of `axes`.
+fn unsqueeze_dims(dims: &[usize], axes: &[i64]) -> Result<Vec<usize>> {
+    let rank = dims.len() + axes.len();
+    let mut axes = axes
+        .iter()
+        .map(|&a| axis_of(a, rank, "Unsqueeze"))
+        .collect::<Result<Vec<_>>>()?;
+    axes.sort_unstable();
+    axes.dedup();
+    if axes.len() + dims.len() != rank {
+        return Err(OnnxError::invalid_graph("Unsqueeze: repeated axes"));
+    }
+    let mut rest = dims.iter();
+    Ok((0..rank)
+        .map(|a| {
+            if axes.contains(&a) {
+                1
+            } else {
+                *rest.next().expect("rank counts them")
+            }
+        })
+        .collect())
 }

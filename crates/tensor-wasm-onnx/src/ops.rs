@@ -145,6 +145,31 @@ pub enum Op {
     },
     /// `Gather` along axis 0.
     Gather,
+    /// `BatchNormalization` (inference): per channel `(x − mean) / sqrt(var + ε) · scale + B`,
+    /// all four parameters constants (folded into a preceding Conv when it is the only reader).
+    BatchNorm {
+        /// `epsilon`.
+        epsilon: f32,
+    },
+    /// `HardSigmoid`: `max(0, min(1, α·x + β))`.
+    HardSigmoid {
+        /// `alpha`.
+        alpha: f32,
+        /// `beta`.
+        beta: f32,
+    },
+    /// `HardSwish`: `x · HardSigmoid(x)` with α = 1/6, β = 0.5.
+    HardSwish,
+    /// `Shape`: the input's dimensions (from `start` to `end`) as int64, known when planning.
+    Shape {
+        /// `start`.
+        start: i64,
+        /// `end`, when given.
+        end: Option<i64>,
+    },
+    /// `Slice` of int64 values known when planning (shape arithmetic); starts, ends, axes and
+    /// steps are its constant inputs 1 to 4.
+    Slice,
     /// `ReduceSum`, `ReduceMean` (axes: the optional constant second input).
     Reduce {
         /// Which reduction.
@@ -191,6 +216,11 @@ pub const SUPPORTED: &[&str] = &[
     "ReduceSum",
     "ReduceMean",
     "Constant",
+    "BatchNormalization",
+    "HardSigmoid",
+    "HardSwish",
+    "Shape",
+    "Slice",
 ];
 
 /// The attributes of one node, read by name; every read one is marked, so attributes the
@@ -535,6 +565,42 @@ impl Op {
                     noop_with_empty_axes: a.int("noop_with_empty_axes", 0)? != 0,
                 }
             }
+            "BatchNormalization" => {
+                a.only(&["epsilon", "momentum", "training_mode"])?;
+                if a.int("training_mode", 0)? != 0
+                    || node.outputs.iter().skip(1).any(|o| !o.is_empty())
+                {
+                    return Err(a.unsupported("training mode (inference only)"));
+                }
+                Op::BatchNorm {
+                    epsilon: a.float("epsilon", 1e-5)?,
+                }
+            }
+            "HardSigmoid" => {
+                a.only(&["alpha", "beta"])?;
+                Op::HardSigmoid {
+                    alpha: a.float("alpha", 0.2)?,
+                    beta: a.float("beta", 0.5)?,
+                }
+            }
+            "HardSwish" => {
+                a.only(&[])?;
+                Op::HardSwish
+            }
+            "Shape" => {
+                a.only(&["start", "end"])?;
+                Op::Shape {
+                    start: a.int("start", 0)?,
+                    end: match a.get("end") {
+                        Some(_) => Some(a.int("end", 0)?),
+                        None => None,
+                    },
+                }
+            }
+            "Slice" => {
+                a.only(&[])?;
+                Op::Slice
+            }
             other => {
                 return Err(OnnxError::unsupported(format!(
                     "{}: operator `{other}` is not supported (supported: {})",
@@ -550,8 +616,18 @@ impl Op {
     pub fn constant_inputs(&self) -> &'static [usize] {
         match self {
             Op::Reshape { .. } | Op::Squeeze | Op::Unsqueeze | Op::Reduce { .. } => &[1],
+            Op::Slice => &[1, 2, 3, 4],
             _ => &[],
         }
+    }
+
+    /// Whether the op computes int64 values when planning (shape arithmetic) given int64
+    /// data: its outputs are then known numbers, not a tensor in memory.
+    pub fn passes_ints(&self) -> bool {
+        matches!(
+            self,
+            Op::Slice | Op::Concat { .. } | Op::Unsqueeze | Op::Squeeze | Op::Identity | Op::Gather
+        )
     }
 
     /// Which inputs hold indices (i32 in the executor) rather than f32 data.

@@ -146,7 +146,8 @@ pub(super) fn fuse(lowered: &mut Lowered) {
                 next.x == first.out
                     && next.n == first.n
                     && !next.operands.contains(&first.out)
-                    && !later
+                    // Later readers are fine when they read what the chain writes back.
+                    && (!later || next.out == first.out)
                     && !outputs.contains(&first.out)
                     && first.ops.len() + next.ops.len() <= MAX_OPS
                     && first.operands.len() + next.operands.len() <= MAX_OPERANDS

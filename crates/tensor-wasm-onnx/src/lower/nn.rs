@@ -1,7 +1,7 @@
 //! Lowering of the neural-network operators: MatMul, Gemm, Conv, pooling, LayerNormalization.
 
 use super::{axis_of, broadcast, elements, u32_of, Lower, Slot};
-use crate::graph::GraphNode;
+use crate::graph::{ConstData, Constant, GraphNode};
 use crate::ops::Window;
 use crate::{OnnxError, Result};
 
@@ -254,6 +254,80 @@ impl Lower<'_> {
         }
         self.result(node, out, dx)
     }
+    /// The f32 constant at input `i`.
+    fn f32_constant(&self, node: &GraphNode, i: usize, what: &str) -> Result<Vec<f32>> {
+        let value =
+            node.inputs.get(i).copied().flatten().ok_or_else(|| {
+                OnnxError::invalid_graph(format!("{what} (input {i}) is required"))
+            })?;
+        match self.graph.constant(value) {
+            Some(Constant {
+                data: ConstData::F32(v),
+                ..
+            }) => Ok(v.clone()),
+            _ => Err(OnnxError::unsupported(format!(
+                "{what} (input {i}) must be a float32 constant"
+            ))),
+        }
+    }
+
+    /// BatchNormalization not folded into a Conv: `x · a + b` per channel, with
+    /// `a = scale / sqrt(var + ε)` and `b = B − mean · a` computed here (once, on the host,
+    /// so every backend gets the same constants), broadcast over the channel axis.
+    pub(super) fn batchnorm(&mut self, node: &GraphNode, epsilon: f32) -> Result<()> {
+        let (x, dx) = self.input(node, 0)?;
+        let (a, b) = batchnorm_affine(
+            &self.f32_constant(node, 1, "scale")?,
+            &self.f32_constant(node, 2, "B")?,
+            &self.f32_constant(node, 3, "mean")?,
+            &self.f32_constant(node, 4, "var")?,
+            epsilon,
+        )?;
+        let c = dx.get(1).copied().unwrap_or(0);
+        if dx.len() < 2 || a.len() != c {
+            return Err(OnnxError::invalid_graph(format!(
+                "BatchNormalization of {dx:?} with {} channels of parameters",
+                a.len()
+            )));
+        }
+        let mut per_channel = vec![1usize; dx.len()];
+        per_channel[1] = c;
+        let bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+        let a = self.constant(bytes(&a));
+        let b = self.constant(bytes(&b));
+        let a = self.expand(a, &per_channel, &dx)?;
+        let b = self.expand(b, &per_channel, &dx)?;
+        let out = self.output(&dx)?;
+        let n = u32_of(elements(&dx).unwrap_or(0), "elements")?;
+        if n > 0 {
+            self.launch("elementwise[mul]", &[x, a, out], &[n], &[])?;
+            self.launch("elementwise[add]", &[out, b, out], &[n], &[])?;
+        }
+        self.result(node, out, dx)
+    }
+
+    /// `max(0, min(1, α·x + β))` into a new buffer: `scale`, then `add β`, `relu` and
+    /// `min 1` in place (which fusion joins into one chain).
+    pub(super) fn hard_sigmoid(
+        &mut self,
+        x: Slot,
+        dims: &[usize],
+        alpha: f32,
+        beta: f32,
+    ) -> Result<Slot> {
+        let out = self.output(dims)?;
+        let count = elements(dims).unwrap_or(0);
+        let n = u32_of(count, "elements")?;
+        if n > 0 {
+            let beta = self.fill(beta, count);
+            let one = self.fill(1.0, count);
+            self.launch("elementwise[scale]", &[x, out], &[n], &[alpha])?;
+            self.launch("elementwise[add]", &[out, beta, out], &[n], &[])?;
+            self.launch("elementwise[relu]", &[out, out], &[n], &[])?;
+            self.launch("elementwise[min]", &[out, one, out], &[n], &[])?;
+        }
+        Ok(out)
+    }
 }
 
 /// Output height and width of a 2-D window (floor mode), as conv2d computes them.
@@ -267,4 +341,26 @@ fn window_output(h: usize, w: usize, r: usize, s: usize, window: Window) -> (usi
         }
     };
     (side(h, r), side(w, s))
+}
+
+/// BatchNormalization's per-channel affine map: `a = scale / sqrt(var + ε)`,
+/// `b = B − mean · a`, each operation one f32 rounding.
+pub(crate) fn batchnorm_affine(
+    scale: &[f32],
+    bias: &[f32],
+    mean: &[f32],
+    var: &[f32],
+    epsilon: f32,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let c = scale.len();
+    if bias.len() != c || mean.len() != c || var.len() != c {
+        return Err(OnnxError::invalid_graph(
+            "BatchNormalization parameters of different lengths",
+        ));
+    }
+    let a: Vec<f32> = (0..c)
+        .map(|i| scale[i] / (var[i] + epsilon).sqrt())
+        .collect();
+    let b: Vec<f32> = (0..c).map(|i| bias[i] - mean[i] * a[i]).collect();
+    Ok((a, b))
 }
