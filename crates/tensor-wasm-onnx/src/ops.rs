@@ -99,8 +99,13 @@ pub enum Op {
         /// `transB`.
         trans_b: bool,
     },
-    /// `Conv` (2-D, one group, no dilation).
-    Conv(Window),
+    /// `Conv` (2-D, no dilation; one group, or depthwise: one group per channel).
+    Conv {
+        /// The window.
+        window: Window,
+        /// `group`: 1, or the channel count (depthwise).
+        group: usize,
+    },
     /// `MaxPool` (2-D).
     MaxPool(Window),
     /// `AveragePool` (2-D, padding not counted).
@@ -451,10 +456,13 @@ impl Op {
                     "group",
                 ])?;
                 let group = a.int("group", 1)?;
-                if group != 1 {
-                    return Err(a.unsupported(format_args!("group = {group} (only 1)")));
+                if group < 1 {
+                    return Err(a.unsupported(format_args!("group = {group}")));
                 }
-                Op::Conv(a.window(false)?)
+                Op::Conv {
+                    window: a.window(false)?,
+                    group: group as usize,
+                }
             }
             "MaxPool" => {
                 a.only(&[

@@ -51,8 +51,19 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Writes the cases into `dir` with the pinned `onnx` and `onnxruntime` of `make deps`.
+/// Writes the cases of `scripts/onnx/graphs.py` into `dir` with the pinned `onnx` and
+/// `onnxruntime` of `make deps`.
 pub fn write_cases(dir: &Path) {
+    write_cases_of("graphs.py", dir);
+}
+
+/// Writes the real models of `scripts/onnx/models.py` (the digits CNN, the transformer
+/// encoder, the pretrained network) as cases into `dir`.
+pub fn write_models(dir: &Path) {
+    write_cases_of("models.py", dir);
+}
+
+fn write_cases_of(script: &str, dir: &Path) {
     let python = root().join(".tools/onnx/bin/python");
     assert!(
         python.exists(),
@@ -60,13 +71,13 @@ pub fn write_cases(dir: &Path) {
         python.display()
     );
     let out = Command::new(&python)
-        .arg(root().join("scripts/onnx/graphs.py"))
+        .arg(root().join("scripts/onnx").join(script))
         .arg(dir)
         .output()
-        .expect("running scripts/onnx/graphs.py");
+        .unwrap_or_else(|e| panic!("running scripts/onnx/{script}: {e}"));
     assert!(
         out.status.success(),
-        "scripts/onnx/graphs.py: {}",
+        "scripts/onnx/{script}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }

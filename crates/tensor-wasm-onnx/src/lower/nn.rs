@@ -118,7 +118,7 @@ impl Lower<'_> {
         self.result(node, out, dims)
     }
 
-    pub(super) fn conv(&mut self, node: &GraphNode, window: Window) -> Result<()> {
+    pub(super) fn conv(&mut self, node: &GraphNode, window: Window, group: usize) -> Result<()> {
         let (x, dx) = self.input(node, 0)?;
         let (w, dw) = self.input(node, 1)?;
         let (&[n, c, h, wd], &[k, c2, r, s]) = (dx.as_slice(), dw.as_slice()) else {
@@ -126,7 +126,15 @@ impl Lower<'_> {
                 "Conv of {dx:?} by {dw:?} (2-D convolutions only)"
             )));
         };
-        if c != c2 {
+        // One group, or depthwise: one group per channel, one filter each.
+        let depthwise = group != 1;
+        if depthwise && !(group == c && k == c && c2 == 1) {
+            return Err(OnnxError::unsupported(format!(
+                "Conv with group = {group} over {c} channels and {k} filters (one group, or \
+                 depthwise: group = channels = filters)"
+            )));
+        }
+        if !depthwise && c != c2 {
             return Err(OnnxError::invalid_graph(format!(
                 "Conv: input has {c} channels, weights {c2}"
             )));
@@ -142,8 +150,13 @@ impl Lower<'_> {
         if elements(&dims) == Some(0) {
             return self.result(node, out, dims);
         }
-        let descriptor = format!("conv2d[{r}x{s},s{},p{}]", window.stride, window.pad);
-        let sizes = [n, c, h, wd, k]
+        let (kind, sizes) = if depthwise {
+            ("dwconv2d", vec![n, c, h, wd])
+        } else {
+            ("conv2d", vec![n, c, h, wd, k])
+        };
+        let descriptor = format!("{kind}[{r}x{s},s{},p{}]", window.stride, window.pad);
+        let sizes = sizes
             .iter()
             .map(|&v| u32_of(v, "Conv size"))
             .collect::<Result<Vec<_>>>()?;
