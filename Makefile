@@ -176,6 +176,13 @@ gpu-suite: deps examples
 gpu-suite-dry-run: gpu-suite
 	bash scripts/gpu-suite/dry-run.sh $(GPU_SUITE_DIR)
 
+.PHONY: models-bench
+## The real models of scripts/onnx/models.py through the ONNX executor (CPU backend) beside
+## ONNX Runtime (CPU), interleaved rounds; writes bench-results/models/<date>.json. Not part of
+## `make test`.
+models-bench: deps
+	python3 scripts/models_bench.py
+
 .PHONY: scale-out-bench
 ## The shared store's bench (issue 19): invoke throughput over PostgreSQL + S3 against the local
 ## data dir (interleaved), deploy latency in both modes, invalidation lag; starts its own
