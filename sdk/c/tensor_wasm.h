@@ -26,6 +26,7 @@
  *       softmax[axis]    (x, out, outer, n, inner), f32
  *       layernorm[rows]  (x, scale, bias, out, rows, cols, epsilon), f32
  *       concat[N] permute[P] gather[rows] maxpool[RxS,sT,pP] avgpool[RxS,sT,pP]
+ *       dwconv2d[RxS,sT,pP] (input, weight, output, n, c, h, w), depthwise
  *     Arguments go in the order shown, buffers first; every kind's contract,
  *     grid and numeric definition: docs/kernels.md.
  *   - tw_kernel_from_ptx() needs a CUDA host and a function deployed with the

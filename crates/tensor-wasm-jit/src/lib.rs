@@ -88,6 +88,7 @@ pub use fingerprint::Fingerprint;
 pub use kinds::bmm::{BmmLayout, BmmOperand};
 pub use kinds::concat::ConcatInputs;
 pub use kinds::conv2d::{conv2d_output_size, Conv2dParams};
+pub use kinds::dwconv::DepthwiseConv2d;
 pub use kinds::elementwise::ElementwiseOp;
 pub use kinds::gather::GatherRows;
 pub use kinds::layernorm::LayerNormRows;
