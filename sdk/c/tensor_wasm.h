@@ -27,6 +27,7 @@
  *       layernorm[rows]  (x, scale, bias, out, rows, cols, epsilon), f32
  *       concat[N] permute[P] gather[rows] maxpool[RxS,sT,pP] avgpool[RxS,sT,pP]
  *       chain[OP.OP..] 2-4 of elementwise's ops + neg  (x, b.., out, n), f32
+ *       dwconv2d[RxS,sT,pP] (input, weight, output, n, c, h, w), depthwise
  *     Arguments go in the order shown, buffers first; every kind's contract,
  *     grid and numeric definition: docs/kernels.md.
  *   - tw_kernel_from_ptx() needs a CUDA host and a function deployed with the

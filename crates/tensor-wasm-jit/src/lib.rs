@@ -89,6 +89,7 @@ pub use kinds::bmm::{BmmLayout, BmmOperand};
 pub use kinds::chain::{Chain, ChainOp, MAX_CHAIN_OPS, MIN_CHAIN_OPS};
 pub use kinds::concat::ConcatInputs;
 pub use kinds::conv2d::{conv2d_output_size, Conv2dParams};
+pub use kinds::dwconv::DepthwiseConv2d;
 pub use kinds::elementwise::ElementwiseOp;
 pub use kinds::gather::GatherRows;
 pub use kinds::layernorm::LayerNormRows;

@@ -239,3 +239,55 @@ fn avgpool_is_within_its_tolerance_and_maxpool_is_exact() {
     println!("avgpool 3x3: {error:.3} of the tolerance");
     assert!(error <= 1.0, "avgpool: {error}");
 }
+
+#[test]
+fn dwconv2d_is_within_the_bound_of_a_sum_in_order() {
+    let (n, c, h, w) = (2usize, 5usize, 19usize, 23usize);
+    let x = normal(n * c * h * w, 31, 1.0);
+    for (r, stride, pad) in [(3usize, 1usize, 1usize), (5, 2, 2)] {
+        let weight = normal(c * r * r, 32 + r as u64, 1.0);
+        let (p, q) = (
+            (h + 2 * pad - r) / stride + 1,
+            (w + 2 * pad - r) / stride + 1,
+        );
+        let got = run(
+            &format!("dwconv2d[{r}x{r},s{stride},p{pad}]"),
+            Shape::of_sizes(&[n as u32, c as u32, h as u32, w as u32]),
+            &[&x, &weight],
+            n * c * p * q,
+            &[],
+        );
+        let mut want = vec![0f64; got.len()];
+        let mut magnitude = vec![0f64; got.len()];
+        for plane in 0..n * c {
+            let filter = &weight[(plane % c) * r * r..][..r * r];
+            for i in 0..p {
+                for j in 0..q {
+                    let at = (plane * p + i) * q + j;
+                    for dr in 0..r {
+                        for ds in 0..r {
+                            let (y, x_) = (i * stride + dr, j * stride + ds);
+                            if y < pad || x_ < pad || y - pad >= h || x_ - pad >= w {
+                                continue;
+                            }
+                            let v = f64::from(x[(plane * h + y - pad) * w + x_ - pad]);
+                            let product = v * f64::from(filter[dr * r + ds]);
+                            want[at] += product;
+                            magnitude[at] += product.abs();
+                        }
+                    }
+                }
+            }
+        }
+        // A sum of r·r products in order: within r·r · 2^-24 of the sum of their magnitudes.
+        let bound = (r * r) as f64 * f64::from(f32::EPSILON) / 2.0;
+        let error = got
+            .iter()
+            .zip(&want)
+            .zip(&magnitude)
+            .map(|((&g, &w), &s)| (f64::from(g) - w).abs() / (bound * s))
+            .fold(0.0, f64::max);
+        println!("dwconv2d {r}x{r},s{stride},p{pad}: {error:.3} of the tolerance");
+        assert!(error <= 1.0, "dwconv2d {r}x{r}: {error}");
+    }
+}

@@ -26,6 +26,7 @@ pub(crate) mod chain;
 pub(crate) mod concat;
 pub(crate) mod conv2d;
 pub(crate) mod copy;
+pub(crate) mod dwconv;
 pub(crate) mod elementwise;
 pub(crate) mod gather;
 pub(crate) mod layernorm;
@@ -202,6 +203,8 @@ catalogue! {$
     MaxPool(pool::MaxPool),
     /// `avgpool[RxS,sT,pP]`: 2-D average pooling over NCHW, over the in-range taps.
     AvgPool(pool::AvgPool),
+    /// `dwconv2d[RxS,sT,pP]`: depthwise 2-D convolution, one filter per channel of NCHW.
+    DwConv2d(dwconv::DepthwiseConv2d),
     /// `softmax[axis]`: softmax along one axis, max-subtracted (f32).
     Softmax(softmax::SoftmaxAxis),
     /// `layernorm[rows]`: each row normalised, scaled and shifted (f32).

@@ -77,15 +77,25 @@ pub fn is_heavy(blueprint: &Blueprint) -> bool {
     )
 }
 
-/// A random matmul tile or convolution filter (beyond the fixed list), one case each.
+/// A random matmul tile or convolution filter (beyond the fixed list; `conv2d` or
+/// `dwconv2d`), one case each.
 pub fn random_kinds() -> impl Strategy<Value = (Blueprint, Case)> {
     let dtype = prop_oneof![Just("f32"), Just("i32")];
     let matmul = (1u32..=64, 1u32..=64, 1u32..=64, dtype.clone())
         .prop_filter("at most 1024 threads", |(m, n, _, _)| m * n <= 1024)
         .prop_map(|(m, n, k, dtype)| format!("matmul[{m}x{n}x{k}]:{dtype}"));
-    let conv = (1u32..=11, 1u32..=11, 1u32..=8, 0u32..11, dtype)
-        .prop_filter("padding below the filter", |(r, s, _, p, _)| p < r.min(s))
-        .prop_map(|(r, s, t, p, dtype)| format!("conv2d[{r}x{s},s{t},p{p}]:{dtype}"));
+    let conv = (
+        prop_oneof![Just("conv2d"), Just("dwconv2d")],
+        1u32..=11,
+        1u32..=11,
+        1u32..=8,
+        0u32..11,
+        dtype,
+    )
+        .prop_filter("padding below the filter", |(_, r, s, _, p, _)| {
+            p < r.min(s)
+        })
+        .prop_map(|(kind, r, s, t, p, dtype)| format!("{kind}[{r}x{s},s{t},p{p}]:{dtype}"));
     (prop_oneof![matmul, conv], case_strategy()).prop_map(|(descriptor, case)| {
         (
             Blueprint::parse(&descriptor).expect("valid descriptor"),

@@ -191,6 +191,14 @@ const MUTANTS: &[Mutant] = &[
         dims: &[[1, 2, 5, 6, 0]],
     },
     Mutant {
+        name: "dwconv2d reads channel 0's filter for every channel",
+        blueprint: "dwconv2d[3x3,s1,p1]:f32",
+        from: "add.u64 %rd15, %rd15, %rd16; // &weight[channel][0][0]",
+        to: "mov.u64 %rd15, %rd15;",
+        everywhere: false,
+        dims: &[[1, 3, 5, 6, 0]],
+    },
+    Mutant {
         name: "softmax forgets to subtract the maximum",
         blueprint: "softmax[axis]:f32",
         from: "    sub.rn.f32 %v1, %v1, %v3;\n",
