@@ -8,7 +8,7 @@
 #   DIR/run.sh, torch_peer.py, summarize.py, check_results.py
 #   DIR/BUILD_INFO.json                      commit, toolchain, sizes
 #   DIR/expected/http-check-cpu-build.json   the CPU backend's responses, recorded here
-#   DIR/expected/onnx/                       the ONNX cases of scripts/onnx/graphs.py
+#   DIR/expected/onnx/, onnx-models/         the ONNX cases of scripts/onnx/graphs.py, models.py
 #   DIR/expected/bit-identity.{json,bin}     the CPU backend's memory after every kernel of
 #                                            the conformance set (tensor_wasm_jit::conformance)
 #
@@ -95,6 +95,10 @@ LD_LIBRARY_PATH="$ROOT/.tools/nvrtc/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRA
   exit 1
 }
 rm -rf "$DIR/expected/onnx/slow"
+"$ROOT/.tools/onnx/bin/python" "$ROOT/scripts/onnx/models.py" "$DIR/expected/onnx-models" > /dev/null || {
+  echo "gpu-suite: writing the real models failed (make deps installs .tools/onnx)" >&2
+  exit 1
+}
 # The CPU backend's memory after every kernel of the conformance set: what the GPU's
 # bit-identity section must reproduce byte for byte.
 "$DIR/bin/gpu-suite" bit-identity --record "$DIR/expected" --device cpu --out "$DIR/expected" \

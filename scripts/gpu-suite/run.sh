@@ -230,7 +230,7 @@ if [[ "$DEVICE" == cuda ]]; then
 fi
 section http-check 240 "$SUITE" "${HTTP[@]}" "${EXPECTED[@]}" "${COMMON[@]}"
 section wasi-nn 150 "$SUITE" wasi-nn --server "$BIN/tensor-wasm" --examples "$HERE/examples" \
-  --cases "$HERE/expected/onnx" "${COMMON[@]}"
+  --cases "$HERE/expected/onnx" --cases "$HERE/expected/onnx-models" "${COMMON[@]}"
 section latency 120 "$SUITE" latency "${COMMON[@]}"
 section throughput 240 "$SUITE" throughput "${COMMON[@]}"
 section torch 150 python3 "$HERE/torch_peer.py" --throughput "$R/throughput.json" \

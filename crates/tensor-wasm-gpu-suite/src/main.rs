@@ -123,9 +123,9 @@ enum SectionCommand {
         /// Directory with the example modules (`c/nn_run.wasm`).
         #[arg(long)]
         examples: PathBuf,
-        /// Directory with the ONNX cases (`scripts/onnx/graphs.py`'s output).
-        #[arg(long)]
-        cases: PathBuf,
+        /// Directories with ONNX cases (`scripts/onnx/graphs.py`'s and `models.py`'s output).
+        #[arg(long, required = true)]
+        cases: Vec<PathBuf>,
     },
     /// Launch-to-completion latency: raw cudarc vs backend launch vs guest ABI.
     Latency(Common),

@@ -1,5 +1,6 @@
-//! `wasi-nn` on the device: every ONNX case of `scripts/onnx/graphs.py` (written into the
-//! artifact by `make gpu-suite`, with ONNX Runtime's outputs) run by the real server through
+//! `wasi-nn` on the device: every ONNX case of `scripts/onnx/graphs.py` and the real models of
+//! `models.py` (written into the artifact by `make gpu-suite`, with ONNX Runtime's outputs)
+//! run by the real server through
 //! `examples/c/nn_run.wasm` with the `gpu` target and with the `cpu` target (the CPU backend
 //! beside the CUDA one): the bytes must be identical, and within ONNX Runtime's tolerance.
 
@@ -122,9 +123,12 @@ pub fn run(
     suite: &Suite,
     server_binary: &Path,
     examples: &Path,
-    cases: &Path,
+    dirs: &[PathBuf],
 ) -> anyhow::Result<Section> {
-    let cases = read_cases(cases)?;
+    let mut cases = Vec::new();
+    for dir in dirs {
+        cases.extend(read_cases(dir)?);
+    }
     if cases.is_empty() {
         bail!("no ONNX cases in the artifact");
     }

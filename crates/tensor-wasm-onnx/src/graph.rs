@@ -392,6 +392,7 @@ impl Graph {
             outputs,
         };
         graph.check_types()?;
+        graph.check_groups()?;
         Ok(graph)
     }
 
@@ -413,6 +414,31 @@ impl Graph {
         }
     }
 
+    /// A grouped Conv is depthwise: its weights are a constant `[group, 1, R, S]` (one filter
+    /// per channel); other groupings are refused when the model is loaded.
+    fn check_groups(&self) -> Result<()> {
+        for node in &self.nodes {
+            let Op::Conv { group, .. } = node.op else {
+                continue;
+            };
+            if group == 1 {
+                continue;
+            }
+            let weight = node.inputs.get(1).copied().flatten().and_then(|w| self.constant(w));
+            let depthwise = weight.is_some_and(|w| {
+                w.dims.len() == 4 && w.dims[0] == group && w.dims[1] == 1
+            });
+            if !depthwise {
+                return Err(OnnxError::unsupported(format!(
+                    "{}: group = {group} (one group, or depthwise: constant weights of \
+                     [group, 1, R, S])",
+                    node.what
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Every input of every node has the type its operator reads there: float32 data,
     /// indices where indices go, constants where shapes and axes go; graph outputs are
     /// float32.
@@ -422,10 +448,10 @@ impl Graph {
                 let Some(value) = *input else { continue };
                 let name = &self.values[value].name;
                 let elem = self.elem(value);
-                let ok = if node.op.constant_inputs().contains(&slot) || node.ints {
-                    elem == Elem::I64
-                } else if matches!(node.op, Op::Shape { .. }) {
+                let ok = if matches!(node.op, Op::Shape { .. }) {
                     true
+                } else if node.op.constant_inputs().contains(&slot) || node.ints {
+                    elem == Elem::I64
                 } else if node.op.index_inputs().contains(&slot) {
                     matches!(elem, Elem::Index | Elem::I64)
                 } else {
