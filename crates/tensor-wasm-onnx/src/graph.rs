@@ -424,10 +424,14 @@ impl Graph {
             if group == 1 {
                 continue;
             }
-            let weight = node.inputs.get(1).copied().flatten().and_then(|w| self.constant(w));
-            let depthwise = weight.is_some_and(|w| {
-                w.dims.len() == 4 && w.dims[0] == group && w.dims[1] == 1
-            });
+            let weight = node
+                .inputs
+                .get(1)
+                .copied()
+                .flatten()
+                .and_then(|w| self.constant(w));
+            let depthwise =
+                weight.is_some_and(|w| w.dims.len() == 4 && w.dims[0] == group && w.dims[1] == 1);
             if !depthwise {
                 return Err(OnnxError::unsupported(format!(
                     "{}: group = {group} (one group, or depthwise: constant weights of \
