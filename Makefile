@@ -3,7 +3,7 @@
 CARGO ?= cargo
 LISTEN ?= 127.0.0.1:8080
 DATA_DIR ?= ./tensor-wasm-data
-C_GUESTS := examples/c/wordcount.wasm examples/c/matmul.wasm examples/c/blueprints.wasm examples/c/ticker.wasm examples/c/nn_run.wasm
+C_GUESTS := examples/c/wordcount.wasm examples/c/matmul.wasm examples/c/blueprints.wasm examples/c/ticker.wasm examples/c/nn_run.wasm examples/c/digits.wasm
 
 .PHONY: run test ci deps examples fmt-check clippy unit doc bench bench-record ci-bench http-throughput perf-doc build release clean-data
 

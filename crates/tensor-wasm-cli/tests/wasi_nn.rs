@@ -350,3 +350,70 @@ fn real_models_run_from_c_and_python_over_http() {
     );
     server.terminate();
 }
+
+/// docs/models.md's walk-through: the digits CNN stored as `digits`, the `examples/c/digits.c`
+/// function deployed, and each held-out image classified by one invocation whose body is the
+/// image's 64 pixels as text (what one `curl --data` sends): the digit ONNX Runtime predicts
+/// for every image; bad pixels answered with the guest's message and exit code 2.
+#[test]
+fn a_digit_is_classified_by_one_call_with_its_pixels_as_text() {
+    let dir = tempfile::tempdir().unwrap();
+    nn_cases::write_models(dir.path());
+    let case = dir.path().join("digits_cnn@test");
+    let model = std::fs::read(case.join("model.onnx")).unwrap();
+    let floats = |bytes: Vec<u8>| -> Vec<f32> {
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let images = floats(std::fs::read(case.join("in0.bin")).unwrap());
+    let expected = floats(std::fs::read(case.join("out0.bin")).unwrap());
+    let data = tempfile::tempdir().unwrap();
+    let server = ServeProcess::start(Path::new(BIN), data.path(), &[]);
+    let (status, body, _) = server.post("/models?name=digits", "application/octet-stream", &model);
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let id = server.deploy(
+        &examples_dir().join("c/digits.wasm"),
+        "name=digits&style=wasi",
+    );
+    for (i, image) in images.chunks_exact(64).enumerate() {
+        // The model's input is pixel / 16; the function takes the pixels (0 to 16).
+        let text: Vec<String> = image.iter().map(|x| format!("{}", x * 16.0)).collect();
+        let (status, body, exit) = server.post(
+            &format!("/functions/{id}/invoke"),
+            "text/plain",
+            text.join(" ").as_bytes(),
+        );
+        assert_eq!(
+            (status, exit.as_deref()),
+            (200, Some("0")),
+            "image {i}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let answer = json_of(&body);
+        let row = &expected[10 * i..10 * i + 10];
+        let theirs = (0..10)
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+            .unwrap();
+        assert_eq!(answer["digit"], theirs, "image {i}: {answer}");
+        let probabilities = answer["probabilities"].as_array().unwrap();
+        assert_eq!(probabilities.len(), 10, "{answer}");
+    }
+    let answer = ServeProcess::agent()
+        .post(&server.url(&format!("/functions/{id}/invoke")))
+        .set("authorization", &server.auth())
+        .set("accept", "application/json")
+        .send_bytes(b"[0, 1, 2]")
+        .unwrap()
+        .into_json::<serde_json::Value>()
+        .unwrap();
+    assert_eq!(answer["exit_code"], 2, "{answer}");
+    let message = answer["stderr_tail"].as_str().unwrap_or_default();
+    assert!(message.contains("3 pixels, want 64"), "{answer}");
+    println!(
+        "digits: {} held-out images classified by one call each, as ONNX Runtime does",
+        images.len() / 64
+    );
+    server.terminate();
+}

@@ -71,11 +71,27 @@ impl CpuBackend {
         &self,
         tenant: &TenantKey,
         work: JobWork,
-        parts: Vec<(Range<usize>, Option<Cursor>)>,
+        mut parts: Vec<(Range<usize>, Option<Cursor>)>,
         memory: &'m mut [u8],
     ) -> Completion<'m> {
         if parts.is_empty() {
             return Completion::finished(Ok(()));
+        }
+        // A launch of one part runs its first slice on the calling thread: most such launches
+        // end within it, without the hand-over to a worker and back (microseconds, more than
+        // a small kernel's own time). The calling thread is the invocation's own, so this is
+        // the tenant's time, not a worker's that another tenant waits for; a slice is bounded
+        // (see `pool.rs`), and what is left goes to the pool from where the slice ended.
+        if let [(part, cursor)] = parts.as_mut_slice() {
+            if work.runs_inline(cursor) {
+                // SAFETY: `memory` is borrowed mutably for this call, so nothing else touches
+                // it while the slice runs; the caller validated `work` against it, and this is
+                // the launch's only part.
+                let outcome = unsafe { pool::run_slice_here(&work, memory, part, cursor) };
+                if let Some(outcome) = outcome {
+                    return Completion::finished(outcome);
+                }
+            }
         }
         let signal = Signal::new();
         let job = Arc::new(CpuJob {
@@ -191,12 +207,15 @@ impl Backend for CpuBackend {
                     // own no-leak contract.
                     return Ok(unsafe { self.submit(tenant, work, tasks, memory) });
                 }
+                // The steps now, so the first slice may run on the calling thread (a program
+                // without steps runs as one call, on a worker).
+                let steps = program.cpu_steps(config, args, memory.len())?;
                 let work = JobWork::Program {
                     program: program.clone(),
                     config: *config,
                     args: args.to_vec(),
                 };
-                let whole = vec![(Range::default(), None)];
+                let whole = vec![(Range::default(), steps.map(Cursor::Steps))];
                 // SAFETY: the program validated the launch against `memory` above and runs as
                 // one task (its part is unused: the program's steps, or `run_cpu`, are the
                 // whole launch); the completion is returned under this function's own no-leak

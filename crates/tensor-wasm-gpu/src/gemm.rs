@@ -33,6 +33,10 @@ const NR_NARROW: usize = 8;
 const NR_WIDE: usize = 16;
 /// Values of `p` in one packed block of `a`.
 const KC: usize = 256;
+/// A multiply of at most this many rows runs without packing ([`Blocked::step_direct`]):
+/// packing b would cost as much as the product. (At 16 rows the register tiles win by 2x
+/// even with packing, in the transformer of `make models-bench`.)
+const DIRECT_ROWS: usize = 4;
 /// Rows of `a` in one packed block (a multiple of `MR`).
 const MC: usize = 96;
 /// Columns of `b` packed at a time (a multiple of every `NR`).
@@ -372,7 +376,8 @@ struct Blocked<T, const NR: usize> {
     /// a's rows `ic..ic + MC`, `p` in `pc..pc + KC`: panel `ir` holds `[p][MR]`.
     packed_a: Vec<T>,
     /// The block's running sums, tile by tile: tile (`ir`, `jr`) at
-    /// `(jr * MC / MR + ir) * MR * NR`, row-major inside.
+    /// `(jr * m_tiles + ir) * MR * NR`, row-major inside, `m_tiles` being the block's row
+    /// panels (`mc / MR` rounded up).
     sums: Vec<T>,
     /// One row of an operand or of the output on its way.
     row: Vec<T>,
@@ -424,6 +429,9 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
     }
 
     fn step(&mut self, source: &impl GemmSource<T>, c: &mut [u8], work: usize) -> bool {
+        if self.m <= DIRECT_ROWS {
+            return self.step_direct(source, c, work);
+        }
         let mut spent = 0usize;
         while !self.done() {
             let nc = NC.min(self.cols - self.jc);
@@ -440,7 +448,8 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
                 }
                 if self.pc == 0 {
                     self.sums.clear();
-                    self.sums.resize(MC * nc.next_multiple_of(NR), T::ZERO);
+                    self.sums
+                        .resize(m_tiles * MR * nc.next_multiple_of(NR), T::ZERO);
                 }
                 self.pack_a(source, mc, kc);
                 self.packed = true;
@@ -455,7 +464,7 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
                 self.jr * kc * NR
             };
             let panel = &self.packed_b[panel..][..kc * NR];
-            let sums = &mut self.sums[self.jr * (MC / MR) * MR * NR..][..m_tiles * MR * NR];
+            let sums = &mut self.sums[self.jr * m_tiles * MR * NR..][..m_tiles * MR * NR];
             tile_column::<T, NR>(
                 self.isa,
                 kc,
@@ -484,6 +493,53 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
             }
         }
         self.done()
+    }
+
+    /// A multiply of few rows, straight from b's rows: for each `p` in order, every row's
+    /// sums gain `a[i][p] · b[p][j]` (a product, then a sum, each rounded, as in the tiles),
+    /// vectorised across the row. Packing would cost more than it saves; `pc` is the next `p`,
+    /// `packed_a` all of a, `sums` the `m × cols` outputs.
+    fn step_direct(&mut self, source: &impl GemmSource<T>, c: &mut [u8], work: usize) -> bool {
+        let (m, cols, k) = (self.m, self.cols, self.k);
+        if self.done() {
+            return true;
+        }
+        if !self.packed {
+            self.packed_a.clear();
+            self.packed_a.resize(m * k, T::ZERO);
+            for (i, row) in self.packed_a.chunks_exact_mut(k.max(1)).enumerate().take(m) {
+                if k > 0 {
+                    source.a_row(i, 0, row);
+                }
+            }
+            self.sums.clear();
+            self.sums.resize(m * cols, T::ZERO);
+            self.row.resize(self.row.len().max(cols), T::ZERO);
+            self.packed = true;
+        }
+        let mut spent = 0usize;
+        while self.pc < k {
+            let p = self.pc;
+            source.b_row(p, 0, &mut self.row[..cols]);
+            let b = &self.row[..cols];
+            for (i, sums) in self.sums.chunks_exact_mut(cols).enumerate() {
+                let a = self.packed_a[i * k + p];
+                for (sum, &b) in sums.iter_mut().zip(b) {
+                    *sum = sum.add(a.mul(b));
+                }
+            }
+            self.pc += 1;
+            spent += m * cols;
+            if spent >= work && self.pc < k {
+                return false;
+            }
+        }
+        for (i, sums) in self.sums.chunks_exact(cols).enumerate() {
+            let at = 4 * i * self.ldc;
+            encode_into(sums, &mut c[at..at + 4 * cols]);
+        }
+        self.jc = cols;
+        true
     }
 
     /// Packs b's columns `jc..jc + nc` for `p` in `pc..pc + kc` into panels of `NR` (zeros
@@ -529,13 +585,14 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
     fn store(&mut self, c: &mut [u8], mc: usize, nc: usize) {
         self.row
             .resize(self.row.len().max(nc.next_multiple_of(NR)), T::ZERO);
+        let m_tiles = mc.div_ceil(MR);
         for r in 0..mc {
             let (ir, within) = (r / MR, r % MR);
             for (jr, values) in self.row[..nc.next_multiple_of(NR)]
                 .chunks_exact_mut(NR)
                 .enumerate()
             {
-                let tile = (jr * (MC / MR) + ir) * MR * NR;
+                let tile = (jr * m_tiles + ir) * MR * NR;
                 values.copy_from_slice(&self.sums[tile + within * NR..][..NR]);
             }
             let at = 4 * ((self.ic + r) * self.ldc + self.jc);

@@ -230,13 +230,14 @@ fn products_are_rounded_before_they_are_added() {
     assert_eq!(f32::from_le_bytes(got[..4].try_into().unwrap()), 0.0);
 }
 
-/// A long, narrow b (one column, 2^21 values of `p`: 8 MiB) is not packed whole, which would
-/// pad it to a tile's width (64 or 128 MiB): packed b stays one slice, and the product is still
-/// exact, with the tiles of every ISA.
+/// A long, narrow b (one column) is not packed whole past the cap, which would pad it to a
+/// tile's width (16 times its size): packed b stays one slice, and the product is still exact,
+/// with the tiles of every ISA. (More rows than the direct path takes, which packs nothing;
+/// the cap lowered so that `k` can stay small.)
 #[test]
 fn a_long_narrow_b_is_packed_a_slice_at_a_time() {
-    let k = 1 << 21;
-    let a: Vec<f32> = (0..k).map(|i| (i % 13) as f32 - 6.0).collect();
+    let (m, k) = (DIRECT_ROWS + 1, 1 << 12);
+    let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 - 6.0).collect();
     let b: Vec<f32> = (0..k).map(|i| (i % 7) as f32 * 0.5).collect();
     let (a_bytes, b_bytes) = (bytes(&a), bytes(&b));
     let source = Matrices {
@@ -245,23 +246,62 @@ fn a_long_narrow_b_is_packed_a_slice_at_a_time() {
         k,
         ldb: 1,
     };
+    let cap = 4 * KC * NR_WIDE;
+    assert!(4 * k * NR_NARROW > cap, "b would be packed whole");
     for isa in isas() {
-        let mut c = vec![0u8; 4];
-        let mut gemm = Gemm::<f32>::with_isa(isa, 1, 1, k, 1);
+        let mut c = vec![0u8; 4 * m];
+        let mut gemm = Gemm::<f32>::with_isa(isa, m, 1, k, 1).with_packed_b_cap(cap);
         let (mut largest, mut nr) = (0, 0);
         while !gemm.step(&source, &mut c, 1) {
             let (held, width) = gemm.packed_b();
             (largest, nr) = (largest.max(held), width);
         }
         assert!(
-            largest <= KC * nr,
+            nr > 0 && largest <= KC * nr,
             "{}: packed b held {largest} values",
             isa.name()
         );
         assert!(
-            same_f32(&c, &expected(&a, &b, (1, 1, k, 1), 1)),
+            same_f32(&c, &expected(&a, &b, (m, 1, k, 1), 1)),
             "{}",
             isa.name()
+        );
+    }
+}
+
+/// A multiply of few rows takes the direct path (nothing packed) and one of more rows the
+/// blocked one, each with the reference's bits.
+#[test]
+fn few_rows_multiply_without_packing() {
+    for m in [1, DIRECT_ROWS, DIRECT_ROWS + 1] {
+        let (cols, k) = (40, 300);
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let b: Vec<f32> = (0..k * cols)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
+            .collect();
+        let (a_bytes, b_bytes) = (bytes(&a), bytes(&b));
+        let source = Matrices {
+            a: &a_bytes,
+            b: &b_bytes,
+            k,
+            ldb: cols,
+        };
+        let mut c = vec![0u8; 4 * m * cols];
+        let mut gemm = Gemm::<f32>::new(m, cols, k, cols);
+        let mut packed = 0;
+        while !gemm.step(&source, &mut c, 64) {
+            packed = packed.max(gemm.packed_b().0);
+        }
+        assert_eq!(
+            packed == 0,
+            m <= DIRECT_ROWS,
+            "{m} rows: {packed} values packed"
+        );
+        assert!(
+            same_f32(&c, &expected(&a, &b, (m, cols, k, cols), cols)),
+            "{m} rows"
         );
     }
 }

@@ -280,13 +280,14 @@ fn fold<T: Element>(partials: &mut [T], values: &[T], f: impl Fn(T, T) -> T) {
 
 /// Folds a span of a row (`bytes`, whole spans of `REDUCE_THREADS` values but the row's last)
 /// into the 256 partials, value `i` into partial `i % 256`: in place when the bytes can be
-/// viewed as `T`s (little-endian, aligned), else through `block` on the stack.
+/// viewed as `T`s (little-endian, aligned), else through `block` (a multiple of 256 long).
 pub(crate) fn fold_span<T: Element>(
     op: ReduceOp,
     partials: &mut [T],
     bytes: &[u8],
-    block: &mut [T; BLOCK],
+    block: &mut [T],
 ) {
+    debug_assert!(!block.is_empty() && block.len().is_multiple_of(REDUCE_THREADS));
     let mut fold_values = |values: &[T]| match op {
         ReduceOp::Sum => fold(partials, values, T::add),
         ReduceOp::Max => fold(partials, values, |acc, x| if x > acc { x } else { acc }),
@@ -297,7 +298,7 @@ pub(crate) fn fold_span<T: Element>(
             return;
         }
     }
-    for chunk in bytes.chunks(4 * BLOCK) {
+    for chunk in bytes.chunks(4 * block.len()) {
         let values = &mut block[..chunk.len() / 4];
         decode_into(chunk, values);
         fold_values(values);
@@ -305,21 +306,66 @@ pub(crate) fn fold_span<T: Element>(
 }
 
 /// Combines a finished row's partials by the GPU's fixed tree (`p[t] = op(p[t], p[t + s])` for
-/// `s = 128, 64, ..., 1`) into its result, and resets them to the identity.
-pub(crate) fn finish_row<T: Element>(op: ReduceOp, partials: &mut [T]) -> T {
-    let combine: fn(T, T) -> T = match op {
-        ReduceOp::Sum => T::add,
-        ReduceOp::Max => |acc, x| if x > acc { x } else { acc },
-    };
+/// `s = 128, 64, ..., 1`) into its result, and resets them to the identity. Only the first
+/// `active` partials may hold anything but the identity (a row of `n` elements touches
+/// `min(n, 256)`); the others are not read. The bits are the whole tree's: a step that
+/// combines two identities gives the identity again and is skipped, and the levels whose
+/// partners are all identities combine each active partial with the identity once, which is
+/// what they do together (`-0.0 + 0.0` is `+0.0`, and adding `0.0` again changes nothing;
+/// `max` with the identity is the partial itself).
+pub(crate) fn finish_row<T: Element>(op: ReduceOp, partials: &mut [T], active: usize) -> T {
+    match op {
+        ReduceOp::Sum => tree(partials, active, T::ZERO, T::add),
+        ReduceOp::Max => tree(
+            partials,
+            active,
+            T::LOWEST,
+            |acc, x| {
+                if x > acc {
+                    x
+                } else {
+                    acc
+                }
+            },
+        ),
+    }
+}
+
+#[inline(always)]
+fn tree<T: Element>(
+    partials: &mut [T],
+    active: usize,
+    identity: T,
+    combine: impl Fn(T, T) -> T,
+) -> T {
+    let touched = active.min(REDUCE_THREADS);
+    if touched == 0 {
+        return identity;
+    }
     let mut stride = REDUCE_THREADS / 2;
-    while stride > 0 {
-        for t in 0..stride {
-            partials[t] = combine(partials[t], partials[t + stride]);
+    if stride >= touched {
+        for p in &mut partials[..touched] {
+            *p = combine(*p, identity);
         }
+        while stride >= touched {
+            stride /= 2;
+        }
+    }
+    let mut active = touched;
+    while stride > 0 {
+        let (low, high) = partials.split_at_mut(stride);
+        let pairs = active.saturating_sub(stride);
+        for (p, &x) in low[..pairs].iter_mut().zip(&high[..pairs]) {
+            *p = combine(*p, x);
+        }
+        for p in &mut low[pairs..active.min(stride)] {
+            *p = combine(*p, identity);
+        }
+        active = active.min(stride);
         stride /= 2;
     }
     let result = partials[0];
-    partials.fill(reduce_identity(op));
+    partials[..touched].fill(identity);
     result
 }
 

@@ -332,3 +332,92 @@ fn every_catalogue_blueprint_runs_alike_in_steps_and_in_parts() {
         }
     }
 }
+
+/// The GPU's whole 256-partial tree, every step, for [`crate::cpu::finish_row`] to match.
+fn whole_tree(op: crate::ReduceOp, partials: &mut [f32]) -> f32 {
+    let mut stride = partials.len() / 2;
+    while stride > 0 {
+        for t in 0..stride {
+            let (acc, x) = (partials[t], partials[t + stride]);
+            partials[t] = match op {
+                crate::ReduceOp::Sum => acc + x,
+                crate::ReduceOp::Max => {
+                    if x > acc {
+                        x
+                    } else {
+                        acc
+                    }
+                }
+            };
+        }
+        stride /= 2;
+    }
+    partials[0]
+}
+
+/// A row shorter than the 256 partials skips the identities' steps and keeps the bits of the
+/// whole tree: signed zeros (`-0.0 + 0.0` is `+0.0` on the GPU too), infinities and NaN among
+/// the values, at every length around the powers of two.
+#[test]
+fn a_short_row_folds_to_the_whole_trees_bits() {
+    use crate::cpu::{finish_row, reduce_identity, REDUCE_THREADS};
+    let specials = [
+        -0.0f32,
+        0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-45,
+    ];
+    for op in [crate::ReduceOp::Sum, crate::ReduceOp::Max] {
+        for n in (0..=40).chain([63, 64, 65, 127, 128, 129, 200, 255, 256, 257, 700]) {
+            for seed in 0..6u32 {
+                let mut bytes = vec![0u8; 4 * n];
+                fill(&mut bytes, seed + 1);
+                let mut values: Vec<f32> = bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                    .collect();
+                if seed > 0 {
+                    for (i, value) in values.iter_mut().enumerate() {
+                        if (i as u32 + seed).is_multiple_of(seed + 2) {
+                            *value = specials[(i + seed as usize) % specials.len()];
+                        }
+                    }
+                    if seed == 5 {
+                        // Every value a negative zero: a sum's sign depends on the identities.
+                        values.fill(-0.0);
+                    }
+                }
+                let mut full = vec![reduce_identity::<f32>(op); REDUCE_THREADS];
+                for (j, value) in values.iter().enumerate() {
+                    let p = &mut full[j % REDUCE_THREADS];
+                    *p = match op {
+                        crate::ReduceOp::Sum => *p + value,
+                        crate::ReduceOp::Max if *value > *p => *value,
+                        crate::ReduceOp::Max => *p,
+                    };
+                }
+                // Beyond the touched partials: garbage the short tree must not read.
+                let mut short = full.clone();
+                for p in short.iter_mut().skip(n) {
+                    *p = 12345.0;
+                }
+                let expected = whole_tree(op, &mut full);
+                let got = finish_row(op, &mut short, n);
+                assert_eq!(
+                    got.to_bits(),
+                    expected.to_bits(),
+                    "{op:?} over {n} values (seed {seed}): {got} vs {expected}"
+                );
+                let identity = reduce_identity::<f32>(op).to_bits();
+                assert!(
+                    short[..n.min(REDUCE_THREADS)]
+                        .iter()
+                        .all(|p| p.to_bits() == identity),
+                    "{op:?} over {n}: the touched partials are reset"
+                );
+            }
+        }
+    }
+}

@@ -15,7 +15,7 @@ use crate::{OnnxError, Result};
 pub struct BackendLauncher {
     backend: Arc<dyn Backend>,
     tenant: TenantKey,
-    kernels: HashMap<String, Kernel>,
+    kernels: HashMap<Blueprint, Kernel>,
 }
 
 impl BackendLauncher {
@@ -49,16 +49,15 @@ impl Launcher for BackendLauncher {
         args: &[KernelArg],
         memory: &mut [u8],
     ) -> Result<()> {
-        let descriptor = blueprint.descriptor();
-        let kernel = match self.kernels.get(&descriptor) {
+        let kernel = match self.kernels.get(blueprint) {
             Some(kernel) => kernel.clone(),
             None => {
                 let program = Arc::new(CompiledBlueprint::new(*blueprint));
                 let kernel = self
                     .backend
                     .load_program(&self.tenant, program)
-                    .map_err(|e| OnnxError::kernel(format!("loading {descriptor}: {e}")))?;
-                self.kernels.insert(descriptor.clone(), kernel.clone());
+                    .map_err(|e| OnnxError::kernel(format!("loading {blueprint}: {e}")))?;
+                self.kernels.insert(*blueprint, kernel.clone());
                 kernel
             }
         };
@@ -72,6 +71,6 @@ impl Launcher for BackendLauncher {
             |c| c.wait_mut(),
         )
         .and_then(|r| r)
-        .map_err(|e| OnnxError::kernel(format!("{descriptor}: {e}")))
+        .map_err(|e| OnnxError::kernel(format!("{blueprint}: {e}")))
     }
 }

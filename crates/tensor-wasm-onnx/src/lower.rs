@@ -1,8 +1,9 @@
 //! Lowering: the graph, for concrete input shapes, as a list of blueprint launches over
 //! buffers (shape inference happens on the way). Ops that only change a shape (Reshape,
 //! Flatten, Squeeze, Unsqueeze, Identity, a Transpose that moves only unit axes) launch
-//! nothing: their output is their input's buffer. Broadcasting is a `gather[rows]` that
-//! expands an operand to the output's shape, with its indices computed here.
+//! nothing: their output is their input's buffer. Broadcasting expands an operand to the
+//! output's shape: a constant (a bias) here, into a new constant of the plan, anything else by
+//! a `gather[rows]` launch with its indices computed here.
 
 use std::time::Instant;
 
@@ -93,6 +94,10 @@ pub struct Lowered {
 
 /// The largest element count of one tensor: every size a kernel takes is a u32.
 const MAX_ELEMENTS: usize = u32::MAX as usize / 4;
+
+/// The largest constant operand broadcasting expands while lowering (bytes, once per plan, in
+/// the plan's arena); a larger one is expanded by a `gather[rows]` launch on each run.
+const MAX_EXPANDED_CONSTANT: usize = 1 << 20;
 
 fn elements(dims: &[usize]) -> Option<usize> {
     dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
@@ -263,6 +268,23 @@ impl<'g> Lower<'g> {
         Slot::Buffer(self.out.buffers.len() - 1)
     }
 
+    /// The bytes of plan constant `c`, little-endian (`None` for a graph constant that is not
+    /// f32).
+    fn const_bytes(&self, c: usize) -> Option<std::borrow::Cow<'_, [u8]>> {
+        match &self.out.consts[c] {
+            ConstBytes::Owned(bytes) => Some(std::borrow::Cow::Borrowed(bytes)),
+            ConstBytes::Value(v) => match &self.graph.values[*v].source {
+                Source::Constant(k) => match &k.data {
+                    ConstData::F32(values) => Some(std::borrow::Cow::Owned(
+                        values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    )),
+                    _ => None,
+                },
+                _ => None,
+            },
+        }
+    }
+
     fn constant(&mut self, bytes: Vec<u8>) -> Slot {
         self.out.consts.push(ConstBytes::Owned(bytes));
         Slot::Const(self.out.consts.len() - 1)
@@ -383,6 +405,22 @@ impl<'g> Lower<'g> {
                     break;
                 }
                 coords[i] = 0;
+            }
+        }
+        // A constant operand (a bias) is expanded now, once per plan: a copy of its rows into
+        // a new constant, the same bytes the gather would write, with no launch.
+        if let Slot::Const(c) = slot {
+            let expanded = rows_out.saturating_mul(cols).saturating_mul(4);
+            if expanded <= MAX_EXPANDED_CONSTANT {
+                if let Some(table) = self.const_bytes(c) {
+                    let row = 4 * cols;
+                    let mut bytes = Vec::with_capacity(expanded);
+                    for index in indices.chunks_exact(4) {
+                        let i = i32::from_le_bytes(index.try_into().expect("4 bytes")) as usize;
+                        bytes.extend_from_slice(&table[i * row..(i + 1) * row]);
+                    }
+                    return Ok(self.constant(bytes));
+                }
             }
         }
         let indices = self.constant(indices);

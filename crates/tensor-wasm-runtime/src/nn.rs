@@ -334,6 +334,10 @@ pub(crate) struct NnGraph {
 pub(crate) struct NnContext {
     pub(crate) exec: Execution<NnArena>,
     pub(crate) target: Target,
+    /// The kernels its launches loaded, by blueprint: a plan launches a few kernels many
+    /// times, and this skips the backend's cache (a descriptor to parse, a lock) after the
+    /// first.
+    kernels: HashMap<Blueprint, Kernel>,
 }
 
 /// The `wasi-nn` state of one invocation.
@@ -442,6 +446,7 @@ impl NnHost {
         self.contexts.push(NnContext {
             exec: Execution::new(g.model.clone()),
             target: g.target,
+            kernels: HashMap::new(),
         });
         Ok((self.contexts.len() - 1) as u32)
     }
@@ -471,6 +476,7 @@ impl NnHost {
             side: side.as_deref(),
             tenant: &tenant,
             deadline,
+            kernels: &mut ctx.kernels,
             failure: None,
         };
         let cuda = match &side {
@@ -513,7 +519,30 @@ struct NnLauncher<'a> {
     side: Option<&'a dyn Backend>,
     tenant: &'a TenantKey,
     deadline: Instant,
+    kernels: &'a mut HashMap<Blueprint, Kernel>,
     failure: Option<Failure>,
+}
+
+impl NnLauncher<'_> {
+    /// `blueprint`'s kernel on the backend this context runs on: a failure of the host's
+    /// kernel path (for the caller to report), or the side backend's refusal.
+    fn kernel(&mut self, blueprint: &Blueprint) -> Result<Result<Kernel, Failure>, OnnxError> {
+        if let Some(kernel) = self.kernels.get(blueprint) {
+            return Ok(Ok(kernel.clone()));
+        }
+        let kernel = match self.side {
+            None => match self
+                .gpu
+                .blueprint_kernel(self.tenant, &blueprint.descriptor())
+            {
+                Ok(kernel) => kernel,
+                Err(failure) => return Ok(Err(failure)),
+            },
+            Some(backend) => self.shared.side_kernel(backend, self.tenant, blueprint)?,
+        };
+        self.kernels.insert(*blueprint, kernel.clone());
+        Ok(Ok(kernel))
+    }
 }
 
 impl Launcher for NnLauncher<'_> {
@@ -524,27 +553,20 @@ impl Launcher for NnLauncher<'_> {
         args: &[KernelArg],
         memory: &mut [u8],
     ) -> Result<(), OnnxError> {
-        let outcome = match self.side {
+        let outcome = self.kernel(blueprint)?.and_then(|kernel| match self.side {
             None => self
                 .gpu
-                .blueprint_kernel(self.tenant, &blueprint.descriptor())
-                .and_then(|kernel| {
-                    self.gpu
-                        .launch_on(self.tenant, self.deadline, &kernel, config, args, memory)
-                }),
-            Some(backend) => {
-                let kernel = self.shared.side_kernel(backend, self.tenant, blueprint)?;
-                self.gpu.launch_on_backend(
-                    backend,
-                    self.tenant,
-                    self.deadline,
-                    &kernel,
-                    config,
-                    args,
-                    memory,
-                )
-            }
-        };
+                .launch_on(self.tenant, self.deadline, &kernel, config, args, memory),
+            Some(backend) => self.gpu.launch_on_backend(
+                backend,
+                self.tenant,
+                self.deadline,
+                &kernel,
+                config,
+                args,
+                memory,
+            ),
+        });
         outcome.map_err(|failure| {
             let error = match &failure {
                 Failure::Abi(e) => OnnxError::kernel(format!("{blueprint}: {}", e.message)),

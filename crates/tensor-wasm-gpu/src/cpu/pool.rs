@@ -6,7 +6,9 @@
 //! round-robin between the tenants that have work queued, so one tenant's large kernels cannot
 //! hold every worker while another tenant's small kernel waits: it waits at most one slice per
 //! worker. A job whose completion was cancelled ends at its next slice with
-//! [`GpuError::Cancelled`]; its queued tasks are dropped as they come up.
+//! [`GpuError::Cancelled`]; its queued tasks are dropped as they come up. A launch of one part
+//! runs its first slice on the launching thread ([`run_slice_here`]) and is queued only if it
+//! has more to do.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -42,6 +44,12 @@ pub(super) enum JobWork {
 }
 
 impl JobWork {
+    /// Whether a slice of this work, at `cursor`, may run on the thread that launched it: a
+    /// program's only when its steps are known (without steps it is one call of any length).
+    pub(super) fn runs_inline(&self, cursor: &Option<Cursor>) -> bool {
+        !matches!(self, JobWork::Program { .. }) || cursor.is_some()
+    }
+
     /// Runs the next slice of `part`; `true` once the part is done.
     ///
     /// # Safety
@@ -140,6 +148,41 @@ pub(super) struct Task {
     pub(super) cursor: Option<Cursor>,
 }
 
+/// Runs the next slice of `part` of `work` on the calling thread, over `memory`: the outcome
+/// once the part has ended (a panic is an internal error), `None` when it has more to do (its
+/// cursor says where to resume).
+///
+/// # Safety
+/// As [`JobWork::run_slice`], with `memory` the whole guest memory the launch was validated
+/// against.
+pub(super) unsafe fn run_slice_here(
+    work: &JobWork,
+    memory: &mut [u8],
+    part: &Range<usize>,
+    cursor: &mut Option<Cursor>,
+) -> Option<Result<(), GpuError>> {
+    let (base, len) = (GuestMemory(memory.as_mut_ptr()), memory.len());
+    // SAFETY: forwarded from this function's contract.
+    let outcome = catch_unwind(AssertUnwindSafe(|| unsafe {
+        work.run_slice(base, len, part, cursor)
+    }));
+    slice_outcome(outcome)
+}
+
+/// What a slice's result means for its part: `None` while it has more to do.
+fn slice_outcome(
+    outcome: std::thread::Result<Result<bool, GpuError>>,
+) -> Option<Result<(), GpuError>> {
+    match outcome {
+        Ok(Ok(false)) => None,
+        Ok(Ok(true)) => Some(Ok(())),
+        Ok(Err(error)) => Some(Err(error)),
+        Err(_) => Some(Err(GpuError::Cuda(String::from(
+            "CPU kernel panicked (internal error)",
+        )))),
+    }
+}
+
 impl Task {
     /// Runs one slice; gives the task back when it has more to do.
     fn run_slice(mut self) -> Option<Task> {
@@ -167,16 +210,9 @@ impl Task {
                     .run_slice(job.memory, job.memory_len, &self.part, &mut self.cursor)
             }
         }));
-        match outcome {
-            Ok(Ok(false)) => return Some(self),
-            Ok(Ok(true)) => finish_part(&job, None),
-            Ok(Err(error)) => finish_part(&job, Some(error)),
-            Err(_) => finish_part(
-                &job,
-                Some(GpuError::Cuda(String::from(
-                    "CPU kernel panicked (internal error)",
-                ))),
-            ),
+        match slice_outcome(outcome) {
+            None => return Some(self),
+            Some(outcome) => finish_part(&job, outcome.err()),
         }
         None
     }

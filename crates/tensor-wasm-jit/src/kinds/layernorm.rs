@@ -19,11 +19,12 @@ use std::fmt;
 
 use tensor_wasm_gpu::gemm::decode_into;
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+use zerocopy::IntoBytes;
 
 use super::rows::{block_tree, with_values, RowOp, RowRun};
 use super::{product, Kind};
 use crate::contract::{Param, ParamKind, Shape, BLOCK_1D};
-use crate::cpu::{finish_row, fold_span, Element, Stage, BLOCK, REDUCE_THREADS};
+use crate::cpu::{finish_row, fold_span, Element, Stage, REDUCE_THREADS};
 use crate::emit::{global_pointer, ins, label, Ops};
 use crate::math::{self, Temps};
 use crate::{Dtype, JitError, ReduceOp};
@@ -262,13 +263,14 @@ impl LayerNorm {
     fn compute(&self, row: usize, inputs: &[&[u8]], out: &mut [f32]) {
         let c = self.cols;
         let x = &inputs[0][4 * row * c..][..4 * c];
-        let mut partials = vec![0f32; REDUCE_THREADS];
-        let mut block = [0f32; BLOCK];
-        fold_span(ReduceOp::Sum, &mut partials, x, &mut block);
-        let count = c as f32;
-        let mean = finish_row(ReduceOp::Sum, &mut partials) / count;
-        // d into `out`, then d · d into the partials, element j into partial j % 256.
+        let mut partials = [0f32; REDUCE_THREADS];
+        let mut block = [0f32; REDUCE_THREADS];
+        // x into `out` (aligned there), its sum, then d = x - mean in place and d · d into
+        // the partials, element j into partial j % 256.
         decode_into(x, out);
+        fold_span(ReduceOp::Sum, &mut partials, out.as_bytes(), &mut block);
+        let count = c as f32;
+        let mean = finish_row(ReduceOp::Sum, &mut partials, c) / count;
         for d in out.iter_mut() {
             *d -= mean;
         }
@@ -277,13 +279,15 @@ impl LayerNorm {
                 *partial += d * d;
             }
         }
-        let var = finish_row(ReduceOp::Sum, &mut partials) / count;
+        let var = finish_row(ReduceOp::Sum, &mut partials, c) / count;
         let r = math::rsqrt(var + self.epsilon);
-        let mut scale = vec![0f32; c];
-        let mut bias = vec![0f32; c];
-        decode_into(&inputs[1][..4 * c], &mut scale);
-        decode_into(&inputs[2][..4 * c], &mut bias);
-        for ((y, s), b) in out.iter_mut().zip(&scale).zip(&bias) {
+        let value = |bytes: &[u8]| f32::from_le_bytes(bytes.try_into().expect("4 bytes"));
+        let (scale, bias) = (&inputs[1][..4 * c], &inputs[2][..4 * c]);
+        for ((y, s), b) in out
+            .iter_mut()
+            .zip(scale.chunks_exact(4).map(value))
+            .zip(bias.chunks_exact(4).map(value))
+        {
             *y = (*y * r) * s + b;
         }
     }

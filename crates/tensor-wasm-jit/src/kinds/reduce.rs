@@ -239,7 +239,7 @@ impl<T: Element + Send> KindRun<T> for ReduceRun<T> {
                 spent += span;
                 *col += span;
                 if *col == *cols {
-                    let result = finish_row(*op, partials);
+                    let result = finish_row(*op, partials, *cols);
                     write(memory, *out, *row, &[result]);
                     *row += 1;
                     *col = 0;
@@ -313,7 +313,7 @@ impl<T: Element + Send> CpuPart for ReducePart<T> {
             spent += span;
             self.col += span;
             if self.col == self.cols {
-                let result = finish_row(self.op, &mut self.partials);
+                let result = finish_row(self.op, &mut self.partials, self.cols);
                 let at = 4 * (row - self.first);
                 encode_into(&[result], &mut output[at..at + 4]);
                 self.rows.start += 1;

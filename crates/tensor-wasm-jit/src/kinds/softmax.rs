@@ -18,11 +18,12 @@ use std::fmt;
 
 use tensor_wasm_gpu::gemm::decode_into;
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+use zerocopy::IntoBytes;
 
 use super::rows::{block_tree, with_values, RowOp, RowRun};
 use super::{product, Kind};
 use crate::contract::{Param, ParamKind, Shape, BLOCK_1D};
-use crate::cpu::{finish_row, fold_span, Element, Stage, BLOCK, REDUCE_THREADS};
+use crate::cpu::{finish_row, fold_span, Element, Stage, REDUCE_THREADS};
 use crate::emit::{global_pointer, ins, label, Ops};
 use crate::math::{self, Temps};
 use crate::{Dtype, JitError, ReduceOp};
@@ -251,12 +252,11 @@ impl Softmax {
     /// Slab `row` into `out`, its `n · inner` elements.
     fn slab(&self, row: usize, inputs: &[&[u8]], out: &mut [f32]) {
         let x = &inputs[0][4 * row * self.n * self.inner..][..4 * self.n * self.inner];
-        let mut line = vec![0f32; self.n];
-        let mut partials = vec![0f32; REDUCE_THREADS];
-        let mut block = [0f32; BLOCK];
+        let mut line = vec![0f32; if self.inner == 1 { 0 } else { self.n }];
+        let mut partials = [0f32; REDUCE_THREADS];
         for i in 0..self.inner.min(self.lines.saturating_sub(row * self.inner)) {
             if self.inner == 1 {
-                softmax_line(x, &mut partials, &mut block, out);
+                softmax_line(x, &mut partials, out);
                 continue;
             }
             let mut bytes = Vec::with_capacity(4 * self.n);
@@ -264,7 +264,7 @@ impl Softmax {
                 let at = 4 * (j * self.inner + i);
                 bytes.extend_from_slice(&x[at..at + 4]);
             }
-            softmax_line(&bytes, &mut partials, &mut block, &mut line);
+            softmax_line(&bytes, &mut partials, &mut line);
             for (j, value) in line.iter().enumerate() {
                 out[j * self.inner + i] = *value;
             }
@@ -273,26 +273,29 @@ impl Softmax {
 }
 
 /// One contiguous line: `x` its `out.len()` elements as bytes.
-fn softmax_line(x: &[u8], partials: &mut [f32], block: &mut [f32; BLOCK], out: &mut [f32]) {
-    partials.fill(f32::NEG_INFINITY);
-    fold_span(ReduceOp::Max, partials, x, block);
-    let m = finish_row(ReduceOp::Max, partials);
-    for (chunk, y) in x.chunks(4 * BLOCK).zip(out.chunks_mut(BLOCK)) {
+fn softmax_line(x: &[u8], partials: &mut [f32], out: &mut [f32]) {
+    // Only the partials a line of n elements touches are read (see `finish_row`).
+    let n = out.len();
+    decode_into(x, out);
+    let mut block = [0f32; REDUCE_THREADS];
+    partials[..n.min(REDUCE_THREADS)].fill(f32::NEG_INFINITY);
+    fold_span(ReduceOp::Max, partials, out.as_bytes(), &mut block);
+    let m = finish_row(ReduceOp::Max, partials, n);
+    for y in out.chunks_mut(REDUCE_THREADS) {
         let d = &mut block[..y.len()];
-        decode_into(chunk, d);
-        for value in d.iter_mut() {
-            *value -= m;
+        for (d, value) in d.iter_mut().zip(y.iter()) {
+            *d = *value - m;
         }
         math::exp_slice(y, d);
     }
     // Element j into partial j % 256, in order of j.
-    partials.fill(0.0);
+    partials[..n.min(REDUCE_THREADS)].fill(0.0);
     for chunk in out.chunks(REDUCE_THREADS) {
         for (partial, value) in partials.iter_mut().zip(chunk) {
             *partial += *value;
         }
     }
-    let s = finish_row(ReduceOp::Sum, partials);
+    let s = finish_row(ReduceOp::Sum, partials, n);
     for value in out.iter_mut() {
         *value /= s;
     }

@@ -93,6 +93,24 @@ impl Lower<'_> {
         if m * n == 0 {
             return self.result(node, out, dims);
         }
+        // Constant weights stored transposed (a dense layer's usual form) are transposed now,
+        // once per plan: the same products in the same order, without a transposing copy on
+        // every run.
+        let (b, trans_b) = match b {
+            Slot::Const(c) if trans_b => match self.const_bytes(c) {
+                Some(bytes) => {
+                    let mut t = vec![0u8; bytes.len()];
+                    for (j, row) in bytes.chunks_exact(4 * k).enumerate() {
+                        for (p, value) in row.chunks_exact(4).enumerate() {
+                            t[4 * (p * n + j)..][..4].copy_from_slice(value);
+                        }
+                    }
+                    (self.constant(t), false)
+                }
+                None => (b, trans_b),
+            },
+            _ => (b, trans_b),
+        };
         let layout = format!(
             "bmm[{}{}]",
             if trans_a { 't' } else { 'n' },
