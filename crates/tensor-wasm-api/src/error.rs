@@ -121,7 +121,7 @@ error_codes! {
     Internal => "internal", 500,
         "The server failed; the details are in its log, not in the response.";
     NotImplemented => "not_implemented", 501,
-        "A capability this server does not have yet (the message says which, e.g. models on a shared store).";
+        "A capability this server does not have yet (the message says which).";
     HandlerFailed => "handler_failed", 502,
         "An HTTP-handler component returned, or failed, without giving a response, or answered with a `wasi:http` error code instead of one.";
     NotReady => "not_ready", 503,

@@ -53,9 +53,9 @@ enum Command {
         #[arg(long, env = "TENSOR_WASM_BLOB_STORE")]
         blob_store: String,
     },
-    /// Remove the shared store's orphaned blobs: modules no function names any more and
-    /// snapshot images without a record, once older than the grace period. Run it from time
-    /// to time (a cron job); safe beside running replicas.
+    /// Remove the shared store's orphaned blobs: modules no function names any more, snapshot
+    /// images without a record and model bytes no model names, once older than the grace
+    /// period. Run it from time to time (a cron job); safe beside running replicas.
     CollectOrphans {
         /// The shared store's PostgreSQL URL.
         #[arg(long, env = "TENSOR_WASM_STORE", hide_env_values = true)]

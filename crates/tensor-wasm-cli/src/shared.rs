@@ -1,11 +1,11 @@
 //! `serve` over the shared store (`--store postgres://… --blob-store s3://…`) or the
 //! embedded one, and `tensor-wasm migrate`.
 //!
-//! With the shared store, function records, snapshots, tenants and the admin token live in
-//! PostgreSQL and object storage (`tensor-wasm-shared`), async jobs in its shared queue; the
-//! data dir keeps the per-host caches. The registry is opened and bootstrapped
+//! With the shared store, function records, snapshots, models, tenants and the admin token
+//! live in PostgreSQL and object storage (`tensor-wasm-shared`), async jobs in its shared
+//! queue; the data dir keeps the per-host caches. The registry is opened and bootstrapped
 //! under an advisory lock, so replicas starting together bootstrap once, and a follower keeps
-//! this replica's cached functions and tenants in step with the change log.
+//! this replica's cached functions, models and tenants in step with the change log.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -146,7 +146,8 @@ impl Stores {
     }
 
     /// With the shared store, starts following its change log from where it stood before
-    /// anything was loaded: functions and tenants changed by other replicas are reloaded here.
+    /// anything was loaded: functions, models and tenants changed by other replicas are
+    /// reloaded here.
     pub fn follow(
         &self,
         runtime: &Runtime,
@@ -169,6 +170,14 @@ impl Stores {
                             live.set_usage(Resource::Functions, owned);
                         }
                         Ok(())
+                    }
+                    "model" => {
+                        let (tenant, name) = change
+                            .model()
+                            .ok_or_else(|| format!("model change key `{}`", change.key))?;
+                        runtime
+                            .reload_model(tenant, name)
+                            .map_err(|e| e.to_string())
                     }
                     "tenant" => tenants
                         .reload_tenant(&change.key)
@@ -220,10 +229,11 @@ pub fn collect_orphans(
         .collect_orphans(std::time::Duration::from_secs(grace_s), dry_run)
         .context("collecting orphaned blobs")?;
     println!(
-        "{} {} module(s) and {} snapshot image(s), {} bytes",
+        "{} {} module(s), {} snapshot image(s) and {} model(s), {} bytes",
         if dry_run { "would remove" } else { "removed" },
         found.modules,
         found.snapshots,
+        found.models,
         found.bytes
     );
     Ok(())

@@ -118,7 +118,7 @@ fn a_data_dir_moves_into_the_shared_store() {
     let dry = collect(&["--dry-run"]);
     assert!(dry.status.success(), "{}", stderr(&dry));
     assert!(
-        stdout(&dry).contains("would remove 1 module(s) and 0 snapshot image(s)"),
+        stdout(&dry).contains("would remove 1 module(s), 0 snapshot image(s) and 0 model(s)"),
         "{}",
         stdout(&dry)
     );

@@ -1,6 +1,8 @@
 //! Scale-out end to end: three real `tensor-wasm serve` processes, each on
 //! its own port and data dir, over one shared store on a real PostgreSQL 15 and a real S3
-//! server (both started here). A function deployed on one is served by the others at once;
+//! server (both started here). A model stored on one is listed and loaded by name on another;
+//! a second store of its name is a conflict; deleted there, the first stops loading it within a
+//! second. A function deployed on one is served by the others at once;
 //! deleted on one, the others answer 404 within a second; a token created on one works on the
 //! others, and once revoked on one, the others refuse it within a second (test 1). A snapshot
 //! captured on one is where an invocation on another starts (test 2). With
@@ -19,6 +21,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tensor_wasm_test_support::guests::examples_dir;
+use tensor_wasm_test_support::nn_cases::{self, parse_outputs};
 use tensor_wasm_test_support::serve::{error_code, json_of, Replicas, ServeProcess};
 use tensor_wasm_test_support::servers::{Postgres, S3Server};
 use tensor_wasm_test_support::wait::{wait_for, wait_until};
@@ -60,6 +63,8 @@ fn three_replicas_share_functions_and_tokens() {
     ];
     let set = Replicas::new(Path::new(BIN), 3, &args, s3.client_env(), "warn");
     let (a, b, c) = (set.start(0), set.start(1), set.start(2));
+
+    models_are_shared_by_the_replicas(&a, &b);
 
     // Deployed on A: B and C invoke it, at the same time.
     let id = a.deploy(&examples_dir().join("calc.wat"), "name=calc");
@@ -405,6 +410,89 @@ fn three_replicas_share_functions_and_tokens() {
     for replica in [a, b, c] {
         replica.terminate();
     }
+}
+
+/// A model stored on A is listed on B within a second and loaded by name by a function that B
+/// invokes, with ONNX Runtime's outputs; a second store of its name on B is `409 conflict`;
+/// deleted on B, A stops listing it within a second (the bound functions have), and a load by
+/// name on A fails with `wasi-nn`'s `not-found` (the C guest's exit status 18).
+fn models_are_shared_by_the_replicas(a: &ServeProcess, b: &ServeProcess) {
+    let cases_dir = tempfile::tempdir().unwrap();
+    nn_cases::write_cases(cases_dir.path());
+    let cases = nn_cases::cases(cases_dir.path());
+    let mlp = cases
+        .iter()
+        .find(|c| c.name == "mlp")
+        .expect("the mlp case");
+    let guest = examples_dir().join("c/nn_run.wasm");
+    let id = a.deploy(
+        &guest,
+        "name=nn-c&style=wasi&memory_limit_bytes=268435456&timeout_ms=60000",
+    );
+    let stdin = nn_cases::stdin_by_name("mlp", &mlp.inputs);
+    let invoke = |replica: &ServeProcess| {
+        replica.post(
+            &format!("/functions/{id}/invoke"),
+            "application/octet-stream",
+            &stdin,
+        )
+    };
+
+    let (status, body, _) = a.post("/models?name=mlp", "application/octet-stream", &mlp.model);
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let record = json_of(&body);
+    wait_until(Duration::from_secs(1), "B lists the model", || {
+        let (status, body) = b.get("/models");
+        status == 200 && json_of(&body)["models"] == json!([record])
+    });
+    wait_until(Duration::from_secs(1), "B serves the function", || {
+        b.get(&format!("/functions/{id}")).0 == 200
+    });
+    let (status, out, exit) = invoke(b);
+    assert_eq!(
+        (status, exit.as_deref()),
+        (200, Some("0")),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    mlp.check(&parse_outputs(&out).unwrap()).unwrap();
+
+    let (status, body, _) = b.post("/models?name=mlp", "application/octet-stream", &mlp.model);
+    assert_eq!((status, error_code(&json_of(&body))), (409, "conflict"));
+
+    let (status, _, _) = ServeProcess::reply(
+        ServeProcess::agent()
+            .delete(&b.url("/models/mlp"))
+            .set("authorization", &b.auth())
+            .call(),
+    );
+    assert_eq!(status, 204);
+    wait_until(Duration::from_secs(1), "A drops the model", || {
+        a.get("/models/mlp").0 == 404
+    });
+    let (status, body) = a.get("/models");
+    assert_eq!((status, json_of(&body)["models"].clone()), (200, json!([])));
+    let (status, out, exit) = invoke(a);
+    assert_eq!(
+        (status, exit.as_deref()),
+        (200, Some("18")),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(
+        metric_sum(
+            a,
+            "tensor_wasm_invalidation_lag_seconds_count",
+            &["kind=\"model\""]
+        ) >= 1.0
+    );
+    let (status, body) = request(
+        "DELETE",
+        &a.url(&format!("/functions/{id}")),
+        &a.auth(),
+        None,
+    );
+    assert!(status == 200 || status == 204, "{status} {body}");
 }
 
 /// Thaws a frozen PostgreSQL when dropped, so that a failed assertion does not leave it frozen

@@ -33,13 +33,12 @@ pub struct ModelRecord {
     pub created_unix_ms: u64,
 }
 
-/// The error of a store that keeps no models.
-pub(crate) fn models_unsupported() -> RuntimeError {
-    RuntimeError::NotImplemented(
-        "models are not kept by this function store (a shared store does not keep them yet; \
-         use the local data directory, or preload models with --nn-preload)"
-            .into(),
-    )
+impl ModelRecord {
+    /// The refusal of storing a model named `name` when its tenant has a model of that name
+    /// already (the runtime's check, and a shared store's in its write).
+    pub fn name_taken(name: &str) -> RuntimeError {
+        RuntimeError::Conflict(format!("a model named `{name}` exists; delete it first"))
+    }
 }
 
 fn key(tenant: &str, name: &str) -> String {

@@ -28,7 +28,6 @@ use sha2::{Digest, Sha256};
 use tensor_wasm_durable::{write_file_pieces, DurableError, WriteOptions};
 
 use crate::error::{Result, RuntimeError};
-use crate::model_store::models_unsupported;
 pub use crate::model_store::ModelRecord;
 use crate::quarantine::{self, Protected, QuarantinedRecord};
 
@@ -138,26 +137,34 @@ pub struct SnapshotRecord {
 /// replicas is another implementation of this trait.
 pub trait FunctionStore: Send + Sync + 'static {
     /// Stores an ONNX model's bytes (under their sha256) and then its record; durable when
-    /// it returns. Stores without models refuse it.
-    fn put_model(&self, record: &ModelRecord, bytes: &[u8]) -> Result<()> {
-        let _ = (record, bytes);
-        Err(models_unsupported())
+    /// it returns. A store that several processes share refuses a tenant's name already
+    /// taken with [`ModelRecord::name_taken`], atomically with the write; a store that one
+    /// process owns may rely on that process's own check (the runtime's, under its lock).
+    fn put_model(&self, record: &ModelRecord, bytes: &[u8]) -> Result<()>;
+    /// [`FunctionStore::put_model`] refusing a model that would take its tenant past
+    /// `bounds.max_stored_bytes` ([`RuntimeError::StorageQuotaExceeded`]), counted in the
+    /// same transaction as the record's write. The default writes without counting, as
+    /// [`FunctionStore::create_function`].
+    fn create_model(&self, record: &ModelRecord, bytes: &[u8], bounds: &WriteBounds) -> Result<()> {
+        let _ = bounds;
+        self.put_model(record, bytes)
     }
     /// The bytes of the model with digest `sha256`, checked against it.
-    fn model_bytes(&self, sha256: &str) -> Result<Vec<u8>> {
-        let _ = sha256;
-        Err(models_unsupported())
-    }
+    fn model_bytes(&self, sha256: &str) -> Result<Vec<u8>>;
     /// Every model record.
-    fn models(&self) -> Result<Vec<ModelRecord>> {
-        Ok(Vec::new())
+    fn models(&self) -> Result<Vec<ModelRecord>>;
+    /// The record of `tenant`'s model `name` (`None` if there is none). The default reads
+    /// every record; stores that can look one up override it.
+    fn model(&self, tenant: &str, name: &str) -> Result<Option<ModelRecord>> {
+        Ok(self
+            .models()?
+            .into_iter()
+            .find(|record| record.tenant == tenant && record.name == name))
     }
-    /// Deletes the record of `tenant`'s model `name` (and its bytes when no other record has
-    /// them); whether there was one.
-    fn delete_model(&self, tenant: &str, name: &str) -> Result<bool> {
-        let _ = (tenant, name);
-        Err(models_unsupported())
-    }
+    /// Deletes the record of `tenant`'s model `name`; whether there was one. Its bytes go
+    /// when no other record names them: at once in the local store, through the orphan
+    /// collector in a shared one.
+    fn delete_model(&self, tenant: &str, name: &str) -> Result<bool>;
     /// Stores module bytes under their sha256 and returns the hex digest.
     /// Durable when it returns.
     fn put_module(&self, bytes: &[u8]) -> Result<String>;
@@ -242,13 +249,14 @@ pub trait FunctionStore: Send + Sync + 'static {
 }
 
 /// Quotas a store that several processes share checks in the transaction that writes a new
-/// record ([`FunctionStore::create_function`], [`FunctionStore::create_snapshot`]), so that
-/// they hold exactly across the processes. `None`: not checked there.
+/// record ([`FunctionStore::create_function`], [`FunctionStore::create_snapshot`],
+/// [`FunctionStore::create_model`]), so that they hold exactly across the processes. `None`:
+/// not checked there.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriteBounds {
     /// Functions the tenant may have.
     pub max_functions: Option<u64>,
-    /// Bytes of modules (each function's module) and snapshots the tenant may keep.
+    /// Bytes of modules (each function's module), snapshots and models the tenant may keep.
     pub max_stored_bytes: Option<u64>,
     /// Snapshots one function may keep.
     pub max_snapshots_per_function: Option<u64>,

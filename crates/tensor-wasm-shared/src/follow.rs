@@ -1,5 +1,5 @@
 //! Following the change log: how a replica learns that another one deployed, changed or
-//! deleted a function.
+//! deleted a function, stored or deleted a model, or changed a tenant.
 //!
 //! A follower holds its own connection with `LISTEN tw_changes`. Every write of a function
 //! record appends a row to `tw_changes` and sends `NOTIFY tw_changes` in its transaction, so
@@ -25,9 +25,10 @@ use crate::store::{Shared, SharedStore};
 pub struct Change {
     /// Position in the log; strictly increasing.
     pub seq: i64,
-    /// What changed: `function` for a function record.
+    /// What changed: `function` for a function record, `model` for a model record
+    /// ([`Change::model`]), `tenant`, `admin`.
     pub kind: String,
-    /// Which one: the function id.
+    /// Which one: the function id, `<tenant>/<name>` of a model, the tenant id.
     pub key: String,
 }
 

@@ -4,15 +4,18 @@
 //!
 //! [`SharedStore`] implements [`tensor_wasm_runtime::FunctionStore`] over both:
 //!
-//! - PostgreSQL: function and snapshot records (their JSON encoding, as the embedded store
-//!   writes them), the modules' index, and a change log (`tw_changes`) that every change of a
-//!   function record appends to in the same transaction, with a `NOTIFY tw_changes`;
-//! - object storage: `modules/<sha256>.wasm` and `snapshots/<function>/<snapshot>.twsnap` under
-//!   the configured bucket and prefix.
+//! - PostgreSQL: function, snapshot and model records (their JSON encoding, as the embedded
+//!   store writes them), the indexes of stored modules and model bytes, and a change log
+//!   (`tw_changes`) that every change of a function or model record appends to in the same
+//!   transaction, with a `NOTIFY tw_changes`;
+//! - object storage: `modules/<sha256>.wasm`, `snapshots/<function>/<snapshot>.twsnap` and
+//!   `models/<sha256>.onnx` under the configured bucket and prefix.
 //!
 //! Writes are ordered so that no record names a blob that is not stored yet: a module is stored
-//! before the function record that names it, a snapshot's bytes before its record. A crash in
-//! between leaves an unreferenced blob, never a dangling record.
+//! before the function record that names it, a snapshot's bytes before its record, a model's
+//! bytes before its record (`models.rs`; a name is unique per tenant, so a second store of it
+//! is refused in its insert). A crash in between leaves an unreferenced blob, never a dangling
+//! record.
 //!
 //! The schema is versioned ([`migrate::migrate`], applied under an advisory lock by
 //! [`SharedStore::connect`] and by `tensor-wasm migrate`).
@@ -31,9 +34,9 @@
 //! Each replica writes a heartbeat (`replicas.rs`, `tw_replicas`) and counts the live
 //! replicas, which share every tenant's rate and concurrency limits.
 //!
-//! Orphaned blobs (modules no function names, snapshot images without a record) are removed
-//! by [`SharedStore::collect_orphans`] (`orphans.rs`, `tensor-wasm collect-orphans`) once older
-//! than a grace period.
+//! Orphaned blobs (modules no function names, snapshot images without a record, model bytes no
+//! model names) are removed by [`SharedStore::collect_orphans`] (`orphans.rs`,
+//! `tensor-wasm collect-orphans`) once older than a grace period.
 //!
 //! TLS to PostgreSQL (`tls.rs`): a database URL with `sslmode=require` is connected over
 //! rustls and the server verified (chain and host name) against `sslrootcert=<PEM file>` or the
@@ -45,6 +48,7 @@ mod follow;
 mod jobs;
 mod metrics;
 pub mod migrate;
+mod models;
 mod orphans;
 mod pool;
 mod replicas;

@@ -44,7 +44,7 @@ impl SharedMetrics {
                 "tensor_wasm_invalidation_lag_seconds",
                 "Time from a change's commit in the shared store to this replica applying it \
                  (the change log follower), by the database's clock, by kind of change \
-                 (function, tenant, admin; other for a kind this build does not know).",
+                 (function, model, tenant, admin; other for a kind this build does not know).",
             )
             .buckets(buckets),
             &["kind"],
@@ -110,7 +110,7 @@ impl SharedMetrics {
 
     pub(crate) fn observe_lag(&self, kind: &str, seconds: f64) {
         let kind = match kind {
-            "function" | "tenant" | "admin" => kind,
+            "function" | "model" | "tenant" | "admin" => kind,
             _ => "other",
         };
         self.lag

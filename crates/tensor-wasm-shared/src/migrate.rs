@@ -25,6 +25,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "module generations",
         include_str!("../migrations/0006_module_generations.sql"),
     ),
+    (7, "models", include_str!("../migrations/0007_models.sql")),
 ];
 
 /// Key of the session-level advisory lock held while migrating (ASCII "twmigrat").

@@ -1,6 +1,7 @@
 //! Collecting orphaned blobs: modules no function record names any more (their functions were
-//! deleted, or a deploy failed after storing the module) and snapshot images without a record
-//! (a capture that failed or crashed between the image and its record).
+//! deleted, or a deploy failed after storing the module), snapshot images without a record
+//! (a capture that failed or crashed between the image and its record) and model bytes no model
+//! record names (their models were deleted, or a store was refused or failed after the upload).
 //!
 //! A module is collected only when its `tw_modules` row was last touched longer ago than the
 //! grace period, under the same per-module transaction lock that `put_module` takes to touch
@@ -13,6 +14,9 @@
 //! the lock. A deploy's record must follow its `put_module` within the grace period.
 //! A snapshot image is collected when no record names it and the object is older than the
 //! grace period (a capture writes its record right after its image).
+//! Model bytes (`models.rs`) are collected as modules are, with their own index
+//! (`tw_model_blobs`) and lock: when no model record names them and their row was untouched for
+//! the grace period; a model's delete leaves them here.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -21,6 +25,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
 use tensor_wasm_runtime::Result;
 
+use crate::models::{model_key, MODEL_BYTES_LOCK};
 use crate::pool::Db;
 use crate::store::{module_key, Shared, SharedStore};
 
@@ -29,6 +34,8 @@ use crate::store::{module_key, Shared, SharedStore};
 pub struct Orphans {
     /// Modules no function names, past the grace period.
     pub modules: usize,
+    /// Model bytes no model record names, past the grace period.
+    pub models: usize,
     /// Snapshot images without a record, past the grace period.
     pub snapshots: usize,
     /// Their bytes.
@@ -52,8 +59,8 @@ async fn list(blobs: &dyn ObjectStore, prefix: &str) -> Shared<Vec<(ObjectPath, 
 }
 
 impl SharedStore {
-    /// How many objects object storage holds for this store (modules and snapshot images), and
-    /// their bytes: a listing, for operators' checks and tests.
+    /// How many objects object storage holds for this store (modules, snapshot images and
+    /// model bytes), and their bytes: a listing, for operators' checks and tests.
     ///
     /// # Errors
     /// When object storage cannot be reached.
@@ -61,7 +68,7 @@ impl SharedStore {
         let blobs = self.blobs.clone();
         self.with_db_and_blobs("blobs", move |_db| async move {
             let (mut count, mut bytes) = (0u64, 0u64);
-            for prefix in ["modules", "snapshots"] {
+            for prefix in ["modules", "snapshots", "models"] {
                 for (_, size, _) in list(blobs.as_ref(), prefix).await? {
                     count += 1;
                     bytes += size;
@@ -111,34 +118,86 @@ impl SharedStore {
                 found.snapshots += 1;
                 found.bytes += size;
             }
-            // Modules: under the module's lock, unnamed and untouched for the grace period.
-            for (location, size, age_ms) in list(blobs.as_ref(), "modules").await? {
-                let Some(sha) = location
-                    .as_ref()
-                    .strip_prefix("modules/")
-                    .and_then(|k| k.strip_suffix(".wasm"))
-                    .map(str::to_owned)
-                else {
-                    continue;
-                };
-                let collect = collect_module(&db, blobs.as_ref(), &sha, age_ms, grace_ms, dry_run);
-                if !db.bounded(collect).await? {
-                    continue;
+            // Modules and model bytes: under their lock, unnamed and untouched for the grace
+            // period.
+            for kind in [&MODULES, &MODELS] {
+                for (location, size, age_ms) in list(blobs.as_ref(), kind.prefix).await? {
+                    let Some(sha) = location
+                        .as_ref()
+                        .strip_prefix(kind.prefix)
+                        .and_then(|k| k.strip_prefix('/'))
+                        .and_then(|k| k.strip_suffix(kind.suffix))
+                        .map(str::to_owned)
+                    else {
+                        continue;
+                    };
+                    let collect =
+                        collect_indexed(&db, blobs.as_ref(), kind, &sha, age_ms, grace_ms, dry_run);
+                    if !db.bounded(collect).await? {
+                        continue;
+                    }
+                    *(kind.count)(&mut found) += 1;
+                    found.bytes += size;
                 }
-                found.modules += 1;
-                found.bytes += size;
             }
             Ok(found)
         })
     }
 }
 
-/// Removes (or with `dry_run` only looks at) module `sha256`, whose blob is `age_ms` old, under
-/// the module's lock when no function names it and its row was untouched for `grace_ms`;
-/// returns whether it was an orphan.
-async fn collect_module(
+/// Content-addressed blobs with an index table whose rows a store touches under a lock before
+/// it uploads: modules and model bytes.
+struct Indexed {
+    /// The objects' prefix (`<prefix>/<sha256><suffix>`).
+    prefix: &'static str,
+    suffix: &'static str,
+    /// The object key of a digest.
+    key: fn(&str) -> ObjectPath,
+    /// Takes the lock of the digest `$1` (until the transaction ends).
+    lock: &'static str,
+    /// Where [`Orphans`] counts them.
+    count: fn(&mut Orphans) -> &mut usize,
+    /// Whether a record names the digest `$1`, and for how many milliseconds its index row has
+    /// been untouched (`NULL`: no row).
+    lookup: &'static str,
+    /// Deletes the index row of `$1`.
+    forget: &'static str,
+}
+
+const MODULES: Indexed = Indexed {
+    prefix: "modules",
+    suffix: ".wasm",
+    key: module_key,
+    lock: MODULE_LOCK,
+    count: |found| &mut found.modules,
+    lookup: "SELECT
+                 EXISTS (SELECT 1 FROM tw_functions
+                         WHERE record->>'module_sha256' = $1),
+                 (SELECT (EXTRACT(EPOCH FROM now() - created_at) * 1000)::BIGINT
+                  FROM tw_modules WHERE sha256 = $1)",
+    forget: "DELETE FROM tw_modules WHERE sha256 = $1",
+};
+
+const MODELS: Indexed = Indexed {
+    prefix: "models",
+    suffix: ".onnx",
+    key: model_key,
+    lock: MODEL_BYTES_LOCK,
+    count: |found| &mut found.models,
+    lookup: "SELECT
+                 EXISTS (SELECT 1 FROM tw_models WHERE sha256 = $1),
+                 (SELECT (EXTRACT(EPOCH FROM now() - created_at) * 1000)::BIGINT
+                  FROM tw_model_blobs WHERE sha256 = $1)",
+    forget: "DELETE FROM tw_model_blobs WHERE sha256 = $1",
+};
+
+/// Removes (or with `dry_run` only looks at) the blob `sha` of `kind`, `age_ms` old, under its
+/// lock when no record names it and its row was untouched for `grace_ms`; returns whether it
+/// was an orphan.
+async fn collect_indexed(
     db: &Db,
     blobs: &dyn ObjectStore,
+    kind: &Indexed,
     sha: &str,
     age_ms: i64,
     grace_ms: i64,
@@ -146,42 +205,31 @@ async fn collect_module(
 ) -> Shared<bool> {
     let mut client = db.client().await?;
     let tx = client.transaction().await?;
-    lock_module(&tx, sha).await?;
-    let row = tx
-        .query_one(
-            "SELECT
-                 EXISTS (SELECT 1 FROM tw_functions
-                         WHERE record->>'module_sha256' = $1),
-                 (SELECT (EXTRACT(EPOCH FROM now() - created_at) * 1000)::BIGINT
-                  FROM tw_modules WHERE sha256 = $1)",
-            &[&sha],
-        )
-        .await?;
+    tx.execute(kind.lock, &[&sha]).await?;
+    let row = tx.query_one(kind.lookup, &[&sha]).await?;
     let named: bool = row.get(0);
-    // No row: a blob stored by a deploy that crashed before its row; the object's own age
+    // No row: a blob stored by a write that crashed before its row; the object's own age
     // counts then.
     let touched_ms: i64 = row.get::<_, Option<i64>>(1).unwrap_or(age_ms);
     if named || touched_ms < grace_ms {
         return Ok(false);
     }
     if !dry_run {
-        // The row first: a deploy that touched it before its upload waits for this
+        // The row first: a store that touched it before its upload waits for this
         // transaction, then finds its generation gone and stores the blob again.
-        tx.execute("DELETE FROM tw_modules WHERE sha256 = $1", &[&sha])
-            .await?;
-        delete(blobs, &module_key(sha)).await?;
+        tx.execute(kind.forget, &[&sha]).await?;
+        delete(blobs, &(kind.key)(sha)).await?;
         tx.commit().await?;
     }
     Ok(true)
 }
 
-/// Takes the transaction-level lock of module `sha256` (see the module documentation).
+/// Takes the transaction-level lock of module `$1` (see the module documentation).
+const MODULE_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('tw_modules:' || $1))";
+
+/// Takes the transaction-level lock of module `sha256` ([`MODULE_LOCK`]).
 pub(crate) async fn lock_module(tx: &tokio_postgres::Transaction<'_>, sha256: &str) -> Shared<()> {
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtext('tw_modules:' || $1))",
-        &[&sha256],
-    )
-    .await?;
+    tx.execute(MODULE_LOCK, &[&sha256]).await?;
     Ok(())
 }
 

@@ -8,8 +8,8 @@ use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, PutPayload};
 use tensor_wasm_runtime::{
-    is_valid_function_id, is_valid_snapshot_id, sha256_hex, FunctionRecord, FunctionStore, Result,
-    RuntimeError, SnapshotRecord, WriteBounds,
+    is_valid_function_id, is_valid_snapshot_id, sha256_hex, FunctionRecord, FunctionStore,
+    ModelRecord, Result, RuntimeError, SnapshotRecord, WriteBounds,
 };
 
 use crate::bridge::Bridge;
@@ -157,7 +157,7 @@ impl SharedStore {
     }
 
     /// Runs `call` on the store's runtime, timed into the metrics under `store`.
-    fn timed<T, Fut>(&self, store: &str, call: Fut) -> Shared<T>
+    pub(crate) fn timed<T, Fut>(&self, store: &str, call: Fut) -> Shared<T>
     where
         T: Send + 'static,
         Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
@@ -231,7 +231,7 @@ impl SharedStore {
 
     /// Runs the future `body` makes with the object store and `key` on the store's runtime;
     /// errors name the key.
-    fn with_blobs<T, F, Fut>(&self, key: ObjectPath, body: F) -> Result<T>
+    pub(crate) fn with_blobs<T, F, Fut>(&self, key: ObjectPath, body: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(Arc<dyn ObjectStore>, ObjectPath) -> Fut,
@@ -275,10 +275,10 @@ pub(crate) fn from_json<T: serde::de::DeserializeOwned>(
     serde_json::from_value(value).map_err(|e| SharedStoreError::Corrupt(format!("{what}: {e}")))
 }
 
-/// Takes the transaction-level lock of `tenant`'s records: deploys and snapshot captures of one
-/// tenant take turns until they commit, so the counts and bytes they check are the ones they
-/// write into, exactly across replicas.
-async fn lock_tenant(tx: &tokio_postgres::Transaction<'_>, tenant: &str) -> Shared<()> {
+/// Takes the transaction-level lock of `tenant`'s records: deploys, snapshot captures and model
+/// stores of one tenant take turns until they commit, so the counts and bytes they check are
+/// the ones they write into, exactly across replicas.
+pub(crate) async fn lock_tenant(tx: &tokio_postgres::Transaction<'_>, tenant: &str) -> Shared<()> {
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtext('tw_functions:' || $1))",
         &[&tenant],
@@ -288,9 +288,9 @@ async fn lock_tenant(tx: &tokio_postgres::Transaction<'_>, tenant: &str) -> Shar
 }
 
 /// The refusal of `adding` more bytes for `tenant` when they would take it past
-/// `bounds.max_stored_bytes`: its functions' modules and its snapshots, as their records count
-/// them. Call it holding [`lock_tenant`].
-async fn over_stored_bytes(
+/// `bounds.max_stored_bytes`: its functions' modules, its snapshots and its models, as their
+/// records count them. Call it holding [`lock_tenant`].
+pub(crate) async fn over_stored_bytes(
     tx: &tokio_postgres::Transaction<'_>,
     tenant: &str,
     adding: u64,
@@ -304,7 +304,9 @@ async fn over_stored_bytes(
             "SELECT ((SELECT COALESCE(sum((record->>'module_size')::bigint), 0)
                       FROM tw_functions WHERE tenant = $1)
                    + (SELECT COALESCE(sum((record->>'stored_bytes')::bigint), 0)
-                      FROM tw_snapshots WHERE record->>'tenant' = $1))::bigint",
+                      FROM tw_snapshots WHERE record->>'tenant' = $1)
+                   + (SELECT COALESCE(sum((record->>'bytes')::bigint), 0)
+                      FROM tw_models WHERE tenant = $1))::bigint",
             &[&tenant],
         )
         .await?
@@ -350,7 +352,11 @@ async fn new_function_refusal(
 const CHANGES_LOCK_KEY: i64 = 0x7477_6368_616e_6765;
 
 /// Appends a change of `key` to the change log and wakes the listeners (on commit).
-async fn log_change(tx: &tokio_postgres::Transaction<'_>, kind: &str, key: &str) -> Shared<()> {
+pub(crate) async fn log_change(
+    tx: &tokio_postgres::Transaction<'_>,
+    kind: &str,
+    key: &str,
+) -> Shared<()> {
     // Writers of the log take turns (until their commit), so sequence numbers become visible
     // in order: a follower that has read up to n never later sees a smaller one commit.
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGES_LOCK_KEY])
@@ -391,6 +397,30 @@ async fn touch_module(db: &Db, sha256: &str, size: i64) -> Shared<i64> {
 }
 
 impl FunctionStore for SharedStore {
+    fn put_model(&self, record: &ModelRecord, bytes: &[u8]) -> Result<()> {
+        self.store_model(record, bytes, &WriteBounds::default())
+    }
+
+    fn create_model(&self, record: &ModelRecord, bytes: &[u8], bounds: &WriteBounds) -> Result<()> {
+        self.store_model(record, bytes, bounds)
+    }
+
+    fn model_bytes(&self, sha256: &str) -> Result<Vec<u8>> {
+        self.read_model(sha256)
+    }
+
+    fn models(&self) -> Result<Vec<ModelRecord>> {
+        self.model_records()
+    }
+
+    fn model(&self, tenant: &str, name: &str) -> Result<Option<ModelRecord>> {
+        self.model_record(tenant, name)
+    }
+
+    fn delete_model(&self, tenant: &str, name: &str) -> Result<bool> {
+        self.remove_model(tenant, name)
+    }
+
     fn put_module(&self, bytes: &[u8]) -> Result<String> {
         let sha = sha256_hex(bytes);
         let size = bytes.len() as i64;

@@ -12,9 +12,9 @@ use std::time::Duration;
 use serde_json::json;
 use tensor_wasm_api::{Job, JobQueue, JobStatus, Submitted};
 use tensor_wasm_runtime::{
-    DeploySpec, FunctionLimits, FunctionRecord, FunctionStore, GuestMemory, InvocationStyle,
-    Runtime, RuntimeConfig, RuntimeError, RuntimeMetrics, SnapshotRecord, WriteBounds,
-    RECORD_FORMAT,
+    sha256_hex, DeploySpec, FunctionLimits, FunctionRecord, FunctionStore, GuestMemory,
+    InvocationStyle, ModelRecord, Runtime, RuntimeConfig, RuntimeError, RuntimeMetrics,
+    SnapshotRecord, WriteBounds, RECORD_FORMAT,
 };
 use tensor_wasm_shared::{
     migrate::SCHEMA_VERSION, BlobStoreConfig, ChangeFollower, FollowOptions, Orphans, PoolOptions,
@@ -97,6 +97,7 @@ fn the_shared_store_on_real_postgresql_and_s3() {
     a_change_never_re_creates_a_deleted_function(&pg, &s3);
     records_written_before_versions_upgrade(&pg, &s3);
     a_deploy_refused_by_a_quota_uploads_nothing(&pg, &s3);
+    models_are_unique_per_name_and_followed_by_replicas(&pg, &s3);
     lease_renewals_keep_their_period_during_large_deploys(&pg, &s3);
     a_frozen_database_ends_calls_at_their_timeout(&pg, &s3);
 }
@@ -324,10 +325,11 @@ fn replica(
         after,
         options,
         Arc::new(move |change| {
-            following
-                .reload_function(&change.key)
-                .map(drop)
-                .map_err(|e| e.to_string())
+            match change.model() {
+                Some((tenant, name)) => following.reload_model(tenant, name),
+                None => following.reload_function(&change.key).map(drop),
+            }
+            .map_err(|e| e.to_string())
         }),
     );
     (runtime, follower)
@@ -799,6 +801,8 @@ fn records_written_before_versions_upgrade(pg: &Postgres, s3: &S3Server) {
         "upgrade",
         "ALTER TABLE tw_tenants DROP COLUMN version; ALTER TABLE tw_functions DROP COLUMN version; \
          ALTER TABLE tw_modules DROP COLUMN generation; DROP SEQUENCE tw_module_generations; \
+         DROP TABLE tw_models; DROP TABLE tw_model_blobs; \
+         DROP SEQUENCE tw_model_blob_generations; \
          DELETE FROM tw_schema_migrations WHERE version >= 5",
     );
     assert_eq!(
@@ -884,6 +888,194 @@ fn a_deploy_refused_by_a_quota_uploads_nothing(pg: &Postgres, s3: &S3Server) {
         );
     }
     assert_eq!(store.blob_totals().unwrap(), before);
+}
+
+fn model(tenant: &str, name: &str, bytes: &[u8]) -> ModelRecord {
+    ModelRecord {
+        tenant: tenant.into(),
+        name: name.into(),
+        sha256: sha256_hex(bytes),
+        bytes: bytes.len() as u64,
+        created_unix_ms: 1,
+    }
+}
+
+/// Models over three stores (replicas): stored through one, read and listed through another,
+/// bytes checked against their digest; a name taken is a conflict, and of eight stores of one
+/// name at once exactly one succeeds; models count toward the tenant's stored bytes with its
+/// modules, exactly, and refuse a deploy past it; a runtime following the change log sees a
+/// model stored and deleted elsewhere within a second; a deleted model's bytes stay until the
+/// orphan collector finds no record naming them, and bytes another record names are kept.
+fn models_are_unique_per_name_and_followed_by_replicas(pg: &Postgres, s3: &S3Server) {
+    let url = pg.create_database("models");
+    let config = blobs(s3, "tw-test", "models");
+    let stores: Vec<SharedStore> = (0..3)
+        .map(|_| SharedStore::connect(&url, &config).unwrap())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let (follower, _following) = replica(&url, &config, dir.path());
+
+    // Stored through A: B reads the record and the bytes, C lists it, the follower has it.
+    let bytes = b"model one".to_vec();
+    let one = model("acme", "one", &bytes);
+    stores[0].put_model(&one, &bytes).unwrap();
+    assert_eq!(stores[1].model("acme", "one").unwrap(), Some(one.clone()));
+    assert_eq!(stores[1].model("acme", "two").unwrap(), None);
+    assert_eq!(stores[1].model_bytes(&one.sha256).unwrap(), bytes);
+    assert_eq!(stores[2].models().unwrap(), vec![one.clone()]);
+    wait_until(Duration::from_secs(1), "the follower has the model", || {
+        follower.model("acme", "one").is_ok_and(|r| r == one)
+    });
+    assert_eq!(
+        psql(
+            pg,
+            "models",
+            "SELECT kind || ' ' || key FROM tw_changes ORDER BY seq"
+        ),
+        vec!["model acme/one"]
+    );
+
+    // Damaged bytes are refused when read.
+    let object = format!(
+        "{}/tw-test/models/models/{}.onnx",
+        s3.endpoint(),
+        one.sha256
+    );
+    ureq::put(&object).send_bytes(b"not the model").unwrap();
+    let err = stores[1].model_bytes(&one.sha256).unwrap_err().to_string();
+    assert!(err.contains("does not match its digest"), "{err}");
+    ureq::put(&object).send_bytes(&bytes).unwrap();
+    assert!(
+        stores[1].model_bytes(&"ab".repeat(32)).is_err(),
+        "missing bytes"
+    );
+    assert!(stores[1].model_bytes("../../x").is_err(), "not a digest");
+
+    // The name is taken: through another store, with other bytes, it is a conflict.
+    let other = b"model two".to_vec();
+    let err = stores[1]
+        .put_model(&model("acme", "one", &other), &other)
+        .unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::Conflict(m) if m.contains("`one` exists")),
+        "{err:?}"
+    );
+    // Eight stores of one new name at once, each with its own bytes: exactly one succeeds,
+    // the others are conflicts.
+    let barrier = std::sync::Barrier::new(8);
+    let outcomes: Vec<Result<(), RuntimeError>> = std::thread::scope(|scope| {
+        let puts: Vec<_> = (0..8)
+            .map(|i| {
+                let (store, barrier) = (&stores[i % 3], &barrier);
+                scope.spawn(move || {
+                    let bytes = format!("racer {i}").into_bytes();
+                    barrier.wait();
+                    store.put_model(&model("acme", "race", &bytes), &bytes)
+                })
+            })
+            .collect();
+        puts.into_iter().map(|p| p.join().unwrap()).collect()
+    });
+    assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 1);
+    for refused in outcomes.iter().filter_map(|o| o.as_ref().err()) {
+        assert!(matches!(refused, RuntimeError::Conflict(_)), "{refused:?}");
+    }
+    let winner = stores[2]
+        .model("acme", "race")
+        .unwrap()
+        .expect("the winner");
+    assert_eq!(
+        stores[0].model_bytes(&winner.sha256).unwrap().len() as u64,
+        winner.bytes
+    );
+
+    // Stored bytes: a 30-byte module and models against 100 bytes, counted in the write.
+    let bound = WriteBounds {
+        max_stored_bytes: Some(100),
+        ..WriteBounds::default()
+    };
+    let module = stores[0].put_module(b"\0asm\x01\0\0\0").unwrap();
+    let function = FunctionRecord {
+        tenant: "quota".into(),
+        module_size: 30,
+        ..record("fn-0000000000000000000000e1", &module)
+    };
+    stores[0].create_function(&function, &bound).unwrap();
+    let fifty = vec![5u8; 50];
+    stores[1]
+        .create_model(&model("quota", "fifty", &fifty), &fifty, &bound)
+        .unwrap();
+    let thirty = vec![3u8; 30];
+    let refused = stores[2]
+        .create_model(&model("quota", "thirty", &thirty), &thirty, &bound)
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            RuntimeError::StorageQuotaExceeded {
+                limit: 100,
+                used: 80,
+                requested: 30
+            }
+        ),
+        "{refused:?}"
+    );
+    let deploy = FunctionRecord {
+        tenant: "quota".into(),
+        module_size: 30,
+        ..record("fn-0000000000000000000000e2", &module)
+    };
+    let refused = stores[0].create_function(&deploy, &bound).unwrap_err();
+    assert!(
+        matches!(refused, RuntimeError::StorageQuotaExceeded { used: 80, .. }),
+        "models count toward a deploy's stored bytes: {refused:?}"
+    );
+    assert!(stores[1].model("quota", "thirty").unwrap().is_none());
+
+    // The same bytes under a second name; the first deleted through B: gone for every store
+    // and, within a second, for the follower; deleting it again finds nothing.
+    let twin = model("acme", "twin", &bytes);
+    stores[2].put_model(&twin, &bytes).unwrap();
+    assert!(stores[1].delete_model("acme", "one").unwrap());
+    assert!(!stores[0].delete_model("acme", "one").unwrap());
+    assert_eq!(stores[0].model("acme", "one").unwrap(), None);
+    wait_until(
+        Duration::from_secs(1),
+        "the follower dropped the model",
+        || follower.model("acme", "one").is_err(),
+    );
+    assert!(follower.model("acme", "twin").is_ok());
+
+    // The orphan collector: the bytes of the race's losers that got as far as their upload go
+    // (no record names them); the bytes the twin names stay, and so do the winner's and the
+    // fifty's. The model the quota refused uploaded nothing.
+    let rows = |pg: &Postgres| -> usize {
+        psql(pg, "models", "SELECT count(*) FROM tw_model_blobs")[0]
+            .parse()
+            .unwrap()
+    };
+    let before = rows(pg);
+    let removed = stores[0].collect_orphans(Duration::ZERO, false).unwrap();
+    assert_eq!(removed.modules, 0, "{removed:?}");
+    assert_eq!(removed.models, before - 3, "{removed:?}");
+    assert_eq!(rows(pg), 3, "the rows of the bytes records name");
+    assert_eq!(stores[1].model_bytes(&twin.sha256).unwrap(), bytes);
+    assert_eq!(
+        stores[1].model_bytes(&winner.sha256).unwrap().len(),
+        winner.bytes as usize
+    );
+    assert_eq!(stores[1].model_bytes(&sha256_hex(&fifty)).unwrap(), fifty);
+    assert!(stores[1].model_bytes(&sha256_hex(&thirty)).is_err());
+
+    // The twin deleted too: its bytes are an orphan now, collected; stored again after, they
+    // are stored whole.
+    assert!(stores[0].delete_model("acme", "twin").unwrap());
+    let removed = stores[0].collect_orphans(Duration::ZERO, false).unwrap();
+    assert_eq!(removed.models, 1, "{removed:?}");
+    assert_eq!(removed.bytes, bytes.len() as u64);
+    assert!(stores[1].model_bytes(&twin.sha256).is_err());
+    stores[2].put_model(&twin, &bytes).unwrap();
+    assert_eq!(stores[1].model_bytes(&twin.sha256).unwrap(), bytes);
 }
 
 /// A job that a replica renews while the same replica stores four 64 MiB modules at once: each

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use tensor_wasm_runtime::{FunctionRecord, FunctionStore, Result, SnapshotRecord};
+use tensor_wasm_runtime::{FunctionRecord, FunctionStore, ModelRecord, Result, SnapshotRecord};
 
 use crate::wait::wait_until_async;
 
@@ -107,6 +107,22 @@ impl Drop for Closed {
 }
 
 impl FunctionStore for GatedStore {
+    fn put_model(&self, record: &ModelRecord, bytes: &[u8]) -> Result<()> {
+        self.inner.put_model(record, bytes)
+    }
+
+    fn model_bytes(&self, sha256: &str) -> Result<Vec<u8>> {
+        self.inner.model_bytes(sha256)
+    }
+
+    fn models(&self) -> Result<Vec<ModelRecord>> {
+        self.inner.models()
+    }
+
+    fn delete_model(&self, tenant: &str, name: &str) -> Result<bool> {
+        self.inner.delete_model(tenant, name)
+    }
+
     fn put_module(&self, bytes: &[u8]) -> Result<String> {
         self.put_module.pass();
         self.inner.put_module(bytes)

@@ -4,12 +4,18 @@
 //! by the function store (bytes content-addressed, then the record). Deleting one is
 //! immediate for new loads; an invocation that already loaded it finishes with it (the parsed
 //! model is in memory), so a delete never waits for or breaks a running invocation.
+//!
+//! The runtime keeps the records in memory (`NnShared::named`), read from the store when it
+//! opens. Over a shared store, a replica that follows the change log brings them up to date
+//! with [`Runtime::reload_model`] when another replica stores or deletes one; the store
+//! refuses a name taken in its own write, so two replicas storing one name at once cannot
+//! both succeed.
 
 use std::sync::PoisonError;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::error::{Result, RuntimeError};
-use crate::store::{sha256_hex, ModelRecord};
+use crate::store::{sha256_hex, ModelRecord, WriteBounds};
 use crate::Runtime;
 
 /// What `put_model` stores, and the quota it counts against.
@@ -55,10 +61,7 @@ impl Runtime {
             .unwrap_or_else(PoisonError::into_inner)
             .contains_key(&key)
         {
-            return Err(RuntimeError::Conflict(format!(
-                "a model named `{}` exists; delete it first",
-                spec.name
-            )));
+            return Err(ModelRecord::name_taken(&spec.name));
         }
         let record = ModelRecord {
             tenant: spec.tenant.clone(),
@@ -76,7 +79,11 @@ impl Runtime {
             .inner
             .storage
             .reserve(&spec.tenant, record.bytes, quota, || Ok(()))?;
-        self.inner.store.put_model(&record, bytes)?;
+        let bounds = WriteBounds {
+            max_stored_bytes: Some(quota),
+            ..WriteBounds::default()
+        };
+        self.inner.store.create_model(&record, bytes, &bounds)?;
         reservation.commit();
         nn.named
             .write()
@@ -124,6 +131,36 @@ impl Runtime {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&(tenant.to_owned(), name.to_owned()));
         self.inner.storage.release(tenant, record.bytes);
+        Ok(())
+    }
+
+    /// Re-reads `tenant`'s model `name` from the store and adds, replaces or drops this
+    /// runtime's record of it to match, charging or releasing the tenant's stored bytes
+    /// likewise: another replica of a shared store stored or deleted it (the change log's
+    /// follower calls this). Read under the lock that serialises this runtime's own stores and
+    /// deletes of models, so a reload never undoes one of them.
+    ///
+    /// # Errors
+    /// The store's error when it cannot be read; the record kept here is then unchanged.
+    pub fn reload_model(&self, tenant: &str, name: &str) -> Result<()> {
+        let nn = &self.inner.nn;
+        let _serial = nn.named_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let stored = self.inner.store.model(tenant, name)?;
+        let key = (tenant.to_owned(), name.to_owned());
+        let mut named = nn.named.write().unwrap_or_else(PoisonError::into_inner);
+        if named.get(&key) == stored.as_ref() {
+            return Ok(());
+        }
+        if let Some(old) = named.remove(&key) {
+            self.inner.storage.release(tenant, old.bytes);
+        }
+        if let Some(record) = stored {
+            tracing::debug!(tenant, model = name, "model reloaded from the store");
+            self.inner.storage.charge(tenant, record.bytes);
+            named.insert(key, record);
+        } else {
+            tracing::debug!(tenant, model = name, "model deleted in the store; dropped");
+        }
         Ok(())
     }
 }
