@@ -113,8 +113,14 @@ impl<'m> Completion<'m> {
     /// A completion for work that is already finished (for example a launch that covers no
     /// element).
     pub(crate) fn finished(outcome: Result<(), GpuError>) -> Self {
-        let signal = Signal::new();
-        signal.finish(outcome);
+        // Set before anyone can wait: no one to wake (a notify is a system call).
+        let signal = Arc::new(Signal {
+            state: Mutex::new(SignalState {
+                outcome: Some(outcome),
+                waker: None,
+            }),
+            ..Signal::default()
+        });
         Self::pending(signal)
     }
 

@@ -16,9 +16,12 @@ use tensor_wasm_gpu::{CpuParts, GpuError, KernelArg, LaunchConfig};
 use crate::cpu::Element;
 use crate::{Blueprint, Dtype, JitError, Shape};
 
-/// A step of a part's multiply: one packing, or one column of register tiles (microseconds on
-/// an optimised build); the CPU backend runs steps until its slice of time is up.
-pub(crate) const GEMM_STEP: usize = 1;
+/// A step of a part's multiply: about this many multiply-adds (packings count one per value),
+/// at least one packing or one column of register tiles: a few microseconds on an optimised
+/// build, so that a small multiply is one step and the CPU backend, which reads the clock
+/// after every step until its slice of time is up, does not read it for every column.
+/// (Unit tests step one column at a time, to test resuming between them.)
+pub(crate) const GEMM_STEP: usize = if cfg!(test) { 1 } else { 1 << 16 };
 
 /// Fewer multiply-adds than this per part are not worth another core (unit tests split even
 /// the smallest launches, to test the parts' edges).

@@ -1,5 +1,6 @@
 //! Fusion of element-wise chains: an `elementwise[..]` launch whose output only the next
-//! element-wise launch reads (as its left operand) is merged into it as one `chain[..]`
+//! element-wise launch reads (as its left operand, or either operand of an addition or a
+//! multiplication, which commute) is merged into it as one `chain[..]`
 //! launch, which computes the same operations in the same order with the same roundings, so
 //! the bits do not change and one pass over memory is saved per fused step (a bias add and its
 //! activation, a residual add and its scale). After fusion, every buffer's lifetime is
@@ -116,6 +117,21 @@ fn launch_of(chain: &Chain) -> Option<Launch> {
     })
 }
 
+/// `next` with its operands swapped when it is one addition or multiplication reading
+/// `target` as its right operand: `b + a` is `a + b` to the bit (IEEE 754 addition and
+/// multiplication commute; only a NaN's payload, which the GPU does not keep either, may
+/// differ), so the chain before it can fuse.
+fn commuted(mut next: Chain, target: Slot) -> Chain {
+    if next.x != target
+        && next.operands == [target]
+        && matches!(next.ops.as_slice(), ["add"] | ["mul"])
+    {
+        next.operands = vec![next.x];
+        next.x = target;
+    }
+    next
+}
+
 fn touches(launch: &Launch, target: Slot) -> bool {
     launch.args.iter().any(|a| slot(a) == Some(target))
 }
@@ -142,6 +158,7 @@ pub(super) fn fuse(lowered: &mut Lowered) {
         };
         let later = (j + 1..launches.len()).any(|k| touches(&launches[k], first.out));
         let merged = chain_of(&launches[j])
+            .map(|next| commuted(next, first.out))
             .filter(|next| {
                 next.x == first.out
                     && next.n == first.n
