@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make models-bench`: the real models of scripts/onnx/models.py through TensorWasm's ONNX
 executor (CPU backend, every core; crates/tensor-wasm-bench/src/bin/models-bench.rs, release)
-and through ONNX Runtime (CPU execution provider, every core; scripts/onnx/ort_bench.py), the
+and through ONNX Runtime (CPU execution provider, the faster of every core and one thread; scripts/onnx/ort_bench.py), the
 same model, inputs and batch, one after the other in interleaved rounds on the same machine.
 Writes one run file with the machine, date, commit, every round's raw lines, and per case the
 median throughput of each side over the rounds and their ratio (ours / ONNX Runtime's).
@@ -59,7 +59,7 @@ def main():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     doc = {
         "what": "real models (scripts/onnx/models.py) through the ONNX executor on the CPU backend vs ONNX Runtime "
-                "(CPU EP), same model, inputs, batch and cores; items per second, median over interleaved rounds",
+                "(CPU EP, the faster of every core and one thread), same model, inputs, batch and cores; items per second, median over interleaved rounds",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": commit + ("-dirty" if dirty else ""),
         "machine": {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release()},
