@@ -103,12 +103,16 @@ impl CpuBackend {
             failure: Mutex::new(None),
             signal: signal.clone(),
         });
-        self.pool
-            .submit(parts.into_iter().map(|(part, cursor)| Task {
-                job: job.clone(),
-                part,
-                cursor,
-            }));
+        self.pool.submit_helping(
+            parts
+                .into_iter()
+                .map(|(part, cursor)| Task {
+                    job: job.clone(),
+                    part,
+                    cursor,
+                })
+                .collect(),
+        );
         Completion::pending(signal)
     }
 }

@@ -25,6 +25,10 @@
 
 use std::fmt;
 
+#[path = "gemm_packed.rs"]
+mod packed;
+pub use packed::PackedA;
+
 /// Rows of a register tile (one broadcast value of `a` each).
 const MR: usize = 12;
 /// Columns of a register tile of the baseline build.
@@ -37,6 +41,8 @@ const KC: usize = 256;
 /// packing b would cost as much as the product. (At 16 rows the register tiles win by 2x
 /// even with packing, in the transformer of `make models-bench`.)
 const DIRECT_ROWS: usize = 4;
+/// Columns of a strip of a multiply of few rows ([`Blocked::step_direct`]).
+const STRIP: usize = 16;
 /// Rows of `a` in one packed block (a multiple of `MR`).
 const MC: usize = 96;
 /// Columns of `b` packed at a time (a multiple of every `NR`).
@@ -69,7 +75,13 @@ pub trait Lane: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     /// The CPU must have AVX-512F.
     #[cfg(target_arch = "x86_64")]
     #[doc(hidden)]
-    unsafe fn tile_column_avx512(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]);
+    unsafe fn tile_column_avx512(
+        kc: usize,
+        packed_a: &[Self],
+        panel: &[Self],
+        ldb: usize,
+        sums: &mut [Self],
+    );
 
     /// [`Lane::tile_column_avx512`]'s 16-wide tiles with AVX2's 8-lane vectors: each tile in
     /// two halves of 6 rows × 2 vectors, so that the 12 sums, two vectors of `b` and the
@@ -79,7 +91,13 @@ pub trait Lane: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     /// The CPU must have AVX2.
     #[cfg(target_arch = "x86_64")]
     #[doc(hidden)]
-    unsafe fn tile_column_avx2(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]);
+    unsafe fn tile_column_avx2(
+        kc: usize,
+        packed_a: &[Self],
+        panel: &[Self],
+        ldb: usize,
+        sums: &mut [Self],
+    );
 }
 
 impl Lane for f32 {
@@ -99,14 +117,26 @@ impl Lane for f32 {
         self * other
     }
     #[cfg(target_arch = "x86_64")]
-    unsafe fn tile_column_avx512(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]) {
+    unsafe fn tile_column_avx512(
+        kc: usize,
+        packed_a: &[Self],
+        panel: &[Self],
+        ldb: usize,
+        sums: &mut [Self],
+    ) {
         // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
-        unsafe { avx512::tile_column_f32(kc, packed_a, panel, sums) }
+        unsafe { avx512::tile_column_f32(kc, packed_a, panel, ldb, sums) }
     }
     #[cfg(target_arch = "x86_64")]
-    unsafe fn tile_column_avx2(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]) {
+    unsafe fn tile_column_avx2(
+        kc: usize,
+        packed_a: &[Self],
+        panel: &[Self],
+        ldb: usize,
+        sums: &mut [Self],
+    ) {
         // SAFETY: the caller guarantees AVX2, the function's one requirement.
-        unsafe { avx2::tile_column_f32(kc, packed_a, panel, sums) }
+        unsafe { avx2::tile_column_f32(kc, packed_a, panel, ldb, sums) }
     }
 }
 
@@ -127,14 +157,26 @@ impl Lane for i32 {
         self.wrapping_mul(other)
     }
     #[cfg(target_arch = "x86_64")]
-    unsafe fn tile_column_avx512(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]) {
+    unsafe fn tile_column_avx512(
+        kc: usize,
+        packed_a: &[Self],
+        panel: &[Self],
+        ldb: usize,
+        sums: &mut [Self],
+    ) {
         // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
-        unsafe { avx512::tile_column_i32(kc, packed_a, panel, sums) }
+        unsafe { avx512::tile_column_i32(kc, packed_a, panel, ldb, sums) }
     }
     #[cfg(target_arch = "x86_64")]
-    unsafe fn tile_column_avx2(kc: usize, packed_a: &[Self], panel: &[Self], sums: &mut [Self]) {
+    unsafe fn tile_column_avx2(
+        kc: usize,
+        packed_a: &[Self],
+        panel: &[Self],
+        ldb: usize,
+        sums: &mut [Self],
+    ) {
         // SAFETY: the caller guarantees AVX2, the function's one requirement.
-        unsafe { avx2::tile_column_i32(kc, packed_a, panel, sums) }
+        unsafe { avx2::tile_column_i32(kc, packed_a, panel, ldb, sums) }
     }
 }
 
@@ -470,6 +512,7 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
                 kc,
                 &self.packed_a[..m_tiles * kc * MR],
                 panel,
+                NR,
                 sums,
             );
             spent += (m_tiles * MR * NR * kc).max(1);
@@ -495,15 +538,19 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
         self.done()
     }
 
-    /// A multiply of few rows, straight from b's rows: for each `p` in order, every row's
-    /// sums gain `a[i][p] · b[p][j]` (a product, then a sum, each rounded, as in the tiles),
-    /// vectorised across the row. Packing would cost more than it saves; `pc` is the next `p`,
-    /// `packed_a` all of a, `sums` the `m × cols` outputs.
+    /// A multiply of few rows from b's rows as they are (no panels): for each strip of
+    /// [`STRIP`] columns and each row, the row's sums of the strip stay in registers while
+    /// they gain `a[i][p] · b[p][j]` for each `p` in order (a product, then a sum, each
+    /// rounded, as in the tiles). Packing would cost more than it saves. `packed_a` holds all
+    /// of a, `packed_b` all of b (rows padded to whole strips), `jr` is the next strip, `sums`
+    /// the `m × cols` outputs.
     fn step_direct(&mut self, source: &impl GemmSource<T>, c: &mut [u8], work: usize) -> bool {
         let (m, cols, k) = (self.m, self.cols, self.k);
         if self.done() {
             return true;
         }
+        let ldb = cols.next_multiple_of(STRIP);
+        let mut spent = 0usize;
         if !self.packed {
             self.packed_a.clear();
             self.packed_a.resize(m * k, T::ZERO);
@@ -512,25 +559,38 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
                     source.a_row(i, 0, row);
                 }
             }
+            self.packed_b.clear();
+            self.packed_b.resize(k * ldb, T::ZERO);
+            for (p, row) in self.packed_b.chunks_exact_mut(ldb).enumerate() {
+                source.b_row(p, 0, &mut row[..cols]);
+            }
             self.sums.clear();
             self.sums.resize(m * cols, T::ZERO);
-            self.row.resize(self.row.len().max(cols), T::ZERO);
             self.packed = true;
+            spent += k * (m + cols);
         }
-        let mut spent = 0usize;
-        while self.pc < k {
-            let p = self.pc;
-            source.b_row(p, 0, &mut self.row[..cols]);
-            let b = &self.row[..cols];
-            for (i, sums) in self.sums.chunks_exact_mut(cols).enumerate() {
-                let a = self.packed_a[i * k + p];
-                for (sum, &b) in sums.iter_mut().zip(b) {
-                    *sum = sum.add(a.mul(b));
+        while self.jr * STRIP < cols {
+            let j0 = self.jr * STRIP;
+            let width = STRIP.min(cols - j0);
+            for (a, sums) in self
+                .packed_a
+                .chunks_exact(k.max(1))
+                .zip(self.sums.chunks_exact_mut(cols))
+            {
+                let mut acc = [T::ZERO; STRIP];
+                for (&a, b) in a.iter().zip(self.packed_b.chunks_exact(ldb)) {
+                    let Ok(b) = <&[T; STRIP]>::try_from(&b[j0..j0 + STRIP]) else {
+                        continue;
+                    };
+                    for (sum, &b) in acc.iter_mut().zip(b) {
+                        *sum = sum.add(a.mul(b));
+                    }
                 }
+                sums[j0..j0 + width].copy_from_slice(&acc[..width]);
             }
-            self.pc += 1;
-            spent += m * cols;
-            if spent >= work && self.pc < k {
+            self.jr += 1;
+            spent += m * k * width;
+            if spent >= work && self.jr * STRIP < cols {
                 return false;
             }
         }
@@ -602,12 +662,14 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
 }
 
 /// Adds `kc` steps of `p` to the tiles of one column of panels: `packed_a` holds the block's
-/// row panels (`[p][MR]` each), `panel` b's `[p][NR]`, `sums` the column's tiles in row order.
+/// row panels (`[p][MR]` each), `panel` b's `NR` columns, row `p` at `p * ldb` (`ldb >= NR`;
+/// `NR` for a packed panel), `sums` the column's tiles in row order.
 fn tile_column<T: Lane, const NR: usize>(
     isa: Isa,
     kc: usize,
     packed_a: &[T],
     panel: &[T],
+    ldb: usize,
     sums: &mut [T],
 ) {
     match isa {
@@ -616,18 +678,18 @@ fn tile_column<T: Lane, const NR: usize>(
         // the one requirement of `tile_column_avx512`. Its tiles are 16 wide, as this
         // `Blocked`'s are (`Gemm::with_isa` makes AVX-512 ones with `NR_WIDE`).
         Isa::Avx512 if NR == NR_WIDE => unsafe {
-            T::tile_column_avx512(kc, packed_a, panel, sums);
+            T::tile_column_avx512(kc, packed_a, panel, ldb, sums);
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2 (whose tiles are 16 wide too).
         Isa::Avx2 if NR == NR_WIDE => unsafe {
-            T::tile_column_avx2(kc, packed_a, panel, sums);
+            T::tile_column_avx2(kc, packed_a, panel, ldb, sums);
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2, the one requirement of a `#[target_feature]` function;
         // the function is safe code.
-        Isa::Avx2 => unsafe { tile_column_avx2::<T, NR>(kc, packed_a, panel, sums) },
-        _ => tile_column_portable::<T, NR>(kc, packed_a, panel, sums),
+        Isa::Avx2 => unsafe { tile_column_avx2::<T, NR>(kc, packed_a, panel, ldb, sums) },
+        _ => tile_column_portable::<T, NR>(kc, packed_a, panel, ldb, sums),
     }
 }
 
@@ -644,9 +706,10 @@ fn tile_column_avx2<T: Lane, const NR: usize>(
     kc: usize,
     packed_a: &[T],
     panel: &[T],
+    ldb: usize,
     sums: &mut [T],
 ) {
-    tile_column_portable::<T, NR>(kc, packed_a, panel, sums);
+    tile_column_portable::<T, NR>(kc, packed_a, panel, ldb, sums);
 }
 
 #[inline(always)]
@@ -654,6 +717,7 @@ fn tile_column_portable<T: Lane, const NR: usize>(
     kc: usize,
     packed_a: &[T],
     panel: &[T],
+    ldb: usize,
     sums: &mut [T],
 ) {
     if kc == 0 {
@@ -663,20 +727,25 @@ fn tile_column_portable<T: Lane, const NR: usize>(
         .chunks_exact(kc * MR)
         .zip(sums.chunks_exact_mut(MR * NR))
     {
-        register_tile::<T, NR>(a_panel, panel, tile);
+        register_tile::<T, NR>(a_panel, panel, ldb, tile);
     }
 }
 
 /// One register tile: `tile[r][j] = tile[r][j] + a[p][r] * b[p][j]` for each `p` in order. The
 /// sums live in a local array the compiler keeps in vector registers.
 #[inline(always)]
-fn register_tile<T: Lane, const NR: usize>(a_panel: &[T], b_panel: &[T], tile: &mut [T]) {
+fn register_tile<T: Lane, const NR: usize>(
+    a_panel: &[T],
+    b_panel: &[T],
+    ldb: usize,
+    tile: &mut [T],
+) {
     let mut acc = [[T::ZERO; NR]; MR];
     for (row, sums) in acc.iter_mut().zip(tile.chunks_exact(NR)) {
         row.copy_from_slice(sums);
     }
-    for (a, b) in a_panel.chunks_exact(MR).zip(b_panel.chunks_exact(NR)) {
-        let (Ok(a), Ok(b)) = (<&[T; MR]>::try_from(a), <&[T; NR]>::try_from(b)) else {
+    for (a, b) in a_panel.chunks_exact(MR).zip(b_panel.chunks(ldb)) {
+        let (Ok(a), Ok(b)) = (<&[T; MR]>::try_from(a), <&[T; NR]>::try_from(&b[..NR])) else {
             continue;
         };
         for (row, &a_value) in acc.iter_mut().zip(a) {

@@ -19,12 +19,14 @@ pub(super) mod avx512 {
         kc: usize,
         packed_a: &[f32],
         panel: &[f32],
+        ldb: usize,
         sums: &mut [f32],
     ) {
         if kc == 0 {
             return;
         }
-        let panel = &panel[..kc * NR_WIDE];
+        assert!(ldb >= NR_WIDE, "rows of b overlap");
+        let panel = &panel[..(kc - 1) * ldb + NR_WIDE];
         for (a_panel, tile) in packed_a
             .chunks_exact(kc * MR)
             .zip(sums.chunks_exact_mut(MR * NR_WIDE))
@@ -34,8 +36,8 @@ pub(super) mod avx512 {
                 // SAFETY: `sums` holds NR_WIDE = 16 f32: one unaligned 64-byte load.
                 *row = unsafe { _mm512_loadu_ps(sums.as_ptr()) };
             }
-            for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks_exact(NR_WIDE)) {
-                // SAFETY: `b` holds 16 f32.
+            for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks(ldb)) {
+                // SAFETY: `b` holds at least 16 f32 (`ldb >= 16` each, the last 16).
                 let b = unsafe { _mm512_loadu_ps(b.as_ptr()) };
                 for (row, &a) in acc.iter_mut().zip(a) {
                     *row = _mm512_add_ps(*row, _mm512_mul_ps(_mm512_set1_ps(a), b));
@@ -53,12 +55,14 @@ pub(super) mod avx512 {
         kc: usize,
         packed_a: &[i32],
         panel: &[i32],
+        ldb: usize,
         sums: &mut [i32],
     ) {
         if kc == 0 {
             return;
         }
-        let panel = &panel[..kc * NR_WIDE];
+        assert!(ldb >= NR_WIDE, "rows of b overlap");
+        let panel = &panel[..(kc - 1) * ldb + NR_WIDE];
         for (a_panel, tile) in packed_a
             .chunks_exact(kc * MR)
             .zip(sums.chunks_exact_mut(MR * NR_WIDE))
@@ -68,8 +72,8 @@ pub(super) mod avx512 {
                 // SAFETY: `sums` holds NR_WIDE = 16 i32: one unaligned 64-byte load.
                 *row = unsafe { _mm512_loadu_si512(sums.as_ptr().cast::<__m512i>()) };
             }
-            for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks_exact(NR_WIDE)) {
-                // SAFETY: `b` holds 16 i32.
+            for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks(ldb)) {
+                // SAFETY: `b` holds at least 16 i32 (`ldb >= 16` each, the last 16).
                 let b = unsafe { _mm512_loadu_si512(b.as_ptr().cast::<__m512i>()) };
                 for (row, &a) in acc.iter_mut().zip(a) {
                     *row = _mm512_add_epi32(*row, _mm512_mullo_epi32(_mm512_set1_epi32(a), b));
@@ -103,12 +107,14 @@ pub(super) mod avx2 {
         kc: usize,
         packed_a: &[f32],
         panel: &[f32],
+        ldb: usize,
         sums: &mut [f32],
     ) {
         if kc == 0 {
             return;
         }
-        let panel = &panel[..kc * NR_WIDE];
+        assert!(ldb >= NR_WIDE, "rows of b overlap");
+        let panel = &panel[..(kc - 1) * ldb + NR_WIDE];
         for (a_panel, tile) in packed_a
             .chunks_exact(kc * MR)
             .zip(sums.chunks_exact_mut(MR * NR_WIDE))
@@ -124,8 +130,8 @@ pub(super) mod avx2 {
                         ]
                     };
                 }
-                for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks_exact(NR_WIDE)) {
-                    // SAFETY: `b` holds 16 f32.
+                for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks(ldb)) {
+                    // SAFETY: `b` holds at least 16 f32 (`ldb >= 16` each, the last 16).
                     let b = unsafe {
                         [
                             _mm256_loadu_ps(b.as_ptr()),
@@ -154,12 +160,14 @@ pub(super) mod avx2 {
         kc: usize,
         packed_a: &[i32],
         panel: &[i32],
+        ldb: usize,
         sums: &mut [i32],
     ) {
         if kc == 0 {
             return;
         }
-        let panel = &panel[..kc * NR_WIDE];
+        assert!(ldb >= NR_WIDE, "rows of b overlap");
+        let panel = &panel[..(kc - 1) * ldb + NR_WIDE];
         let vector = |at: *const i32| at.cast::<__m256i>();
         for (a_panel, tile) in packed_a
             .chunks_exact(kc * MR)
@@ -176,8 +184,8 @@ pub(super) mod avx2 {
                         ]
                     };
                 }
-                for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks_exact(NR_WIDE)) {
-                    // SAFETY: `b` holds 16 i32.
+                for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks(ldb)) {
+                    // SAFETY: `b` holds at least 16 i32 (`ldb >= 16` each, the last 16).
                     let b = unsafe {
                         [
                             _mm256_loadu_si256(vector(b.as_ptr())),

@@ -114,12 +114,15 @@ pub(crate) fn check_buffers(
 ) -> Result<(), GpuError> {
     for (index, arg) in args.iter().enumerate() {
         if let KernelArg::Buffer { offset, len } = *arg {
-            check_buffer(
-                &format!("{kernel} argument {index}"),
-                offset,
-                len,
-                memory_len,
-            )?;
+            // The label is only written out for an error (a launch checks every argument).
+            if check_buffer("", offset, len, memory_len).is_err() {
+                check_buffer(
+                    &format!("{kernel} argument {index}"),
+                    offset,
+                    len,
+                    memory_len,
+                )?;
+            }
         }
     }
     Ok(())

@@ -73,6 +73,7 @@ mod emit;
 mod error;
 mod fingerprint;
 mod fma;
+mod gather;
 mod kinds;
 pub mod math;
 mod program;

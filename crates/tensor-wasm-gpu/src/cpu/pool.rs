@@ -266,6 +266,18 @@ impl PoolQueue {
         queue.push_back(task);
     }
 
+    /// Takes a queued task of `job` out of turn (its own caller helping it).
+    fn take_of(&mut self, job: &Arc<CpuJob>) -> Option<Task> {
+        let queue = self.by_tenant.get_mut(&job.tenant)?;
+        let at = queue.iter().position(|task| Arc::ptr_eq(&task.job, job))?;
+        let task = queue.remove(at);
+        if queue.is_empty() {
+            self.by_tenant.remove(&job.tenant);
+            self.turns.retain(|tenant| tenant != &job.tenant);
+        }
+        task
+    }
+
     fn pop(&mut self) -> Option<Task> {
         let tenant = self.turns.pop_front()?;
         let queue = self.by_tenant.get_mut(&tenant)?;
@@ -340,6 +352,28 @@ impl WorkerPool {
     /// Worker threads.
     pub(super) fn size(&self) -> usize {
         self.workers.len()
+    }
+
+    /// Queues `tasks` (the parts of one job), then runs slices of the ones still queued on
+    /// the calling thread, which would otherwise sit idle waiting for the launch: a small part
+    /// is done before a sleeping worker wakes up. It is the launching tenant's own thread and
+    /// time, as a one-part launch's first slice (`cpu.rs`); it stops at the first slice that
+    /// leaves work, which goes back to the queue for the workers.
+    pub(super) fn submit_helping(&self, tasks: Vec<Task>) {
+        let Some(job) = tasks.first().map(|task| task.job.clone()) else {
+            return;
+        };
+        self.submit(tasks);
+        loop {
+            let task = self.shared.lock().take_of(&job);
+            let Some(task) = task else {
+                return;
+            };
+            if let Some(unfinished) = task.run_slice() {
+                self.submit([unfinished]);
+                return;
+            }
+        }
     }
 
     pub(super) fn submit(&self, tasks: impl IntoIterator<Item = Task>) {

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use tensor_wasm_gpu::gemm::{decode_into, encode_into, Gemm, GemmSource};
 use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, KernelArg, LaunchConfig};
 
+use super::conv_packed::Packed;
+use super::rows::load;
 use super::{blocks, parse_int, product, Kind, KindRun};
 use crate::contract::{Param, ParamKind, Shape, BLOCK_1D};
 use crate::cpu::{covered, write, Element, Stage, STEP_WORK};
@@ -453,6 +455,7 @@ impl<T: Element + Send> KindRun<T> for ConvRun<T> {
                         first,
                         exact: None,
                         pixel: 0,
+                        packed: None,
                         gemm: None,
                     };
                     (range, boxed(Box::new(part)))
@@ -486,7 +489,7 @@ impl Conv {
     }
 
     /// Taps per output pixel.
-    fn taps(&self) -> usize {
+    pub(crate) fn taps(&self) -> usize {
         self.c * self.r * self.s
     }
 }
@@ -541,8 +544,51 @@ struct ConvPart<T> {
     exact: Option<bool>,
     /// The pixel-by-pixel path: the next pixel of the row in progress.
     pixel: usize,
-    /// The multiply of the image in progress.
+    /// The weights packed once for every image of the part (decided at the first step;
+    /// `None` for a convolution too deep to pack whole, which multiplies image by image).
+    packed: Option<Packed<T>>,
+    /// The multiply of the image in progress, when the weights are not packed.
     gemm: Option<Gemm<T>>,
+}
+
+/// Fills `out` with the taps `tap` (`(ci, r, s)` in order) of an image's pixels `col0..`:
+/// the input value each pixel's window reads there, zero in the padding.
+fn tap_row<T: Element>(conv: &Conv, x: &[u8], tap: usize, col0: usize, out: &mut [T]) {
+    let (ci, rs) = (tap / (conv.r * conv.s), tap % (conv.r * conv.s));
+    let (r, s) = (rs / conv.s, rs % conv.s);
+    // Output columns whose tap lies inside a row: `q · stride + s − pad` in `0..w`.
+    let q_first = conv.pad.saturating_sub(s).div_ceil(conv.stride).min(conv.q);
+    let q_end = (conv.w + conv.pad)
+        .saturating_sub(s)
+        .div_ceil(conv.stride)
+        .clamp(q_first, conv.q);
+    let mut pixel = col0;
+    let mut filled = 0;
+    while filled < out.len() {
+        let (p, q0) = (pixel / conv.q, pixel % conv.q);
+        let run = (conv.q - q0).min(out.len() - filled);
+        let values = &mut out[filled..filled + run];
+        match (p * conv.stride + r).checked_sub(conv.pad) {
+            Some(ih) if ih < conv.h => {
+                let line = &x[4 * (ci * conv.h + ih) * conv.w..][..4 * conv.w];
+                let lo = q_first.clamp(q0, q0 + run);
+                let hi = q_end.clamp(lo, q0 + run);
+                values[..lo - q0].fill(T::ZERO);
+                values[hi - q0..].fill(T::ZERO);
+                let inside = &mut values[lo - q0..hi - q0];
+                if conv.stride == 1 && lo < hi {
+                    decode_into(&line[4 * (lo + s - conv.pad)..], inside);
+                } else if lo < hi {
+                    for (value, q) in inside.iter_mut().zip(lo..) {
+                        *value = load(line, q * conv.stride + s - conv.pad);
+                    }
+                }
+            }
+            _ => values.fill(T::ZERO),
+        }
+        filled += run;
+        pixel += run;
+    }
 }
 
 /// One image's taps as the columns of a multiply: `b[(ci, r, s)][pixel]`.
@@ -560,33 +606,7 @@ impl<T: Element> GemmSource<T> for Taps<'_> {
     }
 
     fn b_row(&self, tap: usize, col0: usize, out: &mut [T]) {
-        let conv = self.conv;
-        let (ci, rs) = (tap / (conv.r * conv.s), tap % (conv.r * conv.s));
-        let (r, s) = (rs / conv.s, rs % conv.s);
-        let mut pixel = col0;
-        let mut filled = 0;
-        while filled < out.len() {
-            let (p, q0) = (pixel / conv.q, pixel % conv.q);
-            let run = (conv.q - q0).min(out.len() - filled);
-            let values = &mut out[filled..filled + run];
-            match (p * conv.stride + r).checked_sub(conv.pad) {
-                Some(ih) if ih < conv.h => {
-                    let row = &self.x[4 * (ci * conv.h + ih) * conv.w..][..4 * conv.w];
-                    for (value, q) in values.iter_mut().zip(q0..) {
-                        *value = match (q * conv.stride + s).checked_sub(conv.pad) {
-                            Some(iw) if iw < conv.w => {
-                                let at = 4 * iw;
-                                T::from_le([row[at], row[at + 1], row[at + 2], row[at + 3]])
-                            }
-                            _ => T::ZERO,
-                        };
-                    }
-                }
-                _ => values.fill(T::ZERO),
-            }
-            filled += run;
-            pixel += run;
-        }
+        tap_row(self.conv, self.x, tap, col0, out);
     }
 }
 
@@ -596,14 +616,27 @@ impl<T: Element + Send> CpuPart for ConvPart<T> {
             return Err(internal("conv2d"));
         };
         let conv = self.conv.clone();
-        let exact = *self.exact.get_or_insert_with(|| {
-            let mut value = [T::ZERO];
-            w.chunks_exact(4).any(|bytes| {
-                decode_into(bytes, &mut value);
-                !value[0].is_finite()
-            })
-        });
         let channels = self.channels;
+        let exact = match self.exact {
+            Some(exact) => exact,
+            None => {
+                // Every weight looked at (no early exit): a loop the compiler vectorises.
+                let exact = w.chunks_exact(4).fold(false, |any, bytes| {
+                    any | !T::from_le([bytes[0], bytes[1], bytes[2], bytes[3]]).is_finite()
+                });
+                if !exact && !self.rows.is_empty() {
+                    // The part's channels: a range of one image's, or all of them.
+                    let (start, last) = (self.rows.start, self.rows.end - 1);
+                    let own = if start / channels == last / channels {
+                        start % channels..last % channels + 1
+                    } else {
+                        0..channels
+                    };
+                    self.packed = Packed::new(&conv, w, own);
+                }
+                *self.exact.insert(exact)
+            }
+        };
         let mut spent = 0;
         while self.rows.start < self.rows.end && spent < STEP_WORK {
             let (img, ko) = (self.rows.start / channels, self.rows.start % channels);
@@ -621,14 +654,27 @@ impl<T: Element + Send> CpuPart for ConvPart<T> {
                 }
                 continue;
             }
-            // One multiply per image: this image's remaining rows of the part.
+            // This image's remaining rows of the part.
             let end = self.rows.end.min((img + 1) * channels);
+            let image = &x[img * conv.image_bytes()..];
+            if let Some(packed) = &mut self.packed {
+                let first = self.first;
+                let out = |ko: usize| 4 * (img * conv.k + ko - first) * plane;
+                let span = ko..ko + (end - self.rows.start);
+                let (work, done) = packed.step(&conv, image, span, self.pixels, output, out);
+                spent += work;
+                if done {
+                    self.rows.start = end;
+                }
+                continue;
+            }
+            // One multiply per image.
             let gemm = self.gemm.get_or_insert_with(|| {
                 Gemm::new(end - self.rows.start, self.pixels, conv.taps(), plane)
             });
             let taps = Taps {
                 conv: &conv,
-                x: &x[img * conv.image_bytes()..],
+                x: image,
                 w: &w[4 * ko * conv.taps()..],
             };
             let done = gemm.step(&taps, &mut output[4 * row_out * plane..], GEMM_STEP);

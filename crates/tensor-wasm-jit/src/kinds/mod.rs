@@ -25,6 +25,7 @@ pub(crate) mod bmm;
 pub(crate) mod chain;
 pub(crate) mod concat;
 pub(crate) mod conv2d;
+mod conv_packed;
 pub(crate) mod copy;
 pub(crate) mod dwconv;
 pub(crate) mod elementwise;

@@ -20,8 +20,10 @@
 //! output row `r % P` of plane `r / P` (plane = image · c + channel), one output per thread.
 
 use std::fmt;
+use std::ops::Range;
 
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
+use zerocopy::FromBytes;
 
 use super::conv2d::{check_window, conv2d_output_size, parse_window, Conv2dParams};
 use super::rows::{load, spread_prologue, with_values, RowGrid, RowOp, RowRun};
@@ -382,6 +384,55 @@ impl<T: Element> RowOp<T> for Window {
     fn row(&self, row: usize, inputs: &[&[u8]], out: &mut [u8]) {
         with_values(out, |out: &mut [T]| self.compute(row, inputs, out));
     }
+
+    fn rows(
+        &self,
+        rows: Range<usize>,
+        (row_len, cols): (usize, usize),
+        inputs: &[&[u8]],
+        out: &mut [u8],
+    ) {
+        let whole = self.fold == Fold::Max && self.pad == 0 && cols == self.q && cols == row_len;
+        // Whole rows (`cols == row_len`): the part's output holds every row in full.
+        let end = if whole { 4 * rows.len() * row_len } else { 0 };
+        let x = <[T]>::ref_from_bytes(inputs[0]).ok();
+        match (x, <[T]>::mut_from_bytes(&mut out[..end])) {
+            (Some(x), Ok(out)) if whole => self.max_unpadded(rows, x, out),
+            _ => {
+                let first = rows.start;
+                for row in rows {
+                    let at = 4 * (row - first) * row_len;
+                    RowOp::<T>::row(self, row, inputs, &mut out[at..at + 4 * cols]);
+                }
+            }
+        }
+    }
+}
+
+impl Window {
+    /// Maximum pooling without padding (every tap in range), output rows `rows` into `out`
+    /// (`q` values a row): each output still takes its taps in order of r, s, by the same
+    /// select as [`Window::compute`].
+    fn max_unpadded<T: Element>(&self, rows: Range<usize>, x: &[T], out: &mut [T]) {
+        let (plane_in, q) = (self.h * self.w, self.q);
+        let (mut plane, mut p) = (rows.start / self.p, rows.start % self.p);
+        for out in out.chunks_exact_mut(q).take(rows.len()) {
+            out.fill(T::LOWEST);
+            for r in 0..self.r {
+                let line = &x[plane * plane_in + (p * self.stride + r) * self.w..][..self.w];
+                for s in 0..self.s {
+                    for (j, value) in out.iter_mut().enumerate() {
+                        let (m, x) = (*value, line[j * self.stride + s]);
+                        *value = if (x > m) | is_nan(&x) { x } else { m };
+                    }
+                }
+            }
+            p += 1;
+            if p == self.p {
+                (plane, p) = (plane + 1, 0);
+            }
+        }
+    }
 }
 
 impl Window {
@@ -414,7 +465,7 @@ impl Window {
                         // A select, not a branch: which tap wins is data-dependent.
                         for (value, iw) in outputs.zip(taps) {
                             let (m, x): (T, T) = (*value, load(line, iw));
-                            *value = if x > m || is_nan(&x) { x } else { m };
+                            *value = if (x > m) | is_nan(&x) { x } else { m };
                         }
                     }
                     Fold::Mean => {

@@ -73,6 +73,23 @@ pub(crate) trait RowOp<T>: fmt::Debug + Send + Sync + 'static {
     /// shape needs), in parameter order.
     fn row(&self, row: usize, inputs: &[&[u8]], out: &mut [u8]);
 
+    /// Computes rows `rows` into `out`: row `r` at element `(r - rows.start) · row_len`, its
+    /// first `cols` elements (the rest of each row untouched); row by row unless the kind
+    /// has a faster way for many rows at once.
+    fn rows(
+        &self,
+        rows: Range<usize>,
+        (row_len, cols): (usize, usize),
+        inputs: &[&[u8]],
+        out: &mut [u8],
+    ) {
+        let first = rows.start;
+        for row in rows {
+            let at = 4 * (row - first) * row_len;
+            self.row(row, inputs, &mut out[at..at + 4 * cols]);
+        }
+    }
+
     /// Whether [`RowOp::row`] may leave elements of `out` as they are (a launch covering part
     /// of a row): then `out` holds the output's current bytes when it is called.
     fn keeps_output(&self) -> bool {
@@ -212,16 +229,14 @@ struct RowPart<T, K> {
 
 impl<T: Element + Send, K: RowOp<T>> CpuPart for RowPart<T, K> {
     fn step(&mut self, inputs: &[&[u8]], output: &mut [u8]) -> Result<bool, GpuError> {
-        let mut spent = 0;
-        while !self.rows.is_empty() && spent < crate::cpu::STEP_WORK {
-            let row = self.rows.start;
-            let at = 4 * (row - self.first) * self.row_len;
-            // The output range holds the memory's current bytes: nothing to load.
-            self.op
-                .row(row, inputs, &mut output[at..at + 4 * self.cols]);
-            self.rows.start += 1;
-            spent += self.op.row_work().max(1);
-        }
+        // The rows of one step, at once. The output range holds the memory's current bytes:
+        // nothing to load.
+        let count = (crate::cpu::STEP_WORK / self.op.row_work().max(1)).clamp(1, self.rows.len());
+        let rows = self.rows.start..self.rows.start + count;
+        let at = 4 * (rows.start - self.first) * self.row_len;
+        self.op
+            .rows(rows, (self.row_len, self.cols), inputs, &mut output[at..]);
+        self.rows.start += count;
         Ok(self.rows.is_empty())
     }
 }

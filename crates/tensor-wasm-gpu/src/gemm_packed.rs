@@ -1,0 +1,94 @@
+//! [`PackedA`]: one `a` packed once and multiplied by many `b`s, panel by panel — a
+//! convolution's weights against each image's taps. [`super::Gemm`] packs `a` again for every
+//! product, which costs as much as the product itself when `b` is a few columns (the pixels of
+//! a small image). Same register tiles, same order of every sum: the same bits as `Gemm`.
+
+use std::ops::Range;
+
+use super::{tile_column, Isa, Lane, KC, MR, NR_NARROW, NR_WIDE};
+
+/// `a` (`m × k`) in panels of `MR` rows, every `p` of each: panel `ir` holds `[p][MR]` at
+/// `ir * k * MR` (zero rows past `m`).
+#[derive(Debug)]
+pub struct PackedA<T> {
+    isa: Isa,
+    m: usize,
+    k: usize,
+    packed: Vec<T>,
+}
+
+impl<T: Lane> PackedA<T> {
+    /// Packs the `m` rows of `k` values each that `row(i, out)` writes into `out`, for tiles of
+    /// [`Isa::selected`].
+    pub fn new(m: usize, k: usize, mut row: impl FnMut(usize, &mut [T])) -> Self {
+        let mut packed = vec![T::ZERO; m.div_ceil(MR) * k * MR];
+        let mut values = vec![T::ZERO; k];
+        for i in 0..m {
+            row(i, &mut values);
+            let panel = &mut packed[(i / MR) * k * MR..][..k * MR];
+            for (slot, &value) in panel[i % MR..].iter_mut().step_by(MR).zip(&values) {
+                *slot = value;
+            }
+        }
+        Self {
+            isa: Isa::selected(),
+            m,
+            k,
+            packed,
+        }
+    }
+
+    /// Rows of `a`.
+    #[must_use]
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+
+    /// Columns of one panel of `b` ([`PackedA::panel`]): the width of the register tiles.
+    #[must_use]
+    pub fn width(&self) -> usize {
+        match self.isa {
+            Isa::Avx512 | Isa::Avx2 => NR_WIDE,
+            Isa::Portable => NR_NARROW,
+        }
+    }
+
+    /// The first row of the tile that holds row `row` (where [`PackedA::panel`]'s sums begin).
+    #[must_use]
+    pub fn tile_start(row: usize) -> usize {
+        row - row % MR
+    }
+
+    /// Multiplies rows `rows` of `a` by one panel of `b`: [`PackedA::width`] columns of `k`
+    /// rows, row `p` at `panel[p * ldb..]` (`ldb >= width`). `sums` then holds the products
+    /// of the tiles covering `rows`, row-major, `width` values per row, from row
+    /// [`PackedA::tile_start`]`(rows.start)` on. Each sum is `((0 + a·b) + a·b) + ...` in
+    /// order of `p`, each product and sum rounded on its own, as [`super::Gemm`].
+    ///
+    /// # Panics
+    /// When `rows` reaches past `a`, `ldb < width`, or `panel` is too short.
+    pub fn panel(&self, rows: Range<usize>, panel: &[T], ldb: usize, sums: &mut Vec<T>) {
+        assert!(rows.end <= self.m, "rows past a");
+        let width = self.width();
+        assert!(ldb >= width, "rows of b overlap");
+        let tiles = rows.start / MR..rows.end.div_ceil(MR);
+        sums.clear();
+        sums.resize(tiles.len() * MR * width, T::ZERO);
+        if self.k == 0 {
+            return;
+        }
+        // Slices of `p` as `Gemm`'s blocks (the b slice stays in L1 across the tiles); the
+        // sums carry over, so the order of every sum is unchanged.
+        for pc in (0..self.k).step_by(KC) {
+            let kc = KC.min(self.k - pc);
+            let b = &panel[pc * ldb..][..(kc - 1) * ldb + width];
+            for (tile, sums) in tiles.clone().zip(sums.chunks_exact_mut(MR * width)) {
+                let a = &self.packed[(tile * self.k + pc) * MR..][..kc * MR];
+                match width {
+                    NR_WIDE => tile_column::<T, NR_WIDE>(self.isa, kc, a, b, ldb, sums),
+                    _ => tile_column::<T, NR_NARROW>(self.isa, kc, a, b, ldb, sums),
+                }
+            }
+        }
+    }
+}

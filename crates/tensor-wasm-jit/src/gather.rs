@@ -1,0 +1,81 @@
+//! Gathers of 32-bit values by index (`out[j] = values[at[j]]`), with AVX-512's gather
+//! instruction when the CPU has it: how the CPU's convolution collects each pixel's taps.
+
+#![allow(unsafe_code)]
+
+/// `out[j] = values[at[j]]` for every `j` below the shorter of `at` and `out`.
+///
+/// # Panics
+/// When an index is out of range of `values`.
+pub(crate) fn gather_u32(values: &[u32], at: &[u32], out: &mut [u32]) {
+    let n = at.len().min(out.len());
+    let (at, out) = (&at[..n], &mut out[..n]);
+    // Every index looked at (no early exit): a loop the compiler vectorises.
+    let largest = at.iter().fold(0u32, |largest, &i| largest.max(i));
+    assert!(
+        n == 0 || (largest as usize) < values.len(),
+        "gather index {largest} past {} values",
+        values.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && largest <= i32::MAX as u32 {
+        // SAFETY: the CPU has AVX-512F, the function's one target feature; every index is
+        // below `values.len()` (checked above) and fits an i32.
+        unsafe { gather_avx512(values, at, out) };
+        return;
+    }
+    for (value, &i) in out.iter_mut().zip(at) {
+        *value = values[i as usize];
+    }
+}
+
+/// # Safety
+/// The CPU has AVX-512F; every index of `at` is below `values.len()` and at most `i32::MAX`;
+/// `out` is as long as `at`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gather_avx512(values: &[u32], at: &[u32], out: &mut [u32]) {
+    use std::arch::x86_64::{
+        __m512i, _mm512_i32gather_epi32, _mm512_loadu_si512, _mm512_storeu_si512,
+    };
+    let whole = at.len() / 16 * 16;
+    for (at, out) in at[..whole]
+        .chunks_exact(16)
+        .zip(out[..whole].chunks_exact_mut(16))
+    {
+        // SAFETY: `at` and `out` hold 16 values each (unaligned 64-byte accesses); every index
+        // is in range of `values` (the caller's contract), scaled by 4 bytes.
+        unsafe {
+            let index = _mm512_loadu_si512(at.as_ptr().cast::<__m512i>());
+            let gathered = _mm512_i32gather_epi32::<4>(index, values.as_ptr().cast::<i32>());
+            _mm512_storeu_si512(out.as_mut_ptr().cast::<__m512i>(), gathered);
+        }
+    }
+    for (value, &i) in out[whole..].iter_mut().zip(&at[whole..]) {
+        *value = values[i as usize];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gather_u32;
+
+    #[test]
+    fn every_length_gathers_what_indexing_gives() {
+        let values: Vec<u32> = (0..100).map(|v| v * 7 + 3).collect();
+        for n in [0, 1, 15, 16, 17, 33, 64] {
+            let at: Vec<u32> = (0..n).map(|j| (j * 37 % 100) as u32).collect();
+            let mut out = vec![0; n];
+            gather_u32(&values, &at, &mut out);
+            let want: Vec<u32> = at.iter().map(|&i| values[i as usize]).collect();
+            assert_eq!(out, want, "{n} indices");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "gather index 100 past 100 values")]
+    fn an_index_past_the_values_is_refused() {
+        let values = vec![0u32; 100];
+        gather_u32(&values, &[3, 100], &mut [0, 0]);
+    }
+}

@@ -1,0 +1,223 @@
+//! The packed path of `conv2d` on the CPU: the weights packed once ([`PackedA`], kept
+//! across launches while the weights' bytes are unchanged, [`weights`]) and multiplied by
+//! each image's taps, gathered from a zero-padded copy of the image. Same register tiles
+//! and order of every sum as the image-by-image multiply: the same bits.
+
+use std::any::Any;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use tensor_wasm_gpu::gemm::{decode_into, encode_into, PackedA};
+use zerocopy::{FromBytes, IntoBytes};
+
+use super::conv2d::Conv;
+use crate::cpu::Element;
+use crate::gather::gather_u32;
+
+/// Output pixels of one image whose taps are gathered at a time (whole output rows, at least
+/// one).
+const PIXEL_BLOCK: usize = 256;
+/// Most bytes of one part's packed weights, gathered taps and padded image: a convolution
+/// past them multiplies image by image with [`Gemm`] instead.
+const PACKED_BYTES: usize = 16 << 20;
+
+/// The packed path: the part's output channels `ko0..` as a [`PackedA`] (packed once),
+/// multiplied by the taps of each image, a block of whole output rows at a time. The taps are
+/// gathered from a copy of the image with its zero padding around every channel, through a
+/// table of where each pixel's window reads (the same for every channel and block).
+pub(crate) struct Packed<T> {
+    weights: Arc<PackedA<T>>,
+    ko0: usize,
+    /// Output rows per block; the table's entries for one filter tap `(r, s)` span
+    /// `block_rows × q` pixels.
+    block_rows: usize,
+    /// `table[(r·S + s) · block_rows·q + j]`: where pixel `j` of the first block reads tap
+    /// `(r, s)` in a padded channel (row `ih + pad`, column `iw + pad`, `wp` columns a row).
+    table: Vec<u32>,
+    /// Columns of a padded channel.
+    wp: usize,
+    /// The image in progress, each channel padded: `c × (h + 2·pad) × wp`.
+    padded: Vec<T>,
+    /// The block's taps: row `tap` at `tap · ldb`, pixel `j` of the block at column `j`.
+    b: Vec<T>,
+    ldb: usize,
+    /// Whether `b` holds the block of output rows from `p0`; `jr` is its next panel.
+    built: bool,
+    p0: usize,
+    jr: usize,
+    sums: Vec<T>,
+}
+
+impl<T: Element> Packed<T> {
+    /// The part's weights packed, when the convolution fits [`PACKED_BYTES`]: `w` is the
+    /// weights' bytes, `channels` the output channels of the part.
+    pub(crate) fn new(conv: &Conv, w: &[u8], channels: Range<usize>) -> Option<Self> {
+        let taps = conv.taps();
+        let block_rows = (PIXEL_BLOCK / conv.q.max(1)).clamp(1, conv.p.max(1));
+        let block = block_rows * conv.q;
+        let ldb = block.next_multiple_of(16);
+        let (hp, wp) = (conv.h + 2 * conv.pad, conv.w + 2 * conv.pad);
+        let values = channels.len().next_multiple_of(16) * taps
+            + taps * ldb
+            + conv.c * hp * wp
+            + conv.r * conv.s * block;
+        if values.saturating_mul(4) > PACKED_BYTES || hp * wp > u32::MAX as usize {
+            return None;
+        }
+        let weights = weights(&w[4 * channels.start * taps..4 * channels.end * taps], taps);
+        let mut table = Vec::with_capacity(conv.r * conv.s * block);
+        for r in 0..conv.r {
+            for s in 0..conv.s {
+                for p in 0..block_rows {
+                    let row = (p * conv.stride + r) * wp + s;
+                    table.extend((0..conv.q).map(|q| (row + q * conv.stride) as u32));
+                }
+            }
+        }
+        Some(Self {
+            weights,
+            ko0: channels.start,
+            block_rows,
+            table,
+            wp,
+            padded: vec![T::ZERO; conv.c * hp * wp],
+            b: vec![T::ZERO; taps * ldb],
+            ldb,
+            built: false,
+            p0: 0,
+            jr: 0,
+            sums: Vec::new(),
+        })
+    }
+
+    /// Copies the image whose bytes start `x` into `padded` (the padding stays zero).
+    fn pad(&mut self, conv: &Conv, x: &[u8]) {
+        let plane = (conv.h + 2 * conv.pad) * self.wp;
+        for ci in 0..conv.c {
+            for ih in 0..conv.h {
+                let at = ci * plane + (ih + conv.pad) * self.wp + conv.pad;
+                let row = &x[4 * (ci * conv.h + ih) * conv.w..];
+                decode_into(row, &mut self.padded[at..at + conv.w]);
+            }
+        }
+    }
+
+    /// Gathers the taps of the block of output rows from `p0` (`nc` pixels) into `b`.
+    fn gather(&mut self, conv: &Conv, nc: usize) {
+        let plane = (conv.h + 2 * conv.pad) * self.wp;
+        let base = self.p0 * conv.stride * self.wp;
+        let block = self.block_rows * conv.q;
+        let rs = conv.r * conv.s;
+        for ci in 0..conv.c {
+            let channel = &self.padded[ci * plane + base..(ci + 1) * plane];
+            for k in 0..rs {
+                let row = &mut self.b[(ci * rs + k) * self.ldb..][..nc];
+                let table = &self.table[k * block..][..nc];
+                gather_u32(words(channel), table, words_mut(row));
+            }
+        }
+    }
+
+    /// Gathers the next block of output rows or multiplies one panel of it, for output
+    /// channels `channels` of the image whose bytes start `x`, `pixels` pixels of it;
+    /// `out(ko)` is the byte offset of channel `ko`'s output plane in `output`. Returns the
+    /// work done and whether the image is done.
+    pub(crate) fn step(
+        &mut self,
+        conv: &Conv,
+        x: &[u8],
+        channels: Range<usize>,
+        pixels: usize,
+        output: &mut [u8],
+        out: impl Fn(usize) -> usize,
+    ) -> (usize, bool) {
+        let (taps, width) = (conv.taps(), self.weights.width());
+        let j0 = self.p0 * conv.q;
+        let nc = (self.block_rows * conv.q).min(pixels - j0);
+        if !self.built {
+            if self.p0 == 0 {
+                self.pad(conv, x);
+            }
+            self.gather(conv, nc);
+            (self.built, self.jr) = (true, 0);
+            return ((taps * nc).max(1), false);
+        }
+        let rows = channels.start - self.ko0..channels.end - self.ko0;
+        let first = PackedA::<T>::tile_start(rows.start);
+        let col = self.jr * width;
+        self.weights
+            .panel(rows.clone(), &self.b[col..], self.ldb, &mut self.sums);
+        let cols = width.min(nc - col);
+        for row in rows.clone() {
+            let at = out(row + self.ko0) + 4 * (j0 + col);
+            let values = &self.sums[(row - first) * width..][..cols];
+            encode_into(values, &mut output[at..at + 4 * cols]);
+        }
+        self.jr += 1;
+        let work = (rows.len() * width * taps).max(1);
+        if self.jr * width < nc {
+            return (work, false);
+        }
+        self.built = false;
+        self.p0 += self.block_rows;
+        let done = self.p0 * conv.q >= pixels;
+        if done {
+            self.p0 = 0;
+        }
+        (work, done)
+    }
+}
+
+/// Most bytes of weights kept packed for later launches, all entries together.
+const CACHED_BYTES: usize = 32 << 20;
+
+/// Weights packed by earlier launches: the bytes they were packed from, and the packing.
+type Cached = (Vec<u8>, Arc<dyn Any + Send + Sync>);
+
+static CACHE: Mutex<Vec<Cached>> = Mutex::new(Vec::new());
+
+/// `bytes` (rows of `taps` little-endian values) packed: from the cache when a launch packed
+/// the same bytes before (compared in full, so a changed weight is never missed), else packed
+/// now and kept, the least recently used entries dropped past [`CACHED_BYTES`].
+fn weights<T: Element>(bytes: &[u8], taps: usize) -> Arc<PackedA<T>> {
+    let mut cache = CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let hit = cache
+        .iter()
+        .position(|(key, packed)| key.as_slice() == bytes && packed.is::<PackedA<T>>());
+    if let Some(at) = hit {
+        let entry = cache.remove(at);
+        let packed = entry.1.clone();
+        cache.push(entry);
+        if let Ok(packed) = packed.downcast::<PackedA<T>>() {
+            return packed;
+        }
+    }
+    drop(cache);
+    let rows = bytes.len() / (4 * taps.max(1));
+    let packed = Arc::new(PackedA::new(rows, taps, |i, out| {
+        decode_into(&bytes[4 * i * taps..], out);
+    }));
+    if 2 * bytes.len() <= CACHED_BYTES {
+        let mut cache = CACHE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut held: usize = cache.iter().map(|(key, _)| 2 * key.len()).sum();
+        while held + 2 * bytes.len() > CACHED_BYTES && !cache.is_empty() {
+            held -= 2 * cache.remove(0).0.len();
+        }
+        cache.push((bytes.to_vec(), packed.clone()));
+    }
+    packed
+}
+
+/// 32-bit values as their bits (an `Element` is 4 bytes, aligned to 4).
+fn words<T: Element>(values: &[T]) -> &[u32] {
+    <[u32]>::ref_from_bytes(values.as_bytes()).unwrap_or_default()
+}
+
+/// [`words`], mutably.
+fn words_mut<T: Element>(values: &mut [T]) -> &mut [u32] {
+    <[u32]>::mut_from_bytes(values.as_mut_bytes()).unwrap_or_default()
+}
