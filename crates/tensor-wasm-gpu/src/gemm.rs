@@ -342,6 +342,15 @@ impl<T: Lane> Gemm<T> {
         })
     }
 
+    /// Makes this a new multiply (as [`Gemm::new`] with the same ISA), keeping its buffers:
+    /// many small products in a row (a batch of matrices) then allocate nothing.
+    pub fn restart(&mut self, m: usize, cols: usize, k: usize, ldc: usize) {
+        match &mut self.0 {
+            Width::Narrow(g) => g.restart(m, cols, k, ldc),
+            Width::Wide(g) => g.restart(m, cols, k, ldc),
+        }
+    }
+
     /// The ISA of its tiles.
     #[must_use]
     pub fn isa(&self) -> Isa {
@@ -456,6 +465,12 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
             sums: Vec::new(),
             row: Vec::new(),
         }
+    }
+
+    fn restart(&mut self, m: usize, cols: usize, k: usize, ldc: usize) {
+        (self.m, self.cols, self.k, self.ldc) = (m, cols, k, ldc);
+        (self.jc, self.ic, self.pc, self.jr) = (0, 0, 0, 0);
+        self.packed = false;
     }
 
     /// Whether packed b holds every `p` of a column block `nc` wide (else only a slice).

@@ -421,3 +421,41 @@ fn a_short_row_folds_to_the_whole_trees_bits() {
         }
     }
 }
+
+/// A convolution's packed weights are kept across launches only while their bytes are the
+/// same: launches alternating between two sets of weights of one shape, at one place in
+/// memory, each compute what one pass over their own weights computes.
+#[test]
+fn a_convolution_after_its_weights_change_uses_the_new_weights() {
+    let blueprint = Blueprint::parse("conv2d[3x3,s1,p1]").unwrap();
+    let (n, c, h, w, k) = (2usize, 3usize, 6usize, 6usize, 5usize);
+    let (input, weights) = (0, 4 * n * c * h * w);
+    let output = weights + 4 * k * c * 9;
+    let len = output + 4 * n * k * h * w;
+    let args = [
+        buffer(input, n * c * h * w),
+        buffer(weights, k * c * 9),
+        buffer(output, n * k * h * w),
+        KernelArg::U32(n as u32),
+        KernelArg::U32(c as u32),
+        KernelArg::U32(h as u32),
+        KernelArg::U32(w as u32),
+        KernelArg::U32(k as u32),
+    ];
+    let shape = blueprint.launch_shape(&args).unwrap();
+    assert!(matches!(shape, Shape::Conv2d { .. }), "{shape:?}");
+    let config = blueprint.launch_config(&shape).unwrap();
+    for round in 0..4u32 {
+        let mut memory = vec![0u8; len];
+        fill(&mut memory[..output], 7);
+        // Every other round, other weights (the input stays the same).
+        fill(&mut memory[weights..output], 100 + round % 2);
+        let mut expected = memory.clone();
+        run_sliced(&blueprint, &config, &args, &mut expected, usize::MAX);
+        assert!(run_parts(&blueprint, &config, &args, &mut memory, 2));
+        assert!(
+            same_words(&memory, &expected),
+            "round {round}: the parts used other weights"
+        );
+    }
+}

@@ -3,6 +3,39 @@
 
 #![allow(unsafe_code)]
 
+/// A table of indices to gather by, with its largest index (checked against the values once
+/// per gather, not index by index).
+#[derive(Debug, Default)]
+pub(crate) struct Indices {
+    at: Vec<u32>,
+    largest: u32,
+}
+
+impl Indices {
+    pub(crate) fn new(at: Vec<u32>) -> Self {
+        let largest = largest(&at);
+        Self { at, largest }
+    }
+
+    /// `out[j] = values[at[first + j]]` for the `out.len()` indices from `first`.
+    ///
+    /// # Panics
+    /// When those indices reach past the table, or one is out of range of `values`.
+    pub(crate) fn gather(&self, values: &[u32], first: usize, out: &mut [u32]) {
+        let at = &self.at[first..first + out.len()];
+        if (self.largest as usize) < values.len() {
+            gather_checked(values, at, self.largest, out);
+        } else {
+            gather_u32(values, at, out);
+        }
+    }
+}
+
+/// The largest of `at` (0 for none), every index looked at: a loop the compiler vectorises.
+fn largest(at: &[u32]) -> u32 {
+    at.iter().fold(0u32, |largest, &i| largest.max(i))
+}
+
 /// `out[j] = values[at[j]]` for every `j` below the shorter of `at` and `out`.
 ///
 /// # Panics
@@ -10,8 +43,12 @@
 pub(crate) fn gather_u32(values: &[u32], at: &[u32], out: &mut [u32]) {
     let n = at.len().min(out.len());
     let (at, out) = (&at[..n], &mut out[..n]);
-    // Every index looked at (no early exit): a loop the compiler vectorises.
-    let largest = at.iter().fold(0u32, |largest, &i| largest.max(i));
+    gather_checked(values, at, largest(at), out);
+}
+
+/// [`gather_u32`] of `at` and `out` of one length, `largest` at least every index of `at`.
+fn gather_checked(values: &[u32], at: &[u32], largest: u32, out: &mut [u32]) {
+    let n = at.len();
     assert!(
         n == 0 || (largest as usize) < values.len(),
         "gather index {largest} past {} values",
@@ -19,8 +56,9 @@ pub(crate) fn gather_u32(values: &[u32], at: &[u32], out: &mut [u32]) {
     );
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") && largest <= i32::MAX as u32 {
-        // SAFETY: the CPU has AVX-512F, the function's one target feature; every index is
-        // below `values.len()` (checked above) and fits an i32.
+        // SAFETY: the CPU has AVX-512F, the function's one target feature; every index is at
+        // most `largest` (the caller's word: `Indices` computed it from the table, `gather_u32`
+        // from these indices), which is below `values.len()` (checked above) and fits an i32.
         unsafe { gather_avx512(values, at, out) };
         return;
     }

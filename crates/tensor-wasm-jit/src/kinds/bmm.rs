@@ -167,6 +167,7 @@ impl Kind for BmmLayout {
             multiply: None,
             a_rows: Vec::new(),
             b_rows: Vec::new(),
+            spare: None,
         };
         Ok(Box::new(BmmRun { part, inputs, out }))
     }
@@ -324,6 +325,8 @@ struct BmmPart<T> {
     /// Copies of transposed operands ([`Operands`]), kept for the next matrix.
     a_rows: Vec<T>,
     b_rows: Vec<T>,
+    /// The last matrix's multiply, whose buffers the next one reuses.
+    spare: Option<Gemm<T>>,
 }
 
 /// One matrix's multiply: rows up to `end` (before it), from copies of its transposed
@@ -378,8 +381,15 @@ impl<T: Element> BmmPart<T> {
                     }
                     spent += k * cols;
                 }
+                let gemm = match self.spare.take() {
+                    Some(mut gemm) => {
+                        gemm.restart(rows, cols, k, n);
+                        gemm
+                    }
+                    None => Gemm::new(rows, cols, k, n),
+                };
                 self.multiply = Some(Multiply {
-                    gemm: Gemm::new(rows, cols, k, n),
+                    gemm,
                     end,
                     a_copied,
                     b_copied,
@@ -400,7 +410,7 @@ impl<T: Element> BmmPart<T> {
             if multiply.gemm.step(&source, &mut output[at..], work) {
                 spent += ((multiply.end - row) * cols * k).max(1);
                 self.rows.start = multiply.end;
-                self.multiply = None;
+                self.spare = self.multiply.take().map(|multiply| multiply.gemm);
             } else {
                 spent += work;
             }
@@ -476,6 +486,7 @@ impl<T: Element + Send> KindRun<T> for BmmRun<T> {
                     multiply: None,
                     a_rows: Vec::new(),
                     b_rows: Vec::new(),
+                    spare: None,
                 };
                 (bytes, Box::new(part) as Box<dyn CpuPart>)
             })

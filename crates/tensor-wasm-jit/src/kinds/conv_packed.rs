@@ -12,7 +12,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use super::conv2d::Conv;
 use crate::cpu::Element;
-use crate::gather::gather_u32;
+use crate::gather::Indices;
 
 /// Output pixels of one image whose taps are gathered at a time (whole output rows, at least
 /// one).
@@ -28,12 +28,12 @@ const PACKED_BYTES: usize = 16 << 20;
 pub(crate) struct Packed<T> {
     weights: Arc<PackedA<T>>,
     ko0: usize,
-    /// Output rows per block; the table's entries for one filter tap `(r, s)` span
-    /// `block_rows × q` pixels.
+    /// Output rows per block; the table's entries for one tap span `block_rows × q` pixels.
     block_rows: usize,
-    /// `table[(r·S + s) · block_rows·q + j]`: where pixel `j` of the first block reads tap
-    /// `(r, s)` in a padded channel (row `ih + pad`, column `iw + pad`, `wp` columns a row).
-    table: Vec<u32>,
+    /// Entry `tap · block_rows·q + j`: where pixel `j` of the first block reads tap
+    /// `(ci, r, s)` in `padded` (channel `ci`, row `ih + pad`, column `iw + pad`); a later
+    /// block reads `p0 · stride` rows further.
+    table: Indices,
     /// Columns of a padded channel.
     wp: usize,
     /// The image in progress, each channel padded: `c × (h + 2·pad) × wp`.
@@ -60,17 +60,19 @@ impl<T: Element> Packed<T> {
         let values = channels.len().next_multiple_of(16) * taps
             + taps * ldb
             + conv.c * hp * wp
-            + conv.r * conv.s * block;
-        if values.saturating_mul(4) > PACKED_BYTES || hp * wp > u32::MAX as usize {
+            + taps * block;
+        if values.saturating_mul(4) > PACKED_BYTES || conv.c * hp * wp > u32::MAX as usize {
             return None;
         }
         let weights = weights(&w[4 * channels.start * taps..4 * channels.end * taps], taps);
-        let mut table = Vec::with_capacity(conv.r * conv.s * block);
-        for r in 0..conv.r {
-            for s in 0..conv.s {
-                for p in 0..block_rows {
-                    let row = (p * conv.stride + r) * wp + s;
-                    table.extend((0..conv.q).map(|q| (row + q * conv.stride) as u32));
+        let mut table = Vec::with_capacity(taps * block);
+        for ci in 0..conv.c {
+            for r in 0..conv.r {
+                for s in 0..conv.s {
+                    for p in 0..block_rows {
+                        let row = (ci * hp + p * conv.stride + r) * wp + s;
+                        table.extend((0..conv.q).map(|q| (row + q * conv.stride) as u32));
+                    }
                 }
             }
         }
@@ -78,7 +80,7 @@ impl<T: Element> Packed<T> {
             weights,
             ko0: channels.start,
             block_rows,
-            table,
+            table: Indices::new(table),
             wp,
             padded: vec![T::ZERO; conv.c * hp * wp],
             b: vec![T::ZERO; taps * ldb],
@@ -104,17 +106,17 @@ impl<T: Element> Packed<T> {
 
     /// Gathers the taps of the block of output rows from `p0` (`nc` pixels) into `b`.
     fn gather(&mut self, conv: &Conv, nc: usize) {
-        let plane = (conv.h + 2 * conv.pad) * self.wp;
-        let base = self.p0 * conv.stride * self.wp;
+        let values = words(&self.padded[self.p0 * conv.stride * self.wp..]);
         let block = self.block_rows * conv.q;
-        let rs = conv.r * conv.s;
-        for ci in 0..conv.c {
-            let channel = &self.padded[ci * plane + base..(ci + 1) * plane];
-            for k in 0..rs {
-                let row = &mut self.b[(ci * rs + k) * self.ldb..][..nc];
-                let table = &self.table[k * block..][..nc];
-                gather_u32(words(channel), table, words_mut(row));
-            }
+        if nc == self.ldb {
+            // Rows of `b` as long as the table's: one gather for every tap.
+            let taps = &mut self.b[..conv.taps() * nc];
+            self.table.gather(values, 0, words_mut(taps));
+            return;
+        }
+        for tap in 0..conv.taps() {
+            let row = &mut self.b[tap * self.ldb..][..nc];
+            self.table.gather(values, tap * block, words_mut(row));
         }
     }
 

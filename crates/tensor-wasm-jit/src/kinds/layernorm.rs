@@ -16,6 +16,7 @@
 //! (`grid = [rows, 1, 1]`).
 
 use std::fmt;
+use std::ops::Range;
 
 use tensor_wasm_gpu::gemm::decode_into;
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
@@ -255,22 +256,46 @@ impl<T: Element> RowOp<T> for LayerNorm {
     }
 
     fn row(&self, row: usize, inputs: &[&[u8]], out: &mut [u8]) {
-        with_values(out, |out: &mut [f32]| self.compute(row, inputs, out));
+        RowOp::<T>::rows(self, row..row + 1, (0, out.len() / 4), inputs, out);
+    }
+
+    fn rows(
+        &self,
+        rows: Range<usize>,
+        (row_len, cols): (usize, usize),
+        inputs: &[&[u8]],
+        out: &mut [u8],
+    ) {
+        // One set of partials for every row (each row leaves them at zero).
+        let mut partials = [0f32; REDUCE_THREADS];
+        let mut block = [0f32; REDUCE_THREADS];
+        let first = rows.start;
+        for row in rows {
+            let at = 4 * (row - first) * row_len;
+            with_values(&mut out[at..at + 4 * cols], |out: &mut [f32]| {
+                self.compute(row, inputs, out, [&mut partials, &mut block]);
+            });
+        }
     }
 }
 
 impl LayerNorm {
-    fn compute(&self, row: usize, inputs: &[&[u8]], out: &mut [f32]) {
+    /// Row `row` into `out`; `partials` are zero and left so.
+    fn compute(
+        &self,
+        row: usize,
+        inputs: &[&[u8]],
+        out: &mut [f32],
+        [partials, block]: [&mut [f32; REDUCE_THREADS]; 2],
+    ) {
         let c = self.cols;
         let x = &inputs[0][4 * row * c..][..4 * c];
-        let mut partials = [0f32; REDUCE_THREADS];
-        let mut block = [0f32; REDUCE_THREADS];
         // x into `out` (aligned there), its sum, then d = x - mean in place and d · d into
         // the partials, element j into partial j % 256.
         decode_into(x, out);
-        fold_span(ReduceOp::Sum, &mut partials, out.as_bytes(), &mut block);
+        fold_span(ReduceOp::Sum, partials, out.as_bytes(), block);
         let count = c as f32;
-        let mean = finish_row(ReduceOp::Sum, &mut partials, c) / count;
+        let mean = finish_row(ReduceOp::Sum, partials, c) / count;
         for d in out.iter_mut() {
             *d -= mean;
         }
@@ -279,7 +304,7 @@ impl LayerNorm {
                 *partial += d * d;
             }
         }
-        let var = finish_row(ReduceOp::Sum, &mut partials, c) / count;
+        let var = finish_row(ReduceOp::Sum, partials, c) / count;
         let r = math::rsqrt(var + self.epsilon);
         let value = |bytes: &[u8]| f32::from_le_bytes(bytes.try_into().expect("4 bytes"));
         let (scale, bias) = (&inputs[1][..4 * c], &inputs[2][..4 * c]);

@@ -15,6 +15,7 @@
 //! (`grid = [outer · inner, 1, 1]`, line `l` is `(l / inner, l % inner)`).
 
 use std::fmt;
+use std::ops::Range;
 
 use tensor_wasm_gpu::gemm::decode_into;
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
@@ -240,7 +241,26 @@ impl<T: Element> RowOp<T> for Softmax {
     }
 
     fn row(&self, row: usize, inputs: &[&[u8]], out: &mut [u8]) {
-        with_values(out, |out: &mut [f32]| self.slab(row, inputs, out));
+        RowOp::<T>::rows(self, row..row + 1, (0, out.len() / 4), inputs, out);
+    }
+
+    fn rows(
+        &self,
+        rows: Range<usize>,
+        (row_len, cols): (usize, usize),
+        inputs: &[&[u8]],
+        out: &mut [u8],
+    ) {
+        // One set of partials and scratch for every row.
+        let mut partials = [0f32; REDUCE_THREADS];
+        let mut block = [0f32; REDUCE_THREADS];
+        let first = rows.start;
+        for row in rows {
+            let at = 4 * (row - first) * row_len;
+            with_values(&mut out[at..at + 4 * cols], |out: &mut [f32]| {
+                self.slab(row, inputs, out, [&mut partials, &mut block]);
+            });
+        }
     }
 
     fn keeps_output(&self) -> bool {
@@ -250,13 +270,18 @@ impl<T: Element> RowOp<T> for Softmax {
 
 impl Softmax {
     /// Slab `row` into `out`, its `n · inner` elements.
-    fn slab(&self, row: usize, inputs: &[&[u8]], out: &mut [f32]) {
+    fn slab(
+        &self,
+        row: usize,
+        inputs: &[&[u8]],
+        out: &mut [f32],
+        [partials, block]: [&mut [f32; REDUCE_THREADS]; 2],
+    ) {
         let x = &inputs[0][4 * row * self.n * self.inner..][..4 * self.n * self.inner];
         let mut line = vec![0f32; if self.inner == 1 { 0 } else { self.n }];
-        let mut partials = [0f32; REDUCE_THREADS];
         for i in 0..self.inner.min(self.lines.saturating_sub(row * self.inner)) {
             if self.inner == 1 {
-                softmax_line(x, &mut partials, out);
+                softmax_line(x, [&mut *partials, &mut *block], out);
                 continue;
             }
             let mut bytes = Vec::with_capacity(4 * self.n);
@@ -264,7 +289,7 @@ impl Softmax {
                 let at = 4 * (j * self.inner + i);
                 bytes.extend_from_slice(&x[at..at + 4]);
             }
-            softmax_line(&bytes, &mut partials, &mut line);
+            softmax_line(&bytes, [&mut *partials, &mut *block], &mut line);
             for (j, value) in line.iter().enumerate() {
                 out[j * self.inner + i] = *value;
             }
@@ -273,13 +298,12 @@ impl Softmax {
 }
 
 /// One contiguous line: `x` its `out.len()` elements as bytes.
-fn softmax_line(x: &[u8], partials: &mut [f32], out: &mut [f32]) {
+fn softmax_line(x: &[u8], [partials, block]: [&mut [f32; REDUCE_THREADS]; 2], out: &mut [f32]) {
     // Only the partials a line of n elements touches are read (see `finish_row`).
     let n = out.len();
     decode_into(x, out);
-    let mut block = [0f32; REDUCE_THREADS];
     partials[..n.min(REDUCE_THREADS)].fill(f32::NEG_INFINITY);
-    fold_span(ReduceOp::Max, partials, out.as_bytes(), &mut block);
+    fold_span(ReduceOp::Max, partials, out.as_bytes(), block);
     let m = finish_row(ReduceOp::Max, partials, n);
     for y in out.chunks_mut(REDUCE_THREADS) {
         let d = &mut block[..y.len()];
