@@ -80,6 +80,7 @@ pub trait Lane: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
         packed_a: &[Self],
         panel: &[Self],
         ldb: usize,
+        fresh: bool,
         sums: &mut [Self],
     );
 
@@ -96,6 +97,7 @@ pub trait Lane: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
         packed_a: &[Self],
         panel: &[Self],
         ldb: usize,
+        fresh: bool,
         sums: &mut [Self],
     );
 }
@@ -122,10 +124,11 @@ impl Lane for f32 {
         packed_a: &[Self],
         panel: &[Self],
         ldb: usize,
+        fresh: bool,
         sums: &mut [Self],
     ) {
         // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
-        unsafe { avx512::tile_column_f32(kc, packed_a, panel, ldb, sums) }
+        unsafe { avx512::tile_column_f32(kc, packed_a, panel, ldb, fresh, sums) }
     }
     #[cfg(target_arch = "x86_64")]
     unsafe fn tile_column_avx2(
@@ -133,10 +136,11 @@ impl Lane for f32 {
         packed_a: &[Self],
         panel: &[Self],
         ldb: usize,
+        fresh: bool,
         sums: &mut [Self],
     ) {
         // SAFETY: the caller guarantees AVX2, the function's one requirement.
-        unsafe { avx2::tile_column_f32(kc, packed_a, panel, ldb, sums) }
+        unsafe { avx2::tile_column_f32(kc, packed_a, panel, ldb, fresh, sums) }
     }
 }
 
@@ -162,10 +166,11 @@ impl Lane for i32 {
         packed_a: &[Self],
         panel: &[Self],
         ldb: usize,
+        fresh: bool,
         sums: &mut [Self],
     ) {
         // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
-        unsafe { avx512::tile_column_i32(kc, packed_a, panel, ldb, sums) }
+        unsafe { avx512::tile_column_i32(kc, packed_a, panel, ldb, fresh, sums) }
     }
     #[cfg(target_arch = "x86_64")]
     unsafe fn tile_column_avx2(
@@ -173,10 +178,11 @@ impl Lane for i32 {
         packed_a: &[Self],
         panel: &[Self],
         ldb: usize,
+        fresh: bool,
         sums: &mut [Self],
     ) {
         // SAFETY: the caller guarantees AVX2, the function's one requirement.
-        unsafe { avx2::tile_column_i32(kc, packed_a, panel, ldb, sums) }
+        unsafe { avx2::tile_column_i32(kc, packed_a, panel, ldb, fresh, sums) }
     }
 }
 
@@ -504,9 +510,11 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
                     spent += kc * nc;
                 }
                 if self.pc == 0 {
-                    self.sums.clear();
-                    self.sums
-                        .resize(m_tiles * MR * nc.next_multiple_of(NR), T::ZERO);
+                    // No need to clear: the first slice of `p` writes every tile afresh.
+                    let len = m_tiles * MR * nc.next_multiple_of(NR);
+                    if self.sums.len() < len {
+                        self.sums.resize(len, T::ZERO);
+                    }
                 }
                 self.pack_a(source, mc, kc);
                 self.packed = true;
@@ -528,6 +536,7 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
                 &self.packed_a[..m_tiles * kc * MR],
                 panel,
                 NR,
+                self.pc == 0,
                 sums,
             );
             spent += (m_tiles * MR * NR * kc).max(1);
@@ -658,20 +667,16 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
 
     /// Writes the finished block's `mc × nc` outputs into `c`.
     fn store(&mut self, c: &mut [u8], mc: usize, nc: usize) {
-        self.row
-            .resize(self.row.len().max(nc.next_multiple_of(NR)), T::ZERO);
         let m_tiles = mc.div_ceil(MR);
         for r in 0..mc {
             let (ir, within) = (r / MR, r % MR);
-            for (jr, values) in self.row[..nc.next_multiple_of(NR)]
-                .chunks_exact_mut(NR)
-                .enumerate()
-            {
-                let tile = (jr * m_tiles + ir) * MR * NR;
-                values.copy_from_slice(&self.sums[tile + within * NR..][..NR]);
-            }
             let at = 4 * ((self.ic + r) * self.ldc + self.jc);
-            encode_into(&self.row[..nc], &mut c[at..at + 4 * nc]);
+            let out = &mut c[at..at + 4 * nc];
+            // Straight from each tile's row into `c`, NR values at a time.
+            for (jr, out) in out.chunks_mut(4 * NR).enumerate() {
+                let tile = (jr * m_tiles + ir) * MR * NR;
+                encode_into(&self.sums[tile + within * NR..][..NR], out);
+            }
         }
     }
 }
@@ -685,26 +690,33 @@ fn tile_column<T: Lane, const NR: usize>(
     packed_a: &[T],
     panel: &[T],
     ldb: usize,
+    fresh: bool,
     sums: &mut [T],
 ) {
+    if kc == 0 {
+        if fresh {
+            sums.fill(T::ZERO);
+        }
+        return;
+    }
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a `Blocked` is only made with an ISA this CPU has (`Gemm::with_isa` checks),
         // the one requirement of `tile_column_avx512`. Its tiles are 16 wide, as this
         // `Blocked`'s are (`Gemm::with_isa` makes AVX-512 ones with `NR_WIDE`).
         Isa::Avx512 if NR == NR_WIDE => unsafe {
-            T::tile_column_avx512(kc, packed_a, panel, ldb, sums);
+            T::tile_column_avx512(kc, packed_a, panel, ldb, fresh, sums);
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2 (whose tiles are 16 wide too).
         Isa::Avx2 if NR == NR_WIDE => unsafe {
-            T::tile_column_avx2(kc, packed_a, panel, ldb, sums);
+            T::tile_column_avx2(kc, packed_a, panel, ldb, fresh, sums);
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2, the one requirement of a `#[target_feature]` function;
         // the function is safe code.
-        Isa::Avx2 => unsafe { tile_column_avx2::<T, NR>(kc, packed_a, panel, ldb, sums) },
-        _ => tile_column_portable::<T, NR>(kc, packed_a, panel, ldb, sums),
+        Isa::Avx2 => unsafe { tile_column_avx2::<T, NR>(kc, packed_a, panel, ldb, fresh, sums) },
+        _ => tile_column_portable::<T, NR>(kc, packed_a, panel, ldb, fresh, sums),
     }
 }
 
@@ -722,9 +734,10 @@ fn tile_column_avx2<T: Lane, const NR: usize>(
     packed_a: &[T],
     panel: &[T],
     ldb: usize,
+    fresh: bool,
     sums: &mut [T],
 ) {
-    tile_column_portable::<T, NR>(kc, packed_a, panel, ldb, sums);
+    tile_column_portable::<T, NR>(kc, packed_a, panel, ldb, fresh, sums);
 }
 
 #[inline(always)]
@@ -733,6 +746,7 @@ fn tile_column_portable<T: Lane, const NR: usize>(
     packed_a: &[T],
     panel: &[T],
     ldb: usize,
+    fresh: bool,
     sums: &mut [T],
 ) {
     if kc == 0 {
@@ -742,7 +756,7 @@ fn tile_column_portable<T: Lane, const NR: usize>(
         .chunks_exact(kc * MR)
         .zip(sums.chunks_exact_mut(MR * NR))
     {
-        register_tile::<T, NR>(a_panel, panel, ldb, tile);
+        register_tile::<T, NR>(a_panel, panel, ldb, fresh, tile);
     }
 }
 
@@ -753,11 +767,14 @@ fn register_tile<T: Lane, const NR: usize>(
     a_panel: &[T],
     b_panel: &[T],
     ldb: usize,
+    fresh: bool,
     tile: &mut [T],
 ) {
     let mut acc = [[T::ZERO; NR]; MR];
-    for (row, sums) in acc.iter_mut().zip(tile.chunks_exact(NR)) {
-        row.copy_from_slice(sums);
+    if !fresh {
+        for (row, sums) in acc.iter_mut().zip(tile.chunks_exact(NR)) {
+            row.copy_from_slice(sums);
+        }
     }
     for (a, b) in a_panel.chunks_exact(MR).zip(b_panel.chunks(ldb)) {
         let (Ok(a), Ok(b)) = (<&[T; MR]>::try_from(a), <&[T; NR]>::try_from(&b[..NR])) else {

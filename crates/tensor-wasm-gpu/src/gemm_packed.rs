@@ -72,9 +72,12 @@ impl<T: Lane> PackedA<T> {
         let width = self.width();
         assert!(ldb >= width, "rows of b overlap");
         let tiles = rows.start / MR..rows.end.div_ceil(MR);
-        sums.clear();
-        sums.resize(tiles.len() * MR * width, T::ZERO);
+        let len = tiles.len() * MR * width;
+        if sums.len() < len {
+            sums.resize(len, T::ZERO);
+        }
         if self.k == 0 {
+            sums[..len].fill(T::ZERO);
             return;
         }
         // Slices of `p` as `Gemm`'s blocks (the b slice stays in L1 across the tiles); the
@@ -85,8 +88,8 @@ impl<T: Lane> PackedA<T> {
             for (tile, sums) in tiles.clone().zip(sums.chunks_exact_mut(MR * width)) {
                 let a = &self.packed[(tile * self.k + pc) * MR..][..kc * MR];
                 match width {
-                    NR_WIDE => tile_column::<T, NR_WIDE>(self.isa, kc, a, b, ldb, sums),
-                    _ => tile_column::<T, NR_NARROW>(self.isa, kc, a, b, ldb, sums),
+                    NR_WIDE => tile_column::<T, NR_WIDE>(self.isa, kc, a, b, ldb, pc == 0, sums),
+                    _ => tile_column::<T, NR_NARROW>(self.isa, kc, a, b, ldb, pc == 0, sums),
                 }
             }
         }

@@ -20,6 +20,7 @@ pub(super) mod avx512 {
         packed_a: &[f32],
         panel: &[f32],
         ldb: usize,
+        fresh: bool,
         sums: &mut [f32],
     ) {
         if kc == 0 {
@@ -33,8 +34,10 @@ pub(super) mod avx512 {
         {
             let mut acc = [_mm512_setzero_ps(); MR];
             for (row, sums) in acc.iter_mut().zip(tile.chunks_exact(NR_WIDE)) {
-                // SAFETY: `sums` holds NR_WIDE = 16 f32: one unaligned 64-byte load.
-                *row = unsafe { _mm512_loadu_ps(sums.as_ptr()) };
+                if !fresh {
+                    // SAFETY: `sums` holds NR_WIDE = 16 f32: one unaligned 64-byte load.
+                    *row = unsafe { _mm512_loadu_ps(sums.as_ptr()) };
+                }
             }
             for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks(ldb)) {
                 // SAFETY: `b` holds at least 16 f32 (`ldb >= 16` each, the last 16).
@@ -56,6 +59,7 @@ pub(super) mod avx512 {
         packed_a: &[i32],
         panel: &[i32],
         ldb: usize,
+        fresh: bool,
         sums: &mut [i32],
     ) {
         if kc == 0 {
@@ -69,8 +73,10 @@ pub(super) mod avx512 {
         {
             let mut acc = [_mm512_setzero_si512(); MR];
             for (row, sums) in acc.iter_mut().zip(tile.chunks_exact(NR_WIDE)) {
-                // SAFETY: `sums` holds NR_WIDE = 16 i32: one unaligned 64-byte load.
-                *row = unsafe { _mm512_loadu_si512(sums.as_ptr().cast::<__m512i>()) };
+                if !fresh {
+                    // SAFETY: `sums` holds NR_WIDE = 16 i32: one unaligned 64-byte load.
+                    *row = unsafe { _mm512_loadu_si512(sums.as_ptr().cast::<__m512i>()) };
+                }
             }
             for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks(ldb)) {
                 // SAFETY: `b` holds at least 16 i32 (`ldb >= 16` each, the last 16).
@@ -108,6 +114,7 @@ pub(super) mod avx2 {
         packed_a: &[f32],
         panel: &[f32],
         ldb: usize,
+        fresh: bool,
         sums: &mut [f32],
     ) {
         if kc == 0 {
@@ -122,6 +129,9 @@ pub(super) mod avx2 {
             for (half, rows) in tile.chunks_exact_mut(HALF * NR_WIDE).enumerate() {
                 let mut acc = [[_mm256_setzero_ps(); 2]; HALF];
                 for (row, sums) in acc.iter_mut().zip(rows.chunks_exact(NR_WIDE)) {
+                    if fresh {
+                        continue;
+                    }
                     // SAFETY: `sums` holds NR_WIDE = 16 f32: two unaligned 32-byte loads.
                     *row = unsafe {
                         [
@@ -161,6 +171,7 @@ pub(super) mod avx2 {
         packed_a: &[i32],
         panel: &[i32],
         ldb: usize,
+        fresh: bool,
         sums: &mut [i32],
     ) {
         if kc == 0 {
@@ -176,6 +187,9 @@ pub(super) mod avx2 {
             for (half, rows) in tile.chunks_exact_mut(HALF * NR_WIDE).enumerate() {
                 let mut acc = [[_mm256_setzero_si256(); 2]; HALF];
                 for (row, sums) in acc.iter_mut().zip(rows.chunks_exact(NR_WIDE)) {
+                    if fresh {
+                        continue;
+                    }
                     // SAFETY: `sums` holds NR_WIDE = 16 i32: two unaligned 32-byte loads.
                     *row = unsafe {
                         [
