@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use crate::GpuError;
 
@@ -16,6 +17,8 @@ use crate::GpuError;
 pub(crate) struct Signal {
     state: Mutex<SignalState>,
     finished: Condvar,
+    /// Set with the outcome: read without the lock by a waiter watching before it sleeps.
+    done: AtomicBool,
     /// Set by [`Completion::cancel`]; the work checks it where it can stop (the CPU backend,
     /// between slices).
     cancel_requested: AtomicBool,
@@ -25,7 +28,14 @@ pub(crate) struct Signal {
 struct SignalState {
     outcome: Option<Result<(), GpuError>>,
     waker: Option<Waker>,
+    /// Threads asleep on `finished` (the finisher wakes them only if there are any).
+    sleepers: usize,
 }
+
+/// How long a blocking wait watches for the outcome before it sleeps: a CPU launch's other
+/// parts usually end within it, and a sleeping waiter costs the finisher a wake-up (a system
+/// call, and on a virtual machine an interrupt to another core) and itself the time to wake.
+const WATCH: Duration = Duration::from_micros(50);
 
 impl Signal {
     pub(crate) fn new() -> Arc<Self> {
@@ -34,15 +44,18 @@ impl Signal {
 
     /// Marks the work finished with `outcome` and wakes every waiter. Only the first call counts.
     pub(crate) fn finish(&self, outcome: Result<(), GpuError>) {
-        let waker = {
+        let (waker, sleepers) = {
             let mut state = self.lock();
             if state.outcome.is_some() {
                 return;
             }
             state.outcome = Some(outcome);
-            state.waker.take()
+            self.done.store(true, Ordering::Release);
+            (state.waker.take(), state.sleepers)
         };
-        self.finished.notify_all();
+        if sleepers > 0 {
+            self.finished.notify_all();
+        }
         if let Some(waker) = waker {
             waker.wake();
         }
@@ -60,15 +73,18 @@ impl Signal {
     }
 
     fn block_until_finished(&self) -> Result<(), GpuError> {
+        watch_for(WATCH, || self.done.load(Ordering::Acquire));
         let mut state = self.lock();
         loop {
             if let Some(outcome) = &state.outcome {
                 return outcome.clone();
             }
+            state.sleepers += 1;
             state = self
                 .finished
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
+            state.sleepers -= 1;
         }
     }
 
@@ -118,7 +134,9 @@ impl<'m> Completion<'m> {
             state: Mutex::new(SignalState {
                 outcome: Some(outcome),
                 waker: None,
+                sleepers: 0,
             }),
+            done: AtomicBool::new(true),
             ..Signal::default()
         });
         Self::pending(signal)
@@ -196,6 +214,23 @@ impl fmt::Debug for Completion<'_> {
             .field("done", &self.is_done())
             .finish()
     }
+}
+
+/// Checks `ready` without sleeping for up to `limit`; `true` once it holds.
+pub(crate) fn watch_for(limit: Duration, ready: impl Fn() -> bool) -> bool {
+    if ready() {
+        return true;
+    }
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        for _ in 0..64 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    ready()
 }
 
 #[cfg(test)]

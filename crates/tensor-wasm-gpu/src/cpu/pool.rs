@@ -13,13 +13,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::kernels::{Cursor, GuestMemory, Work};
-use crate::completion::Signal;
+use crate::completion::{watch_for, Signal};
 use crate::{GpuError, KernelArg, KernelProgram, LaunchConfig};
 
 /// A slice of a program's steps, or of a blocked matmul's: steps run until this much time has
@@ -245,7 +245,19 @@ pub(super) struct WorkerPool {
 struct PoolShared {
     queue: Mutex<PoolQueue>,
     available: Condvar,
+    /// Tasks queued, as of the last change of the queue (read without the lock by a worker
+    /// watching the queue before it sleeps).
+    queued: AtomicUsize,
+    /// Whether a worker is watching the queue: one at a time, so that the watcher and the
+    /// launching thread (which runs parts itself, `submit_helping`) take two cores at most.
+    watching: AtomicBool,
 }
+
+/// How long a worker that finds the queue empty watches it before it sleeps. A model's
+/// launches come microseconds apart: a worker still watching takes the next one's parts at
+/// once, where a sleeping one takes tens of microseconds to wake (more on a virtual machine,
+/// whose idle core must be woken too). Bounded, so an idle pool sleeps.
+const SPIN: Duration = Duration::from_micros(50);
 
 /// Queued tasks by tenant, and the order in which tenants get the next free worker.
 #[derive(Default)]
@@ -254,6 +266,11 @@ struct PoolQueue {
     /// Tenants with queued tasks, each once: the front one is served next, then goes to the
     /// back if it still has tasks queued.
     turns: VecDeque<Arc<str>>,
+    /// Tasks queued, all tenants together.
+    len: usize,
+    /// Workers asleep on `available` (a submit wakes them only if there are any: a wake is a
+    /// system call, and on a virtual machine an interrupt to another core).
+    sleeping: usize,
     shutting_down: bool,
 }
 
@@ -264,6 +281,7 @@ impl PoolQueue {
             self.turns.push_back(task.job.tenant.clone());
         }
         queue.push_back(task);
+        self.len += 1;
     }
 
     /// Takes a queued task of `job` out of turn (its own caller helping it).
@@ -271,6 +289,7 @@ impl PoolQueue {
         let queue = self.by_tenant.get_mut(&job.tenant)?;
         let at = queue.iter().position(|task| Arc::ptr_eq(&task.job, job))?;
         let task = queue.remove(at);
+        self.len -= 1;
         if queue.is_empty() {
             self.by_tenant.remove(&job.tenant);
             self.turns.retain(|tenant| tenant != &job.tenant);
@@ -282,6 +301,7 @@ impl PoolQueue {
         let tenant = self.turns.pop_front()?;
         let queue = self.by_tenant.get_mut(&tenant)?;
         let task = queue.pop_front();
+        self.len -= usize::from(task.is_some());
         if queue.is_empty() {
             self.by_tenant.remove(&tenant);
         } else {
@@ -297,6 +317,21 @@ impl PoolShared {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Publishes how many tasks `queue` holds (after changing it, with the lock held).
+    fn publish(&self, queue: &PoolQueue) {
+        self.queued.store(queue.len, Ordering::Release);
+    }
+
+    /// Watches the queue for up to [`SPIN`] (without the lock); `true` if a task came.
+    fn watch(&self) -> bool {
+        if self.watching.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        let came = watch_for(SPIN, || self.queued.load(Ordering::Acquire) > 0);
+        self.watching.store(false, Ordering::Release);
+        came
+    }
+
     /// Puts `unfinished` back at the end of its tenant's queue, then takes the next task in
     /// turn (waiting for one); `None` once the pool shuts down and nothing is left.
     fn next_task(&self, unfinished: Option<Task>) -> Option<Task> {
@@ -304,17 +339,28 @@ impl PoolShared {
         if let Some(task) = unfinished {
             queue.push(task);
         }
+        let mut watched = false;
         loop {
             if let Some(task) = queue.pop() {
+                self.publish(&queue);
                 return Some(task);
             }
             if queue.shutting_down {
                 return None;
             }
+            if !watched {
+                watched = true;
+                drop(queue);
+                self.watch();
+                queue = self.lock();
+                continue;
+            }
+            queue.sleeping += 1;
             queue = self
                 .available
                 .wait(queue)
                 .unwrap_or_else(PoisonError::into_inner);
+            queue.sleeping -= 1;
         }
     }
 }
@@ -365,7 +411,12 @@ impl WorkerPool {
         };
         self.submit(tasks);
         loop {
-            let task = self.shared.lock().take_of(&job);
+            let task = {
+                let mut queue = self.shared.lock();
+                let task = queue.take_of(&job);
+                self.shared.publish(&queue);
+                task
+            };
             let Some(task) = task else {
                 return;
             };
@@ -381,8 +432,12 @@ impl WorkerPool {
         for task in tasks {
             queue.push(task);
         }
+        self.shared.publish(&queue);
+        let sleeping = queue.sleeping > 0;
         drop(queue);
-        self.shared.available.notify_all();
+        if sleeping {
+            self.shared.available.notify_all();
+        }
     }
 }
 
