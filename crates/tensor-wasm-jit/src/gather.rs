@@ -3,6 +3,8 @@
 
 #![allow(unsafe_code)]
 
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
 /// A table of indices to gather by, with its largest index (checked against the values once
 /// per gather, not index by index).
 #[derive(Debug, Default)]
@@ -92,6 +94,16 @@ unsafe fn gather_avx512(values: &[u32], at: &[u32], out: &mut [u32]) {
     for (value, &i) in out[whole..].iter_mut().zip(&at[whole..]) {
         *value = values[i as usize];
     }
+}
+
+/// 32-bit values as their bits (4 bytes each, aligned to 4: a view, no copy).
+pub(crate) fn words<T: IntoBytes + Immutable>(values: &[T]) -> &[u32] {
+    <[u32]>::ref_from_bytes(values.as_bytes()).unwrap_or_default()
+}
+
+/// [`words`], mutably.
+pub(crate) fn words_mut<T: IntoBytes + FromBytes>(values: &mut [T]) -> &mut [u32] {
+    <[u32]>::mut_from_bytes(values.as_mut_bytes()).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -8,11 +8,10 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use tensor_wasm_gpu::gemm::{decode_into, encode_into, PackedA};
-use zerocopy::{FromBytes, IntoBytes};
 
 use super::conv2d::Conv;
 use crate::cpu::Element;
-use crate::gather::Indices;
+use crate::gather::{words, words_mut, Indices};
 
 /// Output pixels of one image whose taps are gathered at a time (whole output rows, at least
 /// one).
@@ -212,14 +211,4 @@ fn weights<T: Element>(bytes: &[u8], taps: usize) -> Arc<PackedA<T>> {
         cache.push((bytes.to_vec(), packed.clone()));
     }
     packed
-}
-
-/// 32-bit values as their bits (an `Element` is 4 bytes, aligned to 4).
-fn words<T: Element>(values: &[T]) -> &[u32] {
-    <[u32]>::ref_from_bytes(values.as_bytes()).unwrap_or_default()
-}
-
-/// [`words`], mutably.
-fn words_mut<T: Element>(values: &mut [T]) -> &mut [u32] {
-    <[u32]>::mut_from_bytes(values.as_mut_bytes()).unwrap_or_default()
 }

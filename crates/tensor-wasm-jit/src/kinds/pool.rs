@@ -31,6 +31,7 @@ use super::{product, Kind};
 use crate::contract::{Param, ParamKind, Shape};
 use crate::cpu::{Element, Stage};
 use crate::emit::{global_pointer, ins, label, Ops};
+use crate::gather::{words, words_mut, Indices};
 use crate::{Dtype, JitError};
 
 /// `maxpool[RxS,sT,pP]`: the largest in-range tap of each window (a NaN tap wins).
@@ -183,7 +184,7 @@ impl<P: Pooling> Kind for P {
         // elements fits in usize; one without has nothing to compute.
         let rows = if q == 0 { 0 } else { rows as usize };
         let [n, c, h, w] = sizes.map(|size| size as usize);
-        let op = Window {
+        let mut op = Window {
             fold: P::FOLD,
             r: window.r as usize,
             s: window.s as usize,
@@ -193,7 +194,9 @@ impl<P: Pooling> Kind for P {
             w,
             p: p as usize,
             q: q as usize,
+            taps: None,
         };
+        op.taps = op.gather_table(rows / op.p.max(1));
         let x = input..input + 4 * n * c * h * w;
         Ok(Box::new(RowRun::<T, _>::new(
             op,
@@ -353,7 +356,14 @@ struct Window {
     /// Output rows and columns of a plane.
     p: usize,
     q: usize,
+    /// Maximum pooling without padding over small planes, for `planes` planes at a time:
+    /// entry `((r·S + s) · planes + b) · p·q + f`, where output pixel `f` of plane `b` of a
+    /// run reads tap `(r, s)`, counted from the run's first input plane.
+    taps: Option<(Indices, usize)>,
 }
+
+/// Most entries of a [`Window`]'s table of taps (built for every launch).
+const MAX_TAP_TABLE: usize = 1 << 12;
 
 impl Window {
     /// The output columns `j` below `cols` whose tap `s` lies inside a row: `j · stride + s −
@@ -410,10 +420,75 @@ impl<T: Element> RowOp<T> for Window {
 }
 
 impl Window {
+    /// The table of taps, for maximum pooling without padding over planes small enough.
+    fn gather_table(&self, planes: usize) -> Option<(Indices, usize)> {
+        let (pq, taps) = (self.p * self.q, self.r * self.s);
+        if self.fold != Fold::Max || self.pad != 0 || pq * taps > MAX_TAP_TABLE {
+            return None;
+        }
+        let planes = (MAX_TAP_TABLE / (pq * taps).max(1)).clamp(1, planes.max(1));
+        let plane_in = self.h * self.w;
+        let mut table = Vec::with_capacity(planes * pq * taps);
+        for r in 0..self.r {
+            for s in 0..self.s {
+                for b in 0..planes {
+                    for p in 0..self.p {
+                        let row = b * plane_in + (p * self.stride + r) * self.w + s;
+                        table.extend((0..self.q).map(|q| (row + q * self.stride) as u32));
+                    }
+                }
+            }
+        }
+        Some((Indices::new(table), planes))
+    }
+
+    /// [`Window::max_unpadded`] with the table of taps: plane by plane, each tap of every
+    /// pixel gathered at once, then the same select over whole vectors.
+    fn max_gathered<T: Element>(
+        &self,
+        (table, planes): (&Indices, usize),
+        rows: Range<usize>,
+        x: &[T],
+        out: &mut [T],
+    ) {
+        let (plane_in, pq) = (self.h * self.w, self.p * self.q);
+        let mut tap = vec![T::ZERO; planes * pq];
+        let (mut row, mut at) = (rows.start, 0);
+        while row < rows.end {
+            // A run: the rest of one plane, or up to `planes` whole planes.
+            let (plane, p) = (row / self.p, row % self.p);
+            let count = if p > 0 || rows.end - row < self.p {
+                (self.p - p).min(rows.end - row)
+            } else {
+                (rows.end - row) / self.p * self.p
+            }
+            .min(planes * self.p);
+            let n = count * self.q;
+            let values = words(&x[plane * plane_in..]);
+            let out = &mut out[at..at + n];
+            out.fill(T::LOWEST);
+            for k in 0..self.r * self.s {
+                table.gather(
+                    values,
+                    k * planes * pq + p * self.q,
+                    words_mut(&mut tap[..n]),
+                );
+                for (value, &x) in out.iter_mut().zip(&tap[..n]) {
+                    let m = *value;
+                    *value = if (x > m) | is_nan(&x) { x } else { m };
+                }
+            }
+            (row, at) = (row + count, at + n);
+        }
+    }
+
     /// Maximum pooling without padding (every tap in range), output rows `rows` into `out`
     /// (`q` values a row): each output still takes its taps in order of r, s, by the same
     /// select as [`Window::compute`].
     fn max_unpadded<T: Element>(&self, rows: Range<usize>, x: &[T], out: &mut [T]) {
+        if let Some((table, planes)) = &self.taps {
+            return self.max_gathered((table, *planes), rows, x, out);
+        }
         let (plane_in, q) = (self.h * self.w, self.q);
         let (mut plane, mut p) = (rows.start / self.p, rows.start % self.p);
         for out in out.chunks_exact_mut(q).take(rows.len()) {
