@@ -269,11 +269,22 @@ impl<T: Element> RowOp<T> for LayerNorm {
         // One set of partials for every row (each row leaves them at zero).
         let mut partials = [0f32; REDUCE_THREADS];
         let mut block = [0f32; REDUCE_THREADS];
+        // The scale and bias, decoded once for every row.
+        let mut affine = vec![0f32; 2 * self.cols];
+        let (scale, bias) = affine.split_at_mut(self.cols);
+        decode_into(&inputs[1][..4 * self.cols], scale);
+        decode_into(&inputs[2][..4 * self.cols], bias);
         let first = rows.start;
         for row in rows {
             let at = 4 * (row - first) * row_len;
             with_values(&mut out[at..at + 4 * cols], |out: &mut [f32]| {
-                self.compute(row, inputs, out, [&mut partials, &mut block]);
+                self.compute(
+                    row,
+                    inputs[0],
+                    out,
+                    [&mut partials, &mut block],
+                    [scale, bias],
+                );
             });
         }
     }
@@ -284,12 +295,13 @@ impl LayerNorm {
     fn compute(
         &self,
         row: usize,
-        inputs: &[&[u8]],
+        x: &[u8],
         out: &mut [f32],
         [partials, block]: [&mut [f32; REDUCE_THREADS]; 2],
+        [scale, bias]: [&[f32]; 2],
     ) {
         let c = self.cols;
-        let x = &inputs[0][4 * row * c..][..4 * c];
+        let x = &x[4 * row * c..][..4 * c];
         // x into `out` (aligned there), its sum, then d = x - mean in place and d · d into
         // the partials, element j into partial j % 256.
         decode_into(x, out);
@@ -306,13 +318,7 @@ impl LayerNorm {
         }
         let var = finish_row(ReduceOp::Sum, partials, c) / count;
         let r = math::rsqrt(var + self.epsilon);
-        let value = |bytes: &[u8]| f32::from_le_bytes(bytes.try_into().expect("4 bytes"));
-        let (scale, bias) = (&inputs[1][..4 * c], &inputs[2][..4 * c]);
-        for ((y, s), b) in out
-            .iter_mut()
-            .zip(scale.chunks_exact(4).map(value))
-            .zip(bias.chunks_exact(4).map(value))
-        {
+        for ((y, &s), &b) in out.iter_mut().zip(scale).zip(bias) {
             *y = (*y * r) * s + b;
         }
     }
