@@ -22,7 +22,7 @@ use tensor_wasm_gpu::gemm::decode_into;
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
 use zerocopy::IntoBytes;
 
-use super::rows::{block_tree, with_values, RowOp, RowRun};
+use super::rows::{block_tree, each_row, with_values, RowOp, RowRun};
 use super::{product, Kind};
 use crate::contract::{Param, ParamKind, Shape, BLOCK_1D};
 use crate::cpu::{finish_row, fold_span, Element, Stage, REDUCE_THREADS};
@@ -274,19 +274,12 @@ impl<T: Element> RowOp<T> for LayerNorm {
         let (scale, bias) = affine.split_at_mut(self.cols);
         decode_into(&inputs[1][..4 * self.cols], scale);
         decode_into(&inputs[2][..4 * self.cols], bias);
-        let first = rows.start;
-        for row in rows {
-            let at = 4 * (row - first) * row_len;
-            with_values(&mut out[at..at + 4 * cols], |out: &mut [f32]| {
-                self.compute(
-                    row,
-                    inputs[0],
-                    out,
-                    [&mut partials, &mut block],
-                    [scale, bias],
-                );
+        each_row(rows, (row_len, cols), out, |row, out| {
+            with_values(out, |out: &mut [f32]| {
+                let scratch = [&mut partials, &mut block];
+                self.compute(row, inputs[0], out, scratch, [scale, bias]);
             });
-        }
+        });
     }
 }
 

@@ -26,7 +26,7 @@ use tensor_wasm_gpu::{KernelArg, LaunchConfig};
 use zerocopy::FromBytes;
 
 use super::conv2d::{check_window, conv2d_output_size, parse_window, Conv2dParams};
-use super::rows::{load, spread_prologue, with_values, RowGrid, RowOp, RowRun};
+use super::rows::{each_row, load, spread_prologue, with_values, RowGrid, RowOp, RowRun};
 use super::{product, Kind};
 use crate::contract::{Param, ParamKind, Shape};
 use crate::cpu::{Element, Stage};
@@ -408,13 +408,9 @@ impl<T: Element> RowOp<T> for Window {
         let x = <[T]>::ref_from_bytes(inputs[0]).ok();
         match (x, <[T]>::mut_from_bytes(&mut out[..end])) {
             (Some(x), Ok(out)) if whole => self.max_unpadded(rows, x, out),
-            _ => {
-                let first = rows.start;
-                for row in rows {
-                    let at = 4 * (row - first) * row_len;
-                    RowOp::<T>::row(self, row, inputs, &mut out[at..at + 4 * cols]);
-                }
-            }
+            _ => each_row(rows, (row_len, cols), out, |row, out| {
+                RowOp::<T>::row(self, row, inputs, out);
+            }),
         }
     }
 }

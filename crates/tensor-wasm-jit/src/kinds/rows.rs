@@ -83,11 +83,9 @@ pub(crate) trait RowOp<T>: fmt::Debug + Send + Sync + 'static {
         inputs: &[&[u8]],
         out: &mut [u8],
     ) {
-        let first = rows.start;
-        for row in rows {
-            let at = 4 * (row - first) * row_len;
-            self.row(row, inputs, &mut out[at..at + 4 * cols]);
-        }
+        each_row(rows, (row_len, cols), out, |row, out| {
+            self.row(row, inputs, out)
+        });
     }
 
     /// Whether [`RowOp::row`] may leave elements of `out` as they are (a launch covering part
@@ -259,6 +257,22 @@ pub(crate) fn spread_prologue(out: &mut String) {
         "setp.ge.u64 %p1, %rd2, %rd4; // guard: element < row length"
     );
     ins!(out, "@%p1 bra DONE;");
+}
+
+/// Calls `f(row, bytes)` for each row of `rows` with the bytes of its first `cols` elements
+/// in `out`, row `r` at element `(r - rows.start) · row_len` (the layout of
+/// [`RowOp::rows`]).
+pub(crate) fn each_row(
+    rows: Range<usize>,
+    (row_len, cols): (usize, usize),
+    out: &mut [u8],
+    mut f: impl FnMut(usize, &mut [u8]),
+) {
+    let first = rows.start;
+    for row in rows {
+        let at = 4 * (row - first) * row_len;
+        f(row, &mut out[at..at + 4 * cols]);
+    }
 }
 
 /// Decodes element `index` of a little-endian buffer.

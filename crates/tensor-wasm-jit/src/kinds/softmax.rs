@@ -21,7 +21,7 @@ use tensor_wasm_gpu::gemm::decode_into;
 use tensor_wasm_gpu::{KernelArg, LaunchConfig};
 use zerocopy::IntoBytes;
 
-use super::rows::{block_tree, with_values, RowOp, RowRun};
+use super::rows::{block_tree, each_row, with_values, RowOp, RowRun};
 use super::{product, Kind};
 use crate::contract::{Param, ParamKind, Shape, BLOCK_1D};
 use crate::cpu::{finish_row, fold_span, Element, Stage, REDUCE_THREADS};
@@ -254,13 +254,11 @@ impl<T: Element> RowOp<T> for Softmax {
         // One set of partials and scratch for every row.
         let mut partials = [0f32; REDUCE_THREADS];
         let mut block = [0f32; REDUCE_THREADS];
-        let first = rows.start;
-        for row in rows {
-            let at = 4 * (row - first) * row_len;
-            with_values(&mut out[at..at + 4 * cols], |out: &mut [f32]| {
+        each_row(rows, (row_len, cols), out, |row, out| {
+            with_values(out, |out: &mut [f32]| {
                 self.slab(row, inputs, out, [&mut partials, &mut block]);
             });
-        }
+        });
     }
 
     fn keeps_output(&self) -> bool {
