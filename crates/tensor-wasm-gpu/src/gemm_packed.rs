@@ -23,7 +23,8 @@ impl<T: Lane> PackedA<T> {
     pub fn new(m: usize, k: usize, mut row: impl FnMut(usize, &mut [T])) -> Self {
         let mut packed = vec![T::ZERO; m.div_ceil(MR) * k * MR];
         let mut values = vec![T::ZERO; k];
-        for i in 0..m {
+        // With no `p` there is nothing to pack (every product is the empty sum).
+        for i in (0..m).filter(|_| k > 0) {
             row(i, &mut values);
             let panel = &mut packed[(i / MR) * k * MR..][..k * MR];
             for (slot, &value) in panel[i % MR..].iter_mut().step_by(MR).zip(&values) {
@@ -42,6 +43,12 @@ impl<T: Lane> PackedA<T> {
     #[must_use]
     pub fn rows(&self) -> usize {
         self.m
+    }
+
+    /// Values of `p` (columns of `a`).
+    #[must_use]
+    pub fn depth(&self) -> usize {
+        self.k
     }
 
     /// Columns of one panel of `b` ([`PackedA::panel`]): the width of the register tiles.

@@ -459,3 +459,41 @@ fn a_convolution_after_its_weights_change_uses_the_new_weights() {
         );
     }
 }
+
+/// The same weight bytes read as rows of other lengths (one filter over two channels, then
+/// two filters over one channel) are other weights: the second convolution does not reuse
+/// the first one's packing.
+#[test]
+fn the_same_weight_bytes_in_another_shape_are_packed_again() {
+    let blueprint = Blueprint::parse("conv2d[3x3,s1,p1]").unwrap();
+    for (c, k) in [(2usize, 1usize), (1, 2)] {
+        let (n, h, w) = (1usize, 5usize, 5usize);
+        let (input, weights) = (0, 4 * n * c * h * w);
+        let output = weights + 4 * k * c * 9;
+        let len = output + 4 * n * k * h * w;
+        let args = [
+            buffer(input, n * c * h * w),
+            buffer(weights, k * c * 9),
+            buffer(output, n * k * h * w),
+            KernelArg::U32(n as u32),
+            KernelArg::U32(c as u32),
+            KernelArg::U32(h as u32),
+            KernelArg::U32(w as u32),
+            KernelArg::U32(k as u32),
+        ];
+        let shape = blueprint.launch_shape(&args).unwrap();
+        let config = blueprint.launch_config(&shape).unwrap();
+        let mut memory = vec![0u8; len];
+        fill(&mut memory[..weights], 3);
+        // The same 18 weights both times.
+        fill(&mut memory[weights..output], 77);
+        let mut expected = memory.clone();
+        run_sliced(&blueprint, &config, &args, &mut expected, usize::MAX);
+        // One part: every filter's weights packed as one block of bytes.
+        assert!(run_parts(&blueprint, &config, &args, &mut memory, 1));
+        assert!(
+            same_words(&memory, &expected),
+            "{c} channels, {k} filters: the parts differ"
+        );
+    }
+}

@@ -60,10 +60,16 @@ impl<T: Element> Packed<T> {
             + taps * ldb
             + conv.c * hp * wp
             + taps * block;
-        if values.saturating_mul(4) > PACKED_BYTES || conv.c * hp * wp > u32::MAX as usize {
+        // No taps (no input channels): every output is the empty sum, which the image-by-image
+        // multiply writes without any of this.
+        if taps == 0
+            || values.saturating_mul(4) > PACKED_BYTES
+            || conv.c * hp * wp > u32::MAX as usize
+        {
             return None;
         }
-        let weights = weights(&w[4 * channels.start * taps..4 * channels.end * taps], taps);
+        let bytes = &w[4 * channels.start * taps..4 * channels.end * taps];
+        let weights = weights(bytes, channels.len(), taps);
         let mut table = Vec::with_capacity(taps * block);
         for ci in 0..conv.c {
             for r in 0..conv.r {
@@ -177,16 +183,22 @@ type Cached = (Vec<u8>, Arc<dyn Any + Send + Sync>);
 
 static CACHE: Mutex<Vec<Cached>> = Mutex::new(Vec::new());
 
-/// `bytes` (rows of `taps` little-endian values) packed: from the cache when a launch packed
-/// the same bytes before (compared in full, so a changed weight is never missed), else packed
-/// now and kept, the least recently used entries dropped past [`CACHED_BYTES`].
-fn weights<T: Element>(bytes: &[u8], taps: usize) -> Arc<PackedA<T>> {
+/// `bytes` (`rows` rows of `taps` little-endian values) packed: from the cache when a launch
+/// packed the same bytes as the same shape before (compared in full, so a changed weight is
+/// never missed), else packed now and kept, the least recently used entries dropped past
+/// [`CACHED_BYTES`].
+fn weights<T: Element>(bytes: &[u8], rows: usize, taps: usize) -> Arc<PackedA<T>> {
     let mut cache = CACHE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let hit = cache
-        .iter()
-        .position(|(key, packed)| key.as_slice() == bytes && packed.is::<PackedA<T>>());
+    let hit = cache.iter().position(|(key, packed)| {
+        // The same bytes in another shape are other weights (and no bytes at all, with no
+        // taps, are any number of rows).
+        let shape = packed
+            .downcast_ref::<PackedA<T>>()
+            .map(|packed| (packed.rows(), packed.depth()));
+        key.as_slice() == bytes && shape == Some((rows, taps))
+    });
     if let Some(at) = hit {
         let entry = cache.remove(at);
         let packed = entry.1.clone();
@@ -196,7 +208,6 @@ fn weights<T: Element>(bytes: &[u8], taps: usize) -> Arc<PackedA<T>> {
         }
     }
     drop(cache);
-    let rows = bytes.len() / (4 * taps.max(1));
     let packed = Arc::new(PackedA::new(rows, taps, |i, out| {
         decode_into(&bytes[4 * i * taps..], out);
     }));
