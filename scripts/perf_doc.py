@@ -88,7 +88,7 @@ ICOUNT_PATHS = {
 # measurement: (comparison, value, unit, the one size it applies to or None for every size,
 # source key of GOAL_SOURCES). HTTP throughput's goal is the one its run file records.
 GOAL_SOURCES = {
-    "issue 6": "snapshot restore and capture: the goals of issue 6, as recorded in "
+    "snapshot": "snapshot restore and capture: the snapshot goals, as recorded in "
                "[docs/perf-experiments.md](docs/perf-experiments.md)",
     "spec": "JIT warm hit and tenant lookup: the done-when criteria S13 and S16 of the performance "
             "specification (S16 names a tenant context switch; its host side is what is measured here)",
@@ -117,26 +117,26 @@ HEADLINE = [
     dict(what="Lazy restore of an instance from a snapshot (mmap), to the end of its first call",
          ours="cold_start/restore_lazy/{n}", peer="cold_start/instantiate_plain/{n}",
          peer_what="plain instantiation + first call, same module", metric="time",
-         goal=("≤", 1e6, "ns", 512 << 20, "issue 6")),
+         goal=("≤", 1e6, "ns", 512 << 20, "snapshot")),
     dict(what="Eager restore of an instance into pooled memory, to the end of its first call",
          ours="cold_start/restore_eager/{n}", peer="cold_start/memcpy/{n}",
-         peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 2.0, "GB/s", None, "issue 6")),
+         peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 2.0, "GB/s", None, "snapshot")),
     dict(what="Eager restore into a pooled slot that keeps its pages resident (`--pool-keep-resident-bytes`), "
               "to the end of its first call",
          ours="cold_start/restore_eager_resident/{n}", peer="cold_start/memcpy/{n}",
-         peer_what="`memcpy` of the image into resident memory (issue 18's goal: ≥ 0.5×)", metric="bytes"),
+         peer_what="`memcpy` of the image into resident memory (goal: ≥ 0.5×)", metric="bytes"),
     dict(what="Eager restore into pooled memory that handed its pages back (the default)",
          ours="cold_start/restore_eager/{n}", peer="cold_start/memcpy_fresh/{n}",
          peer_what="`memcpy` of the image into fresh pages", metric="bytes"),
     dict(what="Portable snapshot restore (decode) of a realistic image",
          ours="cold_start/restore/{n}", peer="cold_start/memcpy/{n}",
-         peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 2.0, "GB/s", None, "issue 6")),
+         peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 2.0, "GB/s", None, "snapshot")),
     dict(what="Portable snapshot capture (encode) of a realistic image",
          ours="cold_start/capture/{n}", peer="cold_start/memcpy/{n}",
-         peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 1.0, "GB/s", None, "issue 6")),
+         peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 1.0, "GB/s", None, "snapshot")),
     dict(what="Portable snapshot capture through a kept encoder (the runtime's way)",
          ours="cold_start/capture_reused/{n}", peer="cold_start/memcpy/{n}",
-         peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 1.0, "GB/s", None, "issue 18")),
+         peer_what="`memcpy` of the image", metric="bytes", goal=("≥", 1.0, "GB/s", None, "snapshot")),
     dict(what="JIT kernel cache, warm hit", ours="jit_compile/cache/warm_hit", metric="time",
          goal=("<", 1e6, "ns", None, "spec")),
     dict(what="Tenant lookup among N tenants", ours="tenant_registry/lookup/{n}", metric="time",
@@ -288,7 +288,7 @@ def cpu_kernels_section(out, cited):
                f"Matmul and conv2d tiles: {doc.get('gemm_isa') or 'avx2 (runs before the ISA was recorded)'}.\n")
     out.append("Each kernel launched as the guest ABI launches it on the CPU backend, against numpy's equivalent "
                "operation on the same shapes and cores (memory-bound: 16 Mi elements, GB/s of bytes read and "
-               "written; matmul and conv2d: GFLOP/s). Goals from issue 18: memory-bound ≥ 0.8×, f32 matmul and "
+               "written; matmul and conv2d: GFLOP/s). Goals: memory-bound ≥ 0.8×, f32 matmul and "
                "conv2d ≥ 0.35×; what was tried is in docs/perf-experiments.md.\n")
     out.append("| kernel | TensorWasm CPU | numpy / OpenBLAS (operation) | ratio | goal | holds |")
     out.append("|---|---|---|---|---|---|")
@@ -418,7 +418,7 @@ def run_index_section(out, cited):
     if files:
         out.append("### Scale-out (`scripts/scale-out-bench.sh` output)\n")
         out.append("HTTP invoke throughput over the shared store (PostgreSQL + S3) ÷ the same server over "
-                   "its local data dir, interleaved rounds in one run (goal ≥ 0.95, issue 19); deploy "
+                   "its local data dir, interleaved rounds in one run (goal ≥ 0.95); deploy "
                    "latency in both modes; invalidation lag from a deploy acknowledged by one replica until "
                    "another serves it.\n")
         out.append("| run file | date | commit | shared ÷ local req/s (median, min-max) | deploy p50 / p99 local | "
@@ -440,7 +440,7 @@ def run_index_section(out, cited):
         out.append("The same `wasi:http` components under `wasmtime serve` (wasmtime-cli of the embedded "
                    "wasmtime version) and `tensor-wasm serve`: the answers to a list of requests (status, "
                    "content type, body) compared, and the throughput of a hello-world handler in C, "
-                   "interleaved rounds in one run (goal ≥ 1.0, issue 20).\n")
+                   "interleaved rounds in one run (goal ≥ 1.0).\n")
         out.append("| run file | date | commit | answers identical | tensor-wasm req/s (median) | "
                    "wasmtime serve req/s (median) | ratio (per round) | load-generator errors |")
         out.append("|---|---|---|---|---|---|---|---|")

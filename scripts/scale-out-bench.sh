@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scale-out bench (issue 19): HTTP invoke throughput of `tensor-wasm serve` over the shared store
+# Scale-out bench: HTTP invoke throughput of `tensor-wasm serve` over the shared store
 # (PostgreSQL + S3) against the same binary over its local data dir, measured interleaved
 # (local, shared, local, shared ...) in one run by the in-repo load generator; deploy latency
 # p50/p99 in both modes; invalidation lag (a deploy on one shared replica until another serves
