@@ -422,18 +422,18 @@ fn a_short_row_folds_to_the_whole_trees_bits() {
     }
 }
 
-/// A convolution's packed weights are kept across launches only while their bytes are the
-/// same: launches alternating between two sets of weights of one shape, at one place in
-/// memory, each compute what one pass over their own weights computes.
-#[test]
-fn a_convolution_after_its_weights_change_uses_the_new_weights() {
+/// A `conv2d[3x3,s1,p1]` launch over `[n, c, h, w]` with `k` filters: its launch config and
+/// arguments, the byte offsets of its weights and output, and the memory's length (input,
+/// weights and output in a row from byte 0).
+fn conv_launch(
+    [n, c, h, w, k]: [usize; 5],
+) -> (Blueprint, LaunchConfig, Vec<KernelArg>, [usize; 3]) {
     let blueprint = Blueprint::parse("conv2d[3x3,s1,p1]").unwrap();
-    let (n, c, h, w, k) = (2usize, 3usize, 6usize, 6usize, 5usize);
-    let (input, weights) = (0, 4 * n * c * h * w);
+    let weights = 4 * n * c * h * w;
     let output = weights + 4 * k * c * 9;
     let len = output + 4 * n * k * h * w;
-    let args = [
-        buffer(input, n * c * h * w),
+    let args = vec![
+        buffer(0, n * c * h * w),
         buffer(weights, k * c * 9),
         buffer(output, n * k * h * w),
         KernelArg::U32(n as u32),
@@ -445,6 +445,15 @@ fn a_convolution_after_its_weights_change_uses_the_new_weights() {
     let shape = blueprint.launch_shape(&args).unwrap();
     assert!(matches!(shape, Shape::Conv2d { .. }), "{shape:?}");
     let config = blueprint.launch_config(&shape).unwrap();
+    (blueprint, config, args, [weights, output, len])
+}
+
+/// A convolution's packed weights are kept across launches only while their bytes are the
+/// same: launches alternating between two sets of weights of one shape, at one place in
+/// memory, each compute what one pass over their own weights computes.
+#[test]
+fn a_convolution_after_its_weights_change_uses_the_new_weights() {
+    let (blueprint, config, args, [weights, output, len]) = conv_launch([2, 3, 6, 6, 5]);
     for round in 0..4u32 {
         let mut memory = vec![0u8; len];
         fill(&mut memory[..output], 7);
@@ -465,24 +474,8 @@ fn a_convolution_after_its_weights_change_uses_the_new_weights() {
 /// the first one's packing.
 #[test]
 fn the_same_weight_bytes_in_another_shape_are_packed_again() {
-    let blueprint = Blueprint::parse("conv2d[3x3,s1,p1]").unwrap();
     for (c, k) in [(2usize, 1usize), (1, 2)] {
-        let (n, h, w) = (1usize, 5usize, 5usize);
-        let (input, weights) = (0, 4 * n * c * h * w);
-        let output = weights + 4 * k * c * 9;
-        let len = output + 4 * n * k * h * w;
-        let args = [
-            buffer(input, n * c * h * w),
-            buffer(weights, k * c * 9),
-            buffer(output, n * k * h * w),
-            KernelArg::U32(n as u32),
-            KernelArg::U32(c as u32),
-            KernelArg::U32(h as u32),
-            KernelArg::U32(w as u32),
-            KernelArg::U32(k as u32),
-        ];
-        let shape = blueprint.launch_shape(&args).unwrap();
-        let config = blueprint.launch_config(&shape).unwrap();
+        let (blueprint, config, args, [weights, output, len]) = conv_launch([1, c, 5, 5, k]);
         let mut memory = vec![0u8; len];
         fill(&mut memory[..weights], 3);
         // The same 18 weights both times.
