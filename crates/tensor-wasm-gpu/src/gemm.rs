@@ -43,6 +43,9 @@ const KC: usize = 256;
 const DIRECT_ROWS: usize = 4;
 /// Columns of a strip of a multiply of few rows ([`Blocked::step_direct`]).
 const STRIP: usize = 16;
+/// Rows of a direct strip computed at once by [`Lane::strip_avx512`]: enough independent sums
+/// to hide the latency of each add.
+const STRIP_ROWS: usize = 8;
 /// Rows of `a` in one packed block (a multiple of `MR`).
 const MC: usize = 96;
 /// Columns of `b` packed at a time (a multiple of every `NR`).
@@ -82,6 +85,21 @@ pub trait Lane: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
         ldb: usize,
         fresh: bool,
         sums: &mut [Self],
+    );
+
+    /// [`STRIP_ROWS`] rows of a direct strip ([`Blocked::step_direct`]) with AVX-512
+    /// vectors: `sums[i][j] = a[i][p] · b[p][j]` summed in order of `p` from zero, a product
+    /// then a sum, each rounded, as every tile. Row `p` of the strip is `b[p * ldb..][..16]`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[doc(hidden)]
+    unsafe fn strip_avx512(
+        a: [&[Self]; STRIP_ROWS],
+        b: &[Self],
+        ldb: usize,
+        sums: &mut [[Self; STRIP]; STRIP_ROWS],
     );
 
     /// [`Lane::tile_column_avx512`]'s 16-wide tiles with AVX2's 8-lane vectors: each tile in
@@ -142,6 +160,16 @@ impl Lane for f32 {
         // SAFETY: the caller guarantees AVX2, the function's one requirement.
         unsafe { avx2::tile_column_f32(kc, packed_a, panel, ldb, fresh, sums) }
     }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn strip_avx512(
+        a: [&[Self]; STRIP_ROWS],
+        b: &[Self],
+        ldb: usize,
+        sums: &mut [[Self; STRIP]; STRIP_ROWS],
+    ) {
+        // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
+        unsafe { avx512::strip_f32(a, b, ldb, sums) }
+    }
 }
 
 impl Lane for i32 {
@@ -183,6 +211,16 @@ impl Lane for i32 {
     ) {
         // SAFETY: the caller guarantees AVX2, the function's one requirement.
         unsafe { avx2::tile_column_i32(kc, packed_a, panel, ldb, fresh, sums) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn strip_avx512(
+        a: [&[Self]; STRIP_ROWS],
+        b: &[Self],
+        ldb: usize,
+        sums: &mut [[Self; STRIP]; STRIP_ROWS],
+    ) {
+        // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
+        unsafe { avx512::strip_i32(a, b, ldb, sums) }
     }
 }
 
@@ -492,7 +530,16 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
     }
 
     fn step(&mut self, source: &impl GemmSource<T>, c: &mut [u8], work: usize) -> bool {
-        if self.m <= DIRECT_ROWS {
+        // A few columns by many rows: a strip of 16 with many rows at once (AVX-512) beats
+        // packing both operands for tiles whose columns b fills only partly.
+        let strips = self.isa == Isa::Avx512 && NR == STRIP && self.cols <= STRIP;
+        // The direct path holds b whole, its rows padded to strips: within the cap.
+        let fits = self
+            .k
+            .saturating_mul(self.cols.next_multiple_of(STRIP))
+            .saturating_mul(std::mem::size_of::<T>())
+            <= self.packed_b_cap;
+        if (self.m <= DIRECT_ROWS || strips) && fits {
             return self.step_direct(source, c, work);
         }
         let mut spent = 0usize;
@@ -596,10 +643,32 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
         while self.jr * STRIP < cols {
             let j0 = self.jr * STRIP;
             let width = STRIP.min(cols - j0);
+            let mut rows = 0;
+            #[cfg(target_arch = "x86_64")]
+            if self.isa == Isa::Avx512 && m > DIRECT_ROWS && k > 0 {
+                // STRIP_ROWS rows at a time; a last, short group repeats its last row.
+                let b = &self.packed_b[j0..];
+                let mut out = [[T::ZERO; STRIP]; STRIP_ROWS];
+                while rows < m {
+                    let a = std::array::from_fn(|r| {
+                        let row = (rows + r).min(m - 1);
+                        &self.packed_a[row * k..][..k]
+                    });
+                    // SAFETY: this `Blocked` was made for AVX-512 (`Gemm::with_isa` checks that
+                    // the CPU has it), the function's one requirement.
+                    unsafe { T::strip_avx512(a, b, ldb, &mut out) };
+                    for (r, values) in out.iter().enumerate().take(m - rows) {
+                        self.sums[(rows + r) * cols..][j0..j0 + width]
+                            .copy_from_slice(&values[..width]);
+                    }
+                    rows += STRIP_ROWS;
+                }
+            }
             for (a, sums) in self
                 .packed_a
                 .chunks_exact(k.max(1))
                 .zip(self.sums.chunks_exact_mut(cols))
+                .skip(rows)
             {
                 let mut acc = [T::ZERO; STRIP];
                 for (&a, b) in a.iter().zip(self.packed_b.chunks_exact(ldb)) {

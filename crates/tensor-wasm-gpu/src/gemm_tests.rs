@@ -308,6 +308,45 @@ fn few_rows_multiply_without_packing() {
     }
 }
 
+/// Many rows by at most 16 columns take the direct path too with AVX-512 (8 rows at a time,
+/// the last group short), in one step, with the reference's bits on every ISA.
+#[test]
+fn many_rows_of_few_columns_multiply_by_strips() {
+    let (m, cols, k) = (2 * STRIP_ROWS + 3, 10, 300);
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+        .collect();
+    let b: Vec<f32> = (0..k * cols)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
+        .collect();
+    let (a_bytes, b_bytes) = (bytes(&a), bytes(&b));
+    let source = Matrices {
+        a: &a_bytes,
+        b: &b_bytes,
+        k,
+        ldb: cols,
+    };
+    for isa in isas() {
+        let mut c = vec![0u8; 4 * m * cols];
+        let mut gemm = Gemm::<f32>::with_isa(isa, m, cols, k, cols);
+        let mut steps = 1;
+        while !gemm.step(&source, &mut c, 64) {
+            steps += 1;
+        }
+        assert_eq!(
+            steps == 1,
+            isa == Isa::Avx512,
+            "{}: {steps} steps",
+            isa.name()
+        );
+        assert!(
+            same_f32(&c, &expected(&a, &b, (m, cols, k, cols), cols)),
+            "{}",
+            isa.name()
+        );
+    }
+}
+
 /// The ISA `Gemm::new` uses is the widest this CPU has unless `TENSOR_WASM_CPU_ISA` narrows
 /// it (not set in the tests), and each ISA gives tiles of its width.
 #[test]

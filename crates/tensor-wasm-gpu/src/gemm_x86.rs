@@ -12,7 +12,67 @@ pub(super) mod avx512 {
         _mm512_setzero_si512, _mm512_storeu_ps, _mm512_storeu_si512,
     };
 
-    use super::super::{MR, NR_WIDE};
+    use super::super::{MR, NR_WIDE, STRIP, STRIP_ROWS};
+
+    /// The operands of a strip, checked: `b` holds `k` rows of 16 at stride `ldb` (the last
+    /// one 16 long), each row of `a` at least `k` values. Returns `k`.
+    fn strip_depth<T>(a: &[&[T]; STRIP_ROWS], b: &[T], ldb: usize) -> usize {
+        let k = a[0].len();
+        assert!(a.iter().all(|row| row.len() >= k), "short rows of a");
+        assert!(ldb >= STRIP, "rows of b overlap");
+        assert!(k == 0 || b.len() >= (k - 1) * ldb + STRIP, "short b");
+        k
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(in super::super) fn strip_f32(
+        a: [&[f32]; STRIP_ROWS],
+        b: &[f32],
+        ldb: usize,
+        sums: &mut [[f32; STRIP]; STRIP_ROWS],
+    ) {
+        let k = strip_depth(&a, b, ldb);
+        let mut acc = [_mm512_setzero_ps(); STRIP_ROWS];
+        for p in 0..k {
+            // SAFETY: row `p` of b holds 16 values and every row of a `k` (`strip_depth`).
+            unsafe {
+                let b = _mm512_loadu_ps(b.as_ptr().add(p * ldb));
+                for (sum, row) in acc.iter_mut().zip(&a) {
+                    let a = _mm512_set1_ps(*row.get_unchecked(p));
+                    *sum = _mm512_add_ps(*sum, _mm512_mul_ps(a, b));
+                }
+            }
+        }
+        for (sum, out) in acc.iter().zip(sums.iter_mut()) {
+            // SAFETY: `out` holds 16 f32: one unaligned 64-byte store.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr(), *sum) };
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(in super::super) fn strip_i32(
+        a: [&[i32]; STRIP_ROWS],
+        b: &[i32],
+        ldb: usize,
+        sums: &mut [[i32; STRIP]; STRIP_ROWS],
+    ) {
+        let k = strip_depth(&a, b, ldb);
+        let mut acc = [_mm512_setzero_si512(); STRIP_ROWS];
+        for p in 0..k {
+            // SAFETY: as in `strip_f32`.
+            unsafe {
+                let b = _mm512_loadu_si512(b.as_ptr().add(p * ldb).cast::<__m512i>());
+                for (sum, row) in acc.iter_mut().zip(&a) {
+                    let a = _mm512_set1_epi32(*row.get_unchecked(p));
+                    *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(a, b));
+                }
+            }
+        }
+        for (sum, out) in acc.iter().zip(sums.iter_mut()) {
+            // SAFETY: `out` holds 16 i32: one unaligned 64-byte store.
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast::<__m512i>(), *sum) };
+        }
+    }
 
     #[target_feature(enable = "avx512f")]
     pub(in super::super) fn tile_column_f32(

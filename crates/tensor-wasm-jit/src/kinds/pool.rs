@@ -343,6 +343,17 @@ fn is_nan<T: PartialOrd>(x: &T) -> bool {
     x.partial_cmp(x).is_none()
 }
 
+/// Maximum pooling's step: `x` when it is larger than `m` or a NaN, else `m` (a select, not a
+/// branch: which tap wins is data-dependent).
+#[inline(always)]
+fn select<T: PartialOrd + Copy>(m: T, x: T) -> T {
+    if (x > m) | is_nan(&x) {
+        x
+    } else {
+        m
+    }
+}
+
 /// The rows of a pooling launch: output row `p` of a plane per grid row.
 #[derive(Debug)]
 struct Window {
@@ -375,6 +386,13 @@ impl Window {
             .div_ceil(self.stride)
             .min(cols);
         first..end.max(first)
+    }
+
+    /// Whether the windows are 2×2 at stride 2 and tile each plane exactly (no padding):
+    /// [`Window::max_pairs`].
+    fn pairs(&self) -> bool {
+        (self.r, self.s, self.stride, self.pad) == (2, 2, 2, 0)
+            && (self.h, self.w) == (2 * self.p, 2 * self.q)
     }
 
     /// In-range taps of a row of the window over output column `j`.
@@ -419,7 +437,7 @@ impl Window {
     /// The table of taps, for maximum pooling without padding over planes small enough.
     fn gather_table(&self, planes: usize) -> Option<(Indices, usize)> {
         let (pq, taps) = (self.p * self.q, self.r * self.s);
-        if self.fold != Fold::Max || self.pad != 0 || pq * taps > MAX_TAP_TABLE {
+        if self.fold != Fold::Max || self.pad != 0 || pq * taps > MAX_TAP_TABLE || self.pairs() {
             return None;
         }
         let planes = (MAX_TAP_TABLE / (pq * taps).max(1)).clamp(1, planes.max(1));
@@ -471,10 +489,32 @@ impl Window {
                 );
                 for (value, &x) in out.iter_mut().zip(&tap[..n]) {
                     let m = *value;
-                    *value = if (x > m) | is_nan(&x) { x } else { m };
+                    *value = select(m, x);
                 }
             }
             (row, at) = (row + count, at + n);
+        }
+    }
+
+    /// [`Window::max_unpadded`] of 2×2 windows at stride 2 that tile each plane (`h = 2p`,
+    /// `w = 2q`): output row `R` (planes one after another) reads input rows `2R` and `2R + 1`.
+    /// Each pair of columns of every input row is folded first, over the part's whole input
+    /// at once (a loop the compiler vectorises), then the two rows' folds. The select is
+    /// associative — `sel(sel(a, b), c) = sel(a, sel(b, c))`: with no NaN it keeps the first
+    /// of the largest, else the last NaN — and `sel(m, LOWEST) = m`, so this is the taps'
+    /// fold in order of r, s, bit for bit.
+    fn max_pairs<T: Element>(&self, rows: Range<usize>, x: &[T], out: &mut [T]) {
+        let (w, q) = (self.w, self.q);
+        let x = &x[2 * rows.start * w..2 * rows.end * w];
+        let mut folded = vec![T::LOWEST; x.len() / 2];
+        for (m, pair) in folded.iter_mut().zip(x.chunks_exact(2)) {
+            *m = select(select(T::LOWEST, pair[0]), pair[1]);
+        }
+        for (out, rows) in out.chunks_exact_mut(q).zip(folded.chunks_exact(2 * q)) {
+            let (top, bottom) = rows.split_at(q);
+            for ((value, &top), &bottom) in out.iter_mut().zip(top).zip(bottom) {
+                *value = select(top, bottom);
+            }
         }
     }
 
@@ -482,6 +522,9 @@ impl Window {
     /// (`q` values a row): each output still takes its taps in order of r, s, by the same
     /// select as [`Window::compute`].
     fn max_unpadded<T: Element>(&self, rows: Range<usize>, x: &[T], out: &mut [T]) {
+        if self.pairs() {
+            return self.max_pairs(rows, x, out);
+        }
         if let Some((table, planes)) = &self.taps {
             return self.max_gathered((table, *planes), rows, x, out);
         }
@@ -494,7 +537,7 @@ impl Window {
                 for s in 0..self.s {
                     for (j, value) in out.iter_mut().enumerate() {
                         let (m, x) = (*value, line[j * self.stride + s]);
-                        *value = if (x > m) | is_nan(&x) { x } else { m };
+                        *value = select(m, x);
                     }
                 }
             }
@@ -536,7 +579,7 @@ impl Window {
                         // A select, not a branch: which tap wins is data-dependent.
                         for (value, iw) in outputs.zip(taps) {
                             let (m, x): (T, T) = (*value, load(line, iw));
-                            *value = if (x > m) | is_nan(&x) { x } else { m };
+                            *value = select(m, x);
                         }
                     }
                     Fold::Mean => {
@@ -704,6 +747,47 @@ mod tests {
         // Ties keep the earlier tap: -0 then +0 gives -0.
         let out = pool_cpu("maxpool[1x2]", [1, 1, 1, 2], &f32s(&[-0.0, 0.0]));
         assert_eq!(out, [0x8000_0000]);
+    }
+
+    #[test]
+    fn two_by_two_windows_fold_special_values_in_tap_order() {
+        // Every window of four from NaNs (two payloads), infinities, ±0 and ±1: the pairs path
+        // (2×2 at stride 2, folding columns first) against the select in order of r, s.
+        let specials = [
+            f32::NAN.to_bits(),
+            0xffc0_0001,
+            f32::NEG_INFINITY.to_bits(),
+            (-1.0f32).to_bits(),
+            (-0.0f32).to_bits(),
+            0,
+            1.0f32.to_bits(),
+            f32::INFINITY.to_bits(),
+        ];
+        let count = specials.len().pow(4);
+        let windows: Vec<[u32; 4]> = (0..count)
+            .map(|i| [0, 1, 2, 3].map(|t| specials[i / specials.len().pow(t) % specials.len()]))
+            .collect();
+        let expected: Vec<u32> = windows
+            .iter()
+            .map(|taps| {
+                let fold = taps
+                    .iter()
+                    .fold(f32::NEG_INFINITY, |m, &x| select(m, f32::from_bits(x)));
+                fold.to_bits()
+            })
+            .collect();
+        // One 2 × 2 plane per window, and the same windows side by side in planes of 2 × 16.
+        let planes: Vec<u32> = windows.concat();
+        let got = pool_cpu("maxpool[2x2,s2]", [1, count as u32, 2, 2], &planes);
+        assert_eq!(got, expected);
+        let mut wide = Vec::new();
+        for row in windows.chunks_exact(8) {
+            for half in [0, 2] {
+                wide.extend(row.iter().flat_map(|taps| [taps[half], taps[half + 1]]));
+            }
+        }
+        let got = pool_cpu("maxpool[2x2,s2]", [2, count as u32 / 16, 2, 16], &wide);
+        assert_eq!(got, expected);
     }
 
     #[test]
