@@ -11,12 +11,45 @@ use zerocopy::{FromBytes, Immutable, IntoBytes};
 pub(crate) struct Indices {
     at: Vec<u32>,
     largest: u32,
+    /// For each whole chunk of 16 entries (entries `16c..16c + 16`): its smallest index when
+    /// every entry lies less than 32 above it — the chunk is then two vectors' loads and a
+    /// permute, much cheaper than a gather — else [`NO_WINDOW`].
+    windows: Vec<u32>,
+    /// Each entry less its chunk's window (entries of chunks without one: unused).
+    within: Vec<u32>,
 }
+
+/// [`Indices::windows`] of a chunk whose indices spread over more than 32 values.
+const NO_WINDOW: u32 = u32::MAX;
 
 impl Indices {
     pub(crate) fn new(at: Vec<u32>) -> Self {
         let largest = largest(&at);
-        Self { at, largest }
+        let windows: Vec<u32> = at
+            .chunks_exact(16)
+            .map(|chunk| {
+                let low = chunk.iter().copied().min().unwrap_or(0);
+                if chunk.iter().all(|&i| i - low < 32) {
+                    low
+                } else {
+                    NO_WINDOW
+                }
+            })
+            .collect();
+        let within = at
+            .iter()
+            .enumerate()
+            .map(|(j, &i)| match windows.get(j / 16) {
+                Some(&low) if low != NO_WINDOW => i - low,
+                _ => 0,
+            })
+            .collect();
+        Self {
+            at,
+            largest,
+            windows,
+            within,
+        }
     }
 
     /// `out[j] = values[at[first + j]]` for the `out.len()` indices from `first`.
@@ -25,11 +58,50 @@ impl Indices {
     /// When those indices reach past the table, or one is out of range of `values`.
     pub(crate) fn gather(&self, values: &[u32], first: usize, out: &mut [u32]) {
         let at = &self.at[first..first + out.len()];
+        #[cfg(target_arch = "x86_64")]
+        if first % 16 == 0 && std::arch::is_x86_feature_detected!("avx512f") {
+            let whole = out.len() / 16 * 16;
+            let chunks = out[..whole].chunks_exact_mut(16).zip(at.chunks_exact(16));
+            for (c, (out, at)) in chunks.enumerate() {
+                let chunk = first / 16 + c;
+                let low = self.windows[chunk] as usize;
+                match self.within[16 * chunk..].first_chunk::<16>() {
+                    Some(within) if low.saturating_add(32) <= values.len() => {
+                        // SAFETY: the CPU has AVX-512F, the function's one target feature;
+                        // the window's 32 values lie inside `values` (checked just above).
+                        unsafe { gather_window(&values[low..low + 32], within, out) };
+                    }
+                    _ => gather_u32(values, at, out),
+                }
+            }
+            gather_u32(values, &at[whole..], &mut out[whole..]);
+            return;
+        }
         if (self.largest as usize) < values.len() {
             gather_checked(values, at, self.largest, out);
         } else {
             gather_u32(values, at, out);
         }
+    }
+}
+
+/// `out[j] = window[within[j]]` for 16 entries of a 32-value window: two loads and one
+/// permute (which reads only the low 5 bits of each entry: it cannot leave the window).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn gather_window(window: &[u32], within: &[u32; 16], out: &mut [u32]) {
+    use std::arch::x86_64::{
+        __m512i, _mm512_loadu_si512, _mm512_permutex2var_epi32, _mm512_storeu_si512,
+    };
+    assert!(window.len() >= 32 && out.len() >= 16, "a short window");
+    // SAFETY: `window` holds 32 values and `within` and `out` 16 each: unaligned 64-byte
+    // loads and a store inside them.
+    unsafe {
+        let low = _mm512_loadu_si512(window.as_ptr().cast::<__m512i>());
+        let high = _mm512_loadu_si512(window.as_ptr().add(16).cast::<__m512i>());
+        let index = _mm512_loadu_si512(within.as_ptr().cast::<__m512i>());
+        let picked = _mm512_permutex2var_epi32(low, index, high);
+        _mm512_storeu_si512(out.as_mut_ptr().cast::<__m512i>(), picked);
     }
 }
 
@@ -108,7 +180,7 @@ pub(crate) fn words_mut<T: IntoBytes + FromBytes>(values: &mut [T]) -> &mut [u32
 
 #[cfg(test)]
 mod tests {
-    use super::gather_u32;
+    use super::{gather_u32, Indices, NO_WINDOW};
 
     #[test]
     fn every_length_gathers_what_indexing_gives() {
@@ -119,6 +191,27 @@ mod tests {
             gather_u32(&values, &at, &mut out);
             let want: Vec<u32> = at.iter().map(|&i| values[i as usize]).collect();
             assert_eq!(out, want, "{n} indices");
+        }
+    }
+
+    #[test]
+    fn tables_gather_what_indexing_gives_with_and_without_windows() {
+        let values: Vec<u32> = (0..300).map(|v| v * 7 + 3).collect();
+        // Chunks that fit a window of 32 (rows of 4 at a stride of 6), one that spreads
+        // wider, one whose window ends past the values, and a tail shorter than a chunk.
+        let mut at: Vec<u32> = (0..32).map(|j| 40 + (j / 4) * 6 + j % 4).collect();
+        at.extend((0..16).map(|j| j * 17));
+        at.extend((0..16).map(|j| 290 + j % 10));
+        at.extend([5, 299, 0]);
+        let table = Indices::new(at.clone());
+        assert_eq!(table.windows.len(), 4);
+        assert!(table.windows[2] == NO_WINDOW && table.windows[3] == 290);
+        for first in [0, 16, 3, 32, 48] {
+            let n = at.len() - first;
+            let mut out = vec![0; n];
+            table.gather(&values, first, &mut out);
+            let want: Vec<u32> = at[first..].iter().map(|&i| values[i as usize]).collect();
+            assert_eq!(out, want, "from {first}");
         }
     }
 

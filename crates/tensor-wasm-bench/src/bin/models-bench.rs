@@ -94,7 +94,8 @@ fn main() -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let mut arena = vec![0u8; plan.arena_bytes];
             plan.write_constants(model.graph(), &mut arena);
-            plan.launches
+            let mut alone = plan
+                .launches
                 .iter()
                 .map(|l| {
                     let mut t: Vec<f64> = (0..runs.max(5))
@@ -113,7 +114,27 @@ fn main() -> anyhow::Result<()> {
                     t.sort_by(f64::total_cmp);
                     json!({"kernel": l.blueprint.descriptor(), "median_s": t[t.len() / 2]})
                 })
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            // The same launches timed in sequence, as a run makes them.
+            let mut seq = vec![Vec::new(); plan.launches.len()];
+            for _ in 0..runs.max(5) {
+                for (l, t) in plan.launches.iter().zip(&mut seq) {
+                    let started = Instant::now();
+                    let _ = tensor_wasm_onnx::Launcher::launch(
+                        &mut launcher,
+                        &l.blueprint,
+                        &l.config,
+                        &l.args,
+                        &mut arena,
+                    );
+                    t.push(started.elapsed().as_secs_f64());
+                }
+            }
+            for (entry, t) in alone.iter_mut().zip(&mut seq) {
+                t.sort_by(f64::total_cmp);
+                entry["in_sequence_s"] = json!(t[t.len() / 2]);
+            }
+            alone
         } else {
             Vec::new()
         };

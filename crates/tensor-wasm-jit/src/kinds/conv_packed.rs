@@ -87,7 +87,8 @@ impl<T: Element> Packed<T> {
             block_rows,
             table: Indices::new(table),
             wp,
-            padded: vec![T::ZERO; conv.c * hp * wp],
+            // Zeros past the image too: the gather's windows read up to 32 values at once.
+            padded: vec![T::ZERO; conv.c * hp * wp + 32],
             b: vec![T::ZERO; taps * ldb],
             ldb,
             built: false,
