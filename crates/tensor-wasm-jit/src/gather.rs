@@ -15,8 +15,6 @@ pub(crate) struct Indices {
     /// every entry lies less than 32 above it — the chunk is then two vectors' loads and a
     /// permute, much cheaper than a gather — else [`NO_WINDOW`].
     windows: Vec<u32>,
-    /// Each entry less its chunk's window (entries of chunks without one: unused).
-    within: Vec<u32>,
 }
 
 /// [`Indices::windows`] of a chunk whose indices spread over more than 32 values.
@@ -36,20 +34,16 @@ impl Indices {
                 }
             })
             .collect();
-        let within = at
-            .iter()
-            .enumerate()
-            .map(|(j, &i)| match windows.get(j / 16) {
-                Some(&low) if low != NO_WINDOW => i - low,
-                _ => 0,
-            })
-            .collect();
         Self {
             at,
             largest,
             windows,
-            within,
         }
+    }
+
+    /// Entries of the table.
+    pub(crate) fn len(&self) -> usize {
+        self.at.len()
     }
 
     /// `out[j] = values[at[first + j]]` for the `out.len()` indices from `first`.
@@ -64,14 +58,14 @@ impl Indices {
             let chunks = out[..whole].chunks_exact_mut(16).zip(at.chunks_exact(16));
             for (c, (out, at)) in chunks.enumerate() {
                 let chunk = first / 16 + c;
-                let low = self.windows[chunk] as usize;
-                match self.within[16 * chunk..].first_chunk::<16>() {
-                    Some(within) if low.saturating_add(32) <= values.len() => {
-                        // SAFETY: the CPU has AVX-512F, the function's one target feature;
-                        // the window's 32 values lie inside `values` (checked just above).
-                        unsafe { gather_window(&values[low..low + 32], within, out) };
-                    }
-                    _ => gather_u32(values, at, out),
+                let low = self.windows[chunk];
+                let end = (low as usize).saturating_add(32);
+                if low != NO_WINDOW && end <= values.len() {
+                    // SAFETY: the CPU has AVX-512F, the function's one target feature; the
+                    // window's 32 values lie inside `values` (checked just above).
+                    unsafe { gather_window(&values[end - 32..end], at, low, out) };
+                } else {
+                    gather_u32(values, at, out);
                 }
             }
             gather_u32(values, &at[whole..], &mut out[whole..]);
@@ -85,22 +79,28 @@ impl Indices {
     }
 }
 
-/// `out[j] = window[within[j]]` for 16 entries of a 32-value window: two loads and one
-/// permute (which reads only the low 5 bits of each entry: it cannot leave the window).
+/// `out[j] = window[at[j] - low]` for 16 entries of a 32-value window starting at index `low`:
+/// two loads and one permute (which reads only the low 5 bits of each entry less `low`: it
+/// cannot leave the window).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn gather_window(window: &[u32], within: &[u32; 16], out: &mut [u32]) {
+fn gather_window(window: &[u32], at: &[u32], low: u32, out: &mut [u32]) {
     use std::arch::x86_64::{
-        __m512i, _mm512_loadu_si512, _mm512_permutex2var_epi32, _mm512_storeu_si512,
+        __m512i, _mm512_loadu_si512, _mm512_permutex2var_epi32, _mm512_set1_epi32,
+        _mm512_storeu_si512, _mm512_sub_epi32,
     };
-    assert!(window.len() >= 32 && out.len() >= 16, "a short window");
-    // SAFETY: `window` holds 32 values and `within` and `out` 16 each: unaligned 64-byte
-    // loads and a store inside them.
+    assert!(
+        window.len() >= 32 && at.len() >= 16 && out.len() >= 16,
+        "a short window"
+    );
+    // SAFETY: `window` holds 32 values and `at` and `out` 16 each: unaligned 64-byte loads and
+    // a store inside them.
     unsafe {
-        let low = _mm512_loadu_si512(window.as_ptr().cast::<__m512i>());
-        let high = _mm512_loadu_si512(window.as_ptr().add(16).cast::<__m512i>());
-        let index = _mm512_loadu_si512(within.as_ptr().cast::<__m512i>());
-        let picked = _mm512_permutex2var_epi32(low, index, high);
+        let first = _mm512_loadu_si512(window.as_ptr().cast::<__m512i>());
+        let second = _mm512_loadu_si512(window.as_ptr().add(16).cast::<__m512i>());
+        let at = _mm512_loadu_si512(at.as_ptr().cast::<__m512i>());
+        let index = _mm512_sub_epi32(at, _mm512_set1_epi32(low as i32));
+        let picked = _mm512_permutex2var_epi32(first, index, second);
         _mm512_storeu_si512(out.as_mut_ptr().cast::<__m512i>(), picked);
     }
 }

@@ -13,13 +13,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::kernels::{Cursor, GuestMemory, Work};
-use crate::completion::{watch_for, Signal};
+use crate::completion::Signal;
 use crate::{GpuError, KernelArg, KernelProgram, LaunchConfig};
 
 /// A slice of a program's steps, or of a blocked matmul's: steps run until this much time has
@@ -251,6 +251,16 @@ struct PoolShared {
     /// Whether a worker is watching the queue: one at a time, so that the watcher and the
     /// launching thread (which runs parts itself, `submit_helping`) take two cores at most.
     watching: AtomicBool,
+    /// Until when the watcher watches ([`since_start`] nanoseconds): [`SPIN`] after the last
+    /// worker found the queue empty. A worker that finds another watching moves it on and
+    /// sleeps, so a watcher stays for [`SPIN`] after the pool's latest task, not its own.
+    watch_until: AtomicU64,
+}
+
+/// Nanoseconds since the first call (a clock the watchers share as one number).
+fn since_start() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// How long a worker that finds the queue empty watches it before it sleeps. A model's
@@ -322,14 +332,35 @@ impl PoolShared {
         self.queued.store(queue.len, Ordering::Release);
     }
 
-    /// Watches the queue for up to [`SPIN`] (without the lock); `true` if a task came.
+    /// Moves the watch on to [`SPIN`] from now and watches the queue until then (without the
+    /// lock), unless another worker is watching; `true` if a task came.
     fn watch(&self) -> bool {
-        if self.watching.swap(true, Ordering::AcqRel) {
-            return false;
+        let spin = u64::try_from(SPIN.as_nanos()).unwrap_or(u64::MAX);
+        self.watch_until
+            .fetch_max(since_start().saturating_add(spin), Ordering::SeqCst);
+        loop {
+            if self.watching.swap(true, Ordering::SeqCst) {
+                // The watcher reads the moved deadline before it stops.
+                return false;
+            }
+            let came = loop {
+                if self.queued.load(Ordering::Acquire) > 0 {
+                    break true;
+                }
+                if since_start() >= self.watch_until.load(Ordering::SeqCst) {
+                    break false;
+                }
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+            };
+            self.watching.store(false, Ordering::SeqCst);
+            // A worker that moved the deadline as this one stopped saw it watching and went
+            // to sleep: watch on for it.
+            if came || since_start() >= self.watch_until.load(Ordering::SeqCst) {
+                return came;
+            }
         }
-        let came = watch_for(SPIN, || self.queued.load(Ordering::Acquire) > 0);
-        self.watching.store(false, Ordering::Release);
-        came
     }
 
     /// Puts `unfinished` back at the end of its tenant's queue, then takes the next task in

@@ -32,7 +32,7 @@ pub(crate) struct Packed<T> {
     /// Entry `tap · block_rows·q + j`: where pixel `j` of the first block reads tap
     /// `(ci, r, s)` in `padded` (channel `ci`, row `ih + pad`, column `iw + pad`); a later
     /// block reads `p0 · stride` rows further.
-    table: Indices,
+    table: Arc<Indices>,
     /// Columns of a padded channel.
     wp: usize,
     /// The image in progress, each channel padded: `c × (h + 2·pad) × wp`.
@@ -70,22 +70,12 @@ impl<T: Element> Packed<T> {
         }
         let bytes = &w[4 * channels.start * taps..4 * channels.end * taps];
         let weights = weights(bytes, channels.len(), taps);
-        let mut table = Vec::with_capacity(taps * block);
-        for ci in 0..conv.c {
-            for r in 0..conv.r {
-                for s in 0..conv.s {
-                    for p in 0..block_rows {
-                        let row = (ci * hp + p * conv.stride + r) * wp + s;
-                        table.extend((0..conv.q).map(|q| (row + q * conv.stride) as u32));
-                    }
-                }
-            }
-        }
+        let table = table(conv, block_rows);
         Some(Self {
             weights,
             ko0: channels.start,
             block_rows,
-            table: Indices::new(table),
+            table,
             wp,
             // Zeros past the image too: the gather's windows read up to 32 values at once.
             padded: vec![T::ZERO; conv.c * hp * wp + 32],
@@ -174,6 +164,67 @@ impl<T: Element> Packed<T> {
         }
         (work, done)
     }
+}
+
+/// Most entries of the tables of taps kept for later launches, all tables together.
+const CACHED_TABLE_ENTRIES: usize = 1 << 20;
+
+/// The geometry a table of taps depends on: input channels, rows and columns, filter rows and
+/// columns, stride, padding, output columns and rows per block.
+type TableKey = [usize; 9];
+
+static TABLES: Mutex<Vec<(TableKey, Arc<Indices>)>> = Mutex::new(Vec::new());
+
+/// The table of taps of `conv` for blocks of `block_rows` output rows ([`Packed::table`]):
+/// from the cache when a launch of the same geometry built it before, else built now and kept,
+/// the least recently used tables dropped past [`CACHED_TABLE_ENTRIES`].
+fn table(conv: &Conv, block_rows: usize) -> Arc<Indices> {
+    let key = [
+        conv.c,
+        conv.h,
+        conv.w,
+        conv.r,
+        conv.s,
+        conv.stride,
+        conv.pad,
+        conv.q,
+        block_rows,
+    ];
+    let mut tables = TABLES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(at) = tables.iter().position(|(k, _)| *k == key) {
+        let entry = tables.remove(at);
+        let table = entry.1.clone();
+        tables.push(entry);
+        return table;
+    }
+    drop(tables);
+    let (hp, wp) = (conv.h + 2 * conv.pad, conv.w + 2 * conv.pad);
+    let mut at = Vec::with_capacity(conv.taps() * block_rows * conv.q);
+    for ci in 0..conv.c {
+        for r in 0..conv.r {
+            for s in 0..conv.s {
+                for p in 0..block_rows {
+                    let row = (ci * hp + p * conv.stride + r) * wp + s;
+                    at.extend((0..conv.q).map(|q| (row + q * conv.stride) as u32));
+                }
+            }
+        }
+    }
+    let table = Arc::new(Indices::new(at));
+    let entries = table.len();
+    if entries <= CACHED_TABLE_ENTRIES {
+        let mut tables = TABLES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut held: usize = tables.iter().map(|(_, t)| t.len()).sum();
+        while held + entries > CACHED_TABLE_ENTRIES && !tables.is_empty() {
+            held -= tables.remove(0).1.len();
+        }
+        tables.push((key, table.clone()));
+    }
+    table
 }
 
 /// Most bytes of weights kept packed for later launches, all entries together.
