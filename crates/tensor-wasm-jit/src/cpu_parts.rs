@@ -23,6 +23,13 @@ use crate::{Blueprint, Dtype, JitError, Shape};
 /// (Unit tests step one column at a time, to test resuming between them.)
 pub(crate) const GEMM_STEP: usize = if cfg!(test) { 1 } else { 1 << 16 };
 
+/// The work of one value that a simple operation streams through memory (an element-wise
+/// operation, a pooling tap), in multiply-adds of a register tile: about what it takes, so
+/// that such launches split as soon as the second core pays. A launch split into halves
+/// keeps its halves' data on the same cores as the launches before and after it, whose
+/// halves are the same (the launching thread takes the last part).
+pub(crate) const STREAMED: usize = 16;
+
 /// Fewer multiply-adds than this per part are not worth another core (unit tests split even
 /// the smallest launches, to test the parts' edges).
 const MIN_PART_WORK: usize = if cfg!(test) { 1 } else { 1 << 17 };

@@ -294,10 +294,13 @@ impl PoolQueue {
         self.len += 1;
     }
 
-    /// Takes a queued task of `job` out of turn (its own caller helping it).
+    /// Takes the last queued task of `job` out of turn (its own caller helping it). Workers
+    /// take a job's tasks from the front, so of two parts the caller runs the second and a
+    /// worker the first, launch after launch: a plan whose launches split their data alike
+    /// keeps each half on one core.
     fn take_of(&mut self, job: &Arc<CpuJob>) -> Option<Task> {
         let queue = self.by_tenant.get_mut(&job.tenant)?;
-        let at = queue.iter().position(|task| Arc::ptr_eq(&task.job, job))?;
+        let at = queue.iter().rposition(|task| Arc::ptr_eq(&task.job, job))?;
         let task = queue.remove(at);
         self.len -= 1;
         if queue.is_empty() {

@@ -22,7 +22,7 @@ use super::elementwise::{self, apply, emit_op, ElementwiseOp};
 use super::{Kind, KindRun};
 use crate::contract::{Param, ParamKind, Shape};
 use crate::cpu::{covered, write, Element, Stage, BLOCK, STEP_WORK};
-use crate::cpu_parts::{disjoint, internal, split};
+use crate::cpu_parts::{disjoint, internal, split, STREAMED};
 use crate::emit::{global_index_1d, ins, Ops};
 use crate::math::Temps;
 use crate::{Dtype, JitError};
@@ -391,7 +391,7 @@ impl<T: Element + Send> KindRun<T> for ChainRun<T> {
             ..
         } = *self;
         disjoint(CpuParts {
-            parts: split(count, chain.ops().len(), workers)
+            parts: split(count, STREAMED * chain.ops().len(), workers)
                 .into_iter()
                 .map(|range| {
                     let output = out + 4 * range.start..out + 4 * range.end;

@@ -10,7 +10,7 @@ use zerocopy::FromBytes;
 use super::{blocks, Kind, KindRun};
 use crate::contract::{Param, ParamKind, Shape};
 use crate::cpu::{covered, load_into, max, min, write, Element, Stage, BLOCK, STEP_WORK};
-use crate::cpu_parts::{disjoint, internal, split};
+use crate::cpu_parts::{disjoint, internal, split, STREAMED};
 use crate::emit::{global_index_1d, ins, Ops};
 use crate::math::{self, Temps};
 use crate::{Dtype, JitError};
@@ -423,7 +423,7 @@ impl<T: Element + Send> KindRun<T> for ElementwiseRun<T> {
             ..
         } = *self;
         disjoint(CpuParts {
-            parts: split(count, 1, workers)
+            parts: split(count, STREAMED, workers)
                 .into_iter()
                 .map(|range| {
                     let output = out + 4 * range.start..out + 4 * range.end;

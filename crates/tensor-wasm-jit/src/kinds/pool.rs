@@ -30,6 +30,7 @@ use super::rows::{each_row, load, spread_prologue, with_values, RowGrid, RowOp, 
 use super::{product, Kind};
 use crate::contract::{Param, ParamKind, Shape};
 use crate::cpu::{Element, Stage};
+use crate::cpu_parts::STREAMED;
 use crate::emit::{global_pointer, ins, label, Ops};
 use crate::gather::{words, words_mut, Indices};
 use crate::{Dtype, JitError};
@@ -406,7 +407,7 @@ impl Window {
 
 impl<T: Element> RowOp<T> for Window {
     fn row_work(&self) -> usize {
-        self.q * self.r * self.s
+        STREAMED * self.q * self.r * self.s
     }
 
     fn row(&self, row: usize, inputs: &[&[u8]], out: &mut [u8]) {
