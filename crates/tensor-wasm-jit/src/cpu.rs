@@ -34,6 +34,8 @@ pub(crate) trait Element:
     fn mean(self, count: u32) -> Self;
     /// `f(y, x)` for f32; nothing for i32 (the f32-only functions are refused for it first).
     fn map_f32(f: fn(&mut [f32], &[f32]), y: &mut [Self], x: &[Self]);
+    /// `x` and `y` as f32s, for an f32-only fast path; `None` for i32.
+    fn f32s<'a>(x: &'a [Self], y: &'a mut [Self]) -> Option<(&'a [f32], &'a mut [f32])>;
     /// `y[i] = a[i].fma(b[i], c[i])`.
     fn fma_into(y: &mut [Self], a: &[Self], b: &[Self], c: &[Self]) {
         for (((y, &a), &b), &c) in y.iter_mut().zip(a).zip(b).zip(c) {
@@ -71,6 +73,9 @@ impl Element for f32 {
     fn map_f32(f: fn(&mut [f32], &[f32]), y: &mut [Self], x: &[Self]) {
         f(y, x);
     }
+    fn f32s<'a>(x: &'a [Self], y: &'a mut [Self]) -> Option<(&'a [f32], &'a mut [f32])> {
+        Some((x, y))
+    }
 }
 
 impl Element for i32 {
@@ -97,6 +102,9 @@ impl Element for i32 {
         self.wrapping_div(count as i32)
     }
     fn map_f32(_f: fn(&mut [f32], &[f32]), _y: &mut [Self], _x: &[Self]) {}
+    fn f32s<'a>(_x: &'a [Self], _y: &'a mut [Self]) -> Option<(&'a [f32], &'a mut [f32])> {
+        None
+    }
 }
 
 /// `a > b ? a : b`, the GPU's `setp.gt` + `selp`.

@@ -1,5 +1,6 @@
 //! Gathers of 32-bit values by index (`out[j] = values[at[j]]`), with AVX-512's gather
-//! instruction when the CPU has it: how the CPU's convolution collects each pixel's taps.
+//! instruction or a permute when the CPU has it: how the CPU's convolution collects each
+//! pixel's taps. Also 2 × 2 maximum pooling by permutes ([`max_pairs_f32`]).
 
 #![allow(unsafe_code)]
 
@@ -165,6 +166,69 @@ unsafe fn gather_avx512(values: &[u32], at: &[u32], out: &mut [u32]) {
     }
     for (value, &i) in out[whole..].iter_mut().zip(&at[whole..]) {
         *value = values[i as usize];
+    }
+}
+
+/// 2 × 2 maximum pooling at stride 2 over output rows of `q` values, `q` dividing 16, for as
+/// many whole blocks of 16 outputs as `out` holds: `x` holds, for each output row `R` from
+/// the first, input rows `2R` and `2R + 1` (`2q` values each), one after another. Each output
+/// is `sel(sel(sel(L, t00), t01), sel(sel(L, t10), t11))`, `sel` being pooling's select and `L`
+/// minus infinity — the taps' fold in order, the select being associative. Returns the
+/// outputs written (0 without AVX-512 or for another `q`): the caller does the rest.
+pub(crate) fn max_pairs_f32(x: &[f32], q: usize, out: &mut [f32]) -> usize {
+    let blocks = (out.len() / 16).min(x.len() / 64);
+    #[cfg(target_arch = "x86_64")]
+    if q > 0 && 16 % q == 0 && blocks > 0 && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F, the function's one target feature.
+        unsafe { max_pairs_avx512(&x[..64 * blocks], q, &mut out[..16 * blocks]) };
+        return 16 * blocks;
+    }
+    0
+}
+
+/// [`max_pairs_f32`] with AVX-512: per 16 outputs, four loads, two permutes and two selects
+/// to fold each pair of columns, two permutes to line up the rows, and one select.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn max_pairs_avx512(x: &[f32], q: usize, out: &mut [f32]) {
+    use std::arch::x86_64::{
+        __m512, __m512i, _mm512_cmp_ps_mask, _mm512_loadu_ps, _mm512_loadu_si512,
+        _mm512_mask_blend_ps, _mm512_permutex2var_ps, _mm512_set1_ps, _mm512_storeu_ps, _CMP_GT_OQ,
+        _CMP_UNORD_Q,
+    };
+    assert!(
+        x.len() == 4 * out.len() && out.len() % 16 == 0,
+        "whole blocks"
+    );
+    let select = |m: __m512, x: __m512| {
+        let take =
+            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, m) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        _mm512_mask_blend_ps(take, m, x)
+    };
+    let even: [i32; 16] = std::array::from_fn(|j| 2 * j as i32);
+    let odd: [i32; 16] = std::array::from_fn(|j| 2 * j as i32 + 1);
+    // Output `o` of a block: row `o / q`, column `o % q`; its top fold is folded value
+    // `2q · (o / q) + o % q` of the block's 32, its bottom fold `q` further.
+    let top: [i32; 16] = std::array::from_fn(|o| (2 * q * (o / q) + o % q) as i32);
+    let bottom: [i32; 16] = std::array::from_fn(|o| (2 * q * (o / q) + o % q + q) as i32);
+    // SAFETY: each index array holds 16 i32 (unaligned 64-byte loads).
+    let [even, odd, top, bottom] = [even, odd, top, bottom]
+        .map(|at| unsafe { _mm512_loadu_si512(at.as_ptr().cast::<__m512i>()) });
+    let lowest = _mm512_set1_ps(f32::NEG_INFINITY);
+    for (x, out) in x.chunks_exact(64).zip(out.chunks_exact_mut(16)) {
+        // SAFETY: `x` holds 64 f32 and `out` 16 (unaligned 64-byte loads and a store).
+        unsafe {
+            let v = [0, 16, 32, 48].map(|at| _mm512_loadu_ps(x.as_ptr().add(at)));
+            let fold = |a: __m512, b: __m512| {
+                let first = _mm512_permutex2var_ps(a, even, b);
+                let second = _mm512_permutex2var_ps(a, odd, b);
+                select(select(lowest, first), second)
+            };
+            let (low, high) = (fold(v[0], v[1]), fold(v[2], v[3]));
+            let upper = _mm512_permutex2var_ps(low, top, high);
+            let lower = _mm512_permutex2var_ps(low, bottom, high);
+            _mm512_storeu_ps(out.as_mut_ptr(), select(upper, lower));
+        }
     }
 }
 

@@ -32,7 +32,7 @@ use crate::contract::{Param, ParamKind, Shape};
 use crate::cpu::{Element, Stage};
 use crate::cpu_parts::STREAMED;
 use crate::emit::{global_pointer, ins, label, Ops};
-use crate::gather::{words, words_mut, Indices};
+use crate::gather::{max_pairs_f32, words, words_mut, Indices};
 use crate::{Dtype, JitError};
 
 /// `maxpool[RxS,sT,pP]`: the largest in-range tap of each window (a NaN tap wins).
@@ -507,13 +507,25 @@ impl Window {
     fn max_pairs<T: Element>(&self, rows: Range<usize>, x: &[T], out: &mut [T]) {
         let (w, q) = (self.w, self.q);
         let x = &x[2 * rows.start * w..2 * rows.end * w];
+        let out = &mut out[..rows.len() * q];
+        let done = T::f32s(x, out).map_or(0, |(x, out)| max_pairs_f32(x, q, out));
+        let (x, out) = (&x[4 * done..], &mut out[done..]);
         let mut folded = vec![T::LOWEST; x.len() / 2];
         for (m, pair) in folded.iter_mut().zip(x.chunks_exact(2)) {
             *m = select(select(T::LOWEST, pair[0]), pair[1]);
         }
         for (out, rows) in out.chunks_exact_mut(q).zip(folded.chunks_exact(2 * q)) {
             let (top, bottom) = rows.split_at(q);
-            for ((value, &top), &bottom) in out.iter_mut().zip(top).zip(bottom) {
+            // Four at a time (one vector), then the rest: rows are short.
+            let whole = q / 4 * 4;
+            let fours = out[..whole].chunks_exact_mut(4).zip(top.chunks_exact(4));
+            for ((out, top), bottom) in fours.zip(bottom.chunks_exact(4)) {
+                for ((value, &top), &bottom) in out.iter_mut().zip(top).zip(bottom) {
+                    *value = select(top, bottom);
+                }
+            }
+            let rest = out[whole..].iter_mut().zip(&top[whole..]);
+            for ((value, &top), &bottom) in rest.zip(&bottom[whole..]) {
                 *value = select(top, bottom);
             }
         }
@@ -781,14 +793,20 @@ mod tests {
         let planes: Vec<u32> = windows.concat();
         let got = pool_cpu("maxpool[2x2,s2]", [1, count as u32, 2, 2], &planes);
         assert_eq!(got, expected);
-        let mut wide = Vec::new();
-        for row in windows.chunks_exact(8) {
-            for half in [0, 2] {
-                wide.extend(row.iter().flat_map(|taps| [taps[half], taps[half + 1]]));
+        // Planes of 2 × 2·across: `across` windows side by side (the AVX-512 path takes
+        // rows of 1, 2, 4, 8 or 16; 5 takes the other).
+        for across in [4, 5, 8] {
+            let mut wide = Vec::new();
+            for row in windows.chunks(across) {
+                for half in [0, 2] {
+                    wide.extend(row.iter().flat_map(|taps| [taps[half], taps[half + 1]]));
+                }
             }
+            let planes = (count / across) as u32;
+            let wide = &wide[..4 * across * planes as usize];
+            let got = pool_cpu("maxpool[2x2,s2]", [1, planes, 2, 2 * across as u32], wide);
+            assert_eq!(got, expected[..got.len()], "{across} across");
         }
-        let got = pool_cpu("maxpool[2x2,s2]", [2, count as u32 / 16, 2, 16], &wide);
-        assert_eq!(got, expected);
     }
 
     #[test]
