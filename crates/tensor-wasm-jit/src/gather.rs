@@ -54,7 +54,7 @@ impl Indices {
     pub(crate) fn gather(&self, values: &[u32], first: usize, out: &mut [u32]) {
         let at = &self.at[first..first + out.len()];
         #[cfg(target_arch = "x86_64")]
-        if first % 16 == 0 && std::arch::is_x86_feature_detected!("avx512f") {
+        if first.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
             let whole = out.len() / 16 * 16;
             let chunks = out[..whole].chunks_exact_mut(16).zip(at.chunks_exact(16));
             for (c, (out, at)) in chunks.enumerate() {
@@ -197,7 +197,7 @@ fn max_pairs_avx512(x: &[f32], q: usize, out: &mut [f32]) {
         _CMP_UNORD_Q,
     };
     assert!(
-        x.len() == 4 * out.len() && out.len() % 16 == 0,
+        x.len() == 4 * out.len() && out.len().is_multiple_of(16),
         "whole blocks"
     );
     let select = |m: __m512, x: __m512| {
