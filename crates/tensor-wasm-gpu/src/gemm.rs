@@ -89,7 +89,8 @@ pub trait Lane: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
 
     /// [`STRIP_ROWS`] rows of a direct strip ([`Blocked::step_direct`]) with AVX-512
     /// vectors: `sums[i][j] = a[i][p] · b[p][j]` summed in order of `p` from zero, a product
-    /// then a sum, each rounded, as every tile. Row `p` of the strip is `b[p * ldb..][..16]`.
+    /// then a sum, each rounded, as every tile. `b` is `(values, ldb, width)`: row `p` of the
+    /// strip is `values[p * ldb..][..width]` (`width` at most 16; the other sums are zero).
     ///
     /// # Safety
     /// The CPU must have AVX-512F.
@@ -97,8 +98,7 @@ pub trait Lane: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     #[doc(hidden)]
     unsafe fn strip_avx512(
         a: [&[Self]; STRIP_ROWS],
-        b: &[Self],
-        ldb: usize,
+        b: (&[Self], usize, usize),
         sums: &mut [[Self; STRIP]; STRIP_ROWS],
     );
 
@@ -163,12 +163,11 @@ impl Lane for f32 {
     #[cfg(target_arch = "x86_64")]
     unsafe fn strip_avx512(
         a: [&[Self]; STRIP_ROWS],
-        b: &[Self],
-        ldb: usize,
+        b: (&[Self], usize, usize),
         sums: &mut [[Self; STRIP]; STRIP_ROWS],
     ) {
         // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
-        unsafe { avx512::strip_f32(a, b, ldb, sums) }
+        unsafe { avx512::strip_f32(a, b, sums) }
     }
 }
 
@@ -215,12 +214,11 @@ impl Lane for i32 {
     #[cfg(target_arch = "x86_64")]
     unsafe fn strip_avx512(
         a: [&[Self]; STRIP_ROWS],
-        b: &[Self],
-        ldb: usize,
+        b: (&[Self], usize, usize),
         sums: &mut [[Self; STRIP]; STRIP_ROWS],
     ) {
         // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
-        unsafe { avx512::strip_i32(a, b, ldb, sums) }
+        unsafe { avx512::strip_i32(a, b, sums) }
     }
 }
 
@@ -244,6 +242,16 @@ pub trait GemmSource<T> {
     fn a_row(&self, row: usize, p0: usize, out: &mut [T]);
     /// Fills `out` with `b[p][col0..col0 + out.len()]`.
     fn b_row(&self, p: usize, col0: usize, out: &mut [T]);
+    /// a's values as they lie, when they can be read in place: row `i` at
+    /// `values[i * lda..][..k]`, as `(values, lda)`. `None` (the default) has the multiply
+    /// copy the rows it reads.
+    fn a_in_place(&self) -> Option<(&[T], usize)> {
+        None
+    }
+    /// b's values in place likewise: row `p` at `values[p * ldb..][..cols]`.
+    fn b_in_place(&self) -> Option<(&[T], usize)> {
+        None
+    }
 }
 
 /// Row-major `a` (`k` values per row) and `b` (`ldb` values per row) as little-endian bytes,
@@ -622,6 +630,20 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
         }
         let ldb = cols.next_multiple_of(STRIP);
         let mut spent = 0usize;
+        // Many rows of few columns: the operands as they lie when the source has them so,
+        // else copies (below).
+        let strips =
+            cfg!(target_arch = "x86_64") && self.isa == Isa::Avx512 && m > DIRECT_ROWS && k > 0;
+        let in_place = if strips {
+            source.a_in_place().zip(source.b_in_place())
+        } else {
+            None
+        };
+        if !self.packed && in_place.is_some() {
+            self.sums.clear();
+            self.sums.resize(m * cols, T::ZERO);
+            self.packed = true;
+        }
         if !self.packed {
             self.packed_a.clear();
             self.packed_a.resize(m * k, T::ZERO);
@@ -645,18 +667,20 @@ impl<T: Lane, const NR: usize> Blocked<T, NR> {
             let width = STRIP.min(cols - j0);
             let mut rows = 0;
             #[cfg(target_arch = "x86_64")]
-            if self.isa == Isa::Avx512 && m > DIRECT_ROWS && k > 0 {
+            if strips {
                 // STRIP_ROWS rows at a time; a last, short group repeats its last row.
-                let b = &self.packed_b[j0..];
+                let ((a_values, lda), (b_values, ldb)) =
+                    in_place.unwrap_or(((&self.packed_a, k), (&self.packed_b, ldb)));
+                let b = (&b_values[j0..], ldb, width);
                 let mut out = [[T::ZERO; STRIP]; STRIP_ROWS];
                 while rows < m {
                     let a = std::array::from_fn(|r| {
                         let row = (rows + r).min(m - 1);
-                        &self.packed_a[row * k..][..k]
+                        &a_values[row * lda..][..k]
                     });
                     // SAFETY: this `Blocked` was made for AVX-512 (`Gemm::with_isa` checks that
                     // the CPU has it), the function's one requirement.
-                    unsafe { T::strip_avx512(a, b, ldb, &mut out) };
+                    unsafe { T::strip_avx512(a, b, &mut out) };
                     for (r, values) in out.iter().enumerate().take(m - rows) {
                         self.sums[(rows + r) * cols..][j0..j0 + width]
                             .copy_from_slice(&values[..width]);

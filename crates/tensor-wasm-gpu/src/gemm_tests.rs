@@ -347,6 +347,60 @@ fn many_rows_of_few_columns_multiply_by_strips() {
     }
 }
 
+/// Operands a source offers in place (`GemmSource::a_in_place`, `b_in_place`) are read as
+/// they lie, b's rows as long as its columns, with the bits of the copies.
+#[test]
+fn operands_in_place_give_the_copies_bits() {
+    struct InPlace<'a> {
+        a: &'a [f32],
+        b: &'a [f32],
+        k: usize,
+        ldb: usize,
+    }
+    impl GemmSource<f32> for InPlace<'_> {
+        fn a_row(&self, row: usize, p0: usize, out: &mut [f32]) {
+            out.copy_from_slice(&self.a[row * self.k + p0..][..out.len()]);
+        }
+        fn b_row(&self, p: usize, col0: usize, out: &mut [f32]) {
+            out.copy_from_slice(&self.b[p * self.ldb + col0..][..out.len()]);
+        }
+        fn a_in_place(&self) -> Option<(&[f32], usize)> {
+            Some((self.a, self.k))
+        }
+        fn b_in_place(&self) -> Option<(&[f32], usize)> {
+            Some((self.b, self.ldb))
+        }
+    }
+    for (m, cols, k) in [
+        (2 * STRIP_ROWS + 3, 10, 300),
+        (DIRECT_ROWS + 1, 1, 7),
+        (9, 16, 5),
+    ] {
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let b: Vec<f32> = (0..k * cols)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
+            .collect();
+        let source = InPlace {
+            a: &a,
+            b: &b,
+            k,
+            ldb: cols,
+        };
+        for isa in isas() {
+            let mut c = vec![0u8; 4 * m * cols];
+            let mut gemm = Gemm::<f32>::with_isa(isa, m, cols, k, cols);
+            while !gemm.step(&source, &mut c, 64) {}
+            assert!(
+                same_f32(&c, &expected(&a, &b, (m, cols, k, cols), cols)),
+                "{}: {m} × {cols} × {k}",
+                isa.name()
+            );
+        }
+    }
+}
+
 /// The ISA `Gemm::new` uses is the widest this CPU has unless `TENSOR_WASM_CPU_ISA` narrows
 /// it (not set in the tests), and each ISA gives tiles of its width.
 #[test]

@@ -8,35 +8,40 @@
 pub(super) mod avx512 {
     use std::arch::x86_64::{
         __m512i, _mm512_add_epi32, _mm512_add_ps, _mm512_loadu_ps, _mm512_loadu_si512,
-        _mm512_mul_ps, _mm512_mullo_epi32, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
-        _mm512_setzero_si512, _mm512_storeu_ps, _mm512_storeu_si512,
+        _mm512_maskz_loadu_epi32, _mm512_maskz_loadu_ps, _mm512_mul_ps, _mm512_mullo_epi32,
+        _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps, _mm512_setzero_si512,
+        _mm512_storeu_ps, _mm512_storeu_si512,
     };
 
     use super::super::{MR, NR_WIDE, STRIP, STRIP_ROWS};
 
-    /// The operands of a strip, checked: `b` holds `k` rows of 16 at stride `ldb` (the last
-    /// one 16 long), each row of `a` at least `k` values. Returns `k`.
-    fn strip_depth<T>(a: &[&[T]; STRIP_ROWS], b: &[T], ldb: usize) -> usize {
+    /// The operands of a strip, checked: `b` holds `k` rows of `width` (at most 16) at stride
+    /// `ldb`, each row of `a` at least `k` values. Returns `k` and the mask of the `width`
+    /// lanes each row of b loads (the others are neither read nor used).
+    fn strip_depth<T>(a: &[&[T]; STRIP_ROWS], b: &[T], ldb: usize, width: usize) -> (usize, u16) {
         let k = a[0].len();
         assert!(a.iter().all(|row| row.len() >= k), "short rows of a");
-        assert!(ldb >= STRIP, "rows of b overlap");
-        assert!(k == 0 || b.len() >= (k - 1) * ldb + STRIP, "short b");
-        k
+        assert!(
+            (1..=STRIP).contains(&width) && ldb >= width,
+            "rows of b overlap"
+        );
+        assert!(k == 0 || b.len() >= (k - 1) * ldb + width, "short b");
+        (k, ((1u32 << width) - 1) as u16)
     }
 
     #[target_feature(enable = "avx512f")]
     pub(in super::super) fn strip_f32(
         a: [&[f32]; STRIP_ROWS],
-        b: &[f32],
-        ldb: usize,
+        (b, ldb, width): (&[f32], usize, usize),
         sums: &mut [[f32; STRIP]; STRIP_ROWS],
     ) {
-        let k = strip_depth(&a, b, ldb);
+        let (k, mask) = strip_depth(&a, b, ldb, width);
         let mut acc = [_mm512_setzero_ps(); STRIP_ROWS];
         for p in 0..k {
-            // SAFETY: row `p` of b holds 16 values and every row of a `k` (`strip_depth`).
+            // SAFETY: row `p` of b holds the `width` values the mask loads and every row of a
+            // holds `k` (`strip_depth`).
             unsafe {
-                let b = _mm512_loadu_ps(b.as_ptr().add(p * ldb));
+                let b = _mm512_maskz_loadu_ps(mask, b.as_ptr().add(p * ldb));
                 for (sum, row) in acc.iter_mut().zip(&a) {
                     let a = _mm512_set1_ps(*row.get_unchecked(p));
                     *sum = _mm512_add_ps(*sum, _mm512_mul_ps(a, b));
@@ -52,16 +57,15 @@ pub(super) mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub(in super::super) fn strip_i32(
         a: [&[i32]; STRIP_ROWS],
-        b: &[i32],
-        ldb: usize,
+        (b, ldb, width): (&[i32], usize, usize),
         sums: &mut [[i32; STRIP]; STRIP_ROWS],
     ) {
-        let k = strip_depth(&a, b, ldb);
+        let (k, mask) = strip_depth(&a, b, ldb, width);
         let mut acc = [_mm512_setzero_si512(); STRIP_ROWS];
         for p in 0..k {
             // SAFETY: as in `strip_f32`.
             unsafe {
-                let b = _mm512_loadu_si512(b.as_ptr().add(p * ldb).cast::<__m512i>());
+                let b = _mm512_maskz_loadu_epi32(mask, b.as_ptr().add(p * ldb));
                 for (sum, row) in acc.iter_mut().zip(&a) {
                     let a = _mm512_set1_epi32(*row.get_unchecked(p));
                     *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(a, b));

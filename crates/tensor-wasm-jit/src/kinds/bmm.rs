@@ -19,6 +19,7 @@ use std::ops::Range;
 
 use tensor_wasm_gpu::gemm::{decode_into, Gemm, GemmSource};
 use tensor_wasm_gpu::{CpuPart, CpuParts, GpuError, KernelArg, LaunchConfig};
+use zerocopy::FromBytes;
 
 use super::rows::{load, spread_prologue, RowGrid};
 use super::{product, Kind, KindRun};
@@ -297,6 +298,23 @@ impl<T: Element> GemmSource<T> for Operands<'_, T> {
         }
     }
 
+    fn a_in_place(&self) -> Option<(&[T], usize)> {
+        let k = self.dims.k;
+        match (self.a_rows, self.dims.layout.a) {
+            (Some(rows), _) => Some((rows, k)),
+            (None, BmmOperand::Normal) => Some((in_place(&self.a[4 * self.i0 * k..])?, k)),
+            (None, BmmOperand::Transposed) => None,
+        }
+    }
+
+    fn b_in_place(&self) -> Option<(&[T], usize)> {
+        match (self.b_rows, self.dims.layout.b) {
+            (Some(rows), _) => Some((rows, self.dims.cols)),
+            (None, BmmOperand::Normal) => Some((in_place(self.b)?, self.dims.n)),
+            (None, BmmOperand::Transposed) => None,
+        }
+    }
+
     fn b_row(&self, p: usize, col0: usize, out: &mut [T]) {
         let Dims { n, k, cols, .. } = self.dims;
         if let Some(rows) = self.b_rows {
@@ -312,6 +330,15 @@ impl<T: Element> GemmSource<T> for Operands<'_, T> {
             }
         }
     }
+}
+
+/// `bytes` (whole values of them) as `T`s where they lie: a little-endian host and 4-byte
+/// alignment, else `None`.
+fn in_place<T: Element>(bytes: &[u8]) -> Option<&[T]> {
+    let whole = &bytes[..bytes.len() / 4 * 4];
+    cfg!(target_endian = "little")
+        .then(|| <[T]>::ref_from_bytes(whole).ok())
+        .flatten()
 }
 
 /// Grid rows `rows` of a bmm (row `i` of matrix `b` is row `b · m + i`); its output starts at
