@@ -88,6 +88,8 @@ fn main() -> anyhow::Result<()> {
         }
         times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
+        // With --per-launch: the median of runs made of the launches timed in sequence.
+        let mut sequence_s = None;
         let launches = if per_launch {
             let plan = model
                 .plan(&exec_shapes(&case), None)
@@ -117,7 +119,9 @@ fn main() -> anyhow::Result<()> {
                 .collect::<Vec<_>>();
             // The same launches timed in sequence, as a run makes them.
             let mut seq = vec![Vec::new(); plan.launches.len()];
+            let mut sums = Vec::new();
             for _ in 0..runs.max(5) {
+                let run_started = Instant::now();
                 for (l, t) in plan.launches.iter().zip(&mut seq) {
                     let started = Instant::now();
                     let _ = tensor_wasm_onnx::Launcher::launch(
@@ -129,7 +133,10 @@ fn main() -> anyhow::Result<()> {
                     );
                     t.push(started.elapsed().as_secs_f64());
                 }
+                sums.push(run_started.elapsed().as_secs_f64());
             }
+            sums.sort_by(f64::total_cmp);
+            sequence_s = Some(sums[sums.len() / 2]);
             for (entry, t) in alone.iter_mut().zip(&mut seq) {
                 t.sort_by(f64::total_cmp);
                 entry["in_sequence_s"] = json!(t[t.len() / 2]);
@@ -148,6 +155,7 @@ fn main() -> anyhow::Result<()> {
                 "items_per_s": batch as f64 / median,
                 "launches": model.plan(&exec_shapes(&case), None).map(|p| p.launches.len()).unwrap_or(0),
                 "per_launch": launches,
+                "in_sequence_run_s": sequence_s,
             })
         );
     }

@@ -7,6 +7,8 @@ use std::any::Any;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+use zerocopy::IntoBytes;
+
 use tensor_wasm_gpu::gemm::{decode_into, encode_into, PackedA};
 
 use super::conv2d::Conv;
@@ -149,7 +151,12 @@ impl<T: Element> Packed<T> {
         for row in rows.clone() {
             let at = out(row + self.ko0) + 4 * (j0 + col);
             let values = &self.sums[(row - first) * width..][..cols];
-            encode_into(values, &mut output[at..at + 4 * cols]);
+            let bytes = &mut output[at..at + 4 * cols];
+            // A whole row of 16 as one fixed-size move (no call to `memcpy`).
+            match (<&mut [u8; 64]>::try_from(&mut *bytes), <&[u8; 64]>::try_from(values.as_bytes())) {
+                (Ok(to), Ok(from)) if cfg!(target_endian = "little") => *to = *from,
+                _ => encode_into(values, bytes),
+            }
         }
         self.jr += 1;
         let work = (rows.len() * width * taps).max(1);
