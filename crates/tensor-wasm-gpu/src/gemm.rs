@@ -70,15 +70,16 @@ pub trait Lane: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     fn add(self, other: Self) -> Self;
     /// `self * other` as the GPU computes it.
     fn mul(self, other: Self) -> Self;
-    /// One column of register tiles 16 wide with AVX-512 vectors, as [`register_tile`]
-    /// computes each (`tile_column`'s operands). Written with intrinsics: left to itself, the
-    /// compiler vectorises the generic tile across rows, with gathers.
+    /// One column of register tiles `R` rows by 16 with AVX-512 vectors, as [`register_tile`]
+    /// computes each (`tile_column`'s operands, panels of `R` rows: [`MR`], or 16 for
+    /// [`PackedA`]). Written with intrinsics: left to itself, the compiler vectorises the
+    /// generic tile across rows, with gathers.
     ///
     /// # Safety
     /// The CPU must have AVX-512F.
     #[cfg(target_arch = "x86_64")]
     #[doc(hidden)]
-    unsafe fn tile_column_avx512(
+    unsafe fn tile_column_avx512<const R: usize>(
         kc: usize,
         packed_a: &[Self],
         panel: &[Self],
@@ -137,7 +138,7 @@ impl Lane for f32 {
         self * other
     }
     #[cfg(target_arch = "x86_64")]
-    unsafe fn tile_column_avx512(
+    unsafe fn tile_column_avx512<const R: usize>(
         kc: usize,
         packed_a: &[Self],
         panel: &[Self],
@@ -146,7 +147,7 @@ impl Lane for f32 {
         sums: &mut [Self],
     ) {
         // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
-        unsafe { avx512::tile_column_f32(kc, packed_a, panel, ldb, fresh, sums) }
+        unsafe { avx512::tile_column_f32::<R>(kc, packed_a, panel, ldb, fresh, sums) }
     }
     #[cfg(target_arch = "x86_64")]
     unsafe fn tile_column_avx2(
@@ -188,7 +189,7 @@ impl Lane for i32 {
         self.wrapping_mul(other)
     }
     #[cfg(target_arch = "x86_64")]
-    unsafe fn tile_column_avx512(
+    unsafe fn tile_column_avx512<const R: usize>(
         kc: usize,
         packed_a: &[Self],
         panel: &[Self],
@@ -197,7 +198,7 @@ impl Lane for i32 {
         sums: &mut [Self],
     ) {
         // SAFETY: the caller guarantees AVX-512F, the function's one requirement.
-        unsafe { avx512::tile_column_i32(kc, packed_a, panel, ldb, fresh, sums) }
+        unsafe { avx512::tile_column_i32::<R>(kc, packed_a, panel, ldb, fresh, sums) }
     }
     #[cfg(target_arch = "x86_64")]
     unsafe fn tile_column_avx2(
@@ -798,7 +799,7 @@ fn tile_column<T: Lane, const NR: usize>(
         // the one requirement of `tile_column_avx512`. Its tiles are 16 wide, as this
         // `Blocked`'s are (`Gemm::with_isa` makes AVX-512 ones with `NR_WIDE`).
         Isa::Avx512 if NR == NR_WIDE => unsafe {
-            T::tile_column_avx512(kc, packed_a, panel, ldb, fresh, sums);
+            T::tile_column_avx512::<MR>(kc, packed_a, panel, ldb, fresh, sums);
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2 (whose tiles are 16 wide too).

@@ -7,34 +7,43 @@ use std::ops::Range;
 
 use super::{tile_column, Isa, Lane, KC, MR, NR_NARROW, NR_WIDE};
 
-/// `a` (`m × k`) in panels of `MR` rows, every `p` of each: panel `ir` holds `[p][MR]` at
-/// `ir * k * MR` (zero rows past `m`).
+/// `a` (`m × k`) in panels of `mr` rows, every `p` of each: panel `ir` holds `[p][mr]` at
+/// `ir * k * mr` (zero rows past `m`). `mr` is [`MR`], or 16 with AVX-512 when that leaves
+/// fewer rows of the last panel empty (16 or 32 rows: a convolution's output channels).
 #[derive(Debug)]
 pub struct PackedA<T> {
     isa: Isa,
     m: usize,
     k: usize,
+    mr: usize,
     packed: Vec<T>,
 }
+
+/// Rows of [`PackedA`]'s wider AVX-512 tiles.
+const MR_WIDE: usize = 16;
 
 impl<T: Lane> PackedA<T> {
     /// Packs the `m` rows of `k` values each that `row(i, out)` writes into `out`, for tiles of
     /// [`Isa::selected`].
     pub fn new(m: usize, k: usize, mut row: impl FnMut(usize, &mut [T])) -> Self {
-        let mut packed = vec![T::ZERO; m.div_ceil(MR) * k * MR];
+        let isa = Isa::selected();
+        let wide = isa == Isa::Avx512 && m.next_multiple_of(MR_WIDE) < m.next_multiple_of(MR);
+        let mr = if wide { MR_WIDE } else { MR };
+        let mut packed = vec![T::ZERO; m.div_ceil(mr) * k * mr];
         let mut values = vec![T::ZERO; k];
         // With no `p` there is nothing to pack (every product is the empty sum).
         for i in (0..m).filter(|_| k > 0) {
             row(i, &mut values);
-            let panel = &mut packed[(i / MR) * k * MR..][..k * MR];
-            for (slot, &value) in panel[i % MR..].iter_mut().step_by(MR).zip(&values) {
+            let panel = &mut packed[(i / mr) * k * mr..][..k * mr];
+            for (slot, &value) in panel[i % mr..].iter_mut().step_by(mr).zip(&values) {
                 *slot = value;
             }
         }
         Self {
-            isa: Isa::selected(),
+            isa,
             m,
             k,
+            mr,
             packed,
         }
     }
@@ -62,8 +71,8 @@ impl<T: Lane> PackedA<T> {
 
     /// The first row of the tile that holds row `row` (where [`PackedA::panel`]'s sums begin).
     #[must_use]
-    pub fn tile_start(row: usize) -> usize {
-        row - row % MR
+    pub fn tile_start(&self, row: usize) -> usize {
+        row - row % self.mr
     }
 
     /// Multiplies rows `rows` of `a` by one panel of `b`: [`PackedA::width`] columns of `k`
@@ -78,8 +87,9 @@ impl<T: Lane> PackedA<T> {
         assert!(rows.end <= self.m, "rows past a");
         let width = self.width();
         assert!(ldb >= width, "rows of b overlap");
-        let tiles = rows.start / MR..rows.end.div_ceil(MR);
-        let len = tiles.len() * MR * width;
+        let mr = self.mr;
+        let tiles = rows.start / mr..rows.end.div_ceil(mr);
+        let len = tiles.len() * mr * width;
         if sums.len() < len {
             sums.resize(len, T::ZERO);
         }
@@ -92,10 +102,19 @@ impl<T: Lane> PackedA<T> {
         for pc in (0..self.k).step_by(KC) {
             let kc = KC.min(self.k - pc);
             let b = &panel[pc * ldb..][..(kc - 1) * ldb + width];
-            for (tile, sums) in tiles.clone().zip(sums.chunks_exact_mut(MR * width)) {
-                let a = &self.packed[(tile * self.k + pc) * MR..][..kc * MR];
-                match width {
-                    NR_WIDE => tile_column::<T, NR_WIDE>(self.isa, kc, a, b, ldb, pc == 0, sums),
+            for (tile, sums) in tiles.clone().zip(sums.chunks_exact_mut(mr * width)) {
+                let a = &self.packed[(tile * self.k + pc) * mr..][..kc * mr];
+                match (mr, width) {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: 16-row panels are packed only when the selected ISA is AVX-512,
+                    // which `Isa::selected` picks only on a CPU that has it: the one
+                    // requirement. The panels are 16 wide, as `width` is for AVX-512.
+                    (MR_WIDE, NR_WIDE) => unsafe {
+                        T::tile_column_avx512::<MR_WIDE>(kc, a, b, ldb, pc == 0, sums);
+                    },
+                    (_, NR_WIDE) => {
+                        tile_column::<T, NR_WIDE>(self.isa, kc, a, b, ldb, pc == 0, sums);
+                    }
                     _ => tile_column::<T, NR_NARROW>(self.isa, kc, a, b, ldb, pc == 0, sums),
                 }
             }

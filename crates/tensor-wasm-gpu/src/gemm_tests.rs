@@ -401,6 +401,37 @@ fn operands_in_place_give_the_copies_bits() {
     }
 }
 
+/// `PackedA` of any height (panels of 12 rows, or of 16 with AVX-512 where that wastes fewer)
+/// multiplies a panel of b with the reference's bits, for all its rows and for a range of them.
+#[test]
+fn packed_a_of_any_height_gives_the_references_bits() {
+    for (m, k) in [(5, 7), (12, 300), (16, 9), (20, 144), (32, 144), (33, 260)] {
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let packed = PackedA::new(m, k, |i, out| out.copy_from_slice(&a[i * k..][..k]));
+        // 16 and 32 rows are panels of 16 with AVX-512 (row 12 in the first), else of 12.
+        let wide = Isa::selected() == Isa::Avx512 && m % 16 == 0;
+        assert_eq!(packed.tile_start(12), if wide { 0 } else { 12 }, "{m} rows");
+        let width = packed.width();
+        let ldb = width + 3;
+        let b: Vec<f32> = (0..k * ldb)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
+            .collect();
+        let want = expected(&a, &b, (m, width, k, ldb), width);
+        for rows in [0..m, m / 3..m - m / 4] {
+            let mut sums = Vec::new();
+            packed.panel(rows.clone(), &b, ldb, &mut sums);
+            let first = packed.tile_start(rows.start);
+            let got = bytes(&sums[(rows.start - first) * width..][..rows.len() * width]);
+            assert!(
+                same_f32(&got, &want[4 * rows.start * width..4 * rows.end * width]),
+                "{m} × {k}, rows {rows:?}"
+            );
+        }
+    }
+}
+
 /// The ISA `Gemm::new` uses is the widest this CPU has unless `TENSOR_WASM_CPU_ISA` narrows
 /// it (not set in the tests), and each ISA gives tiles of its width.
 #[test]

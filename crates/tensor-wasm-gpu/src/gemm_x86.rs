@@ -3,7 +3,7 @@
 //! gathers. Each keeps `sum = sum + a * b` as two rounded operations in order of `p`, as
 //! every build does, so all give the same bits.
 
-/// The AVX-512 tiles: 12 rows of one 16-lane vector each, `sum = sum + a * b` as two rounded
+/// The AVX-512 tiles: `R` rows (12, or 16 for [`super::PackedA`]) of one 16-lane vector each, `sum = sum + a * b` as two rounded
 /// operations (a multiply, then an add; never fused), in order of `p`.
 pub(super) mod avx512 {
     use std::arch::x86_64::{
@@ -13,7 +13,7 @@ pub(super) mod avx512 {
         _mm512_storeu_ps, _mm512_storeu_si512,
     };
 
-    use super::super::{MR, NR_WIDE, STRIP, STRIP_ROWS};
+    use super::super::{NR_WIDE, STRIP, STRIP_ROWS};
 
     /// The operands of a strip, checked: `b` holds `k` rows of `width` (at most 16) at stride
     /// `ldb`, each row of `a` at least `k` values. Returns `k` and the mask of the `width`
@@ -79,7 +79,7 @@ pub(super) mod avx512 {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub(in super::super) fn tile_column_f32(
+    pub(in super::super) fn tile_column_f32<const R: usize>(
         kc: usize,
         packed_a: &[f32],
         panel: &[f32],
@@ -93,17 +93,17 @@ pub(super) mod avx512 {
         assert!(ldb >= NR_WIDE, "rows of b overlap");
         let panel = &panel[..(kc - 1) * ldb + NR_WIDE];
         for (a_panel, tile) in packed_a
-            .chunks_exact(kc * MR)
-            .zip(sums.chunks_exact_mut(MR * NR_WIDE))
+            .chunks_exact(kc * R)
+            .zip(sums.chunks_exact_mut(R * NR_WIDE))
         {
-            let mut acc = [_mm512_setzero_ps(); MR];
+            let mut acc = [_mm512_setzero_ps(); R];
             for (row, sums) in acc.iter_mut().zip(tile.chunks_exact(NR_WIDE)) {
                 if !fresh {
                     // SAFETY: `sums` holds NR_WIDE = 16 f32: one unaligned 64-byte load.
                     *row = unsafe { _mm512_loadu_ps(sums.as_ptr()) };
                 }
             }
-            for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks(ldb)) {
+            for (a, b) in a_panel.chunks_exact(R).zip(panel.chunks(ldb)) {
                 // SAFETY: `b` holds at least 16 f32 (`ldb >= 16` each, the last 16).
                 let b = unsafe { _mm512_loadu_ps(b.as_ptr()) };
                 for (row, &a) in acc.iter_mut().zip(a) {
@@ -118,7 +118,7 @@ pub(super) mod avx512 {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub(in super::super) fn tile_column_i32(
+    pub(in super::super) fn tile_column_i32<const R: usize>(
         kc: usize,
         packed_a: &[i32],
         panel: &[i32],
@@ -132,17 +132,17 @@ pub(super) mod avx512 {
         assert!(ldb >= NR_WIDE, "rows of b overlap");
         let panel = &panel[..(kc - 1) * ldb + NR_WIDE];
         for (a_panel, tile) in packed_a
-            .chunks_exact(kc * MR)
-            .zip(sums.chunks_exact_mut(MR * NR_WIDE))
+            .chunks_exact(kc * R)
+            .zip(sums.chunks_exact_mut(R * NR_WIDE))
         {
-            let mut acc = [_mm512_setzero_si512(); MR];
+            let mut acc = [_mm512_setzero_si512(); R];
             for (row, sums) in acc.iter_mut().zip(tile.chunks_exact(NR_WIDE)) {
                 if !fresh {
                     // SAFETY: `sums` holds NR_WIDE = 16 i32: one unaligned 64-byte load.
                     *row = unsafe { _mm512_loadu_si512(sums.as_ptr().cast::<__m512i>()) };
                 }
             }
-            for (a, b) in a_panel.chunks_exact(MR).zip(panel.chunks(ldb)) {
+            for (a, b) in a_panel.chunks_exact(R).zip(panel.chunks(ldb)) {
                 // SAFETY: `b` holds at least 16 i32 (`ldb >= 16` each, the last 16).
                 let b = unsafe { _mm512_loadu_si512(b.as_ptr().cast::<__m512i>()) };
                 for (row, &a) in acc.iter_mut().zip(a) {

@@ -143,7 +143,7 @@ impl<T: Element> Packed<T> {
             return ((taps * nc).max(1), false);
         }
         let rows = channels.start - self.ko0..channels.end - self.ko0;
-        let first = PackedA::<T>::tile_start(rows.start);
+        let first = self.weights.tile_start(rows.start);
         let col = self.jr * width;
         self.weights
             .panel(rows.clone(), &self.b[col..], self.ldb, &mut self.sums);
@@ -153,7 +153,10 @@ impl<T: Element> Packed<T> {
             let values = &self.sums[(row - first) * width..][..cols];
             let bytes = &mut output[at..at + 4 * cols];
             // A whole row of 16 as one fixed-size move (no call to `memcpy`).
-            match (<&mut [u8; 64]>::try_from(&mut *bytes), <&[u8; 64]>::try_from(values.as_bytes())) {
+            match (
+                <&mut [u8; 64]>::try_from(&mut *bytes),
+                <&[u8; 64]>::try_from(values.as_bytes()),
+            ) {
                 (Ok(to), Ok(from)) if cfg!(target_endian = "little") => *to = *from,
                 _ => encode_into(values, bytes),
             }
