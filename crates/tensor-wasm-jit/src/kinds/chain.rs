@@ -443,11 +443,11 @@ impl<T: Element + Send> CpuPart for ChainPart<T> {
     }
 }
 
-/// The arrays one block of a chain is computed in: its inputs when their bytes cannot be
-/// viewed as `T`s in place, and two for the running value. On the stack, so a step allocates
-/// nothing; each holds [`BLOCK`] elements (within L1).
+/// The arrays one block of a chain is computed in: two for the running value, on the stack,
+/// and its inputs when their bytes cannot be viewed as `T`s in place (allocated only then);
+/// each holds [`BLOCK`] elements (within L1).
 struct Blocks<T> {
-    inputs: [[T; BLOCK]; 1 + MAX_CHAIN_OPS],
+    inputs: Vec<[T; BLOCK]>,
     value: [T; BLOCK],
     spare: [T; BLOCK],
 }
@@ -455,7 +455,7 @@ struct Blocks<T> {
 impl<T: Element> Blocks<T> {
     fn new() -> Self {
         Blocks {
-            inputs: [[T::ZERO; BLOCK]; 1 + MAX_CHAIN_OPS],
+            inputs: Vec::new(),
             value: [T::ZERO; BLOCK],
             spare: [T::ZERO; BLOCK],
         }
@@ -469,13 +469,22 @@ impl<T: Element> Blocks<T> {
         &mut self,
         chain: &Chain,
         neg_one: T,
-        ins: impl Iterator<Item = &'a [u8]>,
+        ins: impl Iterator<Item = &'a [u8]> + Clone,
     ) -> &[T] {
+        let viewable =
+            |bytes: &[u8]| cfg!(target_endian = "little") && <[T]>::ref_from_bytes(bytes).is_ok();
+        if !ins.clone().all(viewable) && self.inputs.is_empty() {
+            self.inputs = vec![[T::ZERO; BLOCK]; 1 + MAX_CHAIN_OPS];
+        }
         let mut views: [&[T]; 1 + MAX_CHAIN_OPS] = [&[]; 1 + MAX_CHAIN_OPS];
         let mut n = 0;
-        for ((view, bytes), copy) in views.iter_mut().zip(ins).zip(&mut self.inputs) {
+        let mut copies = self.inputs.iter_mut();
+        for (view, bytes) in views.iter_mut().zip(ins) {
             n = bytes.len() / 4;
-            *view = typed(bytes, &mut copy[..n]);
+            *view = match copies.next() {
+                Some(copy) => typed(bytes, &mut copy[..n]),
+                None => typed(bytes, &mut []),
+            };
         }
         let [x, operands @ ..] = views;
         let (value, spare) = (&mut self.value[..n], &mut self.spare[..n]);
