@@ -56,19 +56,9 @@ impl Indices {
         #[cfg(target_arch = "x86_64")]
         if first.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
             let whole = out.len() / 16 * 16;
-            let chunks = out[..whole].chunks_exact_mut(16).zip(at.chunks_exact(16));
-            for (c, (out, at)) in chunks.enumerate() {
-                let chunk = first / 16 + c;
-                let low = self.windows[chunk];
-                let end = (low as usize).saturating_add(32);
-                if low != NO_WINDOW && end <= values.len() {
-                    // SAFETY: the CPU has AVX-512F, the function's one target feature; the
-                    // window's 32 values lie inside `values` (checked just above).
-                    unsafe { gather_window(&values[end - 32..end], at, low, out) };
-                } else {
-                    gather_u32(values, at, out);
-                }
-            }
+            let windows = &self.windows[first / 16..][..whole / 16];
+            // SAFETY: the CPU has AVX-512F, the function's one target feature.
+            unsafe { gather_windows(values, &at[..whole], windows, &mut out[..whole]) };
             gather_u32(values, &at[whole..], &mut out[whole..]);
             return;
         }
@@ -80,29 +70,35 @@ impl Indices {
     }
 }
 
-/// `out[j] = window[at[j] - low]` for 16 entries of a 32-value window starting at index `low`:
-/// two loads and one permute (which reads only the low 5 bits of each entry less `low`: it
-/// cannot leave the window).
+/// [`Indices::gather`] of whole chunks of 16, `windows` holding each chunk's window: where it
+/// lies inside `values`, two loads and one permute of the 32 values from the window's start
+/// (the permute reads only the low 5 bits of each index less the start: it cannot leave the
+/// window); else the gather instruction.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn gather_window(window: &[u32], at: &[u32], low: u32, out: &mut [u32]) {
+fn gather_windows(values: &[u32], at: &[u32], windows: &[u32], out: &mut [u32]) {
     use std::arch::x86_64::{
         __m512i, _mm512_loadu_si512, _mm512_permutex2var_epi32, _mm512_set1_epi32,
         _mm512_storeu_si512, _mm512_sub_epi32,
     };
-    assert!(
-        window.len() >= 32 && at.len() >= 16 && out.len() >= 16,
-        "a short window"
-    );
-    // SAFETY: `window` holds 32 values and `at` and `out` 16 each: unaligned 64-byte loads and
-    // a store inside them.
-    unsafe {
-        let first = _mm512_loadu_si512(window.as_ptr().cast::<__m512i>());
-        let second = _mm512_loadu_si512(window.as_ptr().add(16).cast::<__m512i>());
-        let at = _mm512_loadu_si512(at.as_ptr().cast::<__m512i>());
-        let index = _mm512_sub_epi32(at, _mm512_set1_epi32(low as i32));
-        let picked = _mm512_permutex2var_epi32(first, index, second);
-        _mm512_storeu_si512(out.as_mut_ptr().cast::<__m512i>(), picked);
+    let chunks = out.chunks_exact_mut(16).zip(at.chunks_exact(16));
+    for ((out, at), &low) in chunks.zip(windows) {
+        let end = (low as usize).saturating_add(32);
+        if low == NO_WINDOW || end > values.len() {
+            gather_u32(values, at, out);
+            continue;
+        }
+        let window = &values[end - 32..end];
+        // SAFETY: `window` holds 32 values and `at` and `out` 16 each: unaligned 64-byte loads
+        // and a store inside them.
+        unsafe {
+            let first = _mm512_loadu_si512(window.as_ptr().cast::<__m512i>());
+            let second = _mm512_loadu_si512(window.as_ptr().add(16).cast::<__m512i>());
+            let at = _mm512_loadu_si512(at.as_ptr().cast::<__m512i>());
+            let index = _mm512_sub_epi32(at, _mm512_set1_epi32(low as i32));
+            let picked = _mm512_permutex2var_epi32(first, index, second);
+            _mm512_storeu_si512(out.as_mut_ptr().cast::<__m512i>(), picked);
+        }
     }
 }
 
