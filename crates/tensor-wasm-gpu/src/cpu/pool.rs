@@ -443,7 +443,7 @@ impl WorkerPool {
         let Some(job) = tasks.first().map(|task| task.job.clone()) else {
             return;
         };
-        self.submit(tasks);
+        self.submit_for(tasks, 1);
         loop {
             let task = {
                 let mut queue = self.shared.lock();
@@ -461,17 +461,34 @@ impl WorkerPool {
         }
     }
 
-    pub(super) fn submit(&self, tasks: impl IntoIterator<Item = Task>) {
+    /// Queues `tasks`, waking as many sleeping workers as there are tasks beyond the ones
+    /// `helpers` threads (the submitter's own) and a watching worker will take: a watcher
+    /// looks at the queue under the lock once it stops watching, so a task it is counted for
+    /// is never left behind, and a wake-up is a system call that on a virtual machine also
+    /// interrupts another core.
+    fn submit_for(&self, tasks: impl IntoIterator<Item = Task>, helpers: usize) {
         let mut queue = self.shared.lock();
+        let mut count = 0usize;
         for task in tasks {
             queue.push(task);
+            count += 1;
         }
         self.shared.publish(&queue);
-        let sleeping = queue.sleeping > 0;
+        let sleeping = queue.sleeping;
         drop(queue);
-        if sleeping {
+        let watcher = usize::from(self.shared.watching.load(Ordering::SeqCst));
+        let wanted = count.saturating_sub(helpers + watcher).min(sleeping);
+        if wanted == sleeping && wanted > 0 {
             self.shared.available.notify_all();
+        } else {
+            for _ in 0..wanted {
+                self.shared.available.notify_one();
+            }
         }
+    }
+
+    pub(super) fn submit(&self, tasks: impl IntoIterator<Item = Task>) {
+        self.submit_for(tasks, 0);
     }
 }
 
