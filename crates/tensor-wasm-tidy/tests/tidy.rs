@@ -26,7 +26,8 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "crates/tensor-wasm-api/src/priority.rs",
     // Calling the `#[target_feature(enable = "fma")]` loop after detecting FMA at run time.
     "crates/tensor-wasm-jit/src/fma.rs",
-    // AVX-512's gather instruction after detecting it at run time, every index checked first.
+    // AVX-512's gather and permutes after detecting it at run time, every index and length
+    // checked first.
     "crates/tensor-wasm-jit/src/gather.rs",
     // The stand-in CUDA driver (test support): a C ABI needs `#[no_mangle] extern "C"`
     // functions with raw out-pointers, and its managed memory is raw mappings.
