@@ -177,6 +177,20 @@ proptest! {
     }
 }
 
+/// `n` values of a made-up a: small integers over 7, both signs.
+fn values_a(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+        .collect()
+}
+
+/// `n` values of a made-up b: small integers over 3, both signs.
+fn values_b(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
+        .collect()
+}
+
 /// Shapes past every block edge (`MC`, `NC`, `KC`), in one step and in panel-sized steps.
 #[test]
 fn block_edges_keep_the_order() {
@@ -187,12 +201,8 @@ fn block_edges_keep_the_order() {
         (MR + 1, NR_WIDE - 1, 3),
         (MR, NR_NARROW + 1, 2),
     ] {
-        let a: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
-            .collect();
-        let b: Vec<f32> = (0..k * cols)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
-            .collect();
+        let a = values_a(m * k);
+        let b = values_b(k * cols);
         let shape = (m, cols, k, cols);
         let want = expected(&a, &b, shape, cols);
         assert!(
@@ -276,12 +286,8 @@ fn a_long_narrow_b_is_packed_a_slice_at_a_time() {
 fn few_rows_multiply_without_packing() {
     for m in [1, DIRECT_ROWS, DIRECT_ROWS + 1] {
         let (cols, k) = (40, 300);
-        let a: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
-            .collect();
-        let b: Vec<f32> = (0..k * cols)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
-            .collect();
+        let a = values_a(m * k);
+        let b = values_b(k * cols);
         let (a_bytes, b_bytes) = (bytes(&a), bytes(&b));
         let source = Matrices {
             a: &a_bytes,
@@ -313,12 +319,8 @@ fn few_rows_multiply_without_packing() {
 #[test]
 fn many_rows_of_few_columns_multiply_by_strips() {
     let (m, cols, k) = (2 * STRIP_ROWS + 3, 10, 300);
-    let a: Vec<f32> = (0..m * k)
-        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
-        .collect();
-    let b: Vec<f32> = (0..k * cols)
-        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
-        .collect();
+    let a = values_a(m * k);
+    let b = values_b(k * cols);
     let (a_bytes, b_bytes) = (bytes(&a), bytes(&b));
     let source = Matrices {
         a: &a_bytes,
@@ -376,12 +378,8 @@ fn operands_in_place_give_the_copies_bits() {
         (DIRECT_ROWS + 1, 1, 7),
         (9, 16, 5),
     ] {
-        let a: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
-            .collect();
-        let b: Vec<f32> = (0..k * cols)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
-            .collect();
+        let a = values_a(m * k);
+        let b = values_b(k * cols);
         let source = InPlace {
             a: &a,
             b: &b,
@@ -406,18 +404,14 @@ fn operands_in_place_give_the_copies_bits() {
 #[test]
 fn packed_a_of_any_height_gives_the_references_bits() {
     for (m, k) in [(5, 7), (12, 300), (16, 9), (20, 144), (32, 144), (33, 260)] {
-        let a: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
-            .collect();
+        let a = values_a(m * k);
         let packed = PackedA::new(m, k, |i, out| out.copy_from_slice(&a[i * k..][..k]));
         // 16 and 32 rows are panels of 16 with AVX-512 (row 12 in the first), else of 12.
         let wide = Isa::selected() == Isa::Avx512 && m % 16 == 0;
         assert_eq!(packed.tile_start(12), if wide { 0 } else { 12 }, "{m} rows");
         let width = packed.width();
         let ldb = width + 3;
-        let b: Vec<f32> = (0..k * ldb)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
-            .collect();
+        let b = values_b(k * ldb);
         let want = expected(&a, &b, (m, width, k, ldb), width);
         for rows in [0..m, m / 3..m - m / 4] {
             let mut sums = Vec::new();

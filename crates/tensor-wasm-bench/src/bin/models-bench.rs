@@ -96,23 +96,23 @@ fn main() -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let mut arena = vec![0u8; plan.arena_bytes];
             plan.write_constants(model.graph(), &mut arena);
+            // One launch, timed (its outcome was checked by the runs above).
+            let mut timed = |l: &tensor_wasm_onnx::plan::PlacedLaunch| {
+                let started = Instant::now();
+                let _ = tensor_wasm_onnx::Launcher::launch(
+                    &mut launcher,
+                    &l.blueprint,
+                    &l.config,
+                    &l.args,
+                    &mut arena,
+                );
+                started.elapsed().as_secs_f64()
+            };
             let mut alone = plan
                 .launches
                 .iter()
                 .map(|l| {
-                    let mut t: Vec<f64> = (0..runs.max(5))
-                        .map(|_| {
-                            let started = Instant::now();
-                            let _ = tensor_wasm_onnx::Launcher::launch(
-                                &mut launcher,
-                                &l.blueprint,
-                                &l.config,
-                                &l.args,
-                                &mut arena,
-                            );
-                            started.elapsed().as_secs_f64()
-                        })
-                        .collect();
+                    let mut t: Vec<f64> = (0..runs.max(5)).map(|_| timed(l)).collect();
                     t.sort_by(f64::total_cmp);
                     json!({"kernel": l.blueprint.descriptor(), "median_s": t[t.len() / 2]})
                 })
@@ -123,15 +123,7 @@ fn main() -> anyhow::Result<()> {
             for _ in 0..runs.max(5) {
                 let run_started = Instant::now();
                 for (l, t) in plan.launches.iter().zip(&mut seq) {
-                    let started = Instant::now();
-                    let _ = tensor_wasm_onnx::Launcher::launch(
-                        &mut launcher,
-                        &l.blueprint,
-                        &l.config,
-                        &l.args,
-                        &mut arena,
-                    );
-                    t.push(started.elapsed().as_secs_f64());
+                    t.push(timed(l));
                 }
                 sums.push(run_started.elapsed().as_secs_f64());
             }
