@@ -8,7 +8,7 @@ use std::ops::Range;
 use super::{tile_column, Isa, Lane, KC, MR, NR_NARROW, NR_WIDE};
 
 /// `a` (`m × k`) in panels of `mr` rows, every `p` of each: panel `ir` holds `[p][mr]` at
-/// `ir * k * mr` (zero rows past `m`). `mr` is [`MR`], or 16 with AVX-512 when that leaves
+/// `ir * k * mr` (zero rows past `m`). `mr` is 12, or 16 with AVX-512 when that leaves
 /// fewer rows of the last panel empty (16 or 32 rows: a convolution's output channels).
 #[derive(Debug)]
 pub struct PackedA<T> {
