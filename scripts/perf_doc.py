@@ -248,7 +248,7 @@ def criterion_headline_row(row, cited):
 
 # ---------------------------------------------------------------------- CPU backend kernels
 
-# Issue 18's goals, per kernel family (the peer's operation on the same shapes and cores).
+# The goals per kernel family (the peer's operation on the same shapes and cores).
 CPU_KERNEL_GOALS = [
     (re.compile(r"^(vector_add|elementwise|reduce|concat|permute|gather|softmax|layernorm|maxpool|avgpool)\["), 0.8,
      "memory-bound blueprints"),
