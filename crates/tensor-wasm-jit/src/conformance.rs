@@ -489,8 +489,22 @@ extern "C" __global__ void reverse(const float* x, float* out) {
     about: "a block's slice reversed through dynamic shared memory",
 };
 
-/// Every CUDA C++ test kernel.
-pub const CUDA_KERNELS: [CudaKernel; 5] = [NEGATE, SAXPY, MULADD, BLOCK_SUM, REVERSE];
+/// Every CUDA C++ test kernel: ours, then the corpus ([`crate::corpus`]).
+pub const CUDA_KERNELS: [CudaKernel; 13] = [
+    NEGATE,
+    SAXPY,
+    MULADD,
+    BLOCK_SUM,
+    REVERSE,
+    crate::corpus::HISTOGRAM,
+    crate::corpus::MEDIAN_STENCIL,
+    crate::corpus::GATHER,
+    crate::corpus::WARP_SUM,
+    crate::corpus::MATMUL_TILED,
+    crate::corpus::POLY_CALL,
+    crate::corpus::DAXPY_STRIDE,
+    crate::corpus::CONV2D,
+];
 
 /// One launch of a CUDA C++ test kernel with its expected memory.
 #[derive(Debug, Clone)]
@@ -505,8 +519,15 @@ pub struct CudaCase {
     pub expected: Vec<u8>,
 }
 
-/// The launches of [`CUDA_KERNELS`] over 300 elements of edge values each.
+/// The launches of [`CUDA_KERNELS`]: ours over 300 elements of edge values each, then the
+/// corpus's ([`crate::corpus::cases`]).
 pub fn cuda_cases() -> Vec<CudaCase> {
+    let mut cases = own_cuda_cases();
+    cases.extend(crate::corpus::cases());
+    cases
+}
+
+fn own_cuda_cases() -> Vec<CudaCase> {
     let mut rng = Rng(0x1234);
     let n = 300u32;
     let count = n as usize;

@@ -65,6 +65,7 @@ mod blueprint;
 mod cache;
 pub mod conformance;
 mod contract;
+pub mod corpus;
 mod cpu;
 mod cpu_parts;
 #[cfg(test)]

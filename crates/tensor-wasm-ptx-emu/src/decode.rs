@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 
 use crate::ir::{
-    Addr, BoolOp, Cmp, FloatOp, Instr, IntOp, Op, Pred, Rounding, Space, Special, Src, Ty, TyKind,
-    UnaryOp,
+    Addr, AtomOp, BoolOp, Cmp, FloatOp, Instr, IntOp, Op, Pred, PredOp, Rounding, ShflMode, Space,
+    Special, Src, Ty, TyKind, UnaryOp,
 };
-use crate::parse::{parse_int, Statement, Tok};
+use crate::parse::{parse_int, FuncDecl, Statement, Tok};
 use crate::EmuError;
 
 /// The names an entry's instructions may use.
@@ -18,8 +18,15 @@ pub(crate) struct Scope {
     pub labels: HashMap<String, u32>,
     /// Shared variables: byte offset in the block's shared memory.
     pub shared: HashMap<String, u32>,
-    /// Parameters: byte offset in the parameter buffer.
+    /// The entry's parameters: byte offset in the parameter buffer.
     pub params: HashMap<String, u32>,
+    /// The frame's `.param` variables (a function's parameters and return value, call
+    /// arguments): byte offset in the frame.
+    pub frame: HashMap<String, u32>,
+    /// `.local` variables: byte offset in the function's local memory.
+    pub local: HashMap<String, u32>,
+    /// Functions declared before this body: index and layout.
+    pub funcs: HashMap<String, (u32, FuncDecl)>,
 }
 
 /// A parsed operand.
@@ -29,6 +36,8 @@ enum Operand {
     Pred(Pred),
     Label(u32),
     Vector(Vec<Src>),
+    /// `%r|%p`: a register and a predicate written together (`shfl`).
+    DstPred(u16, u16),
     /// An address and the space its symbol names, if it names one.
     Addr(Addr, Option<Space>),
 }
@@ -47,6 +56,11 @@ pub(crate) fn decode(statement: &Statement, scope: &Scope) -> Result<Instr, EmuE
 }
 
 fn special(name: &str) -> Option<Special> {
+    match name {
+        "%laneid" => return Some(Special::LaneId),
+        "%warpsize" => return Some(Special::WarpSize),
+        _ => {}
+    }
     let (reg, axis) = name.split_once('.')?;
     let axis = match axis {
         "x" => 0,
@@ -117,6 +131,12 @@ impl Decoder<'_> {
                 Some(&reg) => Ok(Operand::Pred(Pred { reg, negated: true })),
                 None => self.fail(format!("{name} is not a predicate register")),
             },
+            [Tok::Word(reg), Tok::Punct('|'), Tok::Word(pred)] => {
+                match (self.scope.regs.get(reg), self.scope.preds.get(pred)) {
+                    (Some(&r), Some(&p)) => Ok(Operand::DstPred(r, p)),
+                    _ => self.fail(format!("{reg}|{pred} is not a register and a predicate")),
+                }
+            }
             [Tok::Punct('-'), Tok::Num(text)] => {
                 Ok(Operand::Src(Src::Imm(self.number(text, true)?)))
             }
@@ -133,6 +153,8 @@ impl Decoder<'_> {
                     Ok(Operand::Src(Src::Special(s)))
                 } else if let Some(&offset) = self.scope.shared.get(name) {
                     Ok(Operand::Src(Src::Imm(u64::from(offset))))
+                } else if let Some(&offset) = self.scope.local.get(name) {
+                    Ok(Operand::Src(Src::Local(offset)))
                 } else if let Some(&index) = self.scope.labels.get(name) {
                     Ok(Operand::Label(index))
                 } else if name.starts_with('%') {
@@ -152,6 +174,10 @@ impl Decoder<'_> {
             [head, Tok::Punct(sign @ ('+' | '-')), Tok::Num(text)] => {
                 let value = self.number(text, false)? as i64;
                 (head, if *sign == '-' { -value } else { value })
+            }
+            // `[%rd1+-4]`, as NVRTC writes a negative offset.
+            [head, Tok::Punct('+'), Tok::Punct('-'), Tok::Num(text)] => {
+                (head, (self.number(text, false)? as i64).wrapping_neg())
             }
             _ => return self.fail(format!("cannot read address {tokens:?}")),
         };
@@ -190,6 +216,12 @@ impl Decoder<'_> {
                 }
                 if let Some(&at) = self.scope.params.get(name) {
                     return symbol(at, Space::Param);
+                }
+                if let Some(&at) = self.scope.frame.get(name) {
+                    return symbol(at, Space::Frame);
+                }
+                if let Some(&at) = self.scope.local.get(name) {
+                    return symbol(at, Space::Local);
                 }
                 self.fail(format!("unknown address {name}"))
             }
@@ -242,6 +274,13 @@ impl Decoder<'_> {
         let [Tok::Word(opcode), operand_tokens @ ..] = rest else {
             return self.fail(format!("expected an instruction, found {rest:?}"));
         };
+        if opcode == "call" || opcode.starts_with("call.") {
+            return Ok(Instr {
+                guard,
+                op: self.call(opcode, operand_tokens)?,
+                line: self.line,
+            });
+        }
         let mut operands = Vec::new();
         if !operand_tokens.is_empty() {
             let mut depth = 0;
@@ -277,17 +316,30 @@ impl Decoder<'_> {
         Ok(())
     }
 
-    /// f32 arithmetic modifiers: only `.rn` (or none) is implemented.
-    fn float_modifiers(&self, opcode: &str, modifiers: &[&str], ty: Ty) -> Result<(), EmuError> {
-        if ty.bits != 32 {
-            return self.unsupported(format!("{opcode}: only f32 floating point"));
+    /// Float arithmetic modifiers: only `.rn` (or none) and, on f32, `.ftz`. Returns
+    /// whether `.ftz` is set and whether `.rn` is.
+    fn float_modifiers(
+        &self,
+        opcode: &str,
+        modifiers: &[&str],
+        ty: Ty,
+    ) -> Result<(bool, bool), EmuError> {
+        let mut ftz = false;
+        let mut rn = false;
+        for modifier in modifiers {
+            match *modifier {
+                "rn" => rn = true,
+                "ftz" if ty.bits == 32 => ftz = true,
+                "ftz" => return self.unsupported(format!("{opcode}: .ftz on f64")),
+                other => {
+                    return self.unsupported(format!(
+                        "{opcode}: .{other} (only round-to-nearest .rn float arithmetic, \
+                         .ftz on f32)"
+                    ))
+                }
+            }
         }
-        if modifiers.iter().any(|m| *m != "rn") {
-            return self.unsupported(format!(
-                "{opcode}: only round-to-nearest (.rn) f32 arithmetic"
-            ));
-        }
-        Ok(())
+        Ok((ftz, rn))
     }
 
     fn op(&self, opcode: &str, operands: &[Operand]) -> Result<Op, EmuError> {
@@ -301,6 +353,16 @@ impl Decoder<'_> {
         };
         let n = |count| self.arity(opcode, operands, count);
         match base {
+            "mov" if last == "pred" => self.pred_logic(opcode, PredOp::Mov, operands),
+            "and" | "or" | "xor" | "not" if last == "pred" => {
+                let op = match base {
+                    "and" => PredOp::And,
+                    "or" => PredOp::Or,
+                    "xor" => PredOp::Xor,
+                    _ => PredOp::Not,
+                };
+                self.pred_logic(opcode, op, operands)
+            }
             "mov" => {
                 n(2)?;
                 let ty = self.ty(last)?;
@@ -311,12 +373,21 @@ impl Decoder<'_> {
                 })
             }
             "cvta" => {
-                if parts[..] != ["cvta", "to", "global", "u64"] {
-                    return self.unsupported(format!("{opcode} (generic addressing)"));
-                }
                 n(2)?;
-                Ok(Op::Mov {
-                    bits: 64,
+                let (to, space) = match parts[..] {
+                    ["cvta", "to", space, "u64"] => (true, space),
+                    ["cvta", space, "u64"] => (false, space),
+                    _ => return self.unsupported(format!("{opcode} (only 64-bit cvta)")),
+                };
+                let space = match space {
+                    "global" => Space::Global,
+                    "shared" => Space::Shared,
+                    "local" => Space::Local,
+                    other => return self.unsupported(format!("cvta of .{other}")),
+                };
+                Ok(Op::Cvta {
+                    space,
+                    to,
                     dst: self.dst(&operands[0])?,
                     src: self.src(&operands[1])?,
                 })
@@ -331,9 +402,9 @@ impl Decoder<'_> {
                     self.src(&operands[2])?,
                 );
                 if ty.kind == TyKind::F {
-                    self.float_modifiers(opcode, middle, ty)?;
-                    if base == "div" && middle != ["rn"] {
-                        return self.unsupported(format!("{opcode}: only div.rn.f32"));
+                    let (ftz, rn) = self.float_modifiers(opcode, middle, ty)?;
+                    if base == "div" && !rn {
+                        return self.unsupported(format!("{opcode}: only div.rn"));
                     }
                     let op = match base {
                         "add" => FloatOp::Add,
@@ -344,7 +415,14 @@ impl Decoder<'_> {
                         "max" => FloatOp::Max,
                         _ => return self.unsupported(format!("{opcode} on floats")),
                     };
-                    return Ok(Op::Float { op, dst, a, b });
+                    return Ok(Op::Float {
+                        op,
+                        bits: ty.bits,
+                        ftz,
+                        dst,
+                        a,
+                        b,
+                    });
                 }
                 let op = match (base, middle) {
                     ("add", []) => IntOp::Add,
@@ -381,10 +459,18 @@ impl Decoder<'_> {
                 );
                 if ty.kind == TyKind::F {
                     // `mad.rn.f32` is the same fused operation as `fma.rn.f32`.
-                    if middle != ["rn"] || ty.bits != 32 {
-                        return self.unsupported(format!("{opcode}: only fma.rn.f32"));
+                    let (ftz, rn) = self.float_modifiers(opcode, middle, ty)?;
+                    if !rn {
+                        return self.unsupported(format!("{opcode}: only fma.rn"));
                     }
-                    return Ok(Op::Fma { dst, a, b, c });
+                    return Ok(Op::Fma {
+                        bits: ty.bits,
+                        ftz,
+                        dst,
+                        a,
+                        b,
+                        c,
+                    });
                 }
                 if base != "mad" || middle != ["lo"] || ty.bits == 8 {
                     return self.unsupported(format!("{opcode}: only integer mad.lo"));
@@ -393,10 +479,17 @@ impl Decoder<'_> {
             }
             "sqrt" => {
                 n(2)?;
-                if parts[..] != ["sqrt", "rn", "f32"] {
-                    return self.unsupported(format!("{opcode}: only sqrt.rn.f32"));
+                let ty = self.ty(last)?;
+                if ty.kind != TyKind::F {
+                    return self.fail(format!("{opcode} of integers"));
+                }
+                let (ftz, rn) = self.float_modifiers(opcode, middle, ty)?;
+                if !rn {
+                    return self.unsupported(format!("{opcode}: only sqrt.rn"));
                 }
                 Ok(Op::Sqrt {
+                    bits: ty.bits,
+                    ftz,
                     dst: self.dst(&operands[0])?,
                     a: self.src(&operands[1])?,
                 })
@@ -404,7 +497,7 @@ impl Decoder<'_> {
             "neg" | "abs" | "not" => {
                 n(2)?;
                 let ty = self.ty(last)?;
-                if !middle.is_empty() || (ty.kind == TyKind::F && ty.bits != 32) {
+                if !middle.is_empty() {
                     return self.unsupported(opcode.to_owned());
                 }
                 let op = match base {
@@ -421,12 +514,20 @@ impl Decoder<'_> {
             }
             "setp" => {
                 let ty = self.ty(last)?;
-                if ty.kind == TyKind::F && ty.bits != 32 {
-                    return self.unsupported(format!("{opcode}: only f32 floating point"));
+                let ftz = middle.contains(&"ftz");
+                if ftz
+                    && ty
+                        != (Ty {
+                            kind: TyKind::F,
+                            bits: 32,
+                        })
+                {
+                    return self.unsupported(format!("{opcode}: .ftz other than on f32"));
                 }
-                let (cmp, combine) = match middle {
-                    [cmp] => (*cmp, None),
-                    [cmp, op] => (*cmp, Some(*op)),
+                let middle: Vec<&str> = middle.iter().copied().filter(|m| *m != "ftz").collect();
+                let (cmp, combine) = match middle[..] {
+                    [cmp] => (cmp, None),
+                    [cmp, op] => (cmp, Some(op)),
                     _ => return self.unsupported(opcode.to_owned()),
                 };
                 let Some(cmp) = Cmp::parse(cmp) else {
@@ -458,6 +559,7 @@ impl Decoder<'_> {
                 Ok(Op::Setp {
                     cmp,
                     ty,
+                    ftz,
                     dst: dst.reg,
                     a: self.src(&operands[1])?,
                     b: self.src(&operands[2])?,
@@ -511,6 +613,8 @@ impl Decoder<'_> {
                 })
             }
             "ld" | "st" => self.memory(opcode, &parts, operands),
+            "atom" | "red" => self.atom(opcode, &parts, operands),
+            "shfl" => self.shfl(opcode, &parts, operands),
             "bra" => {
                 if !(parts.len() == 1 || parts[..] == ["bra", "uni"]) {
                     return self.unsupported(opcode.to_owned());
@@ -534,7 +638,11 @@ impl Decoder<'_> {
                     _ => self.unsupported(format!("{opcode} on a barrier other than 0")),
                 }
             }
-            "ret" | "exit" => {
+            "ret" => {
+                n(0)?;
+                Ok(Op::Ret)
+            }
+            "exit" => {
                 n(0)?;
                 Ok(Op::Exit)
             }
@@ -542,25 +650,49 @@ impl Decoder<'_> {
         }
     }
 
-    fn memory(&self, opcode: &str, parts: &[&str], operands: &[Operand]) -> Result<Op, EmuError> {
-        self.arity(opcode, operands, 2)?;
-        let mut space = None;
+    /// The state space of a memory instruction's modifiers (`None`: generic), its vector
+    /// width, and the modifiers it ignores (cache hints, memory-model qualifiers).
+    fn space_of(&self, opcode: &str, modifiers: &[&str]) -> Result<(Space, usize), EmuError> {
+        let mut space = Space::Generic;
         let mut width = 1;
-        for modifier in &parts[1..parts.len() - 1] {
+        for modifier in modifiers {
             match *modifier {
-                "global" => space = Some(Space::Global),
-                "shared" => space = Some(Space::Shared),
-                "param" => space = Some(Space::Param),
+                "global" => space = Space::Global,
+                "shared" => space = Space::Shared,
+                "param" => space = Space::Param,
+                "local" => space = Space::Local,
                 "v2" => width = 2,
                 "v4" => width = 4,
-                // Cache hints do not change what is read or written.
-                "ca" | "cg" | "cs" | "lu" | "cv" | "wb" | "wt" | "nc" => {}
+                // Cache hints and memory-model qualifiers do not change what one thread reads
+                // or writes here, where threads run one at a time.
+                "ca" | "cg" | "cs" | "lu" | "cv" | "wb" | "wt" | "nc" | "relaxed" | "acquire"
+                | "release" | "acq_rel" | "weak" | "volatile" | "cta" | "gpu" | "sys" => {}
                 other => return self.unsupported(format!("{opcode}: .{other}")),
             }
         }
-        let Some(space) = space else {
-            return self.unsupported(format!("{opcode}: generic addressing"));
-        };
+        Ok((space, width))
+    }
+
+    /// The space an address resolves to: a named symbol's own (a `.param` symbol may be the
+    /// entry's or the frame's), else the instruction's.
+    fn resolve(
+        &self,
+        opcode: &str,
+        space: Space,
+        symbol: Option<Space>,
+    ) -> Result<Space, EmuError> {
+        match (space, symbol) {
+            (space, None) => Ok(space),
+            (Space::Param, Some(s @ (Space::Param | Space::Frame))) => Ok(s),
+            (Space::Generic, Some(s)) if s != Space::Param && s != Space::Frame => Ok(s),
+            (space, Some(s)) if s == space => Ok(space),
+            _ => self.fail(format!("{opcode}: symbol of another state space")),
+        }
+    }
+
+    fn memory(&self, opcode: &str, parts: &[&str], operands: &[Operand]) -> Result<Op, EmuError> {
+        self.arity(opcode, operands, 2)?;
+        let (space, width) = self.space_of(opcode, &parts[1..parts.len() - 1])?;
         let ty = self.ty(parts[parts.len() - 1])?;
         let (value, address) = if parts[0] == "ld" {
             (&operands[0], &operands[1])
@@ -570,13 +702,14 @@ impl Decoder<'_> {
         let Operand::Addr(addr, symbol_space) = address else {
             return self.fail(format!("{opcode}: expected [address]"));
         };
-        if let Some(symbol_space) = symbol_space {
-            if *symbol_space != space {
-                return self.fail(format!("{opcode}: symbol of another state space"));
-            }
-        }
+        let space = self.resolve(opcode, space, *symbol_space)?;
         if space == Space::Param && (addr.base.is_some() || parts[0] == "st") {
-            return self.unsupported(format!("{opcode}: only ld.param of a named parameter"));
+            return self.unsupported(format!(
+                "{opcode}: only ld.param of a named entry parameter"
+            ));
+        }
+        if space == Space::Frame && addr.base.is_some() {
+            return self.unsupported(format!("{opcode}: a .param variable through a register"));
         }
         let values: Vec<Src> = match value {
             Operand::Vector(values) => values.clone(),
@@ -610,5 +743,207 @@ impl Decoder<'_> {
                 addr: *addr,
             })
         }
+    }
+
+    /// `atom[.space][.sem][.scope].op.type d, [a], b[, c]` and `red...  [a], b`.
+    fn atom(&self, opcode: &str, parts: &[&str], operands: &[Operand]) -> Result<Op, EmuError> {
+        let red = parts[0] == "red";
+        if parts.len() < 3 {
+            return self.fail(format!("{opcode}: needs an operation and a type"));
+        }
+        let ty = self.ty(parts[parts.len() - 1])?;
+        let op = match parts[parts.len() - 2] {
+            "add" => AtomOp::Add,
+            "min" => AtomOp::Min,
+            "max" => AtomOp::Max,
+            "inc" => AtomOp::Inc,
+            "dec" => AtomOp::Dec,
+            "and" => AtomOp::And,
+            "or" => AtomOp::Or,
+            "xor" => AtomOp::Xor,
+            "exch" if !red => AtomOp::Exch,
+            "cas" if !red => AtomOp::Cas,
+            other => return self.unsupported(format!("{opcode}: operation .{other}")),
+        };
+        if ty.kind == TyKind::F {
+            return self.unsupported(format!(
+                "{opcode}: float atomics (their rounding is not modelled)"
+            ));
+        }
+        let valid = match op {
+            AtomOp::Add | AtomOp::Min | AtomOp::Max => {
+                ty.kind != TyKind::B && matches!(ty.bits, 32 | 64)
+            }
+            AtomOp::Inc | AtomOp::Dec => ty.kind == TyKind::U && ty.bits == 32,
+            _ => ty.kind == TyKind::B && matches!(ty.bits, 32 | 64),
+        };
+        if !valid {
+            return self.unsupported(format!(
+                "{opcode}: this operation on .{}",
+                parts[parts.len() - 1]
+            ));
+        }
+        let (space, width) = self.space_of(opcode, &parts[1..parts.len() - 2])?;
+        if width != 1 || matches!(space, Space::Param | Space::Local) {
+            return self.unsupported(format!(
+                "{opcode}: only scalar atomics on global, shared or generic addresses"
+            ));
+        }
+        let (dst, rest) = if red {
+            (None, operands)
+        } else {
+            let Some((first, rest)) = operands.split_first() else {
+                return self.fail(format!("{opcode} without operands"));
+            };
+            (Some(self.dst(first)?), rest)
+        };
+        let expected = if op == AtomOp::Cas { 3 } else { 2 };
+        if rest.len() != expected {
+            return self.fail(format!("{opcode}: wrong number of operands"));
+        }
+        let Operand::Addr(addr, symbol) = &rest[0] else {
+            return self.fail(format!("{opcode}: expected [address]"));
+        };
+        let space = self.resolve(opcode, space, *symbol)?;
+        Ok(Op::Atom {
+            op,
+            space,
+            ty,
+            dst,
+            addr: *addr,
+            b: self.src(&rest[1])?,
+            c: rest.get(2).map(|c| self.src(c)).transpose()?,
+        })
+    }
+
+    /// `shfl.sync.mode.b32 d[|p], a, b, c, membermask`.
+    fn shfl(&self, opcode: &str, parts: &[&str], operands: &[Operand]) -> Result<Op, EmuError> {
+        let mode = match parts[..] {
+            ["shfl", "sync", mode, "b32"] => mode,
+            _ => return self.unsupported(format!("{opcode} (only shfl.sync.MODE.b32)")),
+        };
+        let mode = match mode {
+            "up" => ShflMode::Up,
+            "down" => ShflMode::Down,
+            "bfly" => ShflMode::Bfly,
+            "idx" => ShflMode::Idx,
+            other => return self.unsupported(format!("{opcode}: mode .{other}")),
+        };
+        self.arity(opcode, operands, 5)?;
+        let (dst, pred) = match &operands[0] {
+            Operand::DstPred(dst, pred) => (*dst, Some(*pred)),
+            other => (self.dst(other)?, None),
+        };
+        Ok(Op::Shfl {
+            mode,
+            dst,
+            pred,
+            a: self.src(&operands[1])?,
+            b: self.src(&operands[2])?,
+            c: self.src(&operands[3])?,
+            mask: self.src(&operands[4])?,
+        })
+    }
+
+    /// `and.pred d, a, b` (`or`, `xor`), `not.pred d, a`, `mov.pred d, a`.
+    fn pred_logic(&self, opcode: &str, op: PredOp, operands: &[Operand]) -> Result<Op, EmuError> {
+        let unary = matches!(op, PredOp::Not | PredOp::Mov);
+        self.arity(opcode, operands, if unary { 2 } else { 3 })?;
+        let dst = self.pred(&operands[0])?;
+        if dst.negated {
+            return self.fail("negated destination predicate");
+        }
+        Ok(Op::PredLogic {
+            op,
+            dst: dst.reg,
+            a: self.pred(&operands[1])?,
+            b: if unary {
+                None
+            } else {
+                Some(self.pred(&operands[2])?)
+            },
+        })
+    }
+
+    /// `call[.uni] [(ret),] name[, (args...)]`: a direct call. Indirect calls (through a
+    /// register, with a prototype) are refused.
+    fn call(&self, opcode: &str, tokens: &[Tok]) -> Result<Op, EmuError> {
+        if !(opcode == "call" || opcode == "call.uni") {
+            return self.unsupported(format!("{opcode}"));
+        }
+        let mut rest = tokens;
+        let mut ret_name = None;
+        if let [Tok::Punct('('), Tok::Word(name), Tok::Punct(')'), Tok::Punct(','), more @ ..] =
+            rest
+        {
+            ret_name = Some(name);
+            rest = more;
+        }
+        let [Tok::Word(callee), more @ ..] = rest else {
+            return self.fail(format!("{opcode}: expected a function name"));
+        };
+        rest = more;
+        let mut arg_names = Vec::new();
+        if let [Tok::Punct(','), Tok::Punct('('), more @ ..] = rest {
+            let mut inner = more;
+            loop {
+                match inner {
+                    [Tok::Punct(')')] => break,
+                    [Tok::Word(name), Tok::Punct(','), tail @ ..] => {
+                        arg_names.push(name);
+                        inner = tail;
+                    }
+                    [Tok::Word(name), Tok::Punct(')')] => {
+                        arg_names.push(name);
+                        break;
+                    }
+                    _ => return self.fail(format!("{opcode}: malformed argument list")),
+                }
+            }
+        } else if !rest.is_empty() {
+            return self.unsupported(format!(
+                "{opcode}: this form (indirect calls through a register are not run)"
+            ));
+        }
+        if self.scope.regs.contains_key(callee.as_str()) {
+            return self.unsupported(format!(
+                "{opcode} through register {callee} (indirect call)"
+            ));
+        }
+        let Some((index, decl)) = self.scope.funcs.get(callee.as_str()) else {
+            return self.fail(format!("{opcode}: {callee} is not a declared function"));
+        };
+        if decl.external {
+            return self.unsupported(format!("{opcode} of .extern function {callee}"));
+        }
+        if arg_names.len() != decl.params.len() || ret_name.is_some() != decl.ret.is_some() {
+            return self.fail(format!(
+                "{opcode}: {callee} takes {} parameters{}, the call passes {}{}",
+                decl.params.len(),
+                if decl.ret.is_some() {
+                    " and returns a value"
+                } else {
+                    ""
+                },
+                arg_names.len(),
+                if ret_name.is_some() {
+                    " and takes a value"
+                } else {
+                    ""
+                },
+            ));
+        }
+        let frame_var = |name: &String| match self.scope.frame.get(name.as_str()) {
+            Some(&offset) => Ok(offset),
+            None => self.fail(format!("{opcode}: {name} is not a .param variable")),
+        };
+        Ok(Op::Call {
+            func: *index,
+            args: arg_names
+                .into_iter()
+                .map(frame_var)
+                .collect::<Result<_, _>>()?,
+            ret: ret_name.map(frame_var).transpose()?,
+        })
     }
 }

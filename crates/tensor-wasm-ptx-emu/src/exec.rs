@@ -1,10 +1,12 @@
 //! Execution of a launch: blocks one after another, the threads of a block as green threads
-//! switched at `bar.sync`, every memory access checked, shared-memory races and barrier
-//! deadlocks detected.
+//! switched at `bar.sync` and at warp operations (`shfl.sync`, resolved in `warp.rs` once
+//! every lane has arrived), calls on a per-thread stack of frames, every memory access
+//! checked (`memory.rs`), shared-memory races and barrier deadlocks detected.
 
-use crate::ir::{Addr, Instr, Op, Space, Special, Src, Ty, TyKind};
+use crate::ir::{Instr, Op, Special, Src, TyKind};
+use crate::memory::cvta;
 use crate::ops;
-use crate::parse::Kernel;
+use crate::parse::{Func, Kernel};
 use crate::{EmuError, Place};
 
 /// A byte range of device memory a launch may touch: global addresses
@@ -96,9 +98,13 @@ const MAX_THREADS: u64 = 1024;
 const MAX_BLOCKS: u64 = 1 << 24;
 /// Most shared memory per block (static and dynamic), in bytes.
 const MAX_SHARED: u64 = 228 * 1024;
-/// The byte uninitialised shared memory holds, so a read before any write shows.
+/// The byte uninitialised shared and local memory holds, so a read before any write shows.
 const SHARED_FILL: u8 = 0xa5;
-const NOBODY: u32 = u32::MAX;
+pub(crate) const NOBODY: u32 = u32::MAX;
+/// Most nested calls in one thread.
+const MAX_CALL_DEPTH: usize = 256;
+/// Most bytes of local memory (all frames together) of one thread.
+const MAX_LOCAL_STACK: usize = 1 << 20;
 
 /// Runs `kernel` over `memory`.
 ///
@@ -219,48 +225,78 @@ impl Rng {
 
 /// Who touched one shared byte in the current barrier interval.
 #[derive(Debug, Clone, Copy)]
-struct Cell {
-    writer: u32,
-    reader: u32,
+pub(crate) struct Cell {
+    pub writer: u32,
+    pub reader: u32,
     /// A second reader other than `reader`, if any.
-    other_reader: u32,
+    pub other_reader: u32,
 }
 
 impl Cell {
-    const EMPTY: Cell = Cell {
+    pub const EMPTY: Cell = Cell {
         writer: NOBODY,
         reader: NOBODY,
         other_reader: NOBODY,
     };
 }
 
+/// An instruction of the module: the function (`None`: the entry) and its index there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+pub(crate) struct Pc {
+    pub func: Option<u32>,
+    pub index: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
     Ready,
-    /// Waiting at the `bar.sync` at this instruction index.
-    AtBarrier(usize),
+    /// Waiting at this `bar.sync`.
+    AtBarrier(Pc),
+    /// Waiting at this warp operation for the other lanes of its mask.
+    AtWarp(Pc),
     Exited,
 }
 
-struct Thread {
-    tid: [u32; 3],
+/// A caller's frame, kept while its callee runs.
+struct Saved {
+    func: Option<u32>,
     pc: usize,
     regs: Vec<u64>,
     preds: Vec<bool>,
-    state: State,
+    frame: Vec<u8>,
+    local_base: u32,
+    /// The caller's `.param` variable that receives the return value.
+    ret: Option<u32>,
+}
+
+pub(crate) struct Thread {
+    pub tid: [u32; 3],
+    /// The running function (`None`: the entry) and the next instruction in it.
+    pub func: Option<u32>,
+    pub pc: usize,
+    pub regs: Vec<u64>,
+    pub preds: Vec<bool>,
+    /// The current frame's `.param` space.
+    pub frame: Vec<u8>,
+    /// Where the current frame's `.local` variables start in `local`.
+    pub local_base: u32,
+    /// Every frame's `.local` variables, the entry's first.
+    pub local: Vec<u8>,
+    calls: Vec<Saved>,
+    pub state: State,
     steps: u64,
 }
 
 /// One block being run, and what the launch has counted so far.
-struct Block<'k, 'l, 'm, 'a> {
-    kernel: &'k Kernel,
-    launch: &'l Launch<'l>,
-    memory: &'m mut [Allocation<'a>],
-    ctaid: [u32; 3],
-    shared: Vec<u8>,
-    race: Vec<Cell>,
-    touched: Vec<usize>,
-    threads: Vec<Thread>,
+pub(crate) struct Block<'k, 'l, 'm, 'a> {
+    pub kernel: &'k Kernel,
+    pub launch: &'l Launch<'l>,
+    pub memory: &'m mut [Allocation<'a>],
+    pub ctaid: [u32; 3],
+    pub shared: Vec<u8>,
+    pub race: Vec<Cell>,
+    pub touched: Vec<usize>,
+    pub threads: Vec<Thread>,
     stats: LaunchStats,
     rng: Rng,
 }
@@ -274,11 +310,17 @@ impl Block<'_, '_, '_, '_> {
         for z in 0..bz {
             for y in 0..by {
                 for x in 0..bx {
+                    let body = &self.kernel.body;
                     self.threads.push(Thread {
                         tid: [x, y, z],
+                        func: None,
                         pc: 0,
-                        regs: vec![0; usize::from(self.kernel.regs)],
-                        preds: vec![false; usize::from(self.kernel.preds)],
+                        regs: vec![0; usize::from(body.regs)],
+                        preds: vec![false; usize::from(body.preds)],
+                        frame: vec![0; body.frame_bytes as usize],
+                        local_base: 0,
+                        local: vec![SHARED_FILL; body.local_bytes as usize],
+                        calls: Vec::new(),
                         state: State::Ready,
                         steps: 0,
                     });
@@ -300,6 +342,16 @@ impl Block<'_, '_, '_, '_> {
                     self.run_thread(t)?;
                 }
             }
+            // No thread can run: lanes waiting at a warp operation go first (their warp-mates
+            // can only be waiting there too, or the warp can never complete).
+            if self
+                .threads
+                .iter()
+                .any(|thread| matches!(thread.state, State::AtWarp(_)))
+            {
+                self.resolve_warps()?;
+                continue;
+            }
             let waiting: Vec<usize> = (0..self.threads.len())
                 .filter(|&t| matches!(self.threads[t].state, State::AtBarrier(_)))
                 .collect();
@@ -310,7 +362,7 @@ impl Block<'_, '_, '_, '_> {
             let State::AtBarrier(at) = self.threads[first].state else {
                 unreachable!("filtered above")
             };
-            let line = |pc: usize| self.kernel.instrs[pc].line;
+            let line = |pc: Pc| self.line_of(pc);
             if exited > 0 {
                 let gone = self
                     .threads
@@ -347,7 +399,12 @@ impl Block<'_, '_, '_, '_> {
         }
     }
 
-    fn deadlock(&self, detail: String) -> EmuError {
+    /// The source line of an instruction.
+    pub(crate) fn line_of(&self, pc: Pc) -> u32 {
+        self.kernel.code(pc.func).instrs[pc.index].line
+    }
+
+    pub(crate) fn deadlock(&self, detail: String) -> EmuError {
         EmuError::Deadlock {
             kernel: self.kernel.name.clone(),
             block: self.ctaid,
@@ -355,14 +412,7 @@ impl Block<'_, '_, '_, '_> {
         }
     }
 
-    fn clear_races(&mut self) {
-        for &offset in &self.touched {
-            self.race[offset] = Cell::EMPTY;
-        }
-        self.touched.clear();
-    }
-
-    fn place(&self, t: usize, instr: &Instr) -> Place {
+    pub(crate) fn place(&self, t: usize, instr: &Instr) -> Place {
         Place {
             kernel: self.kernel.name.clone(),
             block: self.ctaid,
@@ -371,33 +421,40 @@ impl Block<'_, '_, '_, '_> {
         }
     }
 
-    fn read(&self, t: usize, src: Src) -> u64 {
+    pub(crate) fn read(&self, t: usize, src: Src) -> u64 {
         match src {
             Src::Reg(reg) => self.threads[t].regs[usize::from(reg)],
             Src::Imm(value) => value,
+            Src::Local(offset) => u64::from(self.threads[t].local_base) + u64::from(offset),
             Src::Special(special) => u64::from(match special {
                 Special::Tid(axis) => self.threads[t].tid[axis],
                 Special::Ntid(axis) => self.launch.block[axis],
                 Special::Ctaid(axis) => self.ctaid[axis],
                 Special::Nctaid(axis) => self.launch.grid[axis],
+                Special::LaneId => (t % 32) as u32,
+                Special::WarpSize => 32,
             }),
         }
     }
 
-    fn write(&mut self, t: usize, dst: u16, bits: u32, value: u64) {
+    pub(crate) fn write(&mut self, t: usize, dst: u16, bits: u32, value: u64) {
         self.threads[t].regs[usize::from(dst)] = ops::mask(value, bits);
     }
 
-    /// Runs thread `t` until it waits at a barrier, exits, or faults.
+    /// Runs thread `t` until it waits at a barrier or warp operation, exits, or faults.
     fn run_thread(&mut self, t: usize) -> Result<(), EmuError> {
         let kernel = self.kernel;
         loop {
-            let pc = self.threads[t].pc;
-            let Some(instr) = kernel.instrs.get(pc) else {
-                self.threads[t].state = State::Exited;
-                return Ok(());
-            };
             let thread = &mut self.threads[t];
+            let (func, pc) = (thread.func, thread.pc);
+            let Some(instr) = kernel.code(func).instrs.get(pc) else {
+                // Falling off the end of a function returns from it.
+                self.ret(t);
+                if self.threads[t].state == State::Exited {
+                    return Ok(());
+                }
+                continue;
+            };
             thread.steps += 1;
             thread.pc += 1;
             self.stats.instructions += 1;
@@ -436,17 +493,32 @@ impl Block<'_, '_, '_, '_> {
                     let value = product.wrapping_add(self.read(t, *c));
                     self.write(t, *dst, ty.bits, value);
                 }
-                Op::Float { op, dst, a, b } => {
-                    let value = ops::float(*op, self.read(t, *a), self.read(t, *b));
-                    self.write(t, *dst, 32, value);
+                Op::Float {
+                    op,
+                    bits,
+                    ftz,
+                    dst,
+                    a,
+                    b,
+                } => {
+                    let value = ops::float(*op, *bits, *ftz, self.read(t, *a), self.read(t, *b));
+                    self.write(t, *dst, *bits, value);
                 }
-                Op::Fma { dst, a, b, c } => {
-                    let value = ops::fma(self.read(t, *a), self.read(t, *b), self.read(t, *c));
-                    self.write(t, *dst, 32, value);
+                Op::Fma {
+                    bits,
+                    ftz,
+                    dst,
+                    a,
+                    b,
+                    c,
+                } => {
+                    let (a, b, c) = (self.read(t, *a), self.read(t, *b), self.read(t, *c));
+                    let value = ops::fma(*bits, *ftz, a, b, c);
+                    self.write(t, *dst, *bits, value);
                 }
-                Op::Sqrt { dst, a } => {
-                    let value = ops::sqrt(self.read(t, *a));
-                    self.write(t, *dst, 32, value);
+                Op::Sqrt { bits, ftz, dst, a } => {
+                    let value = ops::sqrt(*bits, *ftz, self.read(t, *a));
+                    self.write(t, *dst, *bits, value);
                 }
                 Op::Unary { op, ty, dst, a } => {
                     let value = ops::unary(*op, *ty, self.read(t, *a));
@@ -455,12 +527,14 @@ impl Block<'_, '_, '_, '_> {
                 Op::Setp {
                     cmp,
                     ty,
+                    ftz,
                     dst,
                     a,
                     b,
                     combine,
                 } => {
-                    let mut value = ops::compare(*cmp, *ty, self.read(t, *a), self.read(t, *b));
+                    let (a, b) = (self.read(t, *a), self.read(t, *b));
+                    let mut value = ops::compare(*cmp, *ty, *ftz, a, b);
                     if let Some((op, pred)) = combine {
                         let other = self.threads[t].preds[usize::from(pred.reg)] != pred.negated;
                         value = ops::combine(*op, value, other);
@@ -478,6 +552,20 @@ impl Block<'_, '_, '_, '_> {
                     let value = self.read(t, if take_a { *a } else { *b });
                     self.write(t, *dst, *bits, value);
                 }
+                Op::PredLogic { op, dst, a, b } => {
+                    let preds = &mut self.threads[t].preds;
+                    let get = |p: crate::ir::Pred| preds[usize::from(p.reg)] != p.negated;
+                    let a = get(*a);
+                    let b = b.map(get);
+                    let value = match (op, b) {
+                        (crate::ir::PredOp::And, Some(b)) => a && b,
+                        (crate::ir::PredOp::Or, Some(b)) => a || b,
+                        (crate::ir::PredOp::Xor, Some(b)) => a != b,
+                        (crate::ir::PredOp::Not, _) => !a,
+                        _ => a,
+                    };
+                    preds[usize::from(*dst)] = value;
+                }
                 Op::Cvt {
                     dst_ty,
                     src_ty,
@@ -493,18 +581,27 @@ impl Block<'_, '_, '_, '_> {
                     }
                     self.write(t, *dst, dst_ty.bits.max(32), value);
                 }
+                Op::Cvta {
+                    space,
+                    to,
+                    dst,
+                    src,
+                } => {
+                    let value = cvta(*space, *to, self.read(t, *src));
+                    self.write(t, *dst, 64, value);
+                }
                 Op::Ld {
                     space,
                     ty,
                     dsts,
                     addr,
                 } => {
-                    let base = self.address(t, *addr);
+                    let (space, base) = Self::concrete(*space, self.address(t, *space, *addr));
                     let size = ty.bytes();
-                    self.check_alignment(t, instr, *space, base, size * dsts.len() as u32, "load")?;
+                    self.check_alignment(t, instr, space, base, size * dsts.len() as u32, "load")?;
                     for (i, dst) in dsts.iter().enumerate() {
                         let at = base.wrapping_add(u64::from(size) * i as u64);
-                        let raw = self.load(t, instr, *space, at, size)?;
+                        let raw = self.load(t, instr, space, at, size, false)?;
                         let value = if ty.kind == TyKind::S {
                             ops::sext(raw, ty.bits) as u64
                         } else {
@@ -519,26 +616,51 @@ impl Block<'_, '_, '_, '_> {
                     srcs,
                     addr,
                 } => {
-                    let base = self.address(t, *addr);
+                    let (space, base) = Self::concrete(*space, self.address(t, *space, *addr));
                     let size = ty.bytes();
-                    self.check_alignment(
-                        t,
-                        instr,
-                        *space,
-                        base,
-                        size * srcs.len() as u32,
-                        "store",
-                    )?;
+                    let bytes = size * srcs.len() as u32;
+                    self.check_alignment(t, instr, space, base, bytes, "store")?;
                     for (i, src) in srcs.iter().enumerate() {
                         let at = base.wrapping_add(u64::from(size) * i as u64);
                         let value = self.read(t, *src);
-                        self.store(t, instr, *space, at, *ty, value)?;
+                        self.store(t, instr, space, at, *ty, value, false)?;
                     }
                 }
+                Op::Atom {
+                    op,
+                    space,
+                    ty,
+                    dst,
+                    addr,
+                    b,
+                    c,
+                } => {
+                    let (space, at) = Self::concrete(*space, self.address(t, *space, *addr));
+                    self.check_alignment(t, instr, space, at, ty.bytes(), "atomic")?;
+                    let old = self.load(t, instr, space, at, ty.bytes(), true)?;
+                    let (b, c) = (self.read(t, *b), c.map_or(0, |c| self.read(t, c)));
+                    if let Some(new) = ops::atom(*op, *ty, old, b, c) {
+                        self.store(t, instr, space, at, *ty, new, true)?;
+                    }
+                    if let Some(dst) = dst {
+                        self.write(t, *dst, ty.bits, old);
+                    }
+                }
+                Op::Shfl { .. } => {
+                    self.threads[t].state = State::AtWarp(Pc { func, index: pc });
+                    return Ok(());
+                }
+                Op::Call { func, args, ret } => self.call(t, instr, *func, args, *ret)?,
                 Op::Bra { target } => self.threads[t].pc = *target as usize,
                 Op::Bar => {
-                    self.threads[t].state = State::AtBarrier(pc);
+                    self.threads[t].state = State::AtBarrier(Pc { func, index: pc });
                     return Ok(());
+                }
+                Op::Ret => {
+                    self.ret(t);
+                    if self.threads[t].state == State::Exited {
+                        return Ok(());
+                    }
                 }
                 Op::Exit => {
                     self.threads[t].state = State::Exited;
@@ -548,186 +670,81 @@ impl Block<'_, '_, '_, '_> {
         }
     }
 
-    fn address(&self, t: usize, addr: Addr) -> u64 {
-        let base = addr.base.map_or(0, |reg| self.read(t, Src::Reg(reg)));
-        base.wrapping_add(addr.offset as u64)
-    }
-
-    fn check_alignment(
-        &self,
-        t: usize,
-        instr: &Instr,
-        space: Space,
-        address: u64,
-        size: u32,
-        what: &str,
-    ) -> Result<(), EmuError> {
-        if address.is_multiple_of(u64::from(size)) {
-            return Ok(());
-        }
-        Err(EmuError::Misaligned {
-            at: self.place(t, instr),
-            address,
-            size,
-            kind: format!("{} {what}", space_name(space)),
-        })
-    }
-
-    fn illegal(
-        &self,
-        t: usize,
-        instr: &Instr,
-        space: Space,
-        address: u64,
-        size: u32,
-        what: &str,
-    ) -> EmuError {
-        EmuError::IllegalAddress {
-            at: self.place(t, instr),
-            address,
-            size,
-            kind: format!("{} {what}", space_name(space)),
-        }
-    }
-
-    fn load(
+    /// Enters function `func`: the caller's frame is saved, the arguments (the caller's
+    /// `.param` variables at `args`) copied into the callee's parameters, its `.local`
+    /// variables placed after the caller's.
+    fn call(
         &mut self,
         t: usize,
         instr: &Instr,
-        space: Space,
-        address: u64,
-        size: u32,
-    ) -> Result<u64, EmuError> {
-        let n = size as usize;
-        let bytes: &[u8] = match space {
-            Space::Param => {
-                let params = self.launch.params;
-                match usize::try_from(address)
-                    .ok()
-                    .filter(|&a| a.checked_add(n).is_some_and(|end| end <= params.len()))
-                {
-                    Some(start) => &params[start..start + n],
-                    None => return Err(self.illegal(t, instr, space, address, size, "load")),
-                }
-            }
-            Space::Shared => {
-                let Some(start) = self.shared_range(address, n) else {
-                    return Err(self.illegal(t, instr, space, address, size, "load"));
-                };
-                self.track(t, instr, start, n, false)?;
-                &self.shared[start..start + n]
-            }
-            Space::Global => match find(self.memory, address, n) {
-                Some((index, start)) => &self.memory[index].bytes[start..start + n],
-                None => return Err(self.illegal(t, instr, space, address, size, "load")),
-            },
-        };
-        let mut raw = [0u8; 8];
-        raw[..n].copy_from_slice(bytes);
-        Ok(u64::from_le_bytes(raw))
-    }
-
-    fn store(
-        &mut self,
-        t: usize,
-        instr: &Instr,
-        space: Space,
-        address: u64,
-        ty: Ty,
-        value: u64,
+        func: u32,
+        args: &[u32],
+        ret: Option<u32>,
     ) -> Result<(), EmuError> {
-        let n = ty.bytes() as usize;
-        let raw = value.to_le_bytes();
-        match space {
-            Space::Param => Err(self.illegal(t, instr, space, address, ty.bytes(), "store")),
-            Space::Shared => {
-                let Some(start) = self.shared_range(address, n) else {
-                    return Err(self.illegal(t, instr, space, address, ty.bytes(), "store"));
-                };
-                self.track(t, instr, start, n, true)?;
-                self.shared[start..start + n].copy_from_slice(&raw[..n]);
-                Ok(())
-            }
-            Space::Global => match find(self.memory, address, n) {
-                Some((index, start)) => {
-                    self.memory[index].bytes[start..start + n].copy_from_slice(&raw[..n]);
-                    Ok(())
-                }
-                None => Err(self.illegal(t, instr, space, address, ty.bytes(), "store")),
-            },
+        let kernel = self.kernel;
+        let callee: &Func = kernel.code(Some(func));
+        let thread = &self.threads[t];
+        let caller_local = kernel.code(thread.func).local_bytes;
+        let local_base = thread.local_base as usize + caller_local as usize;
+        let local_end = local_base + callee.local_bytes as usize;
+        if thread.calls.len() >= MAX_CALL_DEPTH || local_end > MAX_LOCAL_STACK {
+            return Err(EmuError::CallDepth {
+                at: self.place(t, instr),
+                limit: MAX_CALL_DEPTH as u32,
+            });
         }
-    }
-
-    fn shared_range(&self, address: u64, n: usize) -> Option<usize> {
-        let start = usize::try_from(address).ok()?;
-        (start.checked_add(n)? <= self.shared.len()).then_some(start)
-    }
-
-    /// Records thread `t`'s access to shared bytes `start..start + n`; a race if another
-    /// thread wrote one of them, or read one this thread writes, in this barrier interval.
-    fn track(
-        &mut self,
-        t: usize,
-        instr: &Instr,
-        start: usize,
-        n: usize,
-        write: bool,
-    ) -> Result<(), EmuError> {
-        let me = t as u32;
-        for offset in start..start + n {
-            let cell = &mut self.race[offset];
-            if cell.writer == NOBODY && cell.reader == NOBODY {
-                self.touched.push(offset);
-            }
-            let conflict = if cell.writer != NOBODY && cell.writer != me {
-                Some((
-                    cell.writer,
-                    if write {
-                        "write after write"
-                    } else {
-                        "read after write"
-                    },
-                ))
-            } else if write && cell.reader != NOBODY && cell.reader != me {
-                Some((cell.reader, "write after read"))
-            } else if write && cell.other_reader != NOBODY && cell.other_reader != me {
-                Some((cell.other_reader, "write after read"))
-            } else {
-                None
-            };
-            if let Some((other, what)) = conflict {
-                return Err(EmuError::SharedRace {
+        let mut frame = vec![0u8; callee.frame_bytes as usize];
+        for (&arg, &(offset, size)) in args.iter().zip(&callee.params) {
+            let (arg, offset, size) = (arg as usize, offset as usize, size as usize);
+            let Some(value) = thread.frame.get(arg..arg + size) else {
+                return Err(EmuError::Undefined {
                     at: self.place(t, instr),
-                    offset: offset as u64,
-                    other: self.threads[other as usize].tid,
-                    what: what.into(),
+                    what: "a call argument smaller than the parameter it is passed as".into(),
                 });
-            }
-            if write {
-                cell.writer = me;
-            } else if cell.reader == NOBODY {
-                cell.reader = me;
-            } else if cell.reader != me {
-                cell.other_reader = me;
-            }
+            };
+            frame[offset..offset + size].copy_from_slice(value);
         }
+        let thread = &mut self.threads[t];
+        thread.local.resize(local_end, SHARED_FILL);
+        let saved = Saved {
+            func: thread.func,
+            pc: thread.pc,
+            regs: std::mem::replace(&mut thread.regs, vec![0; usize::from(callee.regs)]),
+            preds: std::mem::replace(&mut thread.preds, vec![false; usize::from(callee.preds)]),
+            frame: std::mem::replace(&mut thread.frame, frame),
+            local_base: thread.local_base,
+            ret,
+        };
+        thread.calls.push(saved);
+        thread.func = Some(func);
+        thread.pc = 0;
+        thread.local_base = local_base as u32;
         Ok(())
     }
-}
 
-fn space_name(space: Space) -> &'static str {
-    match space {
-        Space::Global => "global",
-        Space::Shared => "shared",
-        Space::Param => "param",
+    /// Returns from the running function (the entry: the thread exits), copying the return
+    /// value into the caller's variable.
+    fn ret(&mut self, t: usize) {
+        let kernel = self.kernel;
+        let thread = &mut self.threads[t];
+        let Some(saved) = thread.calls.pop() else {
+            thread.state = State::Exited;
+            return;
+        };
+        let callee = kernel.code(thread.func);
+        let callee_frame = std::mem::replace(&mut thread.frame, saved.frame);
+        if let (Some(var), Some((offset, size))) = (saved.ret, callee.ret) {
+            let (var, offset, size) = (var as usize, offset as usize, size as usize);
+            let end = (var + size).min(thread.frame.len());
+            if var < end {
+                thread.frame[var..end].copy_from_slice(&callee_frame[offset..offset + end - var]);
+            }
+        }
+        thread.local.truncate(thread.local_base as usize);
+        thread.func = saved.func;
+        thread.pc = saved.pc;
+        thread.regs = saved.regs;
+        thread.preds = saved.preds;
+        thread.local_base = saved.local_base;
     }
-}
-
-/// The allocation holding `address .. address + n` and the offset of `address` in it.
-fn find(memory: &[Allocation<'_>], address: u64, n: usize) -> Option<(usize, usize)> {
-    memory.iter().enumerate().find_map(|(index, alloc)| {
-        let start = address.checked_sub(alloc.base)?;
-        let end = start.checked_add(n as u64)?;
-        (end <= alloc.bytes.len() as u64).then_some((index, start as usize))
-    })
 }

@@ -56,6 +56,10 @@ pub(crate) enum Special {
     Ntid(usize),
     Ctaid(usize),
     Nctaid(usize),
+    /// `%laneid`: the thread's lane in its warp.
+    LaneId,
+    /// `%warpsize`: 32.
+    WarpSize,
 }
 
 /// A source operand.
@@ -64,6 +68,9 @@ pub(crate) enum Src {
     Reg(u16),
     Imm(u64),
     Special(Special),
+    /// A `.local` variable's address: the frame's base in the thread's local memory plus
+    /// this offset.
+    Local(u32),
 }
 
 /// A predicate operand: register index and whether it is negated (`!%p`).
@@ -78,7 +85,15 @@ pub(crate) struct Pred {
 pub(crate) enum Space {
     Global,
     Shared,
+    /// The entry's parameters (read-only).
     Param,
+    /// The current call frame's parameter space: a `.func`'s parameters and return value,
+    /// and the `.param` variables a body declares for the calls it makes.
+    Frame,
+    /// The thread's local memory (its call stack of `.local` variables).
+    Local,
+    /// A generic address: the shared or local window, else global.
+    Generic,
 }
 
 /// `[base + offset]`; symbols are already folded into `offset`.
@@ -106,7 +121,7 @@ pub(crate) enum IntOp {
     Shr,
 }
 
-/// f32 binary operations, rounded to nearest even.
+/// Float binary operations (f32 or f64), rounded to nearest even.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FloatOp {
     Add,
@@ -123,6 +138,40 @@ pub(crate) enum UnaryOp {
     Neg,
     Abs,
     Not,
+}
+
+/// Atomic read-modify-write operations (`atom`, `red`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtomOp {
+    Add,
+    Min,
+    Max,
+    Inc,
+    Dec,
+    And,
+    Or,
+    Xor,
+    Exch,
+    Cas,
+}
+
+/// The lane a `shfl.sync` reads from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShflMode {
+    Up,
+    Down,
+    Bfly,
+    Idx,
+}
+
+/// Logic on predicates (`and.pred`, ..., `not.pred`, `mov.pred`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PredOp {
+    And,
+    Or,
+    Xor,
+    Not,
+    Mov,
 }
 
 /// `setp` comparisons (the unordered float forms end in `u`).
@@ -217,19 +266,26 @@ pub(crate) enum Op {
         b: Src,
         c: Src,
     },
+    /// f32 or f64 (`bits`); `ftz` flushes subnormal inputs and results to signed zeros.
     Float {
         op: FloatOp,
+        bits: u32,
+        ftz: bool,
         dst: u16,
         a: Src,
         b: Src,
     },
-    /// `sqrt.rn.f32`: the correctly rounded square root.
+    /// `sqrt.rn`: the correctly rounded square root.
     Sqrt {
+        bits: u32,
+        ftz: bool,
         dst: u16,
         a: Src,
     },
-    /// `fma.rn.f32`: one rounding.
+    /// `fma.rn`: one rounding.
     Fma {
+        bits: u32,
+        ftz: bool,
         dst: u16,
         a: Src,
         b: Src,
@@ -244,6 +300,7 @@ pub(crate) enum Op {
     Setp {
         cmp: Cmp,
         ty: Ty,
+        ftz: bool,
         dst: u16,
         a: Src,
         b: Src,
@@ -276,10 +333,54 @@ pub(crate) enum Op {
         srcs: Vec<Src>,
         addr: Addr,
     },
+    /// `atom` (a result) or `red` (`dst` is `None`); `c` is `cas`'s new value.
+    Atom {
+        op: AtomOp,
+        space: Space,
+        ty: Ty,
+        dst: Option<u16>,
+        addr: Addr,
+        b: Src,
+        c: Option<Src>,
+    },
+    /// `cvta.SPACE` (`to` false: a space's address to a generic one) or `cvta.to.SPACE`.
+    Cvta {
+        space: Space,
+        to: bool,
+        dst: u16,
+        src: Src,
+    },
+    PredLogic {
+        op: PredOp,
+        dst: u16,
+        a: Pred,
+        b: Option<Pred>,
+    },
+    /// `shfl.sync`: `dst` (and `pred`) from lane `b`'s relative, `c` the clamp and segment
+    /// mask, `mask` the lanes taking part.
+    Shfl {
+        mode: ShflMode,
+        dst: u16,
+        pred: Option<u16>,
+        a: Src,
+        b: Src,
+        c: Src,
+        mask: Src,
+    },
+    /// A call of function `func` of the module: each argument is a `.param` variable of the
+    /// caller's frame (byte offset), `ret` the variable that receives the return value.
+    Call {
+        func: u32,
+        args: Vec<u32>,
+        ret: Option<u32>,
+    },
     Bra {
         target: u32,
     },
     Bar,
+    /// `ret`: the end of a function (of the thread, in the entry).
+    Ret,
+    /// `exit`: the end of the thread, from any depth of calls.
     Exit,
 }
 

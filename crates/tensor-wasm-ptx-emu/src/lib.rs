@@ -60,12 +60,15 @@
 mod decode;
 mod exec;
 mod ir;
+mod memory;
 mod ops;
 mod parse;
+mod warp;
 
 use std::fmt;
 
 pub use exec::{launch, Allocation, Launch, LaunchStats, Schedule};
+pub use memory::{LOCAL_WINDOW, SHARED_WINDOW};
 pub use parse::{Kernel, Module, ParamInfo};
 
 /// Why a module did not parse or a launch failed. Every message names what it is about
@@ -153,6 +156,15 @@ pub enum EmuError {
         /// The limit.
         limit: u64,
     },
+    /// Calls nested deeper than the interpreter allows, or more local memory than a thread
+    /// may have (runaway recursion).
+    #[error("{at}: calls nested more than {limit} deep, or more than 1 MiB of local memory")]
+    CallDepth {
+        /// Kernel, block, thread and line of the call.
+        at: Place,
+        /// Most nested calls.
+        limit: u32,
+    },
     /// An instruction whose result the ISA leaves unspecified (integer division by zero).
     #[error("{at}: {what}")]
     Undefined {
@@ -178,6 +190,7 @@ impl EmuError {
             EmuError::StepLimit { .. } => (702, "CUDA_ERROR_LAUNCH_TIMEOUT"),
             EmuError::SharedRace { .. }
             | EmuError::Deadlock { .. }
+            | EmuError::CallDepth { .. }
             | EmuError::Undefined { .. } => (719, "CUDA_ERROR_LAUNCH_FAILED"),
         }
     }

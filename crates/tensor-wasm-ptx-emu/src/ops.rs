@@ -1,8 +1,9 @@
 //! The arithmetic of the PTX ISA on register bits: wrapping integers of 16/32/64 bits,
-//! clamped shifts, f32 rounded to nearest even (NaN results canonical, as the hardware
-//! writes them), comparisons and conversions.
+//! clamped shifts, f32 and f64 rounded to nearest even (NaN results canonical, as the
+//! hardware writes them; `.ftz` flushing f32 subnormals), comparisons, conversions and the
+//! read-modify-write of atomics.
 
-use crate::ir::{BoolOp, Cmp, FloatOp, IntOp, Rounding, Ty, TyKind, UnaryOp};
+use crate::ir::{AtomOp, BoolOp, Cmp, FloatOp, IntOp, Rounding, Ty, TyKind, UnaryOp};
 
 /// The NaN the hardware writes for an f32 arithmetic NaN result.
 pub(crate) const CANONICAL_NAN: u32 = 0x7fff_ffff;
@@ -106,6 +107,9 @@ fn f(bits: u64) -> f32 {
     f32::from_bits(bits as u32)
 }
 
+/// The NaN the hardware writes for an f64 arithmetic NaN result.
+pub(crate) const CANONICAL_NAN_64: u64 = 0x7fff_ffff_ffff_ffff;
+
 /// An f32 arithmetic result as register bits, NaNs canonical.
 fn bits_of(value: f32) -> u64 {
     if value.is_nan() {
@@ -115,61 +119,136 @@ fn bits_of(value: f32) -> u64 {
     }
 }
 
-/// f32 binary operation, one rounding to nearest even (subnormals kept).
+/// An f64 arithmetic result as register bits, NaNs canonical.
+fn bits_of_64(value: f64) -> u64 {
+    if value.is_nan() {
+        CANONICAL_NAN_64
+    } else {
+        value.to_bits()
+    }
+}
+
+/// `.ftz`: a subnormal f32 becomes a zero of its sign.
+fn flush(value: f32) -> f32 {
+    if value.is_subnormal() {
+        0f32.copysign(value)
+    } else {
+        value
+    }
+}
+
+/// The f32 operands of an instruction, flushed under `.ftz`.
+fn f32_in(bits: u64, ftz: bool) -> f32 {
+    if ftz {
+        flush(f(bits))
+    } else {
+        f(bits)
+    }
+}
+
+/// An f32 result, flushed under `.ftz`, NaNs canonical.
+fn f32_out(value: f32, ftz: bool) -> u64 {
+    bits_of(if ftz { flush(value) } else { value })
+}
+
+/// Float binary operation of `bits` (32 or 64), one rounding to nearest even; subnormals
+/// kept unless `ftz` (f32 only).
 ///
 /// `min`/`max`: a NaN operand yields the other operand, two NaNs the canonical NaN, and
 /// `-0.0` is smaller than `+0.0`.
-pub(crate) fn float(op: FloatOp, a: u64, b: u64) -> u64 {
-    let (x, y) = (f(a), f(b));
+pub(crate) fn float(op: FloatOp, bits: u32, ftz: bool, a: u64, b: u64) -> u64 {
+    if bits == 64 {
+        let (x, y) = (f64::from_bits(a), f64::from_bits(b));
+        return match op {
+            FloatOp::Add => bits_of_64(x + y),
+            FloatOp::Sub => bits_of_64(x - y),
+            FloatOp::Mul => bits_of_64(x * y),
+            FloatOp::Div => bits_of_64(x / y),
+            FloatOp::Min | FloatOp::Max => {
+                let first = min_max_first(
+                    op,
+                    x.is_nan(),
+                    y.is_nan(),
+                    x == y,
+                    x < y,
+                    x.is_sign_negative(),
+                );
+                match first {
+                    None => CANONICAL_NAN_64,
+                    Some(true) => a,
+                    Some(false) => b,
+                }
+            }
+        };
+    }
+    let (x, y) = (f32_in(a, ftz), f32_in(b, ftz));
     match op {
-        FloatOp::Add => bits_of(x + y),
-        FloatOp::Sub => bits_of(x - y),
-        FloatOp::Mul => bits_of(x * y),
-        FloatOp::Div => bits_of(x / y),
+        FloatOp::Add => f32_out(x + y, ftz),
+        FloatOp::Sub => f32_out(x - y, ftz),
+        FloatOp::Mul => f32_out(x * y, ftz),
+        FloatOp::Div => f32_out(x / y, ftz),
         FloatOp::Min | FloatOp::Max => {
-            if x.is_nan() && y.is_nan() {
-                return u64::from(CANONICAL_NAN);
-            }
-            if x.is_nan() {
-                return mask(b, 32);
-            }
-            if y.is_nan() {
-                return mask(a, 32);
-            }
-            let x_first = if x == y {
-                // Only ±0 compare equal with different bits: -0 is the smaller.
-                (op == FloatOp::Min) == x.is_sign_negative()
-            } else {
-                (op == FloatOp::Min) == (x < y)
-            };
-            if x_first {
-                mask(a, 32)
-            } else {
-                mask(b, 32)
+            match min_max_first(
+                op,
+                x.is_nan(),
+                y.is_nan(),
+                x == y,
+                x < y,
+                x.is_sign_negative(),
+            ) {
+                None => u64::from(CANONICAL_NAN),
+                Some(true) => u64::from(x.to_bits()),
+                Some(false) => u64::from(y.to_bits()),
             }
         }
     }
 }
 
-/// `fma.rn.f32`: `a * b + c` with a single rounding.
-pub(crate) fn fma(a: u64, b: u64, c: u64) -> u64 {
-    bits_of(f(a).mul_add(f(b), f(c)))
+/// Whether `min`/`max` picks its first operand (`None`: both are NaN).
+fn min_max_first(
+    op: FloatOp,
+    x_nan: bool,
+    y_nan: bool,
+    equal: bool,
+    less: bool,
+    x_negative: bool,
+) -> Option<bool> {
+    match (x_nan, y_nan) {
+        (true, true) => None,
+        (true, false) => Some(false),
+        (false, true) => Some(true),
+        // Only ±0 compare equal with different bits: -0 is the smaller.
+        _ if equal => Some((op == FloatOp::Min) == x_negative),
+        _ => Some((op == FloatOp::Min) == less),
+    }
 }
 
-/// `sqrt.rn.f32`: correctly rounded; `sqrt(−0) = −0`, negative operands give the canonical
-/// NaN, subnormals kept.
-pub(crate) fn sqrt(a: u64) -> u64 {
-    bits_of(f(a).sqrt())
+/// `fma.rn`: `a * b + c` with a single rounding.
+pub(crate) fn fma(bits: u32, ftz: bool, a: u64, b: u64, c: u64) -> u64 {
+    if bits == 64 {
+        let v = |x: u64| f64::from_bits(x);
+        return bits_of_64(v(a).mul_add(v(b), v(c)));
+    }
+    f32_out(f32_in(a, ftz).mul_add(f32_in(b, ftz), f32_in(c, ftz)), ftz)
+}
+
+/// `sqrt.rn`: correctly rounded; `sqrt(−0) = −0`, negative operands give the canonical
+/// NaN.
+pub(crate) fn sqrt(bits: u32, ftz: bool, a: u64) -> u64 {
+    if bits == 64 {
+        return bits_of_64(f64::from_bits(a).sqrt());
+    }
+    f32_out(f32_in(a, ftz).sqrt(), ftz)
 }
 
 /// Unary operations: `neg`/`abs` of integers wrap; of f32 they flip or clear the sign bit.
 pub(crate) fn unary(op: UnaryOp, ty: Ty, a: u64) -> u64 {
     if ty.kind == TyKind::F {
-        let sign = 1u64 << 31;
+        let sign = 1u64 << (ty.bits - 1);
         return match op {
-            UnaryOp::Neg => mask(a ^ sign, 32),
-            UnaryOp::Abs => mask(a & !sign, 32),
-            UnaryOp::Not => mask(!a, 32),
+            UnaryOp::Neg => mask(a ^ sign, ty.bits),
+            UnaryOp::Abs => mask(a & !sign, ty.bits),
+            UnaryOp::Not => mask(!a, ty.bits),
         };
     }
     let value = match op {
@@ -182,9 +261,13 @@ pub(crate) fn unary(op: UnaryOp, ty: Ty, a: u64) -> u64 {
 
 /// `setp`'s comparison of two `ty` values. Ordered float comparisons are false when either
 /// operand is NaN; the `u` forms are true then.
-pub(crate) fn compare(cmp: Cmp, ty: Ty, a: u64, b: u64) -> bool {
+pub(crate) fn compare(cmp: Cmp, ty: Ty, ftz: bool, a: u64, b: u64) -> bool {
     if ty.kind == TyKind::F {
-        let (x, y) = (f(a), f(b));
+        let (x, y) = if ty.bits == 64 {
+            (f64::from_bits(a), f64::from_bits(b))
+        } else {
+            (f64::from(f32_in(a, ftz)), f64::from(f32_in(b, ftz)))
+        };
         let unordered = x.is_nan() || y.is_nan();
         return match cmp {
             Cmp::Eq => x == y,
@@ -332,4 +415,48 @@ fn int_range(ty: Ty) -> (i128, i128) {
     } else {
         (0, (1i128 << ty.bits) - 1)
     }
+}
+
+/// An atomic operation's new memory value from the `old` one (`None` where the memory keeps
+/// `old`: a failed `cas`). `ty` is checked by the decoder: integer types of 32 or 64 bits.
+pub(crate) fn atom(op: AtomOp, ty: Ty, old: u64, b: u64, c: u64) -> Option<u64> {
+    let bits = ty.bits;
+    let (old, b) = (mask(old, bits), mask(b, bits));
+    let value = match op {
+        AtomOp::Add => old.wrapping_add(b),
+        AtomOp::Min | AtomOp::Max => {
+            let (x, y) = (wide(old, ty), wide(b, ty));
+            let keep = if op == AtomOp::Min { x <= y } else { x >= y };
+            if keep {
+                old
+            } else {
+                b
+            }
+        }
+        AtomOp::Inc => {
+            if old >= b {
+                0
+            } else {
+                old + 1
+            }
+        }
+        AtomOp::Dec => {
+            if old == 0 || old > b {
+                b
+            } else {
+                old - 1
+            }
+        }
+        AtomOp::And => old & b,
+        AtomOp::Or => old | b,
+        AtomOp::Xor => old ^ b,
+        AtomOp::Exch => b,
+        AtomOp::Cas => {
+            if old != b {
+                return None;
+            }
+            c
+        }
+    };
+    Some(mask(value, bits))
 }

@@ -3,6 +3,7 @@
 
 use crate::decode::{decode, Scope};
 use crate::ir::{Instr, Ty};
+
 use crate::EmuError;
 
 /// Most bytes of kernel parameters (CUDA's limit is 32 764 since 12.1).
@@ -11,10 +12,31 @@ const MAX_PARAM_BYTES: u32 = 32 * 1024;
 /// Most bytes of static shared memory an entry may declare.
 const MAX_STATIC_SHARED: u64 = 1 << 20;
 
+/// Most bytes of `.local` variables one function may declare.
+const MAX_LOCAL: u64 = 512 * 1024;
+
 /// A parsed PTX module: its entries, ready to launch.
 #[derive(Debug, Clone)]
 pub struct Module {
     kernels: Vec<Kernel>,
+}
+
+/// The code of an entry or a `.func`, and the memory one call of it needs.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Func {
+    pub name: String,
+    pub instrs: Vec<Instr>,
+    pub regs: u16,
+    pub preds: u16,
+    /// Bytes of the frame's parameter space: a `.func`'s parameters and return value, then
+    /// the `.param` variables of the calls it makes.
+    pub frame_bytes: u32,
+    /// Bytes of the frame's `.local` variables.
+    pub local_bytes: u32,
+    /// Offset and size of each parameter in the frame.
+    pub params: Vec<(u32, u32)>,
+    /// Offset and size of the return value in the frame.
+    pub ret: Option<(u32, u32)>,
 }
 
 /// One `.entry` of a module.
@@ -23,9 +45,10 @@ pub struct Kernel {
     pub(crate) name: String,
     pub(crate) params: Vec<ParamInfo>,
     pub(crate) param_bytes: u32,
-    pub(crate) instrs: Vec<Instr>,
-    pub(crate) regs: u16,
-    pub(crate) preds: u16,
+    /// The entry's own code.
+    pub(crate) body: Func,
+    /// Every `.func` of the module, which `call` names by index.
+    pub(crate) funcs: std::sync::Arc<Vec<Func>>,
     /// Static shared bytes (module-level variables, then this entry's own).
     pub(crate) shared_bytes: u32,
     /// Whether an `.extern .shared` array takes the dynamic shared memory.
@@ -49,15 +72,19 @@ impl Module {
     /// Parses PTX text.
     ///
     /// Read: `.version`, `.target`, `.address_size 64`; `.shared` variables at module level
-    /// and in an entry (`.extern .shared` arrays take the launch's dynamic shared memory);
-    /// `.visible .entry` with `.param` scalars and `.b8` arrays; `.reg`; labels; guards
-    /// `@%p` / `@!%p`; and the instructions `mov`, `cvta.to.global`, `add`, `sub`, `mul`
-    /// (`.lo`, `.hi`, `.wide`, `.rn.f32`), `mad.lo`, `fma.rn.f32`, `div`, `rem`, `min`, `max`,
-    /// `and`, `or`, `xor`, `not`, `neg`, `abs`, `shl`, `shr`, `setp` (with `.and`/`.or`/`.xor`),
-    /// `selp`, `cvt`, `ld`/`st` on `.global`, `.shared` and (`ld` only) `.param` with
-    /// `.v2`/`.v4`, `bra`, `bar.sync 0`, `ret`, `exit`. f32 arithmetic must be `.rn` (or
-    /// unmodified); `.ftz`, `.sat` on floats, other roundings, `.func`, calls, generic
-    /// addressing, textures, atomics and warp operations are [`EmuError::Unsupported`].
+    /// and in a function (`.extern .shared` arrays take the launch's dynamic shared memory);
+    /// `.visible .entry` with `.param` scalars and `.b8` arrays; `.func` definitions and
+    /// prototypes with parameters and a return value; in a body `.reg`, `.local` and `.param`
+    /// variables, labels, guards `@%p` / `@!%p`; and the instructions `mov`, `cvta` (to and
+    /// from `.global`, `.shared`, `.local`), `add`, `sub`, `mul` (`.lo`, `.hi`, `.wide`),
+    /// `mad.lo`, `fma.rn`, `div`, `rem`, `min`, `max`, `sqrt.rn`, `and`, `or`, `xor`, `not`
+    /// (predicates too), `neg`, `abs`, `shl`, `shr`, `setp` (with `.and`/`.or`/`.xor`),
+    /// `selp`, `cvt`, `ld`/`st` on `.global`, `.shared`, `.local`, `.param` and generic
+    /// addresses with `.v2`/`.v4`, integer `atom`/`red` (`add`, `min`, `max`, `inc`, `dec`,
+    /// `and`, `or`, `xor`, `exch`, `cas`), `shfl.sync`, `bra`, `bar.sync 0`, `call` (direct),
+    /// `ret`, `exit`. Float arithmetic is f32 or f64, `.rn` (or unmodified), optionally `.ftz`
+    /// on f32; other roundings, `.sat` on floats, approximate forms, float atomics, indirect
+    /// calls, textures and other warp operations are [`EmuError::Unsupported`].
     ///
     /// # Errors
     /// [`EmuError::Parse`] for malformed text, [`EmuError::Unsupported`] for PTX outside the
@@ -71,6 +98,7 @@ impl Module {
             shared_end: 0,
             dynamic_name: None,
             kernels: Vec::new(),
+            funcs: Vec::new(),
         }
         .module()
     }
@@ -112,9 +140,17 @@ impl Kernel {
         self.dynamic_shared
     }
 
-    /// Instructions in the entry.
+    /// Instructions in the entry (not counting the functions it calls).
     pub fn instruction_count(&self) -> usize {
-        self.instrs.len()
+        self.body.instrs.len()
+    }
+
+    /// The code of function `index` (`None`: the entry's own).
+    pub(crate) fn code(&self, index: Option<u32>) -> &Func {
+        match index {
+            None => &self.body,
+            Some(i) => &self.funcs[i as usize],
+        }
     }
 
     /// Packs one byte string per parameter (each exactly the parameter's size) into the
@@ -160,6 +196,8 @@ pub(crate) enum Tok {
     Num(String),
     /// One punctuation character.
     Punct(char),
+    /// A string literal without its quotes (`.pragma "nounroll"`).
+    Str(String),
 }
 
 #[derive(Debug, Clone)]
@@ -214,6 +252,19 @@ fn lex(text: &str) -> Result<Vec<Token>, EmuError> {
                 tok: Tok::Num(text[start..i].to_owned()),
                 line,
             });
+        } else if c == b'"' {
+            let Some(end) = text[i + 1..].find('"') else {
+                return Err(EmuError::Parse {
+                    line,
+                    message: "unterminated string".into(),
+                });
+            };
+            tokens.push(Token {
+                tok: Tok::Str(text[i + 1..i + 1 + end].to_owned()),
+                line,
+            });
+            line += text[i..i + 2 + end].matches('\n').count() as u32;
+            i += end + 2;
         } else if b"(){}[],;:+-<>@!|".contains(&c) {
             tokens.push(Token {
                 tok: Tok::Punct(c as char),
@@ -255,6 +306,22 @@ struct Parser {
     /// The name of the `.extern .shared` array, if any: the dynamic shared memory.
     dynamic_name: Option<String>,
     kernels: Vec<Kernel>,
+    /// Every `.func` declared so far, in order (the index `call` uses), with its body once
+    /// defined.
+    funcs: Vec<(FuncDecl, Option<Func>)>,
+}
+
+/// What a call needs to know of a function: its name and the frame layout of its
+/// parameters and return value.
+#[derive(Debug, Clone)]
+pub(crate) struct FuncDecl {
+    pub name: String,
+    pub params: Vec<(u32, u32)>,
+    pub ret: Option<(u32, u32)>,
+    /// Names of the parameters and the return value, in the frame.
+    names: Vec<(String, u32)>,
+    frame_end: u32,
+    pub external: bool,
 }
 
 impl Parser {
@@ -361,9 +428,42 @@ impl Parser {
                 other => return self.fail(format!("unexpected {other} at module level")),
             }
         }
-        Ok(Module {
-            kernels: self.kernels,
-        })
+        let mut funcs = Vec::with_capacity(self.funcs.len());
+        let defined: Vec<bool> = self.funcs.iter().map(|(_, body)| body.is_some()).collect();
+        for (decl, body) in self.funcs {
+            // A declared function without a body is only an error when something calls it
+            // (the call's decoding checked that it is not `.extern`).
+            funcs.push(body.unwrap_or_else(|| Func {
+                name: decl.name,
+                ..Func::default()
+            }));
+        }
+        let funcs = std::sync::Arc::new(funcs);
+        let mut kernels = self.kernels;
+        for kernel in &mut kernels {
+            kernel.funcs = funcs.clone();
+        }
+        let bodies: Vec<&Func> = kernels
+            .iter()
+            .map(|k| &k.body)
+            .chain(funcs.iter())
+            .collect();
+        for body in bodies {
+            for instr in &body.instrs {
+                if let crate::ir::Op::Call { func, .. } = instr.op {
+                    if !defined[func as usize] {
+                        return Err(EmuError::Unsupported {
+                            line: instr.line,
+                            what: format!(
+                                "call of {}, a function declared without a body",
+                                funcs[func as usize].name
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(Module { kernels })
     }
 
     /// A module-level declaration: an entry or a variable.
@@ -383,7 +483,7 @@ impl Parser {
                     }
                     return Ok(());
                 }
-                ".func" => return self.unsupported(".func (device functions and calls)"),
+                ".func" => return self.func(external),
                 other => return self.unsupported(format!("module-level {other} variables")),
             }
         }
@@ -397,6 +497,31 @@ impl Parser {
         end: u32,
         external: bool,
     ) -> Result<(Option<SharedVar>, u32), EmuError> {
+        let (var, new_end, unsized_array) = self.variable(end, MAX_STATIC_SHARED, "shared")?;
+        if external || unsized_array {
+            self.dynamic_name = Some(var.name);
+            return Ok((None, end));
+        }
+        Ok((Some(var), new_end))
+    }
+
+    /// A `.local` variable: as a shared one, without unsized arrays.
+    fn sized_var(&mut self, end: u32, max: u64, what: &str) -> Result<(SharedVar, u32), EmuError> {
+        let (var, new_end, unsized_array) = self.variable(end, max, what)?;
+        if unsized_array {
+            return self.unsupported(format!("an unsized {what} array"));
+        }
+        Ok((var, new_end))
+    }
+
+    /// `[.align N] .type name[N]...;`, placed at `end` rounded up to its alignment, at most
+    /// `max` bytes in all: the variable, the new end, and whether an array was unsized.
+    fn variable(
+        &mut self,
+        end: u32,
+        max: u64,
+        what: &str,
+    ) -> Result<(SharedVar, u32, bool), EmuError> {
         let mut align = 0u64;
         let mut ty = None;
         let name = loop {
@@ -406,13 +531,13 @@ impl Parser {
             } else if let Some(t) = word.strip_prefix('.').and_then(Ty::parse) {
                 ty = Some(t);
             } else if word.starts_with('.') {
-                return self.unsupported(format!("{word} on a shared variable"));
+                return self.unsupported(format!("{word} on a {what} variable"));
             } else {
                 break word;
             }
         };
         let Some(ty) = ty else {
-            return self.fail("shared variable without a type");
+            return self.fail(format!("{what} variable without a type"));
         };
         let mut count = 1u64;
         let mut unsized_array = false;
@@ -425,26 +550,21 @@ impl Parser {
             self.expect(']')?;
         }
         self.expect(';')?;
-        if external || unsized_array {
-            self.dynamic_name = Some(name);
-            return Ok((None, end));
-        }
         let align = align.max(u64::from(ty.bytes()));
         let offset = u64::from(end)
             .checked_next_multiple_of(align)
             .unwrap_or(u64::MAX);
         let new_end = offset.saturating_add(count.saturating_mul(u64::from(ty.bytes())));
-        if new_end > MAX_STATIC_SHARED {
-            return self.unsupported(format!(
-                "more than {MAX_STATIC_SHARED} bytes of static shared memory"
-            ));
+        if new_end > max {
+            return self.unsupported(format!("more than {max} bytes of {what} memory"));
         }
         Ok((
-            Some(SharedVar {
+            SharedVar {
                 name,
                 offset: offset as u32,
-            }),
+            },
             new_end as u32,
+            unsized_array,
         ))
     }
 }
@@ -456,86 +576,186 @@ pub(crate) struct Statement {
 }
 
 impl Parser {
-    /// `.entry name(params) [directives] { body }`.
-    fn entry(&mut self) -> Result<(), EmuError> {
-        let name = self.word()?;
-        let mut params = Vec::new();
-        let mut param_end = 0u32;
-        self.expect('(')?;
-        if !self.eat(')') {
-            loop {
-                if self.word()? != ".param" {
-                    return self.fail("expected .param");
-                }
-                let mut align = 0u32;
-                let mut ty = None;
-                let pname = loop {
-                    let word = self.word()?;
-                    if word == ".align" {
-                        align = u32::try_from(self.number()?).unwrap_or(u32::MAX);
-                    } else if let Some(t) = word.strip_prefix('.').and_then(Ty::parse) {
-                        ty = Some(t);
-                    } else if word.starts_with('.') {
-                        return self.unsupported(format!("{word} on a parameter"));
-                    } else {
-                        break word;
-                    }
-                };
-                let Some(ty) = ty else {
-                    return self.fail("parameter without a type");
-                };
-                let mut count = 1u32;
-                while self.eat('[') {
-                    let n = u32::try_from(self.number()?).unwrap_or(u32::MAX);
-                    count = count.saturating_mul(n);
-                    self.expect(']')?;
-                }
-                let align = align.max(ty.bytes());
-                let size = ty.bytes().saturating_mul(count);
-                let (offset, end) = match param_end
-                    .checked_next_multiple_of(align)
-                    .and_then(|offset| Some((offset, offset.checked_add(size)?)))
-                {
-                    Some(span) if span.1 <= MAX_PARAM_BYTES => span,
-                    _ => {
-                        return self
-                            .unsupported(format!("more than {MAX_PARAM_BYTES} parameter bytes"))
-                    }
-                };
-                param_end = end;
-                params.push(ParamInfo {
-                    name: pname,
+    /// One `.param [.align N] .type name[N]...` declaration of a parameter list, placed
+    /// after `end`: its name, offset, size and alignment, and the new end.
+    fn param_decl(&mut self, end: u32) -> Result<(ParamInfo, u32), EmuError> {
+        if self.word()? != ".param" {
+            return self.fail("expected .param");
+        }
+        let mut align = 0u32;
+        let mut ty = None;
+        let name = loop {
+            let word = self.word()?;
+            if word == ".align" {
+                align = u32::try_from(self.number()?).unwrap_or(u32::MAX);
+            } else if let Some(t) = word.strip_prefix('.').and_then(Ty::parse) {
+                ty = Some(t);
+            } else if word.starts_with('.') {
+                return self.unsupported(format!("{word} on a parameter"));
+            } else {
+                break word;
+            }
+        };
+        let Some(ty) = ty else {
+            return self.fail("parameter without a type");
+        };
+        let mut count = 1u32;
+        while self.eat('[') {
+            let n = u32::try_from(self.number()?).unwrap_or(u32::MAX);
+            count = count.saturating_mul(n);
+            self.expect(']')?;
+        }
+        let align = align.max(ty.bytes());
+        let size = ty.bytes().saturating_mul(count);
+        match end
+            .checked_next_multiple_of(align)
+            .and_then(|offset| Some((offset, offset.checked_add(size)?)))
+        {
+            Some((offset, end)) if end <= MAX_PARAM_BYTES => Ok((
+                ParamInfo {
+                    name,
                     offset,
                     size,
                     align,
-                });
-                if self.eat(')') {
-                    break;
-                }
-                self.expect(',')?;
-            }
+                },
+                end,
+            )),
+            _ => self.unsupported(format!("more than {MAX_PARAM_BYTES} parameter bytes")),
         }
+    }
+
+    /// `( .param ..., .param ... )`, each placed after `end`; the new end.
+    fn param_list(&mut self, mut end: u32) -> Result<(Vec<ParamInfo>, u32), EmuError> {
+        let mut params = Vec::new();
+        self.expect('(')?;
+        if self.eat(')') {
+            return Ok((params, end));
+        }
+        loop {
+            let (param, new_end) = self.param_decl(end)?;
+            end = new_end;
+            params.push(param);
+            if self.eat(')') {
+                return Ok((params, end));
+            }
+            self.expect(',')?;
+        }
+    }
+
+    /// `.entry name(params) [directives] { body }`.
+    fn entry(&mut self) -> Result<(), EmuError> {
+        let name = self.word()?;
+        let (params, param_end) = self.param_list(0)?;
         // Performance directives (.maxntid, .reqntid, .minnctapersm, ...) do not change
         // what the kernel computes.
         while self.peek() != Some(&Tok::Punct('{')) {
             self.next()?;
         }
-        self.expect('{')?;
-
         let mut scope = Scope::default();
-        for var in &self.shared {
-            scope.shared.insert(var.name.clone(), var.offset);
-        }
         for param in &params {
             scope.params.insert(param.name.clone(), param.offset);
         }
+        let (body, shared_bytes, dynamic_shared) = self.body(name.clone(), scope, 0)?;
+        self.kernels.push(Kernel {
+            name,
+            params,
+            param_bytes: param_end,
+            body,
+            funcs: Default::default(),
+            shared_bytes,
+            dynamic_shared,
+        });
+        Ok(())
+    }
+
+    /// `.func [(.param ret)] name(params)` then `;` (a prototype) or `{ body }`.
+    fn func(&mut self, external: bool) -> Result<(), EmuError> {
+        let mut end = 0u32;
+        let mut names = Vec::new();
+        let mut ret = None;
+        if self.peek() == Some(&Tok::Punct('(')) {
+            let (rets, new_end) = self.param_list(end)?;
+            let [value] = &rets[..] else {
+                return self.unsupported("a function with more than one return value");
+            };
+            end = new_end;
+            ret = Some((value.offset, value.size));
+            names.push((value.name.clone(), value.offset));
+        }
+        let name = self.word()?;
+        let (params, new_end) = self.param_list(end)?;
+        end = new_end;
+        names.extend(params.iter().map(|p| (p.name.clone(), p.offset)));
+        let decl = FuncDecl {
+            name: name.clone(),
+            params: params.iter().map(|p| (p.offset, p.size)).collect(),
+            ret,
+            names,
+            frame_end: end,
+            external,
+        };
+        let index = match self.funcs.iter().position(|(d, _)| d.name == name) {
+            Some(index) => {
+                let known = &self.funcs[index].0;
+                if known.params != decl.params || known.ret != decl.ret {
+                    return self.fail(format!("function {name} declared twice, differently"));
+                }
+                index
+            }
+            None => {
+                self.funcs.push((decl.clone(), None));
+                self.funcs.len() - 1
+            }
+        };
+        while !matches!(self.peek(), Some(Tok::Punct('{' | ';')) | None) {
+            self.next()?;
+        }
+        if self.eat(';') {
+            return Ok(());
+        }
+        if external {
+            return self.fail(format!(".extern function {name} with a body"));
+        }
+        if self.funcs[index].1.is_some() {
+            return self.fail(format!("function {name} defined twice"));
+        }
+        let mut scope = Scope::default();
+        for (param, offset) in &decl.names {
+            scope.frame.insert(param.clone(), *offset);
+        }
+        let (mut body, _, _) = self.body(name, scope, decl.frame_end)?;
+        body.params = decl.params;
+        body.ret = decl.ret;
+        self.funcs[index].1 = Some(body);
+        Ok(())
+    }
+
+    /// `{ body }` of an entry or function: declarations, labels, instructions. `scope` has
+    /// the parameters; the frame's own `.param` variables start at `frame_end`. Returns the
+    /// code, the static shared bytes and whether dynamic shared memory is used.
+    fn body(
+        &mut self,
+        name: String,
+        mut scope: Scope,
+        mut frame_end: u32,
+    ) -> Result<(Func, u32, bool), EmuError> {
+        self.expect('{')?;
+        for var in &self.shared {
+            scope.shared.insert(var.name.clone(), var.offset);
+        }
+        for (index, (decl, _)) in self.funcs.iter().enumerate() {
+            scope
+                .funcs
+                .insert(decl.name.clone(), (index as u32, decl.clone()));
+        }
         let module_dynamic = self.dynamic_name.clone();
         let mut shared_end = self.shared_end;
+        let mut local_end = 0u32;
         let mut statements: Vec<Statement> = Vec::new();
         let mut depth = 1;
         loop {
             match self.peek() {
-                None => return self.fail(format!("entry {name} is not closed")),
+                None => return self.fail(format!("function {name} is not closed")),
                 Some(Tok::Punct('{')) => {
                     self.at += 1;
                     depth += 1;
@@ -582,21 +802,35 @@ impl Parser {
             self.expect(';')?;
             match tokens.first() {
                 Some(Tok::Word(w)) if w == ".reg" => self.registers(&tokens, &mut scope)?,
-                Some(Tok::Word(w)) if w == ".shared" => {
+                Some(Tok::Word(w)) if w == ".shared" || w == ".local" => {
                     let after = self.at;
                     self.at = start + 1;
-                    let (var, end) = self.shared_var(shared_end, false)?;
-                    self.at = after;
-                    if let Some(var) = var {
-                        shared_end = end;
-                        scope.shared.insert(var.name, var.offset);
+                    if w == ".shared" {
+                        let (var, end) = self.shared_var(shared_end, false)?;
+                        if let Some(var) = var {
+                            shared_end = end;
+                            scope.shared.insert(var.name, var.offset);
+                        }
+                    } else {
+                        let (var, end) = self.sized_var(local_end, MAX_LOCAL, "local")?;
+                        local_end = end;
+                        scope.local.insert(var.name, var.offset);
                     }
+                    self.at = after;
+                }
+                Some(Tok::Word(w)) if w == ".param" => {
+                    let after = self.at;
+                    self.at = start;
+                    let (param, end) = self.param_decl(frame_end)?;
+                    self.at = after;
+                    frame_end = end;
+                    scope.frame.insert(param.name, param.offset);
                 }
                 Some(Tok::Word(w)) if w == ".pragma" => {}
                 Some(Tok::Word(w)) if w.starts_with('.') => {
                     return Err(EmuError::Unsupported {
                         line,
-                        what: format!("{w} declarations in an entry"),
+                        what: format!("{w} declarations in a function body"),
                     })
                 }
                 _ => statements.push(Statement { tokens, line }),
@@ -612,21 +846,22 @@ impl Parser {
             .map(|statement| decode(statement, &scope))
             .collect::<Result<Vec<_>, _>>()?;
         self.dynamic_name = module_dynamic;
-        self.kernels.push(Kernel {
+        let shared_bytes = if dynamic_name.is_some() {
+            dynamic_offset
+        } else {
+            shared_end
+        };
+        let func = Func {
             name,
-            params,
-            param_bytes: param_end,
             instrs,
             regs: scope.regs.len() as u16,
             preds: scope.preds.len() as u16,
-            shared_bytes: if dynamic_name.is_some() {
-                dynamic_offset
-            } else {
-                shared_end
-            },
-            dynamic_shared: dynamic_name.is_some(),
-        });
-        Ok(())
+            frame_bytes: frame_end,
+            local_bytes: local_end,
+            params: Vec::new(),
+            ret: None,
+        };
+        Ok((func, shared_bytes, dynamic_name.is_some()))
     }
 
     /// `.reg .type %r<N>` or `.reg .type %a, %b`.

@@ -514,20 +514,24 @@ fn dynamic_shared_memory_is_bounded_by_the_launch() {
 #[test]
 fn ptx_outside_the_subset_is_unsupported_with_its_line() {
     for (body, what) in [
-        ("atom.global.add.u32 %r10, [%rd1], 1;", "atom"),
+        ("atom.global.add.f32 %r10, [%rd1], %r1;", "float atomics"),
+        ("atom.global.inc.u64 %rd10, [%rd1], 1;", "this operation"),
         ("add.rz.f32 %r10, %r1, %r2;", ".rn"),
-        ("add.ftz.f32 %r10, %r1, %r2;", ".rn"),
-        ("ld.b32 %r10, [%rd1];", "generic"),
-        ("ld.local.b32 %r10, [%rd1];", "local"),
-        ("cvta.to.shared.u64 %rd3, %rd1;", "generic"),
+        ("add.ftz.f64 %rd10, %rd1, %rd2;", ".ftz on f64"),
+        ("ld.const.b32 %r10, [%rd1];", ".const"),
+        ("cvta.to.const.u64 %rd3, %rd1;", "cvta of .const"),
         ("div.approx.f32 %r10, %r1, %r2;", "div"),
-        ("sqrt.approx.f32 %r10, %r1;", "only sqrt.rn.f32"),
-        ("sqrt.rn.ftz.f32 %r10, %r1;", "only sqrt.rn.f32"),
-        ("sqrt.rn.f64 %rd10, %rd1;", "only sqrt.rn.f32"),
+        ("sqrt.approx.f32 %r10, %r1;", ".approx"),
         ("rsqrt.approx.f32 %r10, %r1;", "rsqrt"),
         ("ex2.approx.f32 %r10, %r1;", "ex2"),
         ("bar.sync 1;", "barrier other than 0"),
-        ("mov.u32 %r10, %laneid;", "%laneid"),
+        ("mov.u32 %r10, %smid;", "%smid"),
+        (
+            "shfl.sync.down.b64 %rd10, %rd1, 1, 31, -1;",
+            "only shfl.sync",
+        ),
+        ("vote.sync.all.pred %p1, %p2, -1;", "vote"),
+        ("call.uni (%r10), %rd1, (%r1);", "indirect"),
     ] {
         let error = run1(body, [0; 3]).unwrap_err();
         let EmuError::Unsupported { line, what: said } = &error else {
@@ -544,7 +548,10 @@ fn ptx_outside_the_subset_is_unsupported_with_its_line() {
         ),
         "{error}"
     );
-    let error = Module::parse(&format!("{HEADER}.func f()\n{{\nret;\n}}\n")).unwrap_err();
+    // A call of a function declared without a body (an external one) is not run.
+    let text =
+        format!("{HEADER}.extern .func f();\n.visible .entry k()\n{{\ncall.uni f;\nret;\n}}\n");
+    let error = Module::parse(&text).unwrap_err();
     assert!(matches!(error, EmuError::Unsupported { .. }), "{error}");
 }
 
