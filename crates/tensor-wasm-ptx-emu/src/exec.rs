@@ -623,7 +623,7 @@ impl Block<'_, '_, '_, '_> {
                     for (i, src) in srcs.iter().enumerate() {
                         let at = base.wrapping_add(u64::from(size) * i as u64);
                         let value = self.read(t, *src);
-                        self.store(t, instr, space, at, *ty, value, false)?;
+                        self.store(t, instr, (space, at), *ty, value, false)?;
                     }
                 }
                 Op::Atom {
@@ -640,7 +640,7 @@ impl Block<'_, '_, '_, '_> {
                     let old = self.load(t, instr, space, at, ty.bytes(), true)?;
                     let (b, c) = (self.read(t, *b), c.map_or(0, |c| self.read(t, c)));
                     if let Some(new) = ops::atom(*op, *ty, old, b, c) {
-                        self.store(t, instr, space, at, *ty, new, true)?;
+                        self.store(t, instr, (space, at), *ty, new, true)?;
                     }
                     if let Some(dst) = dst {
                         self.write(t, *dst, ty.bits, old);

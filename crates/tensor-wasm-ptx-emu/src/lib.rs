@@ -57,9 +57,12 @@
 //! # Ok::<(), tensor_wasm_ptx_emu::EmuError>(())
 //! ```
 
+mod access;
+mod decl;
 mod decode;
 mod exec;
 mod ir;
+mod lex;
 mod memory;
 mod ops;
 mod parse;

@@ -3,6 +3,7 @@
 
 use crate::decode::{decode, Scope};
 use crate::ir::{Instr, Ty};
+pub(crate) use crate::lex::{lex, parse_int, Tok, Token};
 
 use crate::EmuError;
 
@@ -187,109 +188,6 @@ impl Kernel {
     }
 }
 
-/// A token and its line.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Tok {
-    /// An identifier, directive, opcode or register (`ld.global.b32`, `%rd1`, `.reg`).
-    Word(String),
-    /// A number as written (`42`, `0f3F800000`, `0x10`, `9.0`).
-    Num(String),
-    /// One punctuation character.
-    Punct(char),
-    /// A string literal without its quotes (`.pragma "nounroll"`).
-    Str(String),
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Token {
-    pub tok: Tok,
-    pub line: u32,
-}
-
-fn lex(text: &str) -> Result<Vec<Token>, EmuError> {
-    let bytes = text.as_bytes();
-    let mut tokens = Vec::new();
-    let mut line = 1u32;
-    let mut i = 0;
-    let word_start = |c: u8| c.is_ascii_alphabetic() || matches!(c, b'_' | b'.' | b'%' | b'$');
-    let word_char = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'$');
-    while i < bytes.len() {
-        let c = bytes[i];
-        if c == b'\n' {
-            line += 1;
-            i += 1;
-        } else if c.is_ascii_whitespace() {
-            i += 1;
-        } else if bytes[i..].starts_with(b"//") {
-            while i < bytes.len() && bytes[i] != b'\n' {
-                i += 1;
-            }
-        } else if bytes[i..].starts_with(b"/*") {
-            let Some(end) = text[i + 2..].find("*/") else {
-                return Err(EmuError::Parse {
-                    line,
-                    message: "unterminated comment".into(),
-                });
-            };
-            line += text[i..i + 2 + end].matches('\n').count() as u32;
-            i += end + 4;
-        } else if word_start(c) {
-            let start = i;
-            i += 1;
-            while i < bytes.len() && word_char(bytes[i]) {
-                i += 1;
-            }
-            tokens.push(Token {
-                tok: Tok::Word(text[start..i].to_owned()),
-                line,
-            });
-        } else if c.is_ascii_digit() {
-            let start = i;
-            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'.') {
-                i += 1;
-            }
-            tokens.push(Token {
-                tok: Tok::Num(text[start..i].to_owned()),
-                line,
-            });
-        } else if c == b'"' {
-            let Some(end) = text[i + 1..].find('"') else {
-                return Err(EmuError::Parse {
-                    line,
-                    message: "unterminated string".into(),
-                });
-            };
-            tokens.push(Token {
-                tok: Tok::Str(text[i + 1..i + 1 + end].to_owned()),
-                line,
-            });
-            line += text[i..i + 2 + end].matches('\n').count() as u32;
-            i += end + 2;
-        } else if b"(){}[],;:+-<>@!|".contains(&c) {
-            tokens.push(Token {
-                tok: Tok::Punct(c as char),
-                line,
-            });
-            i += 1;
-        } else {
-            return Err(EmuError::Parse {
-                line,
-                message: format!("unexpected character {:?}", c as char),
-            });
-        }
-    }
-    Ok(tokens)
-}
-
-/// Parses an integer literal (decimal, `0x` hex, octal-free, optional `U` suffix).
-pub(crate) fn parse_int(text: &str) -> Option<u64> {
-    let text = text.strip_suffix(['U', 'u']).unwrap_or(text);
-    if let Some(hex) = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
-        return u64::from_str_radix(hex, 16).ok();
-    }
-    text.parse().ok()
-}
-
 /// A shared variable: its name and byte offset in the block's shared memory.
 #[derive(Debug, Clone)]
 pub(crate) struct SharedVar {
@@ -297,7 +195,7 @@ pub(crate) struct SharedVar {
     pub offset: u32,
 }
 
-struct Parser {
+pub(crate) struct Parser {
     tokens: Vec<Token>,
     at: usize,
     /// Module-level shared variables.
@@ -345,14 +243,14 @@ impl Parser {
         Ok(token.tok.clone())
     }
 
-    fn fail<T>(&self, message: impl Into<String>) -> Result<T, EmuError> {
+    pub(crate) fn fail<T>(&self, message: impl Into<String>) -> Result<T, EmuError> {
         Err(EmuError::Parse {
             line: self.line(),
             message: message.into(),
         })
     }
 
-    fn unsupported<T>(&self, what: impl Into<String>) -> Result<T, EmuError> {
+    pub(crate) fn unsupported<T>(&self, what: impl Into<String>) -> Result<T, EmuError> {
         Err(EmuError::Unsupported {
             line: self.line(),
             what: what.into(),
@@ -862,55 +760,5 @@ impl Parser {
             ret: None,
         };
         Ok((func, shared_bytes, dynamic_name.is_some()))
-    }
-
-    /// `.reg .type %r<N>` or `.reg .type %a, %b`.
-    fn registers(&self, tokens: &[Tok], scope: &mut Scope) -> Result<(), EmuError> {
-        let Some(Tok::Word(ty)) = tokens.get(1) else {
-            return self.fail(".reg without a type");
-        };
-        let pred = ty == ".pred";
-        if !pred && ty.strip_prefix('.').and_then(Ty::parse).is_none() {
-            return self.unsupported(format!("registers of type {ty}"));
-        }
-        let mut names = Vec::new();
-        let mut rest = &tokens[2..];
-        while let [Tok::Word(name), tail @ ..] = rest {
-            match tail {
-                [Tok::Punct('<'), Tok::Num(count), Tok::Punct('>'), more @ ..] => {
-                    let Some(count) = parse_int(count) else {
-                        return self.fail("bad register count");
-                    };
-                    if count > 4096 {
-                        return self.unsupported("more than 4096 registers in one declaration");
-                    }
-                    names.extend((0..count).map(|i| format!("{name}{i}")));
-                    rest = more;
-                }
-                more => {
-                    names.push(name.clone());
-                    rest = more;
-                }
-            }
-            if let [Tok::Punct(','), more @ ..] = rest {
-                rest = more;
-            }
-        }
-        if !rest.is_empty() {
-            return self.fail("malformed .reg declaration");
-        }
-        for name in names {
-            let file = if pred {
-                &mut scope.preds
-            } else {
-                &mut scope.regs
-            };
-            let index = file.len();
-            if index >= usize::from(u16::MAX) {
-                return self.unsupported("too many registers");
-            }
-            file.entry(name).or_insert(index as u16);
-        }
-        Ok(())
     }
 }
