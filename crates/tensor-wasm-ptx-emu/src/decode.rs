@@ -617,6 +617,24 @@ impl Decoder<'_> {
                     src: self.src(&operands[1])?,
                 })
             }
+            "isspacep" => {
+                n(2)?;
+                let space = match parts[..] {
+                    ["isspacep", "global"] => Space::Global,
+                    ["isspacep", "shared"] => Space::Shared,
+                    ["isspacep", "local"] => Space::Local,
+                    _ => return self.unsupported(opcode.to_owned()),
+                };
+                let dst = self.pred(&operands[0])?;
+                if dst.negated {
+                    return self.fail("negated destination predicate");
+                }
+                Ok(Op::IsSpace {
+                    space,
+                    dst: dst.reg,
+                    a: self.src(&operands[1])?,
+                })
+            }
             "ld" | "st" => self.memory(opcode, &parts, operands),
             "atom" | "red" => self.atom(opcode, &parts, operands),
             "shfl" => self.shfl(opcode, &parts, operands),

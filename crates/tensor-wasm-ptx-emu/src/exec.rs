@@ -552,6 +552,10 @@ impl Block<'_, '_, '_, '_> {
                     let value = self.read(t, if take_a { *a } else { *b });
                     self.write(t, *dst, *bits, value);
                 }
+                Op::IsSpace { space, dst, a } => {
+                    let (found, _) = crate::memory::generic(self.read(t, *a));
+                    self.threads[t].preds[usize::from(*dst)] = found == *space;
+                }
                 Op::PredLogic { op, dst, a, b } => {
                     let preds = &mut self.threads[t].preds;
                     let get = |p: crate::ir::Pred| preds[usize::from(p.reg)] != p.negated;

@@ -350,6 +350,12 @@ pub(crate) enum Op {
         dst: u16,
         src: Src,
     },
+    /// `isspacep.SPACE`: whether a generic address lies in `space`.
+    IsSpace {
+        space: Space,
+        dst: u16,
+        a: Src,
+    },
     PredLogic {
         op: PredOp,
         dst: u16,

@@ -1,11 +1,12 @@
 //! The PTX lexer: words (identifiers, directives, opcodes, registers), numbers as written,
-//! punctuation and string literals, each with its line.
+//! punctuation and string literals, each with its line and byte span (so a rewriter can
+//! edit the text around what the parser understood).
 
 use crate::EmuError;
 
-/// A token and its line.
+/// What a token is.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Tok {
+pub enum Tok {
     /// An identifier, directive, opcode or register (`ld.global.b32`, `%rd1`, `.reg`).
     Word(String),
     /// A number as written (`42`, `0f3F800000`, `0x10`, `9.0`).
@@ -16,13 +17,21 @@ pub(crate) enum Tok {
     Str(String),
 }
 
+/// A token, its 1-based line and its bytes `start..end` in the text.
 #[derive(Debug, Clone)]
-pub(crate) struct Token {
+pub struct Token {
     pub tok: Tok,
     pub line: u32,
+    pub start: usize,
+    pub end: usize,
 }
 
-pub(crate) fn lex(text: &str) -> Result<Vec<Token>, EmuError> {
+/// The tokens of PTX text (comments skipped).
+///
+/// # Errors
+/// [`EmuError::Parse`] for an unterminated comment or string, or a character PTX does not
+/// use.
+pub fn lex(text: &str) -> Result<Vec<Token>, EmuError> {
     let bytes = text.as_bytes();
     let mut tokens = Vec::new();
     let mut line = 1u32;
@@ -58,6 +67,8 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Token>, EmuError> {
             tokens.push(Token {
                 tok: Tok::Word(text[start..i].to_owned()),
                 line,
+                start,
+                end: i,
             });
         } else if c.is_ascii_digit() {
             let start = i;
@@ -67,6 +78,8 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Token>, EmuError> {
             tokens.push(Token {
                 tok: Tok::Num(text[start..i].to_owned()),
                 line,
+                start,
+                end: i,
             });
         } else if c == b'"' {
             let Some(end) = text[i + 1..].find('"') else {
@@ -78,6 +91,8 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Token>, EmuError> {
             tokens.push(Token {
                 tok: Tok::Str(text[i + 1..i + 1 + end].to_owned()),
                 line,
+                start: i,
+                end: i + 2 + end,
             });
             line += text[i..i + 2 + end].matches('\n').count() as u32;
             i += end + 2;
@@ -85,6 +100,8 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Token>, EmuError> {
             tokens.push(Token {
                 tok: Tok::Punct(c as char),
                 line,
+                start: i,
+                end: i + 1,
             });
             i += 1;
         } else {
@@ -98,7 +115,7 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Token>, EmuError> {
 }
 
 /// Parses an integer literal (decimal, `0x` hex, octal-free, optional `U` suffix).
-pub(crate) fn parse_int(text: &str) -> Option<u64> {
+pub fn parse_int(text: &str) -> Option<u64> {
     let text = text.strip_suffix(['U', 'u']).unwrap_or(text);
     if let Some(hex) = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
         return u64::from_str_radix(hex, 16).ok();

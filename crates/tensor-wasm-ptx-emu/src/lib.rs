@@ -62,7 +62,7 @@ mod decl;
 mod decode;
 mod exec;
 mod ir;
-mod lex;
+pub mod lex;
 mod memory;
 mod ops;
 mod parse;
@@ -161,7 +161,7 @@ pub enum EmuError {
     },
     /// Calls nested deeper than the interpreter allows, or more local memory than a thread
     /// may have (runaway recursion).
-    #[error("{at}: calls nested more than {limit} deep, or more than 1 MiB of local memory")]
+    #[error("{at}: call depth over {limit} (nested calls), or more than 1 MiB of local memory")]
     CallDepth {
         /// Kernel, block, thread and line of the call.
         at: Place,

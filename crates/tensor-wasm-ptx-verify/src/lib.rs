@@ -1,0 +1,137 @@
+//! The PTX verifier and fencing rewrite for tenant kernels.
+//!
+//! [`fence`] takes a tenant's PTX module (NVRTC's output, or hand-written) and either
+//! refuses it — naming the instruction, its line and why — or returns a rewritten module
+//! that can touch only the memory its launch was given and that ends soon after its
+//! invocation's deadline. What it checks:
+//!
+//! - **The subset.** The module must be PTX the interpreter runs
+//!   ([`tensor_wasm_ptx_emu::Module::parse`]): anything else — indirect branches
+//!   (`brx.idx`) and calls through a register, calls of `.extern` functions, textures,
+//!   surfaces, bulk and tensor-memory copies, `.const` and other state spaces, float
+//!   atomics, approximate math — is refused with its line.
+//! - **Uniform collectives.** A `bar.sync` or warp operation (or a call of a function that
+//!   reaches one) that only some threads of a block may reach is refused: it depends on a
+//!   branch whose condition differs between threads (see `cfg.rs`). A thread stuck there
+//!   would never reach a cancellation poll.
+//! - **Escaping local memory.** `cvta.local` (a local array's generic address) is refused,
+//!   so every generic address is global or shared.
+//!
+//! What it rewrites:
+//!
+//! - **Fences.** Every global or generic load, store and atomic is confined to the launch's
+//!   window `[lo, hi)` (the guest's memory); a generic address in the shared window to the
+//!   block's shared memory; shared accesses through a register to `[0, shared)`; local
+//!   accesses through a register to the function's own `.local` variable. The fence
+//!   *clamps* an address into its range and aligns it down to the access size: a stray
+//!   access lands inside the tenant's own memory and never faults (a fault would end the
+//!   whole context, other launches in it included), and no path through the kernel
+//!   changes, so barriers stay uniform. Accesses to a variable at a constant offset are
+//!   proven in bounds instead (or refused when they are not).
+//! - **Polls.** Before every backward branch and at every `.func` entry the thread reads
+//!   the cancel word (`ld.volatile.global.u32`) and exits once it is non-zero: between two
+//!   polls a thread runs at most one pass through straight-line code, so a runaway kernel
+//!   ends within one loop iteration of the host setting the word.
+//! - **Hidden parameters.** Every entry and function takes four more `.u64` parameters,
+//!   [`HIDDEN_PARAMS`], after its own: the window's first byte and end, the block's shared
+//!   bytes (at least 16), and the cancel word's address; calls pass them on.
+
+mod cfg;
+mod fence;
+mod text;
+
+/// The parameters the rewrite appends to every entry, in order: the window's first byte,
+/// its end (exclusive), the block's shared memory in bytes (static plus dynamic, at least
+/// 16), and the address of the cancel word (a `u32` the kernel reads, never writes).
+pub const HIDDEN_PARAMS: [&str; 4] = ["__tw_lo", "__tw_hi", "__tw_shared", "__tw_cancel"];
+
+/// Why a module was refused: the instruction, its line, and the rule it breaks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("PTX line {line}: `{instruction}`: {reason}")]
+pub struct Refusal {
+    /// 1-based line of the instruction.
+    pub line: u32,
+    /// The instruction as written (whitespace collapsed).
+    pub instruction: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// A fenced module.
+#[derive(Debug, Clone)]
+pub struct Fenced {
+    /// The rewritten PTX.
+    pub ptx: String,
+    /// Its entries.
+    pub kernels: Vec<String>,
+    /// Accesses given a fence.
+    pub fences: u32,
+    /// Cancellation polls inserted.
+    pub polls: u32,
+    /// Accesses proven in bounds (a variable at a constant offset), left as they were.
+    pub proven: u32,
+}
+
+/// Verifies `ptx` and rewrites it with fences and polls.
+///
+/// # Errors
+/// A [`Refusal`] naming the first instruction that breaks a rule.
+pub fn fence(ptx: &str) -> Result<Fenced, Refusal> {
+    tensor_wasm_ptx_emu::Module::parse(ptx).map_err(|error| subset_refusal(ptx, error))?;
+    let text = text::read(ptx).ok_or_else(|| Refusal {
+        line: 1,
+        instruction: String::new(),
+        reason: "the module's layout could not be read".into(),
+    })?;
+    let fenced = fence::Rewriter::new(ptx, &text).run()?;
+    // The rewrite must itself be PTX the interpreter accepts: a failure here is ours.
+    if let Err(error) = tensor_wasm_ptx_emu::Module::parse(&fenced.ptx) {
+        return Err(Refusal {
+            line: 0,
+            instruction: String::new(),
+            reason: format!("internal error: the fenced module does not parse: {error}"),
+        });
+    }
+    Ok(fenced)
+}
+
+/// Verifies `ptx` without keeping the rewrite.
+///
+/// # Errors
+/// As [`fence`].
+pub fn verify(ptx: &str) -> Result<(), Refusal> {
+    fence(ptx).map(|_| ())
+}
+
+/// The values of [`HIDDEN_PARAMS`] for a launch: window `lo..hi`, the block's shared bytes
+/// (raised to 16: the fence's bound for generic shared addresses needs one), the cancel
+/// word's address.
+pub fn hidden_args(lo: u64, hi: u64, shared_bytes: u32, cancel_word: u64) -> [u64; 4] {
+    [lo, hi, u64::from(shared_bytes.max(16)), cancel_word]
+}
+
+fn subset_refusal(ptx: &str, error: tensor_wasm_ptx_emu::EmuError) -> Refusal {
+    use tensor_wasm_ptx_emu::EmuError;
+    let (line, reason) = match &error {
+        EmuError::Unsupported { line, what } => {
+            (*line, format!("not in the accepted subset: {what}"))
+        }
+        EmuError::Parse { line, message } => (*line, format!("malformed PTX: {message}")),
+        other => (0, other.to_string()),
+    };
+    let instruction = ptx
+        .lines()
+        .nth(line.saturating_sub(1) as usize)
+        .unwrap_or("")
+        .split("//")
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    Refusal {
+        line,
+        instruction,
+        reason,
+    }
+}

@@ -1,0 +1,123 @@
+//! Running a case of the conformance set in the interpreter, plainly or fenced: the guest
+//! memory is the launch's window, with a foreign allocation on each side of it (another
+//! tenant's memory, filled with a canary) and the cancel word after them.
+
+#![allow(dead_code)]
+
+use tensor_wasm_gpu::KernelArg;
+use tensor_wasm_jit::conformance::CudaCase;
+use tensor_wasm_ptx_emu::{launch, Allocation, EmuError, Launch, Module, Schedule};
+
+/// Device address of guest-memory byte 0.
+pub const BASE: u64 = 0x7f00_0000_0000;
+/// Bytes of each foreign allocation.
+pub const FOREIGN: usize = 1 << 16;
+/// What foreign memory holds.
+pub const CANARY: u8 = 0x5a;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The tenant's own module.
+    Plain,
+    /// The fenced module, given the hidden parameters.
+    Fenced,
+}
+
+/// What a launch left.
+pub struct Outcome {
+    pub memory: Vec<u8>,
+    /// The foreign allocations after the launch (before, after the window).
+    pub foreign: [Vec<u8>; 2],
+}
+
+/// The packed parameters of `args` (buffers become device addresses).
+pub fn pack(args: &[KernelArg]) -> Vec<Vec<u8>> {
+    args.iter()
+        .map(|arg| match *arg {
+            KernelArg::Buffer { offset, .. } => (BASE + offset).to_le_bytes().to_vec(),
+            KernelArg::U32(v) => v.to_le_bytes().to_vec(),
+            KernelArg::I32(v) => v.to_le_bytes().to_vec(),
+            KernelArg::F32(v) => v.to_bits().to_le_bytes().to_vec(),
+            KernelArg::U64(v) => v.to_le_bytes().to_vec(),
+            KernelArg::I64(v) => v.to_le_bytes().to_vec(),
+            KernelArg::F64(v) => v.to_bits().to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+/// Runs `case`'s launch of `module` (its only entry named like the case's kernel) with
+/// `args` instead of the case's own when given.
+pub fn run_with(
+    module: &Module,
+    case: &CudaCase,
+    args: &[Vec<u8>],
+    memory: &[u8],
+    mode: Mode,
+    schedule: Schedule,
+) -> Result<Outcome, EmuError> {
+    let kernel = module
+        .kernel(case.kernel.entry)
+        .expect("the case's entry is in the module");
+    let mut memory = memory.to_vec();
+    let window = memory.len() as u64;
+    let mut before = vec![CANARY; FOREIGN];
+    let mut after = vec![CANARY; FOREIGN];
+    let mut cancel = [0u8; 4];
+    let cancel_at = BASE + window + FOREIGN as u64;
+    let mut dynamic = case.config.shared_bytes;
+    let mut values = args.to_vec();
+    if mode == Mode::Fenced {
+        let total = kernel.static_shared_bytes() + dynamic;
+        dynamic += 16u32.saturating_sub(total);
+        let hidden =
+            tensor_wasm_ptx_verify::hidden_args(BASE, BASE + window, total.max(16), cancel_at);
+        values.extend(hidden.iter().map(|v| v.to_le_bytes().to_vec()));
+    }
+    let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+    let params = kernel.pack_params(&refs)?;
+    let mut config = Launch::new(case.config.grid, case.config.block, &params).schedule(schedule);
+    config.dynamic_shared_bytes = dynamic;
+    launch(
+        kernel,
+        &config,
+        &mut [
+            Allocation {
+                base: BASE - FOREIGN as u64,
+                bytes: &mut before,
+            },
+            Allocation {
+                base: BASE,
+                bytes: &mut memory,
+            },
+            Allocation {
+                base: BASE + window,
+                bytes: &mut after,
+            },
+            Allocation {
+                base: cancel_at,
+                bytes: &mut cancel,
+            },
+        ],
+    )?;
+    Ok(Outcome {
+        memory,
+        foreign: [before, after],
+    })
+}
+
+/// Runs `case` as the conformance set defines it.
+pub fn run(
+    module: &Module,
+    case: &CudaCase,
+    mode: Mode,
+    schedule: Schedule,
+) -> Result<Outcome, EmuError> {
+    run_with(
+        module,
+        case,
+        &pack(&case.args),
+        &case.layout.memory,
+        mode,
+        schedule,
+    )
+}

@@ -1,0 +1,78 @@
+//! Fencing changes nothing a correct kernel computes: every CUDA C++ kernel of the
+//! conformance set (the corpus included), compiled by NVRTC, verifies, and its fenced
+//! module leaves exactly the memory its Rust reference predicts — the same bytes as the
+//! tenant's own module — under every schedule of the interpreter; and NVIDIA's `ptxas`
+//! assembles the fenced module. Skipped, saying so, where NVRTC is not installed.
+
+mod common;
+
+use tensor_wasm_gpu::{compile_cuda, nvrtc_available};
+use tensor_wasm_jit::conformance::{cuda_cases, first_difference};
+use tensor_wasm_ptx_emu::{Module, Schedule};
+
+use common::{run, Mode};
+
+/// `$TENSOR_WASM_PTXAS`, or the copy `scripts/install-deps.sh` puts under `.tools/`.
+fn ptxas() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("TENSOR_WASM_PTXAS") {
+        return path.into();
+    }
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.tools/cuda/bin/ptxas")
+}
+
+/// Assembles `ptx` for sm_80 with warnings as errors.
+fn assemble(name: &str, ptx: &str, dir: &std::path::Path) {
+    let source = dir.join(format!("{name}.ptx"));
+    std::fs::write(&source, ptx).unwrap();
+    let output = std::process::Command::new(ptxas())
+        .args(["--warning-as-error", "--gpu-name=sm_80", "--output-file"])
+        .arg(dir.join(format!("{name}.cubin")))
+        .arg(&source)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas().display()));
+    assert!(
+        output.status.success(),
+        "ptxas rejected the fenced {name}:\n{}\n--- PTX ---\n{ptx}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn every_cuda_kernel_of_the_conformance_set_gives_the_same_bytes_fenced() {
+    if let Err(reason) = nvrtc_available() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut summary = Vec::new();
+    for case in cuda_cases() {
+        let entry = case.kernel.entry;
+        let binary = compile_cuda(case.kernel.source, entry, (8, 0)).unwrap();
+        let fenced = tensor_wasm_ptx_verify::fence(&binary.ptx)
+            .unwrap_or_else(|refusal| panic!("{entry} refused: {refusal}\n{}", binary.ptx));
+        assemble(entry, &fenced.ptx, dir.path());
+        let plain = Module::parse(&binary.ptx).unwrap();
+        let guarded = Module::parse(&fenced.ptx)
+            .unwrap_or_else(|e| panic!("{entry}: fenced PTX does not parse: {e}\n{}", fenced.ptx));
+        for schedule in Schedule::ALL {
+            let unfenced = run(&plain, &case, Mode::Plain, schedule)
+                .unwrap_or_else(|e| panic!("{entry} {schedule:?}: {e}"));
+            let with_fences = run(&guarded, &case, Mode::Fenced, schedule)
+                .unwrap_or_else(|e| panic!("{entry} fenced {schedule:?}: {e}\n{}", fenced.ptx));
+            assert_eq!(
+                with_fences.memory, unfenced.memory,
+                "{entry} {schedule:?}: fenced and unfenced memories differ"
+            );
+            if let Some(difference) = first_difference(case.dtype, &case.expected, &unfenced.memory)
+            {
+                panic!("{entry} {schedule:?}: {difference}");
+            }
+        }
+        summary.push(format!(
+            "{entry}: {} fences, {} polls, {} proven",
+            fenced.fences, fenced.polls, fenced.proven
+        ));
+    }
+    println!("{}", summary.join("\n"));
+    assert!(summary.len() >= 13, "the whole corpus ran");
+}
