@@ -274,6 +274,18 @@ impl Decoder<'_> {
         let [Tok::Word(opcode), operand_tokens @ ..] = rest else {
             return self.fail(format!("expected an instruction, found {rest:?}"));
         };
+        const KNOWN: [&str; 35] = [
+            "mov", "cvta", "add", "sub", "mul", "div", "rem", "min", "max", "and", "or", "xor",
+            "shl", "shr", "mad", "fma", "sqrt", "neg", "abs", "not", "setp", "selp", "cvt",
+            "isspacep", "ld", "st", "atom", "red", "shfl", "bra", "bar", "barrier", "ret", "exit",
+            "call",
+        ];
+        let base = opcode.split('.').next().unwrap_or("");
+        if !KNOWN.contains(&base) {
+            // Refused by name before its operands are read (they may be of forms this
+            // parser does not know, like a texture's).
+            return self.unsupported(format!("instruction {base}"));
+        }
         if opcode == "call" || opcode.starts_with("call.") {
             return Ok(Instr {
                 guard,

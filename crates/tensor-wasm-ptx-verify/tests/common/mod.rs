@@ -1,6 +1,8 @@
-//! Running a case of the conformance set in the interpreter, plainly or fenced: the guest
-//! memory is the launch's window, with a foreign allocation on each side of it (another
-//! tenant's memory, filled with a canary) and the cancel word after them.
+//! Running a case of the conformance set in the interpreter, plainly or fenced: the launch
+//! is given the guest memory (its window) and the cancel word, nothing else. The
+//! `FOREIGN` bytes on each side of the window stand for another tenant's memory: they are
+//! not given to the launch, so the interpreter reports any read or write of them (or of
+//! any other address outside the two allocations) as an illegal address.
 
 #![allow(dead_code)]
 
@@ -10,10 +12,8 @@ use tensor_wasm_ptx_emu::{launch, Allocation, EmuError, Launch, Module, Schedule
 
 /// Device address of guest-memory byte 0.
 pub const BASE: u64 = 0x7f00_0000_0000;
-/// Bytes of each foreign allocation.
+/// Bytes of foreign memory on each side of the window; the cancel word lies after it.
 pub const FOREIGN: usize = 1 << 16;
-/// What foreign memory holds.
-pub const CANARY: u8 = 0x5a;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -26,8 +26,6 @@ pub enum Mode {
 /// What a launch left.
 pub struct Outcome {
     pub memory: Vec<u8>,
-    /// The foreign allocations after the launch (before, after the window).
-    pub foreign: [Vec<u8>; 2],
 }
 
 /// The packed parameters of `args` (buffers become device addresses).
@@ -60,8 +58,6 @@ pub fn run_with(
         .expect("the case's entry is in the module");
     let mut memory = memory.to_vec();
     let window = memory.len() as u64;
-    let mut before = vec![CANARY; FOREIGN];
-    let mut after = vec![CANARY; FOREIGN];
     let mut cancel = [0u8; 4];
     let cancel_at = BASE + window + FOREIGN as u64;
     let mut dynamic = case.config.shared_bytes;
@@ -82,16 +78,8 @@ pub fn run_with(
         &config,
         &mut [
             Allocation {
-                base: BASE - FOREIGN as u64,
-                bytes: &mut before,
-            },
-            Allocation {
                 base: BASE,
                 bytes: &mut memory,
-            },
-            Allocation {
-                base: BASE + window,
-                bytes: &mut after,
             },
             Allocation {
                 base: cancel_at,
@@ -99,10 +87,7 @@ pub fn run_with(
             },
         ],
     )?;
-    Ok(Outcome {
-        memory,
-        foreign: [before, after],
-    })
+    Ok(Outcome { memory })
 }
 
 /// Runs `case` as the conformance set defines it.
