@@ -64,7 +64,7 @@ fn divergent_special(name: &str) -> bool {
 }
 
 /// A statement's destination registers and source registers.
-fn def_use<'s>(f: &'s Function, stmt: &'s Stmt) -> (Vec<&'s str>, Vec<&'s str>) {
+pub(crate) fn def_use<'s>(f: &'s Function, stmt: &'s Stmt) -> (Vec<&'s str>, Vec<&'s str>) {
     let Some(opcode) = stmt.opcode() else {
         return (Vec::new(), Vec::new());
     };

@@ -3,11 +3,12 @@
 //! word. The rewrite edits the text, so the fenced module reads like the tenant's own with
 //! our instructions (registers `%tw_*`) before the accesses they guard.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use tensor_wasm_ptx_emu::lex::{parse_int, Tok, Token};
 
 use crate::cfg;
+use crate::group;
 use crate::text::{type_bytes, Function, Space, Stmt, Text};
 use crate::{Fenced, Refusal, HIDDEN_PARAMS};
 
@@ -19,21 +20,21 @@ struct Edit {
 }
 
 /// An address operand `[base+offset]`.
-enum Base<'t> {
+pub(crate) enum Base<'t> {
     Register(&'t str),
     Symbol(&'t str),
     Immediate(u64),
 }
 
-struct Address<'t> {
-    base: Base<'t>,
-    offset: i64,
+pub(crate) struct Address<'t> {
+    pub base: Base<'t>,
+    pub offset: i64,
     /// Bytes `start..end` of the whole `[...]`.
     start: usize,
     end: usize,
 }
 
-fn address(operand: &[Token]) -> Option<Address<'_>> {
+pub(crate) fn address(operand: &[Token]) -> Option<Address<'_>> {
     let [first, inner @ .., last] = operand else {
         return None;
     };
@@ -78,7 +79,7 @@ fn address(operand: &[Token]) -> Option<Address<'_>> {
 }
 
 /// The space named by an opcode's modifiers (none: generic).
-fn space_of(opcode: &str) -> Space {
+pub(crate) fn space_of(opcode: &str) -> Space {
     for part in opcode.split('.').skip(1) {
         match part {
             "global" => return Space::Global,
@@ -92,7 +93,7 @@ fn space_of(opcode: &str) -> Space {
 }
 
 /// Bytes one access moves: its type's size times its vector width.
-fn access_bytes(opcode: &str) -> Option<u64> {
+pub(crate) fn access_bytes(opcode: &str) -> Option<u64> {
     let parts: Vec<&str> = opcode.split('.').collect();
     let width = if parts.contains(&"v4") {
         4
@@ -104,9 +105,82 @@ fn access_bytes(opcode: &str) -> Option<u64> {
     Some(type_bytes(parts.last()?)? * width)
 }
 
-/// `log2` of an access size, the index of its `%tw_top` register.
-fn top(bytes: u64) -> u32 {
-    bytes.trailing_zeros()
+/// The hidden values a function's fences and polls read, so its prologue loads only those.
+#[derive(Default)]
+struct Used {
+    lo: bool,
+    /// `hi − n` for each access size `n` used.
+    tops: std::collections::BTreeSet<u64>,
+    /// The shared size itself (calls pass it on).
+    shared: bool,
+    /// `shared − n` for each size of a shared access.
+    shared_tops: std::collections::BTreeSet<u64>,
+    /// The function's `.local` variable and its size, and `end − n` for each size.
+    depot: Option<(String, u64)>,
+    local_tops: std::collections::BTreeSet<u64>,
+    cancel: bool,
+}
+
+/// Registers whose one definition makes them a variable's address plus a constant
+/// (`mov.u64 %rd, var`, then `add` of constants): the variable and the offset.
+pub(crate) fn constant_addresses(
+    f: &Function,
+    shared: &HashMap<String, u64>,
+) -> HashMap<String, (String, i64)> {
+    let mut defs: HashMap<&str, usize> = HashMap::new();
+    for stmt in &f.stmts {
+        for d in cfg::def_use(f, stmt).0 {
+            *defs.entry(d).or_default() += 1;
+        }
+    }
+    let mut known: HashMap<String, (String, i64)> = HashMap::new();
+    for stmt in &f.stmts {
+        let (Some(opcode), None) = (stmt.opcode(), stmt.guard()) else {
+            continue;
+        };
+        let operands = stmt.operands();
+        let word = |o: &[Token]| match o {
+            [Token {
+                tok: Tok::Word(w), ..
+            }] => Some(w.clone()),
+            _ => None,
+        };
+        let number = |o: &[Token]| match o {
+            [Token {
+                tok: Tok::Num(n), ..
+            }] => parse_int(n).map(|v| v as i64),
+            [Token {
+                tok: Tok::Punct('-'),
+                ..
+            }, Token {
+                tok: Tok::Num(n), ..
+            }] => parse_int(n).map(|v| -(v as i64)),
+            _ => None,
+        };
+        let Some(dst) = operands.first().and_then(|o| word(o)) else {
+            continue;
+        };
+        if defs.get(dst.as_str()) != Some(&1) {
+            continue;
+        }
+        let value = match (opcode, &operands[..]) {
+            ("mov.u64" | "mov.b64", [_, src]) => word(src)
+                .filter(|w| f.vars.contains_key(w) || shared.contains_key(w))
+                .map(|w| (w, 0)),
+            ("add.u64" | "add.s64", [_, a, b]) => {
+                let from = |r: &[Token], k: &[Token]| {
+                    let (sym, base) = known.get(&word(r)?)?.clone();
+                    Some((sym, base + number(k)?))
+                };
+                from(a, b).or_else(|| from(b, a))
+            }
+            _ => None,
+        };
+        if let Some(value) = value {
+            known.insert(dst, value);
+        }
+    }
+    known
 }
 
 /// The rewrite of one module.
@@ -117,9 +191,16 @@ pub(crate) struct Rewriter<'a> {
     collective: HashSet<String>,
     edits: Vec<Edit>,
     calls: usize,
+    /// What the current function's fences and polls read from the prologue.
+    used: Used,
+    /// The current function's groups of accesses and their members by statement.
+    groups: Vec<group::Group>,
+    members: HashMap<usize, group::Member>,
     pub fences: u32,
     pub polls: u32,
     pub proven: u32,
+    /// Accesses covered by their group's fence.
+    pub grouped_accesses: u32,
 }
 
 fn refuse(stmt: &Stmt, ptx: &str, reason: String) -> Refusal {
@@ -162,9 +243,13 @@ impl<'a> Rewriter<'a> {
             collective,
             edits: Vec::new(),
             calls: 0,
+            used: Used::default(),
+            groups: Vec::new(),
+            members: HashMap::new(),
             fences: 0,
             polls: 0,
             proven: 0,
+            grouped_accesses: 0,
         }
     }
 
@@ -191,6 +276,7 @@ impl<'a> Rewriter<'a> {
             fences: self.fences,
             polls: self.polls,
             proven: self.proven,
+            grouped: self.grouped_accesses,
         })
     }
 
@@ -245,46 +331,61 @@ impl<'a> Rewriter<'a> {
         }
         let depot = locals.first().map(|(name, size)| ((*name).clone(), *size));
 
-        // Hidden parameters, registers and the prologue.
+        // Hidden parameters and registers; the prologue loads what the body uses (below).
         let hidden: Vec<String> = HIDDEN_PARAMS
             .iter()
             .map(|p| format!(".param .u64 {p}"))
             .collect();
         let separator = if f.params_empty { "" } else { ", " };
         self.insert(f.params_close, format!("{separator}{}", hidden.join(", ")));
-        let prologue = String::from(
-            "\n\t.reg .b64 %tw_lo, %tw_hi, %tw_sh, %tw_cancel, %tw_a, %tw_s, %tw_b, %tw_top<5>;\
-             \n\t.reg .b32 %tw_c;\n\t.reg .pred %tw_p;\n",
+        self.insert(
+            f.body_open,
+            "\n\t.reg .b64 %tw_lo, %tw_hi, %tw_sh, %tw_cancel, %tw_a, %tw_s, %tw_dl;\
+             \n\t.reg .b32 %tw_c;\n\t.reg .pred %tw_p;\n"
+                .to_owned(),
         );
-        let mut setup = String::new();
-        for (reg, param) in ["%tw_lo", "%tw_hi", "%tw_sh", "%tw_cancel"]
-            .iter()
-            .zip(HIDDEN_PARAMS)
-        {
-            setup.push_str(&format!("\tld.param.u64 {reg}, [{param}];\n"));
-        }
-        for k in 0..5 {
-            setup.push_str(&format!("\tsub.u64 %tw_top{k}, %tw_hi, {};\n", 1u64 << k));
-        }
+        self.used = Used::default();
         if !f.entry {
-            setup.push_str(&poll());
-            self.polls += 1;
+            self.used.cancel = true;
         }
-        self.insert(f.body_open, prologue);
-        let first_instruction = f.stmts.iter().position(|s| !s.declaration);
-        let setup_at = match first_instruction {
-            Some(0) | None => f.body_open,
-            Some(i) => f.stmts[i - 1].end,
-        };
-        self.insert(setup_at, format!("\n{setup}"));
-
+        let known = constant_addresses(f, &self.text.shared);
+        // Shared memory every launch of this function has: the variables it names.
+        let named_shared: u64 = self
+            .text
+            .shared
+            .iter()
+            .filter(|(name, _)| {
+                f.stmts
+                    .iter()
+                    .any(|s| s.tokens.iter().any(|t| t.tok == Tok::Word((*name).clone())))
+            })
+            .map(|(_, size)| *size)
+            .chain(
+                f.vars
+                    .values()
+                    .filter(|(space, _)| *space == Space::Shared)
+                    .map(|(_, size)| *size),
+            )
+            .sum::<u64>()
+            .max(16);
+        let depot_size = depot.as_ref().map_or(0, |(_, size)| *size);
+        let (groups, members) = group::groups(f, &known, |space, span| match space {
+            Space::Global => span <= 1 << 16,
+            Space::Shared => span <= named_shared,
+            Space::Local => span <= depot_size,
+            _ => false,
+        });
+        self.groups = groups;
+        self.members = members;
         for (i, stmt) in f.stmts.iter().enumerate() {
             let Some(opcode) = stmt.opcode() else {
                 continue;
             };
             let base = opcode.split('.').next().unwrap_or("");
             match base {
-                "ld" | "st" | "atom" | "red" => self.access(f, stmt, opcode, &depot)?,
+                "ld" | "st" | "atom" | "red" => {
+                    self.access(f, i, stmt, opcode, &depot, &known)?
+                }
                 "cvta" if opcode.starts_with("cvta.local") => {
                     return Err(refuse(
                         stmt,
@@ -305,6 +406,7 @@ impl<'a> Rewriter<'a> {
                         });
                     if target.is_some_and(|t| t <= i) {
                         self.insert(stmt.start, poll());
+                        self.used.cancel = true;
                         self.polls += 1;
                     }
                 }
@@ -312,6 +414,56 @@ impl<'a> Rewriter<'a> {
                 _ => {}
             }
         }
+        let used = std::mem::take(&mut self.used);
+        let mut setup = String::new();
+        let mut declare = |prefix: &str, values: &std::collections::BTreeSet<u64>| {
+            for v in values {
+                setup.push_str(&format!("\t.reg .b64 {prefix}{v};\n"));
+            }
+        };
+        declare("%tw_top", &used.tops);
+        declare("%tw_st", &used.shared_tops);
+        declare("%tw_lt", &used.local_tops);
+        if !self.groups.is_empty() {
+            setup.push_str(&format!("\t.reg .b64 %tw_g<{}>;\n", self.groups.len()));
+        }
+        let load = |setup: &mut String, reg: &str, param: &str| {
+            setup.push_str(&format!("\tld.param.u64 {reg}, [{param}];\n"));
+        };
+        if used.lo {
+            load(&mut setup, "%tw_lo", HIDDEN_PARAMS[0]);
+        }
+        if !used.tops.is_empty() {
+            load(&mut setup, "%tw_hi", HIDDEN_PARAMS[1]);
+        }
+        for n in &used.tops {
+            setup.push_str(&format!("\tsub.u64 %tw_top{n}, %tw_hi, {n};\n"));
+        }
+        if used.shared || !used.shared_tops.is_empty() {
+            load(&mut setup, "%tw_sh", HIDDEN_PARAMS[2]);
+        }
+        for n in &used.shared_tops {
+            setup.push_str(&format!("\tsub.u64 %tw_st{n}, %tw_sh, {n};\n"));
+        }
+        if let Some((depot, size)) = &used.depot {
+            setup.push_str(&format!("\tmov.u64 %tw_dl, {depot};\n"));
+            for n in &used.local_tops {
+                setup.push_str(&format!("\tadd.u64 %tw_lt{n}, %tw_dl, {};\n", size - n));
+            }
+        }
+        if used.cancel {
+            load(&mut setup, "%tw_cancel", HIDDEN_PARAMS[3]);
+        }
+        if !f.entry {
+            setup.push_str(&poll());
+            self.polls += 1;
+        }
+        let first_instruction = f.stmts.iter().position(|s| !s.declaration);
+        let setup_at = match first_instruction {
+            Some(0) | None => f.body_open,
+            Some(i) => f.stmts[i - 1].end,
+        };
+        self.insert(setup_at, format!("\n{setup}"));
         Ok(())
     }
 
@@ -319,30 +471,46 @@ impl<'a> Rewriter<'a> {
     fn access(
         &mut self,
         f: &Function,
+        index: usize,
         stmt: &Stmt,
         opcode: &str,
         depot: &Option<(String, u64)>,
+        known: &HashMap<String, (String, i64)>,
     ) -> Result<(), Refusal> {
         let operands = stmt.operands();
-        let index = match opcode.split('.').next() {
+        let position = match opcode.split('.').next() {
             Some("ld") | Some("atom") => 1,
             _ => 0,
         };
         let space = space_of(opcode);
-        let (Some(operand), Some(bytes)) = (operands.get(index), access_bytes(opcode)) else {
+        let (Some(operand), Some(bytes)) = (operands.get(position), access_bytes(opcode)) else {
             return Err(refuse(
                 stmt,
                 self.ptx,
                 "an access this verifier cannot read".into(),
             ));
         };
-        let Some(addr) = address(operand) else {
+        let Some(mut addr) = address(operand) else {
             return Err(refuse(
                 stmt,
                 self.ptx,
                 "an address this verifier cannot read".into(),
             ));
         };
+        // A register holding a variable's address plus a constant is that variable.
+        if let Base::Register(r) = addr.base {
+            if let Some((symbol, offset)) = known.get(r) {
+                let space_of_symbol = f.vars.get(symbol).map_or(Space::Shared, |(s, _)| *s);
+                if space_of_symbol == space {
+                    addr.base = Base::Symbol(symbol);
+                    addr.offset += offset;
+                }
+            }
+        }
+        if let Some(member) = self.members.get(&index).copied() {
+            self.grouped(stmt, &addr, member, depot);
+            return Ok(());
+        }
         // Symbols with constant offsets: proven in bounds, or refused.
         if let Base::Symbol(name) = addr.base {
             let size = f
@@ -395,34 +563,44 @@ impl<'a> Rewriter<'a> {
             Space::Shared | Space::Local => "%tw_s",
             _ => "%tw_a",
         };
-        match addr.base {
-            Base::Register(r) if f.regs.get(r) == Some(&32) => {
-                code.push_str(&format!("\tcvt.u64.u32 {reg}, {r};\n"))
+        // The address as one operand: the base register itself when it is 64 bits and there
+        // is no offset, else computed into `reg`.
+        let offset = addr.offset;
+        let source = match addr.base {
+            Base::Register(r) if f.regs.get(r) != Some(&32) && offset == 0 => r.to_owned(),
+            Base::Register(r) if f.regs.get(r) != Some(&32) => {
+                code.push_str(&format!("\tadd.s64 {reg}, {r}, {offset};\n"));
+                reg.to_owned()
             }
-            Base::Register(r) => code.push_str(&format!("\tmov.u64 {reg}, {r};\n")),
-            Base::Symbol(s) => code.push_str(&format!("\tmov.u64 {reg}, {s};\n")),
-            Base::Immediate(v) => code.push_str(&format!("\tmov.u64 {reg}, {v};\n")),
-        }
-        if addr.offset != 0 {
-            code.push_str(&format!("\tadd.s64 {reg}, {reg}, {};\n", addr.offset));
-        }
+            Base::Register(r) => {
+                code.push_str(&format!("\tcvt.u64.u32 {reg}, {r};\n"));
+                if offset != 0 {
+                    code.push_str(&format!("\tadd.s64 {reg}, {reg}, {offset};\n"));
+                }
+                reg.to_owned()
+            }
+            Base::Symbol(s) => {
+                code.push_str(&format!("\tmov.u64 {reg}, {s};\n"));
+                if offset != 0 {
+                    code.push_str(&format!("\tadd.s64 {reg}, {reg}, {offset};\n"));
+                }
+                reg.to_owned()
+            }
+            Base::Immediate(v) => {
+                let value = v.wrapping_add(offset as u64);
+                code.push_str(&format!("\tmov.u64 {reg}, {value};\n"));
+                reg.to_owned()
+            }
+        };
         let mask = (bytes as i64).wrapping_neg();
-        let shared_clamp = |code: &mut String| {
-            // Offsets are unsigned: one bound; %tw_sh is at least 16 (the runtime's promise).
-            code.push_str(&format!(
-                "\tsub.u64 %tw_b, %tw_sh, {bytes};\n\tmin.u64 %tw_s, %tw_s, %tw_b;\n\
-                 \tand.b64 %tw_s, %tw_s, {mask};\n"
-            ));
-        };
-        let global_clamp = |code: &mut String| {
-            code.push_str(&format!(
-                "\tmax.u64 %tw_a, %tw_a, %tw_lo;\n\tmin.u64 %tw_a, %tw_a, %tw_top{};\n\
-                 \tand.b64 %tw_a, %tw_a, {mask};\n",
-                top(bytes)
-            ));
-        };
         match space {
-            Space::Shared => shared_clamp(&mut code),
+            Space::Shared => {
+                // Offsets are unsigned: one bound (the shared size is at least 16).
+                self.used.shared_tops.insert(bytes);
+                code.push_str(&format!(
+                    "\tmin.u64 %tw_s, {source}, %tw_st{bytes};\n\tand.b64 %tw_s, %tw_s, {mask};\n"
+                ));
+            }
             Space::Local => {
                 let Some((name, size)) = depot.clone().filter(|(_, size)| *size >= bytes) else {
                     return Err(refuse(
@@ -431,22 +609,32 @@ impl<'a> Rewriter<'a> {
                         "a local access in a function without (enough) local variables".into(),
                     ));
                 };
+                self.used.depot = Some((name, size));
+                self.used.local_tops.insert(bytes);
                 code.push_str(&format!(
-                    "\tmov.u64 %tw_b, {name};\n\tmax.u64 %tw_s, %tw_s, %tw_b;\n\
-                     \tadd.u64 %tw_b, %tw_b, {};\n\tmin.u64 %tw_s, %tw_s, %tw_b;\n\
-                     \tand.b64 %tw_s, %tw_s, {mask};\n",
-                    size - bytes
+                    "\tmax.u64 %tw_s, {source}, %tw_dl;\n\tmin.u64 %tw_s, %tw_s, %tw_lt{bytes};\n\
+                     \tand.b64 %tw_s, %tw_s, {mask};\n"
                 ));
             }
-            Space::Global => global_clamp(&mut code),
+            Space::Global => {
+                self.used.lo = true;
+                self.used.tops.insert(bytes);
+                code.push_str(&format!(
+                    "\tmax.u64 %tw_a, {source}, %tw_lo;\n\tmin.u64 %tw_a, %tw_a, %tw_top{bytes};\n\
+                     \tand.b64 %tw_a, %tw_a, {mask};\n"
+                ));
+            }
             Space::Generic => {
-                code.push_str(
-                    "\tisspacep.shared %tw_p, %tw_a;\n\tcvta.to.shared.u64 %tw_s, %tw_a;\n",
-                );
-                shared_clamp(&mut code);
-                code.push_str("\tcvta.shared.u64 %tw_s, %tw_s;\n");
-                global_clamp(&mut code);
-                code.push_str("\tselp.b64 %tw_a, %tw_s, %tw_a, %tw_p;\n");
+                self.used.lo = true;
+                self.used.tops.insert(bytes);
+                self.used.shared_tops.insert(bytes);
+                code.push_str(&format!(
+                    "\tisspacep.shared %tw_p, {source};\n\tcvta.to.shared.u64 %tw_s, {source};\n\
+                     \tmin.u64 %tw_s, %tw_s, %tw_st{bytes};\n\tand.b64 %tw_s, %tw_s, {mask};\n\
+                     \tcvta.shared.u64 %tw_s, %tw_s;\n\tmax.u64 %tw_a, {source}, %tw_lo;\n\
+                     \tmin.u64 %tw_a, %tw_a, %tw_top{bytes};\n\tand.b64 %tw_a, %tw_a, {mask};\n\
+                     \tselp.b64 %tw_a, %tw_s, %tw_a, %tw_p;\n"
+                ));
             }
             Space::Param => unreachable!("parameters are refused before"),
         }
@@ -460,9 +648,73 @@ impl<'a> Rewriter<'a> {
         Ok(())
     }
 
+    /// An access of a group: the first computes the group's clamped register.
+    fn grouped(
+        &mut self,
+        stmt: &Stmt,
+        addr: &Address<'_>,
+        member: group::Member,
+        depot: &Option<(String, u64)>,
+    ) {
+        let k = member.group;
+        let g = &self.groups[k];
+        let reg = format!("%tw_g{k}");
+        if member.first {
+            let mut code = String::new();
+            let source = if g.low != 0 {
+                code.push_str(&format!("\tadd.s64 {reg}, {}, {};\n", g.register, g.low));
+                reg.clone()
+            } else {
+                g.register.clone()
+            };
+            let (span, mask) = (g.span, (g.bytes as i64).wrapping_neg());
+            match g.space {
+                Space::Global => {
+                    self.used.lo = true;
+                    self.used.tops.insert(span);
+                    code.push_str(&format!(
+                        "\tmax.u64 {reg}, {source}, %tw_lo;\n\tmin.u64 {reg}, {reg}, %tw_top{span};\n"
+                    ));
+                }
+                Space::Shared => {
+                    self.used.shared_tops.insert(span);
+                    code.push_str(&format!("\tmin.u64 {reg}, {source}, %tw_st{span};\n"));
+                }
+                _ => {
+                    self.used.depot = depot.clone();
+                    self.used.local_tops.insert(span);
+                    code.push_str(&format!(
+                        "\tmax.u64 {reg}, {source}, %tw_dl;\n\tmin.u64 {reg}, {reg}, %tw_lt{span};\n"
+                    ));
+                }
+            }
+            code.push_str(&format!("\tand.b64 {reg}, {reg}, {mask};\n"));
+            self.insert(stmt.start, code);
+            self.fences += 1;
+        } else {
+            self.grouped_accesses += 1;
+        }
+        let relative = if member.relative == 0 {
+            String::new()
+        } else {
+            format!("+{}", member.relative)
+        };
+        self.edits.push(Edit {
+            at: addr.start,
+            remove: addr.end - addr.start,
+            insert: format!("[{reg}{relative}]"),
+        });
+    }
+
     /// Passes the hidden parameters on at a call.
     fn call(&mut self, stmt: &Stmt) {
         self.calls += 1;
+        self.used.lo = true;
+        self.used.shared = true;
+        self.used.cancel = true;
+        for n in [1, 2, 4, 8, 16] {
+            self.used.tops.insert(n);
+        }
         let n = self.calls;
         let mut before = String::new();
         let mut names = Vec::new();

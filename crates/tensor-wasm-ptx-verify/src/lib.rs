@@ -38,6 +38,7 @@
 
 mod cfg;
 mod fence;
+mod group;
 mod text;
 
 /// The parameters the rewrite appends to every entry, in order: the window's first byte,
@@ -70,6 +71,8 @@ pub struct Fenced {
     pub polls: u32,
     /// Accesses proven in bounds (a variable at a constant offset), left as they were.
     pub proven: u32,
+    /// Accesses covered by the fence of an earlier access through the same register.
+    pub grouped: u32,
 }
 
 /// Verifies `ptx` and rewrites it with fences and polls.

@@ -68,9 +68,17 @@ fn every_cuda_kernel_of_the_conformance_set_gives_the_same_bytes_fenced() {
                 panic!("{entry} {schedule:?}: {difference}");
             }
         }
+        let plain_count = run(&plain, &case, Mode::Plain, Schedule::InOrder).unwrap().instructions;
+        let fenced_count = run(&guarded, &case, Mode::Fenced, Schedule::InOrder)
+            .unwrap()
+            .instructions;
         summary.push(format!(
-            "{entry}: {} fences, {} polls, {} proven",
-            fenced.fences, fenced.polls, fenced.proven
+            "{entry}: {} fences, {} grouped, {} polls, {} proven; {plain_count} -> {fenced_count} instructions ({:+.1} %)",
+            fenced.fences,
+            fenced.grouped,
+            fenced.polls,
+            fenced.proven,
+            100.0 * (fenced_count as f64 / plain_count as f64 - 1.0)
         ));
     }
     println!("{}", summary.join("\n"));

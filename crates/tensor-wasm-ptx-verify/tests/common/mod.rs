@@ -26,6 +26,8 @@ pub enum Mode {
 /// What a launch left.
 pub struct Outcome {
     pub memory: Vec<u8>,
+    /// Instructions the launch executed (guarded-off ones included).
+    pub instructions: u64,
 }
 
 /// The packed parameters of `args` (buffers become device addresses).
@@ -73,7 +75,7 @@ pub fn run_with(
     let params = kernel.pack_params(&refs)?;
     let mut config = Launch::new(case.config.grid, case.config.block, &params).schedule(schedule);
     config.dynamic_shared_bytes = dynamic;
-    launch(
+    let stats = launch(
         kernel,
         &config,
         &mut [
@@ -87,7 +89,10 @@ pub fn run_with(
             },
         ],
     )?;
-    Ok(Outcome { memory })
+    Ok(Outcome {
+        memory,
+        instructions: stats.instructions,
+    })
 }
 
 /// Runs `case` as the conformance set defines it.
