@@ -10,7 +10,7 @@
 # $OUT, else ./gpu-suite-out), --work DIR (default a temporary directory), --budget S
 # (default 540: sections that would start with less than 20 s left are skipped, so the
 # results are packed before a 600 s limit), --only "NAME ..." (run only these sections, e.g.
-# to finish a run that ran out of time: bit-identity correctness sanitizer http-check-cpu http-check wasi-nn latency
+# to finish a run that ran out of time: bit-identity correctness fence sanitizer http-check-cpu http-check wasi-nn latency
 # throughput torch unified-memory jit cold-start concurrency).
 #
 # Writes <work>/<date>-<gpu>/ (CPU: <date>-cpu-dry-run/): provenance.json, one JSON file
@@ -213,6 +213,8 @@ HTTP=(http-check --server "$BIN/tensor-wasm" --examples "$HERE/examples")
 
 section bit-identity 150 "$SUITE" bit-identity --expected "$HERE/expected" "${COMMON[@]}"
 section correctness 240 "$SUITE" correctness "${COMMON[@]}"
+# Tenant CUDA C++ fenced by the PTX verifier: bytes against the references, then wall clock.
+section fence 150 "$SUITE" fence "${COMMON[@]}"
 # compute-sanitizer (memcheck) over the bit-identity run: every kernel of the conformance set
 # (blueprints, builtins, the CUDA C++ kernels) on its fixed cases, early so the budget keeps it.
 if [[ "$DEVICE" == cuda ]] && command -v compute-sanitizer >/dev/null; then

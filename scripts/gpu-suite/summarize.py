@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarises one GPU-suite results directory into summary.json and SUMMARY.md.
 
-Reads the section files the runner wrote (provenance.json, bit-identity.json, correctness.json, http-check.json,
+Reads the section files the runner wrote (provenance.json, bit-identity.json, correctness.json, fence.json, http-check.json,
 latency.json, throughput.json, torch.json, unified-memory.json, jit.json, cold-start.json,
 concurrency.json, sanitizer.json, sections.tsv) and puts every measurement next to its peer
 with the issue's target. Standard library only. Usage: summarize.py RESULTS_DIR
@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-SECTIONS = ["bit-identity", "correctness", "http-check-cpu", "http-check", "latency", "throughput", "torch",
+SECTIONS = ["bit-identity", "correctness", "fence", "http-check-cpu", "http-check", "latency", "throughput", "torch",
             "unified-memory", "jit", "cold-start", "concurrency", "bit-identity-sanitized",
             "sanitizer"]
 
@@ -177,7 +177,19 @@ def build(r):
                                 f"{l['launches_per_s']:.0f}/s", f"{one['launches_per_s']:.0f}/s (1 guest)" if one else "n/a",
                                 note=f"p50 {fmt_ns(l['launch_latency'].get('p50_ns'))}, invocation p99 {fmt_ns(l['invocation_latency'].get('p99_ns'))}"))
 
+    # Fenced tenant kernels: wall clock against the same kernels unfenced.
+    for t in res(docs["fence"], "wall_clock") or []:
+        comps.append(comparison(f"fenced tenant kernel {t['kernel']} ({t['size']}): launch + wait vs unfenced",
+                                t["fenced_median_ns"], t["unfenced_median_ns"], None, True,
+                                fmt_ns(t["fenced_median_ns"]), fmt_ns(t["unfenced_median_ns"]),
+                                note=f"{t['fences']} fences, median of {t['repetitions']} interleaved launches"))
+    geomean = res(docs["fence"], "wall_clock_geomean_overhead")
+    if geomean is not None:
+        comps.append(comparison("fenced tenant kernels: geometric mean of fenced / unfenced wall clock",
+                                1.0 + geomean, 1.0, 1.03, True, f"{100 * geomean:+.1f} %", "unfenced"))
+
     correctness = {
+        "fence": [c for c in (docs["fence"] or {}).get("checks", [])],
         "bit_identity": [c for c in (docs["bit-identity"] or {}).get("checks", [])],
         "bit_identity_summary": res(docs["bit-identity"], "summary"),
         "runtime_api": [c for c in (docs["correctness"] or {}).get("checks", [])],
@@ -219,7 +231,7 @@ def markdown(s):
     for sec in s["sections"]:
         out.append(f"| {sec['section']} | {sec['exit']} | {sec['seconds']} | {sec['checks']} | {', '.join(sec['failed']) or '-'} |")
     out += ["", "## Correctness", ""]
-    for group in ("bit_identity", "runtime_api", "http"):
+    for group in ("bit_identity", "fence", "runtime_api", "http"):
         for c in s["correctness"][group]:
             out.append(f"- [{'pass' if c['pass'] else 'FAIL'}] {c['name']}: {c['detail'][:300]}")
     san = s["correctness"]["sanitizer_detail"]

@@ -24,6 +24,7 @@ mod coldstart;
 mod common;
 mod concurrency;
 mod correctness;
+mod fence;
 mod http;
 mod jit;
 mod latency;
@@ -139,6 +140,8 @@ enum SectionCommand {
     ColdStart(Common),
     /// Dispatch with 1, 8 and 64 concurrent guests.
     Concurrency(Common),
+    /// Tenant kernels fenced by the PTX verifier: bytes against the references, wall clock.
+    Fence(Common),
 }
 
 fn main() -> ExitCode {
@@ -166,6 +169,7 @@ fn main() -> ExitCode {
         SectionCommand::Jit(c) => ("jit".into(), c.clone()),
         SectionCommand::ColdStart(c) => ("cold-start".into(), c.clone()),
         SectionCommand::Concurrency(c) => ("concurrency".into(), c.clone()),
+        SectionCommand::Fence(c) => ("fence".into(), c.clone()),
     };
     let suite = match Suite::new(&name, &common) {
         Ok(suite) => suite,
@@ -201,6 +205,7 @@ fn main() -> ExitCode {
         SectionCommand::Jit(_) => jit::run(&suite),
         SectionCommand::ColdStart(_) => coldstart::run(&suite),
         SectionCommand::Concurrency(_) => concurrency::run(&suite),
+        SectionCommand::Fence(_) => fence::run(&suite),
     };
     suite.finish(outcome)
 }

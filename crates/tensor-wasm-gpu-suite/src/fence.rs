@@ -1,0 +1,339 @@
+//! `fence`: tenant kernels fenced by `tensor_wasm_ptx_verify` on the GPU.
+//!
+//! 1. Every CUDA C++ kernel of the conformance set (the corpus included), compiled by NVRTC
+//!    for this device, is fenced and launched with the hidden parameters (window = the guest
+//!    memory, the cancel word in a memory of its own); its memory afterwards must be exactly
+//!    what the Rust reference predicts, as the unfenced kernel's is.
+//! 2. Wall-clock cost: five corpus kernels at sizes where the GPU is busy, unfenced and fenced
+//!    launches interleaved (launch plus wait, the median of each), the outputs compared.
+
+use anyhow::{bail, Context as _};
+use serde_json::{json, Value};
+use tensor_wasm_gpu::{compile_cuda, launch, Backend, Kernel, KernelArg, LaunchConfig, TenantKey};
+use tensor_wasm_jit::conformance::{cuda_cases, first_difference};
+use tensor_wasm_jit::corpus;
+
+use crate::common::{cuda_info, median, Memory, Section, Suite};
+
+/// The fenced module of `source`'s `entry` for this device, its static shared bytes, and
+/// both kernels loaded.
+struct Pair {
+    plain: Kernel,
+    fenced: Kernel,
+    static_shared: u32,
+    fences: u32,
+}
+
+fn load(
+    backend: &dyn Backend,
+    tenant: &TenantKey,
+    source: &str,
+    entry: &str,
+) -> anyhow::Result<Pair> {
+    let info = cuda_info(backend).context("the fence section needs a CUDA device")?;
+    let binary = compile_cuda(source, entry, info.compute_capability)
+        .with_context(|| format!("NVRTC: {entry}"))?;
+    let fenced = tensor_wasm_ptx_verify::fence(&binary.ptx)
+        .map_err(|refusal| anyhow::anyhow!("{entry} refused: {refusal}"))?;
+    let module = tensor_wasm_ptx_emu::Module::parse(&fenced.ptx)
+        .with_context(|| format!("{entry}: the fenced module"))?;
+    let static_shared = module
+        .kernel(entry)
+        .context("the entry of the fenced module")?
+        .static_shared_bytes();
+    Ok(Pair {
+        plain: backend.load_ptx(tenant, &binary.ptx, entry)?,
+        fenced: backend.load_ptx(tenant, &fenced.ptx, entry)?,
+        static_shared,
+        fences: fenced.fences,
+    })
+}
+
+/// `args` with the hidden parameters for a window of all of `memory`, and the launch with
+/// its dynamic shared memory raised to make 16 bytes in all.
+fn fenced_launch(
+    memory: &mut Memory,
+    cancel: &mut Memory,
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    static_shared: u32,
+) -> (LaunchConfig, Vec<KernelArg>) {
+    let lo = memory.bytes().as_ptr() as u64;
+    let hi = lo + memory.bytes().len() as u64;
+    let cancel_word = cancel.bytes().as_ptr() as u64;
+    let total = static_shared + config.shared_bytes;
+    let mut config = *config;
+    config.shared_bytes += 16u32.saturating_sub(total);
+    let hidden = tensor_wasm_ptx_verify::hidden_args(lo, hi, total.max(16), cancel_word);
+    let mut args = args.to_vec();
+    args.extend(hidden.iter().map(|v| KernelArg::U64(*v)));
+    (config, args)
+}
+
+fn run_once(
+    backend: &dyn Backend,
+    tenant: &TenantKey,
+    kernel: &Kernel,
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    memory: &mut Memory,
+) -> anyhow::Result<()> {
+    launch(backend, tenant, kernel, config, args, memory.bytes(), |c| {
+        c.wait_mut()
+    })
+    .and_then(|done| done)
+    .map_err(|e| anyhow::anyhow!("launch: {e}"))
+}
+
+pub fn run(suite: &Suite) -> anyhow::Result<Section> {
+    let mut section = Section::default();
+    let backend = suite.backend()?;
+    if !suite.is_cuda() {
+        section.note("the fence section runs tenant PTX, which needs a CUDA device: skipped");
+        return Ok(section);
+    }
+    let backend = backend.as_ref();
+    let tenant = TenantKey::new("gpu-suite-fence");
+    let mut cancel = Memory::new(backend, 4096)?;
+    cancel.bytes().fill(0);
+
+    // 1. Bit-identity, fenced and unfenced, against the references.
+    let mut rows = Vec::new();
+    let mut equal = 0;
+    let cases = cuda_cases();
+    for case in &cases {
+        let entry = case.kernel.entry;
+        let pair = load(backend, &tenant, case.kernel.source, entry)?;
+        let mut plain = Memory::new(backend, case.layout.memory.len())?;
+        plain.bytes().copy_from_slice(&case.layout.memory);
+        run_once(
+            backend,
+            &tenant,
+            &pair.plain,
+            &case.config,
+            &case.args,
+            &mut plain,
+        )?;
+        let mut fenced = Memory::new(backend, case.layout.memory.len())?;
+        fenced.bytes().copy_from_slice(&case.layout.memory);
+        let (config, args) = fenced_launch(
+            &mut fenced,
+            &mut cancel,
+            &case.config,
+            &case.args,
+            pair.static_shared,
+        );
+        run_once(backend, &tenant, &pair.fenced, &config, &args, &mut fenced)?;
+        let plain_diff = first_difference(case.dtype, &case.expected, plain.bytes());
+        let fenced_diff = first_difference(case.dtype, &case.expected, fenced.bytes());
+        if plain_diff.is_none() && fenced_diff.is_none() {
+            equal += 1;
+        }
+        rows.push(json!({
+            "kernel": entry, "fences": pair.fences,
+            "unfenced": plain_diff.unwrap_or_else(|| "equal".into()),
+            "fenced": fenced_diff.unwrap_or_else(|| "equal".into()),
+        }));
+    }
+    section.check(
+        "every CUDA C++ kernel of the conformance set, fenced, leaves the memory its Rust reference predicts",
+        equal == cases.len(),
+        format!("{equal} of {} kernels equal fenced and unfenced", cases.len()),
+    );
+    section.set("bit_identity", Value::Array(rows));
+
+    // 2. Wall clock at sizes that keep the GPU busy.
+    let reps = if suite.quick { 3 } else { 15 };
+    let mut timings = Vec::new();
+    let mut overheads = Vec::new();
+    for spec in large_launches(suite.quick) {
+        let pair = load(backend, &tenant, spec.kernel.source, spec.kernel.entry)?;
+        let mut plain = Memory::new(backend, spec.memory.len())?;
+        let mut fenced = Memory::new(backend, spec.memory.len())?;
+        let (config, args) = fenced_launch(
+            &mut fenced,
+            &mut cancel,
+            &spec.config,
+            &spec.args,
+            pair.static_shared,
+        );
+        let (mut plain_ns, mut fenced_ns) = (Vec::new(), Vec::new());
+        for rep in 0..=reps {
+            for (which, memory) in [(0, &mut plain), (1, &mut fenced)] {
+                memory.bytes().copy_from_slice(&spec.memory);
+                let start = std::time::Instant::now();
+                if which == 0 {
+                    run_once(
+                        backend,
+                        &tenant,
+                        &pair.plain,
+                        &spec.config,
+                        &spec.args,
+                        memory,
+                    )?;
+                } else {
+                    run_once(backend, &tenant, &pair.fenced, &config, &args, memory)?;
+                }
+                let ns = start.elapsed().as_nanos() as f64;
+                // The first round warms both (module load, page migration).
+                if rep > 0 {
+                    if which == 0 {
+                        plain_ns.push(ns)
+                    } else {
+                        fenced_ns.push(ns)
+                    }
+                }
+            }
+        }
+        if plain.bytes() != fenced.bytes() {
+            bail!(
+                "{}: fenced and unfenced outputs differ at scale",
+                spec.kernel.entry
+            );
+        }
+        let (p, f) = (median(&plain_ns), median(&fenced_ns));
+        overheads.push(f / p);
+        timings.push(json!({
+            "kernel": spec.kernel.entry, "size": spec.size, "repetitions": reps,
+            "unfenced_median_ns": p, "fenced_median_ns": f, "overhead": f / p - 1.0,
+            "fences": pair.fences,
+        }));
+        println!(
+            "  {} ({}): unfenced {:.1} µs, fenced {:.1} µs ({:+.1} %)",
+            spec.kernel.entry,
+            spec.size,
+            p / 1e3,
+            f / 1e3,
+            100.0 * (f / p - 1.0)
+        );
+    }
+    let geomean = overheads.iter().map(|r| r.ln()).sum::<f64>() / overheads.len().max(1) as f64;
+    let geomean = geomean.exp() - 1.0;
+    section.check(
+        "fenced kernels at scale give the unfenced kernels' bytes",
+        true,
+        format!("{} kernels compared", timings.len()),
+    );
+    section.set("wall_clock", Value::Array(timings));
+    section.set("wall_clock_geomean_overhead", json!(geomean));
+    section.target(
+        "fenced vs unfenced wall clock (launch + wait), geometric mean overhead",
+        100.0 * geomean,
+        3.0,
+        true,
+        "%",
+    );
+    Ok(section)
+}
+
+/// One large launch of a corpus kernel: the memory (inputs at their offsets), the arguments.
+struct Large {
+    kernel: tensor_wasm_jit::conformance::CudaKernel,
+    size: String,
+    config: LaunchConfig,
+    args: Vec<KernelArg>,
+    memory: Vec<u8>,
+}
+
+/// Buffers of `lens` bytes one after another (256-byte aligned), filled by `fill`.
+fn buffers(lens: &[usize], fill: impl Fn(usize, usize) -> u32) -> (Vec<u8>, Vec<KernelArg>) {
+    let mut offset = 0usize;
+    let mut args = Vec::new();
+    let mut spans = Vec::new();
+    for &len in lens {
+        spans.push((offset, len));
+        args.push(KernelArg::Buffer {
+            offset: offset as u64,
+            len: len as u64,
+        });
+        offset = (offset + len).next_multiple_of(256);
+    }
+    let mut memory = vec![0u8; offset];
+    for (index, (start, len)) in spans.iter().enumerate() {
+        for (i, word) in memory[*start..start + len].chunks_exact_mut(4).enumerate() {
+            word.copy_from_slice(&fill(index, i).to_le_bytes());
+        }
+    }
+    (memory, args)
+}
+
+fn large_launches(quick: bool) -> Vec<Large> {
+    let scale = if quick { 1 } else { 64 };
+    let n = (1usize << 18) * scale;
+    let value = |buffer: usize, i: usize| {
+        let x = (i as u32)
+            .wrapping_mul(2_654_435_761)
+            .wrapping_add(buffer as u32 * 97);
+        ((x >> 16) as f32 / 65536.0 - 0.5).to_bits()
+    };
+    let launch = |grid: [u32; 3], block: [u32; 3]| LaunchConfig {
+        grid,
+        block,
+        shared_bytes: 0,
+    };
+    let mut out = Vec::new();
+    // daxpy over a grid-stride loop: n doubles.
+    let (memory, mut args) = buffers(&[8 * n, 8 * n], |_, i| (i as u32 % 1000) * 3);
+    args.extend([KernelArg::F64(1.5), KernelArg::U64(n as u64)]);
+    out.push(Large {
+        kernel: corpus::DAXPY_STRIDE,
+        size: format!("n={n}"),
+        config: launch([264, 1, 1], [256, 1, 1]),
+        args,
+        memory,
+    });
+    // gather: n indices into a table of n/4 rows.
+    let rows = n / 4;
+    let (memory, mut args) = buffers(&[4 * rows, 4 * n, 4 * n], |b, i| match b {
+        1 => ((i * 7919) % (rows + 16)) as u32,
+        _ => value(b, i),
+    });
+    args.extend([KernelArg::I32(rows as i32), KernelArg::I32(n as i32)]);
+    out.push(Large {
+        kernel: corpus::GATHER,
+        size: format!("n={n}"),
+        config: launch([(n / 256) as u32, 1, 1], [256, 1, 1]),
+        args,
+        memory,
+    });
+    // histogram of n words.
+    let (memory, mut args) = buffers(
+        &[4 * n, 4 * 64],
+        |b, i| if b == 0 { i as u32 * 31 } else { 0 },
+    );
+    args.push(KernelArg::U32(n as u32));
+    out.push(Large {
+        kernel: corpus::HISTOGRAM,
+        size: format!("n={n}"),
+        config: launch([(n / 256) as u32, 1, 1], [256, 1, 1]),
+        args,
+        memory,
+    });
+    // conv2d of a square image.
+    let side = if quick { 256 } else { 2048 };
+    let (memory, mut args) = buffers(&[4 * side * side, 4 * 9, 4 * side * side], value);
+    args.extend([KernelArg::I32(side as i32), KernelArg::I32(side as i32)]);
+    out.push(Large {
+        kernel: corpus::CONV2D,
+        size: format!("{side}x{side}"),
+        config: launch([(side / 16) as u32, (side / 16) as u32, 1], [16, 16, 1]),
+        args,
+        memory,
+    });
+    // tiled matmul.
+    let m = if quick { 128 } else { 1024 };
+    let (memory, mut args) = buffers(&[4 * m * m, 4 * m * m, 4 * m * m], value);
+    args.extend([
+        KernelArg::I32(m as i32),
+        KernelArg::I32(m as i32),
+        KernelArg::I32(m as i32),
+    ]);
+    out.push(Large {
+        kernel: corpus::MATMUL_TILED,
+        size: format!("{m}x{m}x{m}"),
+        config: launch([(m / 16) as u32, (m / 16) as u32, 1], [16, 16, 1]),
+        args,
+        memory,
+    });
+    out
+}
