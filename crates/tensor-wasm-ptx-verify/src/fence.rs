@@ -383,9 +383,7 @@ impl<'a> Rewriter<'a> {
             };
             let base = opcode.split('.').next().unwrap_or("");
             match base {
-                "ld" | "st" | "atom" | "red" => {
-                    self.access(f, i, stmt, opcode, &depot, &known)?
-                }
+                "ld" | "st" | "atom" | "red" => self.access(f, i, stmt, opcode, &depot, &known)?,
                 "cvta" if opcode.starts_with("cvta.local") => {
                     return Err(refuse(
                         stmt,

@@ -59,11 +59,13 @@ pub(crate) fn groups(
         if matches!(base, "ld" | "st" | "atom" | "red") && stmt.guard().is_none() {
             let index = usize::from(matches!(base, "ld" | "atom"));
             let space = space_of(opcode);
-            if let (Some(operand), Some(bytes)) = (stmt.operands().get(index), access_bytes(opcode)) {
+            if let (Some(operand), Some(bytes)) = (stmt.operands().get(index), access_bytes(opcode))
+            {
                 if let Some(addr) = address(operand) {
                     if let Base::Register(r) = addr.base {
                         let wide = f.regs.get(r) == Some(&64);
-                        let groupable = matches!(space, Space::Global | Space::Shared | Space::Local);
+                        let groupable =
+                            matches!(space, Space::Global | Space::Shared | Space::Local);
                         if wide && groupable && !constant.contains_key(r) {
                             access = Some((r.to_owned(), space, bytes, addr.offset));
                         }

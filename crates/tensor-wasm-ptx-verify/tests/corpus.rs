@@ -68,7 +68,9 @@ fn every_cuda_kernel_of_the_conformance_set_gives_the_same_bytes_fenced() {
                 panic!("{entry} {schedule:?}: {difference}");
             }
         }
-        let plain_count = run(&plain, &case, Mode::Plain, Schedule::InOrder).unwrap().instructions;
+        let plain_count = run(&plain, &case, Mode::Plain, Schedule::InOrder)
+            .unwrap()
+            .instructions;
         let fenced_count = run(&guarded, &case, Mode::Fenced, Schedule::InOrder)
             .unwrap()
             .instructions;
