@@ -10,7 +10,7 @@ use tensor_wasm_ptx_emu::lex::{parse_int, Tok, Token};
 use crate::cfg;
 use crate::group;
 use crate::text::{type_bytes, Function, Space, Stmt, Text};
-use crate::{Fenced, Refusal, HIDDEN_PARAMS};
+use crate::{Fenced, Refusal, FUNCTION_PARAMS, HIDDEN_PARAMS, SHARED_PAD};
 
 /// One text edit: at byte `at`, drop `remove` bytes and insert `insert`.
 struct Edit {
@@ -193,6 +193,9 @@ pub(crate) struct Rewriter<'a> {
     calls: usize,
     /// What the current function's fences and polls read from the prologue.
     used: Used,
+    /// The shared variables the current function can name (module-level ones and its own):
+    /// name and size, the dynamic array with size `%tw_sh`.
+    shared_vars: Vec<(String, String)>,
     /// The current function's groups of accesses and their members by statement.
     groups: Vec<group::Group>,
     members: HashMap<usize, group::Member>,
@@ -246,6 +249,7 @@ impl<'a> Rewriter<'a> {
             used: Used::default(),
             groups: Vec::new(),
             members: HashMap::new(),
+            shared_vars: Vec::new(),
             fences: 0,
             polls: 0,
             proven: 0,
@@ -255,6 +259,11 @@ impl<'a> Rewriter<'a> {
 
     /// Checks and rewrites every function.
     pub(crate) fn run(mut self) -> Result<Fenced, Refusal> {
+        // Every fenced module has shared memory to bound generic shared addresses by.
+        self.insert(
+            self.text.header_end,
+            format!("\n.shared .align 16 .b8 {SHARED_PAD}[16];\n"),
+        );
         for f in &self.text.functions {
             self.function(f)?;
         }
@@ -332,15 +341,18 @@ impl<'a> Rewriter<'a> {
         let depot = locals.first().map(|(name, size)| ((*name).clone(), *size));
 
         // Hidden parameters and registers; the prologue loads what the body uses (below).
-        let hidden: Vec<String> = HIDDEN_PARAMS
-            .iter()
-            .map(|p| format!(".param .u64 {p}"))
-            .collect();
+        let names: &[&str] = if f.entry {
+            &HIDDEN_PARAMS
+        } else {
+            &FUNCTION_PARAMS
+        };
+        let hidden: Vec<String> = names.iter().map(|p| format!(".param .u64 {p}")).collect();
         let separator = if f.params_empty { "" } else { ", " };
         self.insert(f.params_close, format!("{separator}{}", hidden.join(", ")));
         self.insert(
             f.body_open,
             "\n\t.reg .b64 %tw_lo, %tw_hi, %tw_sh, %tw_cancel, %tw_a, %tw_s, %tw_dl;\
+             \n\t.reg .b64 %tw_shlo, %tw_shhi, %tw_x, %tw_y;\
              \n\t.reg .b32 %tw_c;\n\t.reg .pred %tw_p;\n"
                 .to_owned(),
         );
@@ -349,6 +361,24 @@ impl<'a> Rewriter<'a> {
             self.used.cancel = true;
         }
         let known = constant_addresses(f, &self.text.shared);
+        let mut shared_vars: Vec<(String, String)> = self
+            .text
+            .shared
+            .iter()
+            .map(|(name, size)| (name.clone(), size.to_string()))
+            .chain(
+                f.vars
+                    .iter()
+                    .filter(|(_, (space, _))| *space == Space::Shared)
+                    .map(|(name, (_, size))| (name.clone(), size.to_string())),
+            )
+            .collect();
+        shared_vars.push((SHARED_PAD.into(), "16".into()));
+        shared_vars.sort();
+        if let Some(dynamic) = &self.text.dynamic_shared {
+            shared_vars.push((dynamic.clone(), "%tw_sh".into()));
+        }
+        self.shared_vars = shared_vars;
         // Shared memory every launch of this function has: the variables it names.
         let named_shared: u64 = self
             .text
@@ -366,8 +396,7 @@ impl<'a> Rewriter<'a> {
                     .filter(|(space, _)| *space == Space::Shared)
                     .map(|(_, size)| *size),
             )
-            .sum::<u64>()
-            .max(16);
+            .sum::<u64>();
         let depot_size = depot.as_ref().map_or(0, |(_, size)| *size);
         let (groups, members) = group::groups(f, &known, |space, span| match space {
             Space::Global => span <= 1 << 16,
@@ -437,11 +466,36 @@ impl<'a> Rewriter<'a> {
         for n in &used.tops {
             setup.push_str(&format!("\tsub.u64 %tw_top{n}, %tw_hi, {n};\n"));
         }
-        if used.shared || !used.shared_tops.is_empty() {
-            load(&mut setup, "%tw_sh", HIDDEN_PARAMS[2]);
+        let shared_bounds = used.shared || !used.shared_tops.is_empty();
+        if shared_bounds && !f.entry {
+            load(&mut setup, "%tw_shlo", FUNCTION_PARAMS[2]);
+            load(&mut setup, "%tw_shhi", FUNCTION_PARAMS[3]);
+        } else if shared_bounds {
+            // The block's shared memory lies between the lowest variable and the end of the
+            // highest (the dynamic array ends `%tw_sh` bytes after its start), wherever the
+            // device places them: it may reserve the start of the window for itself. The
+            // module always has one variable (the pad the rewrite declares).
+            if self.text.dynamic_shared.is_some() {
+                load(&mut setup, "%tw_sh", HIDDEN_PARAMS[2]);
+            }
+            for (k, (name, size)) in self.shared_vars.iter().enumerate() {
+                let (lo, hi) = if k == 0 {
+                    ("%tw_shlo", "%tw_shhi")
+                } else {
+                    ("%tw_x", "%tw_y")
+                };
+                setup.push_str(&format!(
+                    "\tmov.u64 {lo}, {name};\n\tadd.u64 {hi}, {lo}, {size};\n"
+                ));
+                if k > 0 {
+                    setup.push_str(
+                        "\tmin.u64 %tw_shlo, %tw_shlo, %tw_x;\n\tmax.u64 %tw_shhi, %tw_shhi, %tw_y;\n",
+                    );
+                }
+            }
         }
         for n in &used.shared_tops {
-            setup.push_str(&format!("\tsub.u64 %tw_st{n}, %tw_sh, {n};\n"));
+            setup.push_str(&format!("\tsub.u64 %tw_st{n}, %tw_shhi, {n};\n"));
         }
         if let Some((depot, size)) = &used.depot {
             setup.push_str(&format!("\tmov.u64 %tw_dl, {depot};\n"));
@@ -450,7 +504,12 @@ impl<'a> Rewriter<'a> {
             }
         }
         if used.cancel {
-            load(&mut setup, "%tw_cancel", HIDDEN_PARAMS[3]);
+            let cancel = if f.entry {
+                HIDDEN_PARAMS[3]
+            } else {
+                FUNCTION_PARAMS[4]
+            };
+            load(&mut setup, "%tw_cancel", cancel);
         }
         if !f.entry {
             setup.push_str(&poll());
@@ -523,8 +582,10 @@ impl<'a> Rewriter<'a> {
                     self.proven += 1;
                     Ok(())
                 }
-                // An unsized (dynamic) shared array: fenced like a register address.
-                Some(0) if space == Space::Shared => {
+                // The dynamic shared array: fenced like a register address.
+                None if space == Space::Shared
+                    && self.text.dynamic_shared.as_deref() == Some(name) =>
+                {
                     self.fence(f, stmt, &addr, space, bytes, depot)
                 }
                 _ => Err(refuse(
@@ -593,10 +654,10 @@ impl<'a> Rewriter<'a> {
         let mask = (bytes as i64).wrapping_neg();
         match space {
             Space::Shared => {
-                // Offsets are unsigned: one bound (the shared size is at least 16).
                 self.used.shared_tops.insert(bytes);
                 code.push_str(&format!(
-                    "\tmin.u64 %tw_s, {source}, %tw_st{bytes};\n\tand.b64 %tw_s, %tw_s, {mask};\n"
+                    "\tmax.u64 %tw_s, {source}, %tw_shlo;\n\tmin.u64 %tw_s, %tw_s, %tw_st{bytes};\n\
+                     \tand.b64 %tw_s, %tw_s, {mask};\n"
                 ));
             }
             Space::Local => {
@@ -628,7 +689,8 @@ impl<'a> Rewriter<'a> {
                 self.used.shared_tops.insert(bytes);
                 code.push_str(&format!(
                     "\tisspacep.shared %tw_p, {source};\n\tcvta.to.shared.u64 %tw_s, {source};\n\
-                     \tmin.u64 %tw_s, %tw_s, %tw_st{bytes};\n\tand.b64 %tw_s, %tw_s, {mask};\n\
+                     \tmax.u64 %tw_s, %tw_s, %tw_shlo;\n\tmin.u64 %tw_s, %tw_s, %tw_st{bytes};\n\
+                     \tand.b64 %tw_s, %tw_s, {mask};\n\
                      \tcvta.shared.u64 %tw_s, %tw_s;\n\tmax.u64 %tw_a, {source}, %tw_lo;\n\
                      \tmin.u64 %tw_a, %tw_a, %tw_top{bytes};\n\tand.b64 %tw_a, %tw_a, {mask};\n\
                      \tselp.b64 %tw_a, %tw_s, %tw_a, %tw_p;\n"
@@ -676,7 +738,9 @@ impl<'a> Rewriter<'a> {
                 }
                 Space::Shared => {
                     self.used.shared_tops.insert(span);
-                    code.push_str(&format!("\tmin.u64 {reg}, {source}, %tw_st{span};\n"));
+                    code.push_str(&format!(
+                        "\tmax.u64 {reg}, {source}, %tw_shlo;\n\tmin.u64 {reg}, {reg}, %tw_st{span};\n"
+                    ));
                 }
                 _ => {
                     self.used.depot = depot.clone();
@@ -716,7 +780,7 @@ impl<'a> Rewriter<'a> {
         let n = self.calls;
         let mut before = String::new();
         let mut names = Vec::new();
-        for (k, reg) in ["%tw_lo", "%tw_hi", "%tw_sh", "%tw_cancel"]
+        for (k, reg) in ["%tw_lo", "%tw_hi", "%tw_shlo", "%tw_shhi", "%tw_cancel"]
             .iter()
             .enumerate()
         {

@@ -21,8 +21,10 @@
 //!
 //! - **Fences.** Every global or generic load, store and atomic is confined to the launch's
 //!   window `[lo, hi)` (the guest's memory); a generic address in the shared window to the
-//!   block's shared memory; shared accesses through a register to `[0, shared)`; local
-//!   accesses through a register to the function's own `.local` variable. The fence
+//!   block's shared memory; shared accesses through a register to the block's shared
+//!   memory, from the lowest shared variable to the end of the highest (the device may
+//!   reserve the start of the shared window, so it is not `[0, size)`); local accesses
+//!   through a register to the function's own `.local` variable. The fence
 //!   *clamps* an address into its range and aligns it down to the access size: a stray
 //!   access lands inside the tenant's own memory and never faults (a fault would end the
 //!   whole context, other launches in it included), and no path through the kernel
@@ -32,9 +34,11 @@
 //!   the cancel word (`ld.volatile.global.u32`) and exits once it is non-zero: between two
 //!   polls a thread runs at most one pass through straight-line code, so a runaway kernel
 //!   ends within one loop iteration of the host setting the word.
-//! - **Hidden parameters.** Every entry and function takes four more `.u64` parameters,
-//!   [`HIDDEN_PARAMS`], after its own: the window's first byte and end, the block's shared
-//!   bytes (at least 16), and the cancel word's address; calls pass them on.
+//! - **Hidden parameters.** Every entry takes four more `.u64` parameters,
+//!   [`HIDDEN_PARAMS`], after its own: the window's first byte and end, the launch's dynamic
+//!   shared bytes (at least 16), and the cancel word's address. Every function takes
+//!   [`FUNCTION_PARAMS`], which calls pass on: the window, the block's shared memory as the
+//!   entry bounded it, the cancel word.
 
 mod cfg;
 mod fence;
@@ -42,8 +46,9 @@ mod group;
 mod text;
 
 /// The parameters the rewrite appends to every entry, in order: the window's first byte,
-/// its end (exclusive), the block's shared memory in bytes (static plus dynamic, at least
-/// 16), and the address of the cancel word (a `u32` the kernel reads, never writes).
+/// its end (exclusive), the launch's dynamic shared memory in bytes (at least 16: see
+/// [`dynamic_shared_bytes`]), and the address of the cancel word (a `u32` the kernel reads,
+/// never writes).
 pub const HIDDEN_PARAMS: [&str; 4] = ["__tw_lo", "__tw_hi", "__tw_shared", "__tw_cancel"];
 
 /// Why a module was refused: the instruction, its line, and the rule it breaks.
@@ -106,11 +111,32 @@ pub fn verify(ptx: &str) -> Result<(), Refusal> {
     fence(ptx).map(|_| ())
 }
 
-/// The values of [`HIDDEN_PARAMS`] for a launch: window `lo..hi`, the block's shared bytes
-/// (raised to 16: the fence's bound for generic shared addresses needs one), the cancel
+/// The parameters the rewrite appends to every `.func`, in order (calls pass them on): the
+/// window's first byte and end, the block's shared memory from its first byte to its end
+/// (as the entry computed them), and the cancel word's address.
+pub const FUNCTION_PARAMS: [&str; 5] = [
+    "__tw_lo",
+    "__tw_hi",
+    "__tw_shared_lo",
+    "__tw_shared_hi",
+    "__tw_cancel",
+];
+
+/// The 16-byte shared variable the rewrite declares in every module, so that every fenced
+/// kernel has shared memory to bound generic shared addresses by.
+pub const SHARED_PAD: &str = "__tw_shared_pad";
+
+/// The dynamic shared memory to launch a fenced kernel with, for `requested` bytes: at
+/// least 16, so that a kernel's dynamic array is never empty.
+pub fn dynamic_shared_bytes(requested: u32) -> u32 {
+    requested.max(16)
+}
+
+/// The values of [`HIDDEN_PARAMS`] for a launch: window `lo..hi` (16-byte aligned), the
+/// dynamic shared bytes the launch is given (see [`dynamic_shared_bytes`]), the cancel
 /// word's address.
-pub fn hidden_args(lo: u64, hi: u64, shared_bytes: u32, cancel_word: u64) -> [u64; 4] {
-    [lo, hi, u64::from(shared_bytes.max(16)), cancel_word]
+pub fn hidden_args(lo: u64, hi: u64, dynamic_shared: u32, cancel_word: u64) -> [u64; 4] {
+    [lo, hi, u64::from(dynamic_shared), cancel_word]
 }
 
 fn subset_refusal(ptx: &str, error: tensor_wasm_ptx_emu::EmuError) -> Refusal {

@@ -124,6 +124,11 @@ pub(crate) struct Function {
 pub(crate) struct Text {
     pub functions: Vec<Function>,
     pub shared: HashMap<String, u64>,
+    /// The module's `.extern .shared` array (the launch's dynamic shared memory), if any.
+    pub dynamic_shared: Option<String>,
+    /// Byte offset just after the `.address_size` directive (or 0): where module-level
+    /// declarations of the rewrite go.
+    pub header_end: usize,
 }
 
 /// Width and size of `.type name[N][M]` tokens: (name, size in bytes).
@@ -167,6 +172,8 @@ pub(crate) fn read(ptx: &str) -> Option<Text> {
     let mut text = Text {
         functions: Vec::new(),
         shared: HashMap::new(),
+        dynamic_shared: None,
+        header_end: 0,
     };
     let mut i = 0;
     let word = |i: usize| match tokens.get(i).map(|t| &t.tok) {
@@ -184,10 +191,21 @@ pub(crate) fn read(ptx: &str) -> Option<Text> {
                     text.functions.push(function);
                 }
             }
+            Some(".address_size") => {
+                text.header_end = tokens.get(i + 1).map_or(tokens[i].end, |t| t.end);
+                i += 2;
+            }
             Some(".shared") => {
                 let end = (i..tokens.len()).find(|&j| tokens[j].tok == Tok::Punct(';'))?;
+                let unsized_array = tokens[i + 1..end]
+                    .windows(2)
+                    .any(|pair| pair[0].tok == Tok::Punct('[') && pair[1].tok == Tok::Punct(']'));
                 if let Some((name, size)) = variable(&tokens[i + 1..end]) {
-                    text.shared.insert(name, size);
+                    if unsized_array {
+                        text.dynamic_shared = Some(name);
+                    } else {
+                        text.shared.insert(name, size);
+                    }
                 }
                 i = end + 1;
             }

@@ -65,10 +65,8 @@ pub fn run_with(
     let mut dynamic = case.config.shared_bytes;
     let mut values = args.to_vec();
     if mode == Mode::Fenced {
-        let total = kernel.static_shared_bytes() + dynamic;
-        dynamic += 16u32.saturating_sub(total);
-        let hidden =
-            tensor_wasm_ptx_verify::hidden_args(BASE, BASE + window, total.max(16), cancel_at);
+        dynamic = tensor_wasm_ptx_verify::dynamic_shared_bytes(dynamic);
+        let hidden = tensor_wasm_ptx_verify::hidden_args(BASE, BASE + window, dynamic, cancel_at);
         values.extend(hidden.iter().map(|v| v.to_le_bytes().to_vec()));
     }
     let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
