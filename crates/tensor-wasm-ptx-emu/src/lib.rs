@@ -71,7 +71,7 @@ mod warp;
 use std::fmt;
 
 pub use exec::{launch, Allocation, Launch, LaunchStats, Schedule};
-pub use memory::{LOCAL_WINDOW, SHARED_WINDOW};
+pub use memory::{LOCAL_WINDOW, SHARED_BASE, SHARED_WINDOW};
 pub use parse::{Kernel, Module, ParamInfo};
 
 /// Why a module did not parse or a launch failed. Every message names what it is about
@@ -129,12 +129,12 @@ pub enum EmuError {
     },
     /// Two threads of a block touched one shared byte between two barriers, one writing.
     #[error(
-        "{at}: shared-memory race at shared offset {offset:#x} with thread {other:?} ({what})"
+        "{at}: shared-memory race at shared address {offset:#x} with thread {other:?} ({what})"
     )]
     SharedRace {
         /// The second access: kernel, block, thread and line.
         at: Place,
-        /// Shared-memory byte offset.
+        /// Shared address (the block's shared memory starts at [`SHARED_BASE`]).
         offset: u64,
         /// The thread that touched it first.
         other: [u32; 3],

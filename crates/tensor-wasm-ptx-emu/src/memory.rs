@@ -13,6 +13,10 @@ pub const SHARED_WINDOW: u64 = 0xffff_8000_0000_0000;
 /// Generic addresses `LOCAL_WINDOW .. LOCAL_WINDOW + 2^32` are the thread's local memory.
 pub const LOCAL_WINDOW: u64 = 0xffff_c000_0000_0000;
 const WINDOW_BYTES: u64 = 1 << 32;
+/// Where a block's shared memory starts in the shared state space. As on sm_80 and later
+/// GPUs (which reserve the first KiB of the window for the system), shared variables do not
+/// start at 0: a kernel assuming they do fails here as it would on the device.
+pub const SHARED_BASE: u64 = 1024;
 
 /// The space and address a generic address names.
 pub(crate) fn generic(address: u64) -> (Space, u64) {
@@ -59,6 +63,11 @@ fn find(memory: &[Allocation<'_>], address: u64, n: usize) -> Option<(usize, usi
         let end = start.checked_add(n as u64)?;
         (end <= alloc.bytes.len() as u64).then_some((index, start as usize))
     })
+}
+
+/// The index in the block's shared memory of shared address `address`, if `n` bytes fit.
+fn shared_range(address: u64, n: usize, len: usize) -> Option<usize> {
+    range(address.checked_sub(SHARED_BASE)?, n, len)
 }
 
 /// `start .. start + n` of a buffer of `len` bytes, if it fits.
@@ -161,7 +170,7 @@ impl Block<'_, '_, '_, '_> {
                 }
             }
             Space::Shared => {
-                let Some(start) = range(address, n, self.shared.len()) else {
+                let Some(start) = shared_range(address, n, self.shared.len()) else {
                     return illegal(self);
                 };
                 if !atomic {
@@ -211,7 +220,7 @@ impl Block<'_, '_, '_, '_> {
                 &mut self.threads[t].local[start..start + n]
             }
             Space::Shared => {
-                let Some(start) = range(address, n, self.shared.len()) else {
+                let Some(start) = shared_range(address, n, self.shared.len()) else {
                     return illegal(self);
                 };
                 if !atomic {
@@ -264,7 +273,7 @@ impl Block<'_, '_, '_, '_> {
             if let Some((other, what)) = conflict {
                 return Err(EmuError::SharedRace {
                     at: self.place(t, instr),
-                    offset: offset as u64,
+                    offset: offset as u64 + SHARED_BASE,
                     other: self.threads[other as usize].tid,
                     what: what.into(),
                 });

@@ -5,6 +5,7 @@ use crate::decode::{decode, Scope};
 use crate::ir::{Instr, Ty};
 pub(crate) use crate::lex::{lex, parse_int, Tok, Token};
 
+use crate::memory::SHARED_BASE;
 use crate::EmuError;
 
 /// Most bytes of kernel parameters (CUDA's limit is 32 764 since 12.1).
@@ -639,7 +640,9 @@ impl Parser {
     ) -> Result<(Func, u32, bool), EmuError> {
         self.expect('{')?;
         for var in &self.shared {
-            scope.shared.insert(var.name.clone(), var.offset);
+            scope
+                .shared
+                .insert(var.name.clone(), SHARED_BASE as u32 + var.offset);
         }
         for (index, (decl, _)) in self.funcs.iter().enumerate() {
             scope
@@ -707,7 +710,9 @@ impl Parser {
                         let (var, end) = self.shared_var(shared_end, false)?;
                         if let Some(var) = var {
                             shared_end = end;
-                            scope.shared.insert(var.name, var.offset);
+                            scope
+                                .shared
+                                .insert(var.name, SHARED_BASE as u32 + var.offset);
                         }
                     } else {
                         let (var, end) = self.sized_var(local_end, MAX_LOCAL, "local")?;
@@ -737,7 +742,9 @@ impl Parser {
         let dynamic_name = self.dynamic_name.take().or(module_dynamic.clone());
         let dynamic_offset = shared_end.next_multiple_of(16);
         if let Some(dynamic) = &dynamic_name {
-            scope.shared.insert(dynamic.clone(), dynamic_offset);
+            scope
+                .shared
+                .insert(dynamic.clone(), SHARED_BASE as u32 + dynamic_offset);
         }
         let instrs = statements
             .iter()

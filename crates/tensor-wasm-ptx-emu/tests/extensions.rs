@@ -192,8 +192,9 @@ fn generic_addresses_reach_shared_and_global_memory_and_no_further() {
                 st.global.u64 [%rd2+16], %rd14;";
     let (_, out) = one(body, &[], 6);
     assert_eq!(out[..4], [77, 88, 88, 93]);
-    // `sbuf` is at shared offset 24 (after `pad`): cvta.to.shared(cvta.shared(24 + 8)).
-    assert_eq!(dword(&out, 4), 32);
+    // `sbuf` is 24 bytes into the block's shared memory (after `pad`), which starts at
+    // SHARED_BASE: cvta.to.shared(cvta.shared(sbuf + 8)).
+    assert_eq!(dword(&out, 4), tensor_wasm_ptx_emu::SHARED_BASE + 32);
     for (offset, legal) in [(12, true), (16, false)] {
         let shared = ".shared .align 4 .b32 s[4];\nmov.u64 %rd10, s; cvta.shared.u64 %rd11, %rd10;";
         let access = format!("st.u32 [%rd11+{offset}], %r1; ld.u32 %r10, [%rd11+{offset}];");

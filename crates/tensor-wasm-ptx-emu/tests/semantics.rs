@@ -506,7 +506,7 @@ fn dynamic_shared_memory_is_bounded_by_the_launch() {
     config.dynamic_shared_bytes = 12;
     let error = launch(kernel, &config, &mut []).unwrap_err();
     assert!(
-        matches!(error, EmuError::IllegalAddress { address: 12, .. }),
+        matches!(error, EmuError::IllegalAddress { address, .. } if address == tensor_wasm_ptx_emu::SHARED_BASE + 12),
         "{error}"
     );
 }
