@@ -510,6 +510,8 @@ impl<'a> Rewriter<'a> {
                 FUNCTION_PARAMS[4]
             };
             load(&mut setup, "%tw_cancel", cancel);
+            // The first poll tests this read.
+            setup.push_str("\tld.volatile.global.u32 %tw_c, [%tw_cancel];\n");
         }
         if !f.entry {
             setup.push_str(&poll());
@@ -807,10 +809,13 @@ impl<'a> Rewriter<'a> {
     }
 }
 
-/// The cancellation poll: the thread ends once the host has set the cancel word.
+/// The cancellation poll, pipelined: the thread ends if the cancel word was set when the
+/// previous poll read it, then reads it again for the next poll. The read's latency (a
+/// trip to L2: volatile loads skip L1) overlaps the loop body instead of stalling it;
+/// cancellation takes effect one poll later.
 fn poll() -> String {
-    "\tld.volatile.global.u32 %tw_c, [%tw_cancel];\n\tsetp.ne.u32 %tw_p, %tw_c, 0;\n\
-     \t@%tw_p exit;\n"
+    "\tsetp.ne.u32 %tw_p, %tw_c, 0;\n\t@%tw_p exit;\n\
+     \tld.volatile.global.u32 %tw_c, [%tw_cancel];\n"
         .to_owned()
 }
 

@@ -30,10 +30,11 @@
 //!   whole context, other launches in it included), and no path through the kernel
 //!   changes, so barriers stay uniform. Accesses to a variable at a constant offset are
 //!   proven in bounds instead (or refused when they are not).
-//! - **Polls.** Before every backward branch and at every `.func` entry the thread reads
-//!   the cancel word (`ld.volatile.global.u32`) and exits once it is non-zero: between two
-//!   polls a thread runs at most one pass through straight-line code, so a runaway kernel
-//!   ends within one loop iteration of the host setting the word.
+//! - **Polls.** Before every backward branch and at every `.func` entry the thread tests
+//!   the cancel word as the previous poll read it, exits if it was non-zero, and reads it
+//!   again (`ld.volatile.global.u32`) for the next poll: the read's latency overlaps the
+//!   loop body. Between two polls a thread runs at most one pass through straight-line
+//!   code, so a runaway kernel ends within two loop iterations of the host setting the word.
 //! - **Hidden parameters.** Every entry takes four more `.u64` parameters,
 //!   [`HIDDEN_PARAMS`], after its own: the window's first byte and end, the launch's dynamic
 //!   shared bytes (at least 16), and the cancel word's address. Every function takes
