@@ -176,6 +176,16 @@ gpu-suite: deps examples
 gpu-suite-dry-run: gpu-suite
 	bash scripts/gpu-suite/dry-run.sh $(GPU_SUITE_DIR)
 
+.PHONY: fence-overhead
+## Instructions the PTX interpreter executes for each CUDA C++ kernel of the conformance set,
+## the tenant's module and the fenced one (tensor-wasm-ptx-verify's corpus test); writes
+## bench-results/fence-overhead/<date>.json (then `make perf-doc`). Not part of `make test`.
+fence-overhead: deps
+	mkdir -p bench-results/fence-overhead
+	TENSOR_WASM_FENCE_OVERHEAD_OUT=$(CURDIR)/bench-results/fence-overhead/$$(date -u +%F).json \
+	LD_LIBRARY_PATH=$(CURDIR)/.tools/nvrtc/nvidia/cu13/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} \
+	$(CARGO) test -p tensor-wasm-ptx-verify --test corpus -- --nocapture
+
 .PHONY: models-bench
 ## The real models of scripts/onnx/models.py through the ONNX executor (CPU backend) beside
 ## ONNX Runtime (CPU), interleaved rounds; writes bench-results/models/<date>.json. Not part of

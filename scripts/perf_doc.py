@@ -600,6 +600,29 @@ def tail_latency_section(out):
     out.append("")
 
 
+def fence_overhead_section(out):
+    """Instruction counts of fenced tenant kernels in the interpreter (`make fence-overhead`)."""
+    runs = sorted(glob.glob(os.path.join(RESULTS, "fence-overhead", "*.json")))
+    out.append("## Fenced tenant kernels: instruction overhead\n")
+    if not runs:
+        out.append("No fence-overhead run file is committed yet (`make fence-overhead`).\n")
+        return
+    path = runs[-1]
+    doc = load(path)
+    target = doc["target"]["geomean_overhead_at_most"]
+    geomean = doc["geomean_overhead"]
+    out.append(f"From {provenance(path, doc)}. Method, as recorded: {doc['method']}. The GPU's wall "
+               "clock for the same rewrite is in the GPU runs (fence section).\n")
+    out.append("| kernel | fences | grouped | polls | proven | unfenced | fenced | overhead |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    for k in doc["kernels"]:
+        out.append(f"| `{k['kernel']}` | {k['fences']} | {k['grouped']} | {k['polls']} | {k['proven']} | "
+                   f"{k['unfenced_instructions']} | {k['fenced_instructions']} | {100 * k['overhead']:+.1f} % |")
+    met = "met" if geomean <= target else "**not met**"
+    out.append(f"| geometric mean | | | | | | | {100 * geomean:+.1f} % (goal ≤ {100 * target:.0f} %: {met}) |")
+    out.append("")
+
+
 # The HTTP peers of scripts/http-throughput.sh (`peer_mode` of a run file; older runs: minimal).
 PEER_LABELS = {
     "floor": "floor axum + wasmtime server (`minimal-server --floor`: the server's engine "
@@ -801,6 +824,7 @@ def render():
     icount_section(out)
     charts_section(out, charts, cited)
     tail_latency_section(out)
+    fence_overhead_section(out)
     throughput_section(out, cited)
     out += ["## Run files", "",
             f"Every committed run file, and which figures cite it: [{PAGES_DIR}/run-files.md]"

@@ -45,6 +45,7 @@ fn every_cuda_kernel_of_the_conformance_set_gives_the_same_bytes_fenced() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut summary = Vec::new();
+    let mut counts = Vec::new();
     for case in cuda_cases() {
         let entry = case.kernel.entry;
         let binary = compile_cuda(case.kernel.source, entry, (8, 0)).unwrap();
@@ -74,6 +75,13 @@ fn every_cuda_kernel_of_the_conformance_set_gives_the_same_bytes_fenced() {
         let fenced_count = run(&guarded, &case, Mode::Fenced, Schedule::InOrder)
             .unwrap()
             .instructions;
+        counts.push(serde_json::json!({
+            "kernel": entry, "unfenced_instructions": plain_count,
+            "fenced_instructions": fenced_count,
+            "overhead": fenced_count as f64 / plain_count as f64 - 1.0,
+            "fences": fenced.fences, "grouped": fenced.grouped, "polls": fenced.polls,
+            "proven": fenced.proven,
+        }));
         summary.push(format!(
             "{entry}: {} fences, {} grouped, {} polls, {} proven; {plain_count} -> {fenced_count} instructions ({:+.1} %)",
             fenced.fences,
@@ -84,5 +92,30 @@ fn every_cuda_kernel_of_the_conformance_set_gives_the_same_bytes_fenced() {
         ));
     }
     println!("{}", summary.join("\n"));
+    // `make fence-overhead` keeps these counts as a run file.
+    if let Some(path) = std::env::var_os("TENSOR_WASM_FENCE_OVERHEAD_OUT") {
+        let geomean = (counts
+            .iter()
+            .map(|c| (1.0 + c["overhead"].as_f64().unwrap()).ln())
+            .sum::<f64>()
+            / counts.len() as f64)
+            .exp()
+            - 1.0;
+        let doc = serde_json::json!({
+            "kind": "fence-overhead",
+            "command": "make fence-overhead (cargo test -p tensor-wasm-ptx-verify --test corpus)",
+            "commit": tensor_wasm_gates::runinfo::commit(),
+            "date": tensor_wasm_gates::runinfo::utc_now(),
+            "machine": tensor_wasm_gates::runinfo::machine(),
+            "method": "dynamic instructions the PTX interpreter executes for each CUDA C++ kernel \
+                of the conformance set on its conformance case (in order), the tenant's module and \
+                the fenced one; exact and repeatable",
+            "target": {"geomean_overhead_at_most": 0.03},
+            "kernels": counts,
+            "geomean_overhead": geomean,
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
+        println!("wrote {}", std::path::Path::new(&path).display());
+    }
     assert!(summary.len() >= 13, "the whole corpus ran");
 }
