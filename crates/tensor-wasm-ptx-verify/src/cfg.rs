@@ -130,16 +130,7 @@ fn successors(f: &Function, i: usize) -> Vec<usize> {
     let base = opcode.split('.').next().unwrap_or("");
     match base {
         "bra" => {
-            let target = stmt
-                .operands()
-                .first()
-                .and_then(|o| o.first())
-                .and_then(|t| match &t.tok {
-                    Tok::Word(label) => f.labels.get(label).copied(),
-                    _ => None,
-                })
-                .unwrap_or(n)
-                .min(n);
+            let target = f.branch_target(stmt).unwrap_or(n).min(n);
             if guarded {
                 vec![target, next.min(n)]
             } else {

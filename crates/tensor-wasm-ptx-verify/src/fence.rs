@@ -422,20 +422,11 @@ impl<'a> Rewriter<'a> {
                             .into(),
                     ))
                 }
-                "bra" => {
-                    let target = stmt
-                        .operands()
-                        .first()
-                        .and_then(|o| o.first())
-                        .and_then(|t| match &t.tok {
-                            Tok::Word(l) => f.labels.get(l).copied(),
-                            _ => None,
-                        });
-                    if target.is_some_and(|t| t <= i) {
-                        self.insert(stmt.start, poll());
-                        self.used.cancel = true;
-                        self.polls += 1;
-                    }
+                // A backward branch closes a loop: poll before it.
+                "bra" if f.branch_target(stmt).is_some_and(|t| t <= i) => {
+                    self.insert(stmt.start, poll());
+                    self.used.cancel = true;
+                    self.polls += 1;
                 }
                 "call" => self.call(stmt),
                 _ => {}

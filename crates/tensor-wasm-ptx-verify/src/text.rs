@@ -119,6 +119,16 @@ pub(crate) struct Function {
     pub header: Vec<String>,
 }
 
+impl Function {
+    /// The statement a `bra` jumps to (its label's index).
+    pub fn branch_target(&self, stmt: &Stmt) -> Option<usize> {
+        match &stmt.operands().first()?.first()?.tok {
+            Tok::Word(label) => self.labels.get(label).copied(),
+            _ => None,
+        }
+    }
+}
+
 /// The functions of a module, in source order, with the module's shared variables.
 #[derive(Debug, Clone)]
 pub(crate) struct Text {
