@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use tensor_wasm_ptx_emu::lex::{parse_int, Tok, Token};
 
 use crate::cfg;
-use crate::group;
+use crate::group::{self, constant_addresses};
 use crate::text::{type_bytes, Function, Space, Stmt, Text};
 use crate::{Fenced, Refusal, FUNCTION_PARAMS, HIDDEN_PARAMS, SHARED_PAD};
 
@@ -119,68 +119,6 @@ struct Used {
     depot: Option<(String, u64)>,
     local_tops: std::collections::BTreeSet<u64>,
     cancel: bool,
-}
-
-/// Registers whose one definition makes them a variable's address plus a constant
-/// (`mov.u64 %rd, var`, then `add` of constants): the variable and the offset.
-pub(crate) fn constant_addresses(
-    f: &Function,
-    shared: &HashMap<String, u64>,
-) -> HashMap<String, (String, i64)> {
-    let mut defs: HashMap<&str, usize> = HashMap::new();
-    for stmt in &f.stmts {
-        for d in cfg::def_use(f, stmt).0 {
-            *defs.entry(d).or_default() += 1;
-        }
-    }
-    let mut known: HashMap<String, (String, i64)> = HashMap::new();
-    for stmt in &f.stmts {
-        let (Some(opcode), None) = (stmt.opcode(), stmt.guard()) else {
-            continue;
-        };
-        let operands = stmt.operands();
-        let word = |o: &[Token]| match o {
-            [Token {
-                tok: Tok::Word(w), ..
-            }] => Some(w.clone()),
-            _ => None,
-        };
-        let number = |o: &[Token]| match o {
-            [Token {
-                tok: Tok::Num(n), ..
-            }] => parse_int(n).map(|v| v as i64),
-            [Token {
-                tok: Tok::Punct('-'),
-                ..
-            }, Token {
-                tok: Tok::Num(n), ..
-            }] => parse_int(n).map(|v| -(v as i64)),
-            _ => None,
-        };
-        let Some(dst) = operands.first().and_then(|o| word(o)) else {
-            continue;
-        };
-        if defs.get(dst.as_str()) != Some(&1) {
-            continue;
-        }
-        let value = match (opcode, &operands[..]) {
-            ("mov.u64" | "mov.b64", [_, src]) => word(src)
-                .filter(|w| f.vars.contains_key(w) || shared.contains_key(w))
-                .map(|w| (w, 0)),
-            ("add.u64" | "add.s64", [_, a, b]) => {
-                let from = |r: &[Token], k: &[Token]| {
-                    let (sym, base) = known.get(&word(r)?)?.clone();
-                    Some((sym, base + number(k)?))
-                };
-                from(a, b).or_else(|| from(b, a))
-            }
-            _ => None,
-        };
-        if let Some(value) = value {
-            known.insert(dst, value);
-        }
-    }
-    known
 }
 
 /// The rewrite of one module.
