@@ -186,28 +186,108 @@ fn immediate(pdom: &[Vec<u64>], i: usize) -> usize {
         .unwrap_or(pdom.len() - 1)
 }
 
-/// Divergent regions of `f`.
+/// Reaching definitions: every definition (statement, register), and for each statement the
+/// set of definitions that reach it (bit sets over the definitions).
+struct Reaching<'f> {
+    defs: Vec<(usize, &'f str)>,
+    reach_in: Vec<Vec<u64>>,
+}
+
+impl<'f> Reaching<'f> {
+    fn new(f: &'f Function, succ: &[Vec<usize>]) -> Self {
+        let n = f.stmts.len();
+        let mut defs = Vec::new();
+        let mut defined_at: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, stmt) in f.stmts.iter().enumerate() {
+            for r in def_use(f, stmt).0 {
+                defined_at[i].push(defs.len());
+                defs.push((i, r));
+            }
+        }
+        let words = defs.len().div_ceil(64).max(1);
+        let mut preds: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, next) in succ.iter().enumerate() {
+            for &s in next {
+                if s < n {
+                    preds[s].push(i);
+                }
+            }
+        }
+        // An unguarded definition kills the register's other definitions.
+        let kills = |i: usize, set: &mut Vec<u64>| {
+            if f.stmts[i].guard().is_some() {
+                return;
+            }
+            for &d in &defined_at[i] {
+                for (k, (_, r)) in defs.iter().enumerate() {
+                    if *r == defs[d].1 {
+                        set[k / 64] &= !(1 << (k % 64));
+                    }
+                }
+            }
+        };
+        let mut reach_in = vec![vec![0u64; words]; n];
+        let mut out = vec![vec![0u64; words]; n];
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for i in 0..n {
+                let mut set = vec![0u64; words];
+                for &p in &preds[i] {
+                    for (w, v) in set.iter_mut().zip(&out[p]) {
+                        *w |= v;
+                    }
+                }
+                reach_in[i].clone_from(&set);
+                kills(i, &mut set);
+                for &d in &defined_at[i] {
+                    set[d / 64] |= 1 << (d % 64);
+                }
+                if set != out[i] {
+                    out[i] = set;
+                    changed = true;
+                }
+            }
+        }
+        Reaching { defs, reach_in }
+    }
+
+    /// The definitions of `reg` that reach statement `i`.
+    fn of(&self, i: usize, reg: &str) -> impl Iterator<Item = usize> + '_ {
+        let reg = reg.to_owned();
+        (0..self.defs.len()).filter(move |&k| {
+            self.reach_in[i][k / 64] & (1 << (k % 64)) != 0 && self.defs[k].1 == reg
+        })
+    }
+}
+
+/// Divergent regions of `f`. Divergence is tracked per definition, so a register that is
+/// reused (a parameter's copy, then a thread's loop counter) is judged by the definitions
+/// that actually reach each use.
 pub(crate) fn analyse(f: &Function) -> Flow {
     let n = f.stmts.len();
     let succ: Vec<Vec<usize>> = (0..n).map(|i| successors(f, i)).collect();
     let pdom = post_dominators(&succ);
-    let mut divergent: HashSet<&str> = HashSet::new();
+    let reaching = Reaching::new(f, &succ);
+    let mut divergent_def = vec![false; reaching.defs.len()];
     let mut region_of: Vec<Option<usize>> = vec![None; n];
+    let divergent_use = |divergent_def: &[bool], i: usize, reg: &str| {
+        divergent_special(reg) || reaching.of(i, reg).any(|d| divergent_def[d])
+    };
     loop {
-        let before = (divergent.len(), region_of.iter().flatten().count());
-        for (i, stmt) in f.stmts.iter().enumerate() {
-            let (defs, uses) = def_use(f, stmt);
-            if defs.is_empty() {
+        let before = (
+            divergent_def.iter().filter(|d| **d).count(),
+            region_of.iter().flatten().count(),
+        );
+        for (k, &(i, _)) in reaching.defs.iter().enumerate() {
+            if divergent_def[k] {
                 continue;
             }
-            let taint = source_of_divergence(f, stmt)
+            let stmt = &f.stmts[i];
+            let uses = def_use(f, stmt).1;
+            divergent_def[k] = source_of_divergence(f, stmt)
                 || region_of[i].is_some()
-                || uses
-                    .iter()
-                    .any(|u| divergent.contains(u) || divergent_special(u));
-            if taint {
-                divergent.extend(defs);
-            }
+                || uses.iter().any(|u| divergent_use(&divergent_def, i, u));
         }
         for (i, stmt) in f.stmts.iter().enumerate() {
             let branches = matches!(
@@ -217,7 +297,7 @@ pub(crate) fn analyse(f: &Function) -> Flow {
             let Some((guard, _)) = stmt.guard() else {
                 continue;
             };
-            if !branches || !divergent.contains(guard) {
+            if !branches || !divergent_use(&divergent_def, i, guard) {
                 continue;
             }
             let stop = immediate(&pdom, i);
@@ -231,7 +311,11 @@ pub(crate) fn analyse(f: &Function) -> Flow {
                 queue.extend(succ[s].iter().copied());
             }
         }
-        if (divergent.len(), region_of.iter().flatten().count()) == before {
+        let after = (
+            divergent_def.iter().filter(|d| **d).count(),
+            region_of.iter().flatten().count(),
+        );
+        if after == before {
             return Flow { region_of };
         }
     }

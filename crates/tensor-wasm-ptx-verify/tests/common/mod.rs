@@ -6,7 +6,7 @@
 
 #![allow(dead_code)]
 
-use tensor_wasm_gpu::KernelArg;
+use tensor_wasm_gpu::{KernelArg, LaunchConfig};
 use tensor_wasm_jit::conformance::CudaCase;
 use tensor_wasm_ptx_emu::{launch, Allocation, EmuError, Launch, Module, Schedule};
 
@@ -45,8 +45,8 @@ pub fn pack(args: &[KernelArg]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Runs `case`'s launch of `module` (its only entry named like the case's kernel) with
-/// `args` instead of the case's own when given.
+/// Runs `case`'s launch of `module` (its entry named like the case's kernel) with these
+/// packed arguments over this guest memory.
 pub fn run_with(
     module: &Module,
     case: &CudaCase,
@@ -55,14 +55,39 @@ pub fn run_with(
     mode: Mode,
     schedule: Schedule,
 ) -> Result<Outcome, EmuError> {
+    let launch = Launched {
+        entry: case.kernel.entry,
+        config: &case.config,
+        args,
+        memory,
+    };
+    run_launch(module, &launch, mode, schedule)
+}
+
+/// What one launch runs: the entry, its configuration and packed arguments, the memory.
+pub struct Launched<'a> {
+    pub entry: &'a str,
+    pub config: &'a LaunchConfig,
+    pub args: &'a [Vec<u8>],
+    pub memory: &'a [u8],
+}
+
+/// Runs one launch of `module`, plainly or fenced.
+pub fn run_launch(
+    module: &Module,
+    launched: &Launched<'_>,
+    mode: Mode,
+    schedule: Schedule,
+) -> Result<Outcome, EmuError> {
+    let (case_config, args, memory) = (launched.config, launched.args, launched.memory);
     let kernel = module
-        .kernel(case.kernel.entry)
-        .expect("the case's entry is in the module");
+        .kernel(launched.entry)
+        .expect("the launch's entry is in the module");
     let mut memory = memory.to_vec();
     let window = memory.len() as u64;
     let mut cancel = [0u8; 4];
     let cancel_at = BASE + window + FOREIGN as u64;
-    let mut dynamic = case.config.shared_bytes;
+    let mut dynamic = case_config.shared_bytes;
     let mut values = args.to_vec();
     if mode == Mode::Fenced {
         dynamic = tensor_wasm_ptx_verify::dynamic_shared_bytes(dynamic);
@@ -71,7 +96,7 @@ pub fn run_with(
     }
     let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
     let params = kernel.pack_params(&refs)?;
-    let mut config = Launch::new(case.config.grid, case.config.block, &params).schedule(schedule);
+    let mut config = Launch::new(case_config.grid, case_config.block, &params).schedule(schedule);
     config.dynamic_shared_bytes = dynamic;
     let stats = launch(
         kernel,
