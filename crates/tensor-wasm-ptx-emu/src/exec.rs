@@ -3,6 +3,8 @@
 //! every lane has arrived), calls on a per-thread stack of frames, every memory access
 //! checked (`memory.rs`), shared-memory races and barrier deadlocks detected.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::ir::{Instr, Op, Special, Src, TyKind};
 use crate::memory::cvta;
 use crate::ops;
@@ -57,7 +59,34 @@ pub struct Launch<'a> {
     pub schedule: Schedule,
     /// Most instructions one thread may execute before the launch fails as a runaway loop.
     pub step_limit: u64,
+    /// The host's cancel word, if the launch has one.
+    pub cancel: Option<CancelWord<'a>>,
 }
+
+/// A word of device memory the host writes while the launch runs: the kernel reads it as a
+/// `u32` at `address` (1 once `flag` is set, else 0) and sees the host's write at its next
+/// read, as a running kernel sees a host write to mapped memory; the kernel cannot write it
+/// (an illegal address). The interpreter also checks `flag` itself every
+/// [`CANCEL_CHECK`] instructions of a thread that has not read the word in that many, and
+/// ends a launch whose flag is set with [`EmuError::Cancelled`]: a kernel that never reads the
+/// word still ends, and one that polls it ends by its own poll.
+#[derive(Debug, Clone, Copy)]
+pub struct CancelWord<'a> {
+    /// Device address of the word (4-byte aligned, outside every allocation).
+    pub address: u64,
+    /// Set by the host to cancel the launch.
+    pub flag: &'a AtomicBool,
+}
+
+impl CancelWord<'_> {
+    /// The word's value.
+    pub(crate) fn value(&self) -> u32 {
+        u32::from(self.flag.load(Ordering::Acquire))
+    }
+}
+
+/// Instructions a thread executes between two checks of the launch's cancel flag.
+pub const CANCEL_CHECK: u64 = 1 << 12;
 
 impl<'a> Launch<'a> {
     /// A launch in order, without dynamic shared memory, with a step limit of 2^22.
@@ -69,6 +98,7 @@ impl<'a> Launch<'a> {
             params,
             schedule: Schedule::InOrder,
             step_limit: 1 << 22,
+            cancel: None,
         }
     }
 
@@ -158,9 +188,18 @@ pub fn launch(
         };
         spans.push((alloc.base, end));
     }
+    if let Some(word) = &launch.cancel {
+        if !word.address.is_multiple_of(4) || word.address.checked_add(4).is_none() {
+            return Err(invalid(format!(
+                "the cancel word at {:#x} is not a 4-byte aligned address",
+                word.address
+            )));
+        }
+        spans.push((word.address, word.address + 4));
+    }
     spans.sort_unstable();
     if spans.windows(2).any(|pair| pair[1].0 < pair[0].1) {
-        return Err(invalid("allocations overlap".into()));
+        return Err(invalid("allocations (or the cancel word) overlap".into()));
     }
 
     let [gx, gy, gz] = launch.grid.map(u64::from);
@@ -284,7 +323,9 @@ pub(crate) struct Thread {
     pub local: Vec<u8>,
     calls: Vec<Saved>,
     pub state: State,
-    steps: u64,
+    pub(crate) steps: u64,
+    /// `steps` when the thread last read the cancel word.
+    pub(crate) polled_at: u64,
 }
 
 /// One block being run, and what the launch has counted so far.
@@ -323,6 +364,7 @@ impl Block<'_, '_, '_, '_> {
                         calls: Vec::new(),
                         state: State::Ready,
                         steps: 0,
+                        polled_at: 0,
                     });
                 }
             }
@@ -462,6 +504,14 @@ impl Block<'_, '_, '_, '_> {
                 return Err(EmuError::StepLimit {
                     at: self.place(t, instr),
                     limit: self.launch.step_limit,
+                });
+            }
+            if thread.steps - thread.polled_at > CANCEL_CHECK
+                && thread.steps.is_multiple_of(CANCEL_CHECK)
+                && self.launch.cancel.is_some_and(|word| word.value() != 0)
+            {
+                return Err(EmuError::Cancelled {
+                    at: self.place(t, instr),
                 });
             }
             if let Some(guard) = instr.guard {

@@ -70,7 +70,7 @@ mod warp;
 
 use std::fmt;
 
-pub use exec::{launch, Allocation, Launch, LaunchStats, Schedule};
+pub use exec::{launch, Allocation, CancelWord, Launch, LaunchStats, Schedule, CANCEL_CHECK};
 pub use memory::{LOCAL_WINDOW, SHARED_BASE, SHARED_WINDOW};
 pub use parse::{Kernel, Module, ParamInfo};
 
@@ -159,6 +159,13 @@ pub enum EmuError {
         /// The limit.
         limit: u64,
     },
+    /// The host set the launch's cancel flag ([`CancelWord`]) and a thread ran on: the
+    /// interpreter's own check ended the launch.
+    #[error("{at}: cancelled by the host (the launch's cancel word was set)")]
+    Cancelled {
+        /// Kernel, block, thread and line where the check found the flag set.
+        at: Place,
+    },
     /// Calls nested deeper than the interpreter allows, or more local memory than a thread
     /// may have (runaway recursion).
     #[error("{at}: call depth over {limit} (nested calls), or more than 1 MiB of local memory")]
@@ -190,7 +197,9 @@ impl EmuError {
             EmuError::InvalidLaunch { .. } => (1, "CUDA_ERROR_INVALID_VALUE"),
             EmuError::IllegalAddress { .. } => (700, "CUDA_ERROR_ILLEGAL_ADDRESS"),
             EmuError::Misaligned { .. } => (716, "CUDA_ERROR_MISALIGNED_ADDRESS"),
-            EmuError::StepLimit { .. } => (702, "CUDA_ERROR_LAUNCH_TIMEOUT"),
+            EmuError::StepLimit { .. } | EmuError::Cancelled { .. } => {
+                (702, "CUDA_ERROR_LAUNCH_TIMEOUT")
+            }
             EmuError::SharedRace { .. }
             | EmuError::Deadlock { .. }
             | EmuError::CallDepth { .. }

@@ -180,7 +180,19 @@ impl Block<'_, '_, '_, '_> {
             }
             Space::Global | Space::Generic => match find(self.memory, address, n) {
                 Some((index, start)) => &self.memory[index].bytes[start..start + n],
-                None => return illegal(self),
+                None => match self.launch.cancel {
+                    Some(word)
+                        if address >= word.address && address + n as u64 <= word.address + 4 =>
+                    {
+                        let value = u64::from(word.value()).to_le_bytes();
+                        let start = (address - word.address) as usize;
+                        let mut raw = [0u8; 8];
+                        raw[..n].copy_from_slice(&value[start..start + n]);
+                        self.threads[t].polled_at = self.threads[t].steps;
+                        return Ok(u64::from_le_bytes(raw));
+                    }
+                    _ => return illegal(self),
+                },
             },
         };
         let mut raw = [0u8; 8];
