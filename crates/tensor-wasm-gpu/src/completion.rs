@@ -66,6 +66,11 @@ impl Signal {
         self.cancel_requested.load(Ordering::Acquire)
     }
 
+    /// The flag [`Completion::cancel`] sets, for work that watches it itself.
+    pub(crate) fn cancel_flag(&self) -> &AtomicBool {
+        &self.cancel_requested
+    }
+
     fn lock(&self) -> MutexGuard<'_, SignalState> {
         // The state is a plain value that is never left half-updated, so a poisoned lock (a
         // panic elsewhere while holding it) still holds consistent data.

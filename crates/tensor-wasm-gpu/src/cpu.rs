@@ -4,6 +4,7 @@
 
 mod kernels;
 mod pool;
+pub(crate) mod tenant_ptx;
 
 use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
@@ -134,11 +135,23 @@ impl Backend for CpuBackend {
         Ok(Kernel::builtin(kernel))
     }
 
-    fn load_ptx(&self, _tenant: &TenantKey, _ptx: &str, entry: &str) -> Result<Kernel, GpuError> {
-        Err(GpuError::NotAvailable(format!(
-            "raw PTX needs a CUDA device; this host runs the CPU backend, which has only the \
-             builtin kernels (cannot load entry `{entry}`)"
-        )))
+    fn load_ptx(&self, tenant: &TenantKey, ptx: &str, entry: &str) -> Result<Kernel, GpuError> {
+        let kernel = tenant_ptx::InterpretedPtx::load(tenant, ptx, entry, false)?;
+        Ok(Kernel {
+            kind: KernelKind::Ptx(Arc::new(kernel)),
+        })
+    }
+
+    fn load_fenced_ptx(
+        &self,
+        tenant: &TenantKey,
+        ptx: &str,
+        entry: &str,
+    ) -> Result<Kernel, GpuError> {
+        let kernel = tenant_ptx::InterpretedPtx::load(tenant, ptx, entry, true)?;
+        Ok(Kernel {
+            kind: KernelKind::Ptx(Arc::new(kernel)),
+        })
     }
 
     fn load_cubin(
@@ -181,11 +194,34 @@ impl Backend for CpuBackend {
             KernelKind::Builtin(builtin) => *builtin,
             KernelKind::Ptx(function) => {
                 validate::check_buffers(function.entry(), args, memory.len())?;
-                return Err(GpuError::NotAvailable(format!(
-                    "kernel `{}` is raw PTX or cubin, which needs a CUDA device; this is the \
-                     CPU backend",
-                    function.entry()
-                )));
+                let Some(ptx) = function.downcast_ref::<tenant_ptx::InterpretedPtx>() else {
+                    return Err(GpuError::NotAvailable(format!(
+                        "kernel `{}` is a cubin, which needs a CUDA device; this is the CPU \
+                         backend",
+                        function.entry()
+                    )));
+                };
+                if !ptx.belongs_to(tenant) {
+                    return Err(GpuError::InvalidArgument(format!(
+                        "kernel `{}` was loaded for another tenant",
+                        function.entry()
+                    )));
+                }
+                let signal = Signal::new();
+                // SAFETY: `memory` stays borrowed by the returned completion, which its drop
+                // keeps until the signal has finished and which the caller may not leak (this
+                // function's contract); the kernel's thread is the only one touching it.
+                unsafe {
+                    tenant_ptx::spawn(
+                        function.clone(),
+                        *config,
+                        args.to_vec(),
+                        GuestMemory(memory.as_mut_ptr()),
+                        memory.len(),
+                        signal.clone(),
+                    )
+                }?;
+                return Ok(Completion::pending(signal));
             }
             KernelKind::Program(loaded) => {
                 // Any loaded program runs here, whichever backend loaded it: `run_cpu` needs

@@ -257,14 +257,39 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Loads the function `entry` from tenant PTX text, for `tenant`: on CUDA, into the tenant's
     /// lane (its context), creating the lane if needed. The kernel launches for `tenant` only.
     ///
-    /// A tenant kernel receives raw addresses and is not bounds-checked by this crate beyond its
-    /// arguments; running tenant PTX is a trust decision of the caller.
+    /// On a CUDA device a tenant kernel receives raw addresses and is not bounds-checked by
+    /// this crate beyond its arguments; running unfenced tenant PTX there is a trust decision of
+    /// the caller. The CPU backend runs it in the PTX interpreter, which checks every access
+    /// against the guest memory (at most [`crate::MAX_TENANT_PTX_BYTES`] of text).
     ///
     /// # Errors
-    /// `NotAvailable` on the CPU backend ("raw PTX needs a CUDA device"); `Cuda` when the driver
-    /// rejects the PTX or finds no such entry, or the tenant's lane cannot be created;
-    /// `InvalidArgument` for text with NUL bytes.
+    /// `Cuda` when the driver rejects the PTX or finds no such entry, or the tenant's lane
+    /// cannot be created; `InvalidArgument` for text with NUL bytes, and on the CPU backend for
+    /// PTX the interpreter does not parse or accept.
     fn load_ptx(&self, tenant: &TenantKey, ptx: &str, entry: &str) -> Result<Kernel, GpuError>;
+
+    /// Loads the function `entry` from tenant PTX that the fencing rewrite
+    /// (`tensor-wasm-ptx-verify`) produced, for `tenant`: its entry ends with the rewrite's
+    /// hidden parameters, which every launch fills in (the guest memory as its window, its
+    /// dynamic shared memory, the launch's cancel word), so the kernel reaches no memory but
+    /// the guest's and ends at its invocation's deadline.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for PTX the backend cannot load or whose entry lacks the hidden
+    /// parameters; `NotAvailable` where fenced kernels are not built yet (CUDA devices, today).
+    fn load_fenced_ptx(
+        &self,
+        tenant: &TenantKey,
+        ptx: &str,
+        entry: &str,
+    ) -> Result<Kernel, GpuError> {
+        let _ = (tenant, ptx);
+        Err(GpuError::NotAvailable(format!(
+            "fenced tenant kernels (entry `{entry}`) run on the CPU backend's PTX interpreter; \
+             on a CUDA device they are not built yet: only a function granted the raw_ptx \
+             capability runs its own kernels there, unfenced"
+        )))
+    }
 
     /// Loads the function `entry` from a tenant cubin, for `tenant` (as [`Backend::load_ptx`]):
     /// an ELF image for this device's exact `sm_XX`, such as [`crate::compile_cuda`] returns.

@@ -176,13 +176,65 @@ fn cuda_without_a_device_is_not_available() {
 }
 
 #[test]
-fn cpu_backend_refuses_raw_ptx() {
+fn cpu_backend_interprets_raw_ptx_and_refuses_what_it_cannot_parse() {
     let backend = open_backend(DeviceChoice::Cpu).unwrap();
     assert_eq!(*backend.device(), crate::Device::Cpu);
     assert!(backend.cuda_context().is_none());
     let error = backend.load_ptx(&key(), ".version 8.0", "k").unwrap_err();
     assert!(
-        matches!(&error, GpuError::NotAvailable(m) if m.contains("raw PTX needs a CUDA device")),
+        matches!(&error, GpuError::InvalidArgument(m) if m.contains("no entry `k`")),
+        "{error:?}"
+    );
+    let huge = " ".repeat(crate::MAX_TENANT_PTX_BYTES + 1);
+    let error = backend.load_ptx(&key(), &huge, "k").unwrap_err();
+    assert!(
+        matches!(&error, GpuError::InvalidArgument(m) if m.contains("at most")),
+        "{error:?}"
+    );
+    // Writes its thread index times 3 at out[tid].
+    let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\
+        .visible .entry k(.param .u64 out)\n{\n.reg .b32 %r<3>;\n.reg .b64 %rd<4>;\n\
+        ld.param.u64 %rd1, [out]; mov.u32 %r1, %tid.x; mul.lo.u32 %r2, %r1, 3;\n\
+        mul.wide.u32 %rd2, %r1, 4; add.u64 %rd3, %rd1, %rd2; st.global.u32 [%rd3], %r2;\n\
+        ret;\n}\n";
+    let kernel = backend.load_ptx(&key(), ptx, "k").unwrap();
+    let mut memory = vec![0u8; 64];
+    let config = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [4, 1, 1],
+        shared_bytes: 0,
+    };
+    let args = [KernelArg::Buffer { offset: 8, len: 16 }];
+    crate::launch(
+        &*backend,
+        &key(),
+        &kernel,
+        &config,
+        &args,
+        &mut memory,
+        |c| c.wait_mut(),
+    )
+    .unwrap()
+    .unwrap();
+    let words: Vec<u32> = memory[8..24]
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+        .collect();
+    assert_eq!(words, [0, 3, 6, 9]);
+    // A scalar where the entry takes a pointer is refused before anything runs.
+    let error = crate::launch(
+        &*backend,
+        &key(),
+        &kernel,
+        &config,
+        &[KernelArg::U32(1)],
+        &mut memory,
+        |c| c.wait_mut(),
+    )
+    .and_then(|outcome| outcome)
+    .unwrap_err();
+    assert!(
+        matches!(&error, GpuError::InvalidArgument(m) if m.contains("argument 0")),
         "{error:?}"
     );
 }
@@ -1261,10 +1313,26 @@ fn the_cpu_backend_ignores_the_tenant_key() {
             .unwrap();
             assert!(get_f32s(&memory, 8 * n, n).iter().all(|&v| v == 3.75));
         }
-        let error = backend
+        // Tenant PTX, which the interpreter runs, is the exception: it belongs to its tenant.
+        let tenant_kernel = backend
             .load_ptx(&TenantKey::new("tn-a"), STORE_PTX, "store_one")
-            .unwrap_err();
-        assert!(matches!(error, GpuError::NotAvailable(_)), "{error:?}");
+            .unwrap();
+        let mut memory = vec![0u8; 16];
+        let error = launch(
+            &*backend,
+            &TenantKey::new("tn-b"),
+            &tenant_kernel,
+            &LaunchConfig::linear(1, 1),
+            &[KernelArg::U64(0)],
+            &mut memory,
+            |c| c.wait_mut(),
+        )
+        .and_then(|outcome| outcome)
+        .unwrap_err();
+        assert!(
+            matches!(&error, GpuError::InvalidArgument(m) if m.contains("another tenant")),
+            "{error:?}"
+        );
     }
 }
 

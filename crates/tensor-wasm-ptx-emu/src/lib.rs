@@ -1,5 +1,6 @@
-//! A PTX interpreter and checker for tests: it runs the PTX TensorWasm emits and ships without
-//! a GPU, and reports what compute-sanitizer would.
+//! A PTX interpreter and checker: the tests run the PTX TensorWasm emits in it without a GPU,
+//! and it reports what compute-sanitizer would; the CPU backend runs tenant PTX in it, where
+//! its checks keep a kernel inside the guest memory it was given.
 //!
 //! It understands the PTX subset our kernels use (see [`Module::parse`]; anything else is a
 //! clear [`EmuError::Unsupported`]) with the ISA's semantics: `.rn` f32 arithmetic (`div`

@@ -72,8 +72,15 @@ fn a_polling_kernel_sees_the_host_write_and_ends_by_its_own_poll() {
          st.global.u32 [%rd1], %r1;",
     );
     let (result, count, took) = run_cancelled_after(&spin, Duration::from_millis(50));
-    assert_eq!(result, Ok(()), "the kernel's own poll ends it, not the interpreter");
-    assert!(count > 1, "the word read 0 until the host wrote it: {count} iterations");
+    assert_eq!(
+        result,
+        Ok(()),
+        "the kernel's own poll ends it, not the interpreter"
+    );
+    assert!(
+        count > 1,
+        "the word read 0 until the host wrote it: {count} iterations"
+    );
     assert!(took < Duration::from_secs(10), "took {took:?}");
 }
 

@@ -1,0 +1,249 @@
+//! Tenant PTX on the CPU backend: run by the PTX interpreter (`tensor-wasm-ptx-emu`), which
+//! checks every access against the guest memory it is given, so neither a fenced nor a raw
+//! kernel can touch anything else; an access outside is the launch's error, as an illegal
+//! address is on a GPU.
+//!
+//! A launch runs on a thread of its own, not on the worker pool: a tenant kernel is one
+//! uninterruptible piece of interpreted work, which must not hold a worker that other
+//! tenants' builtins wait for. It ends when the kernel does, or at its invocation's deadline:
+//! the completion's cancel flag is the launch's cancel word (a fenced kernel's polls read it),
+//! and the interpreter ends any thread that runs on without reading it.
+//!
+//! Guest memory is given to the interpreter at device address [`GUEST_BASE`]: a buffer
+//! argument becomes `GUEST_BASE + offset`. A fenced kernel also gets the rewrite's hidden
+//! parameters: its window (all of guest memory), its dynamic shared memory and the cancel
+//! word's address ([`CANCEL_WORD`], below the window).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use tensor_wasm_ptx_emu::{Allocation, CancelWord, EmuError, Launch, Module};
+
+use crate::completion::Signal;
+use crate::kernel::LoadedFunction;
+use crate::{GpuError, KernelArg, LaunchConfig, TenantKey};
+
+/// Device address of guest-memory byte 0 in the interpreter.
+pub(crate) const GUEST_BASE: u64 = 1 << 40;
+
+/// Device address of the launch's cancel word: below the window, outside guest memory.
+pub(crate) const CANCEL_WORD: u64 = GUEST_BASE - 4096;
+
+/// The most PTX text one tenant kernel may have (the interpreter parses it whole).
+pub const MAX_TENANT_PTX_BYTES: usize = 4 << 20;
+
+/// Most instructions one thread of a tenant kernel may execute; a launch normally ends at
+/// its invocation's deadline long before (the cancel word).
+const STEP_LIMIT: u64 = 1 << 40;
+
+/// A tenant kernel the interpreter runs: the parsed module, its entry, and whether it is
+/// fenced (its entry then ends with the rewrite's hidden parameters).
+pub(crate) struct InterpretedPtx {
+    module: Module,
+    entry: String,
+    /// The sizes of the parameters the guest passes (the hidden ones excluded).
+    param_sizes: Vec<usize>,
+    tenant: TenantKey,
+    fenced: bool,
+}
+
+impl LoadedFunction for InterpretedPtx {
+    fn entry(&self) -> &str {
+        &self.entry
+    }
+
+    fn param_sizes(&self) -> &[usize] {
+        &self.param_sizes
+    }
+}
+
+impl InterpretedPtx {
+    /// Parses `ptx` and finds `entry`; a fenced module's entry must end with the hidden
+    /// parameters ([`tensor_wasm_ptx_verify::HIDDEN_PARAMS`]).
+    pub(crate) fn load(
+        tenant: &TenantKey,
+        ptx: &str,
+        entry: &str,
+        fenced: bool,
+    ) -> Result<Self, GpuError> {
+        if ptx.len() > MAX_TENANT_PTX_BYTES {
+            return Err(GpuError::InvalidArgument(format!(
+                "tenant PTX of {} bytes; the CPU backend's interpreter takes at most \
+                 {MAX_TENANT_PTX_BYTES}",
+                ptx.len()
+            )));
+        }
+        let module = Module::parse(ptx)
+            .map_err(|e| GpuError::InvalidArgument(format!("tenant PTX: {e}")))?;
+        let kernel = module.kernel(entry).ok_or_else(|| {
+            GpuError::InvalidArgument(format!("tenant PTX has no entry `{entry}`"))
+        })?;
+        let mut params: Vec<&str> = kernel.params().iter().map(|p| p.name.as_str()).collect();
+        if fenced {
+            let hidden = tensor_wasm_ptx_verify::HIDDEN_PARAMS;
+            let own = params.len().checked_sub(hidden.len());
+            if own.is_none_or(|own| params[own..] != hidden) {
+                return Err(GpuError::InvalidArgument(format!(
+                    "kernel `{entry}` is not fenced: its last parameters are not {hidden:?}"
+                )));
+            }
+            params.truncate(own.unwrap_or(0));
+        }
+        let param_sizes = kernel.params()[..params.len()]
+            .iter()
+            .map(|p| p.size as usize)
+            .collect();
+        Ok(Self {
+            module,
+            entry: entry.to_owned(),
+            param_sizes,
+            tenant: tenant.clone(),
+            fenced,
+        })
+    }
+
+    /// Whether `tenant` may launch this kernel (the one it was loaded for).
+    pub(crate) fn belongs_to(&self, tenant: &TenantKey) -> bool {
+        self.tenant.same_tenant(tenant)
+    }
+
+    /// The packed parameters of a launch: each argument of its parameter's size (a buffer
+    /// as its device address), then the hidden ones of a fenced kernel.
+    fn params(
+        &self,
+        args: &[KernelArg],
+        memory_len: usize,
+        dynamic: u32,
+    ) -> Result<Vec<u8>, GpuError> {
+        if args.len() != self.param_sizes.len() {
+            return Err(GpuError::InvalidArgument(format!(
+                "kernel `{}` takes {} arguments, got {}",
+                self.entry,
+                self.param_sizes.len(),
+                args.len()
+            )));
+        }
+        let mut values: Vec<Vec<u8>> = Vec::with_capacity(args.len() + 4);
+        for (index, (arg, &size)) in args.iter().zip(&self.param_sizes).enumerate() {
+            let bytes = match *arg {
+                KernelArg::Buffer { offset, .. } => (GUEST_BASE + offset).to_le_bytes().to_vec(),
+                KernelArg::U32(v) => v.to_le_bytes().to_vec(),
+                KernelArg::I32(v) => v.to_le_bytes().to_vec(),
+                KernelArg::F32(v) => v.to_bits().to_le_bytes().to_vec(),
+                KernelArg::U64(v) => v.to_le_bytes().to_vec(),
+                KernelArg::I64(v) => v.to_le_bytes().to_vec(),
+                KernelArg::F64(v) => v.to_bits().to_le_bytes().to_vec(),
+            };
+            if bytes.len() != size {
+                return Err(GpuError::InvalidArgument(format!(
+                    "kernel `{}`: argument {index} is a {} ({} bytes), the parameter has {size}",
+                    self.entry,
+                    arg.type_name(),
+                    bytes.len()
+                )));
+            }
+            values.push(bytes);
+        }
+        if self.fenced {
+            let hi = GUEST_BASE + (memory_len as u64 & !15);
+            let hidden = tensor_wasm_ptx_verify::hidden_args(GUEST_BASE, hi, dynamic, CANCEL_WORD);
+            values.extend(hidden.iter().map(|v| v.to_le_bytes().to_vec()));
+        }
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        let kernel = self.module.kernel(&self.entry).expect("checked at load");
+        kernel
+            .pack_params(&refs)
+            .map_err(|e| GpuError::InvalidArgument(e.to_string()))
+    }
+
+    /// Runs a launch over `memory` until it ends or `cancel` is set.
+    pub(crate) fn run(
+        &self,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        memory: &mut [u8],
+        cancel: &AtomicBool,
+    ) -> Result<(), GpuError> {
+        let dynamic = if self.fenced {
+            tensor_wasm_ptx_verify::dynamic_shared_bytes(config.shared_bytes)
+        } else {
+            config.shared_bytes
+        };
+        let params = self.params(args, memory.len(), dynamic)?;
+        let kernel = self.module.kernel(&self.entry).expect("checked at load");
+        let mut launch = Launch::new(config.grid, config.block, &params);
+        launch.dynamic_shared_bytes = dynamic;
+        launch.step_limit = STEP_LIMIT;
+        launch.cancel = Some(CancelWord {
+            address: CANCEL_WORD,
+            flag: cancel,
+        });
+        let outcome = tensor_wasm_ptx_emu::launch(
+            kernel,
+            &launch,
+            &mut [Allocation {
+                base: GUEST_BASE,
+                bytes: memory,
+            }],
+        );
+        match outcome {
+            Ok(_) if cancel.load(std::sync::atomic::Ordering::Acquire) => Err(cancelled()),
+            Ok(_) => Ok(()),
+            Err(EmuError::Cancelled { .. }) => Err(cancelled()),
+            Err(EmuError::InvalidLaunch { reason, .. }) => Err(GpuError::InvalidArgument(format!(
+                "kernel `{}`: {reason}",
+                self.entry
+            ))),
+            Err(error) => Err(GpuError::Cuda(format!(
+                "tenant kernel `{}` failed in the CPU backend's PTX interpreter: {error}",
+                self.entry
+            ))),
+        }
+    }
+}
+
+fn cancelled() -> GpuError {
+    GpuError::Cancelled(String::from(
+        "the tenant kernel was cancelled before it finished (its invocation's deadline passed)",
+    ))
+}
+
+/// Starts `kernel` over `memory` on a thread of its own; `signal` reports its outcome and
+/// carries the cancel flag.
+///
+/// # Safety
+/// `memory` (`len` bytes) must stay valid for reads and writes, and untouched by anything
+/// else, until `signal` has finished: the caller returns a `Completion` of `signal` that
+/// borrows it and is never leaked (the contract of `Backend::launch_unscoped`).
+pub(super) unsafe fn spawn(
+    kernel: Arc<dyn LoadedFunction>,
+    config: LaunchConfig,
+    args: Vec<KernelArg>,
+    memory: super::kernels::GuestMemory,
+    len: usize,
+    signal: Arc<Signal>,
+) -> Result<(), GpuError> {
+    let thread_signal = signal.clone();
+    let spawned = std::thread::Builder::new()
+        .name("tenant-ptx".into())
+        .spawn(move || {
+            let memory = memory;
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let ptx = kernel
+                    .downcast_ref::<InterpretedPtx>()
+                    .expect("spawned for an interpreted kernel");
+                // SAFETY: the caller keeps the `len` bytes at `memory` valid and unshared until
+                // `signal` finishes, which happens only below, after this use.
+                let memory = unsafe { std::slice::from_raw_parts_mut(memory.0, len) };
+                ptx.run(&config, &args, memory, thread_signal.cancel_flag())
+            }));
+            thread_signal.finish(outcome.unwrap_or_else(|_| {
+                Err(GpuError::Cuda(String::from(
+                    "the PTX interpreter panicked (internal error)",
+                )))
+            }));
+        });
+    spawned
+        .map(|_| ())
+        .map_err(|e| GpuError::Cuda(format!("starting the tenant kernel's thread: {e}")))
+}
