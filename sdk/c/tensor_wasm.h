@@ -30,9 +30,11 @@
  *       dwconv2d[RxS,sT,pP] (input, weight, output, n, c, h, w), depthwise
  *     Arguments go in the order shown, buffers first; every kind's contract,
  *     grid and numeric definition: docs/kernels.md.
- *   - tw_kernel_from_ptx() needs a CUDA host and a function deployed with the
- *     raw_ptx capability (granted by the operator to trusted tenants only:
- *     raw PTX can address any device memory).
+ *   - tw_kernel_from_ptx() without the raw_ptx capability verifies and fences
+ *     the PTX (it stays inside the function's memory and ends at its deadline;
+ *     refused PTX is TW_ERR_INVALID_ARGUMENT); fenced kernels run on CPU hosts
+ *     (the PTX interpreter), not yet on CUDA devices. With raw_ptx (granted by
+ *     the operator to trusted tenants only) a CUDA host runs it unfenced.
  *
  * Build:  clang --target=wasm32-wasi -O2 -I sdk/c guest.c -o guest.wasm
  */
@@ -84,7 +86,7 @@ static inline int32_t tw_kernel_from_blueprint(const char *desc) {
     return tw_kernel_from_blueprint_raw(desc, (int32_t)strlen(desc));
 }
 
-/* A kernel from PTX text and an entry name (CUDA hosts, raw_ptx capability). */
+/* A kernel from PTX text and an entry name (fenced unless raw_ptx). */
 static inline int32_t tw_kernel_from_ptx(const char *ptx, const char *entry) {
     return tw_kernel_from_ptx_raw(ptx, (int32_t)strlen(ptx), entry, (int32_t)strlen(entry));
 }

@@ -361,21 +361,6 @@ impl ComponentState {
         gpu.kernels += 1;
         Ok(self.table.push(GpuKernel(kernel))?)
     }
-
-    /// Refuses raw kernels to a function without the capability.
-    fn require_raw(&mut self, what: &str) -> Result<(), GpuCallError> {
-        if self.gpu()?.raw_ptx {
-            return Ok(());
-        }
-        Err(AbiError::new(
-            code::PERMISSION_DENIED,
-            format!(
-                "{what} kernels are a capability this function was not granted (deploy with \
-                 raw_ptx=true on a server started with --allow-raw-ptx)"
-            ),
-        )
-        .into())
-    }
 }
 
 /// Refuses text longer than the core ABI takes.
@@ -408,15 +393,12 @@ impl kernels::HostKernel for ComponentState {
         ptx: String,
         entry: String,
     ) -> Result<Resource<GpuKernel>, GpuCallError> {
-        self.require_raw("raw PTX")?;
         check_text(&ptx, "PTX")?;
         check_text(&entry, "entry name")?;
         let gpu = self.gpu()?;
         let kernel = gpu
             .shared
-            .backend
-            .load_ptx(&gpu.tenant, &ptx, &entry)
-            .map_err(Failure::from)?;
+            .tenant_ptx_kernel(&gpu.tenant, &ptx, &entry, gpu.raw_ptx)?;
         self.add_kernel(kernel)
     }
 
@@ -425,11 +407,12 @@ impl kernels::HostKernel for ComponentState {
         source: String,
         entry: String,
     ) -> Result<Resource<GpuKernel>, GpuCallError> {
-        self.require_raw("CUDA C++")?;
         check_text(&source, "CUDA C++ source")?;
         check_text(&entry, "entry name")?;
         let gpu = self.gpu()?;
-        let kernel = gpu.shared.cuda_kernel(&gpu.tenant, &source, &entry)?;
+        let kernel = gpu
+            .shared
+            .cuda_kernel(&gpu.tenant, &source, &entry, gpu.raw_ptx)?;
         self.add_kernel(kernel)
     }
 

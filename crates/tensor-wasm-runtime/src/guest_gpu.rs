@@ -199,27 +199,85 @@ impl GpuShared {
         Ok(kernel)
     }
 
-    /// A kernel from tenant CUDA C++: compiled by NVRTC for the device's exact
-    /// architecture (once per tenant, source, entry and architecture, through
-    /// the kernel cache, on disk too) and loaded as cubin for `tenant`.
+    /// A kernel from tenant PTX: loaded as it is for a function with the `raw_ptx`
+    /// capability (`raw`); otherwise verified and fenced first (the fenced text is cached by
+    /// fingerprint, per tenant, on disk too) and loaded fenced, so it reaches no memory but the
+    /// guest's and ends at the invocation's deadline. PTX the verifier refuses is
+    /// `INVALID_ARGUMENT`, naming the line, the instruction and the rule.
+    pub(crate) fn tenant_ptx_kernel(
+        &self,
+        tenant: &TenantKey,
+        ptx: &str,
+        entry: &str,
+        raw: bool,
+    ) -> Result<Kernel, Failure> {
+        if raw {
+            return Ok(self.backend.load_ptx(tenant, ptx, entry)?);
+        }
+        let key = CacheKey {
+            fingerprint: source_fingerprint(b"tensor-wasm fenced ptx v1\0", tenant, ptx, entry),
+            arch: (0, 0),
+            driver_version: 0,
+        };
+        let fenced = self
+            .cache
+            .get_or_compile(&key, || fence(ptx, entry))
+            .map_err(|message| AbiError::new(code::INVALID_ARGUMENT, message))?;
+        Ok(self.backend.load_fenced_ptx(tenant, &fenced.ptx, entry)?)
+    }
+
+    /// A kernel from tenant CUDA C++. On a CUDA device with `raw`: compiled by NVRTC for the
+    /// device's exact architecture (once per tenant, source, entry and architecture, through
+    /// the kernel cache, on disk too) and loaded as cubin for `tenant`. Otherwise compiled to
+    /// PTX (for the device's architecture, or sm_80 on the CPU backend) and loaded as
+    /// [`GpuShared::tenant_ptx_kernel`] loads PTX: fenced unless `raw`.
     pub(crate) fn cuda_kernel(
         &self,
         tenant: &TenantKey,
         source: &str,
         entry: &str,
+        raw: bool,
     ) -> Result<Kernel, Failure> {
-        let Device::Cuda(info) = self.backend.device() else {
-            return Err(AbiError::new(
-                code::NOT_AVAILABLE,
-                "CUDA C++ kernels need a CUDA device; this host runs the CPU backend",
-            )
-            .into());
+        let (arch, driver_version) = match self.backend.device() {
+            Device::Cuda(info) => (info.compute_capability, info.driver_version),
+            _ => (CPU_CUDA_ARCH, 0),
         };
-        let arch = info.compute_capability;
+        if !raw || !matches!(self.backend.device(), Device::Cuda(_)) {
+            if let Err(reason) = tensor_wasm_gpu::nvrtc_available() {
+                return Err(AbiError::new(
+                    code::NOT_AVAILABLE,
+                    format!("CUDA C++ kernels need NVRTC, which this host lacks: {reason}"),
+                )
+                .into());
+            }
+            let key = CacheKey {
+                fingerprint: source_fingerprint(
+                    b"tensor-wasm cuda c++ ptx v1\0",
+                    tenant,
+                    source,
+                    entry,
+                ),
+                arch,
+                driver_version,
+            };
+            let compiled = self
+                .cache
+                .get_or_compile(&key, || {
+                    let binary = tensor_wasm_gpu::compile_cuda(source, entry, arch)
+                        .map_err(|e| e.to_string())?;
+                    Ok(CompiledKernel {
+                        ptx: binary.ptx.into(),
+                        entry: entry.into(),
+                        cubin: None,
+                    })
+                })
+                .map_err(|message| AbiError::new(code::INVALID_ARGUMENT, message))?;
+            return self.tenant_ptx_kernel(tenant, &compiled.ptx, entry, raw);
+        }
         let key = CacheKey {
-            fingerprint: cuda_fingerprint(tenant, source, entry),
+            fingerprint: source_fingerprint(b"tensor-wasm cuda c++ v2\0", tenant, source, entry),
             arch,
-            driver_version: info.driver_version,
+            driver_version,
         };
         let compiled = self.cache.get_or_compile(&key, || {
             let binary =
@@ -309,21 +367,39 @@ impl GpuShared {
     }
 }
 
-/// The kernel-cache fingerprint of tenant CUDA C++. The tenant is part of it:
-/// compiled tenant code is never shared across tenants (see the sharing rule
-/// on [`GpuShared`]).
-fn cuda_fingerprint(tenant: &TenantKey, source: &str, entry: &str) -> [u8; 16] {
+/// The compute capability tenant CUDA C++ is compiled for on the CPU backend (its PTX runs
+/// in the interpreter).
+const CPU_CUDA_ARCH: (u32, u32) = (8, 0);
+
+/// The kernel-cache fingerprint of tenant source (CUDA C++ or PTX) under a `domain` naming
+/// what is cached. The tenant is part of it: compiled tenant code is never shared across
+/// tenants (see the sharing rule on [`GpuShared`]).
+fn source_fingerprint(domain: &[u8], tenant: &TenantKey, source: &str, entry: &str) -> [u8; 16] {
     let mut hasher = Sha256::new();
-    hasher.update(b"tensor-wasm cuda c++ v2\0");
+    hasher.update(domain);
     // Length-prefixed, so no tenant id and source can run into each other.
     hasher.update((tenant.as_str().len() as u64).to_le_bytes());
     hasher.update(tenant.as_str().as_bytes());
-    // `entry` is a C identifier (NVRTC refuses anything else): no NUL in it.
+    // `entry` is an identifier (NVRTC and the PTX parser refuse anything else): no NUL in it.
     hasher.update(source.as_bytes());
     hasher.update(b"\0");
     hasher.update(entry.as_bytes());
     let digest = hasher.finalize();
     digest[..16].try_into().expect("16 bytes")
+}
+
+/// Tenant PTX verified and fenced, as the kernel cache keeps it.
+fn fence(ptx: &str, entry: &str) -> Result<CompiledKernel, String> {
+    let fenced = tensor_wasm_ptx_verify::fence(ptx)
+        .map_err(|refusal| format!("the PTX verifier refused the kernel: {refusal}"))?;
+    if !fenced.kernels.iter().any(|k| k == entry) {
+        return Err(format!("the PTX has no entry `{entry}`"));
+    }
+    Ok(CompiledKernel {
+        ptx: fenced.ptx.into(),
+        entry: entry.into(),
+        cubin: None,
+    })
 }
 
 /// Per-instance state of a guest that imports `wasi:cuda`.
@@ -464,17 +540,11 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
         "kernel_from_ptx",
         |mut caller: Caller<'_, InvocationState>, ptr: i32, len: i32, eptr: i32, elen: i32| {
             with_gpu(&mut caller, |mem, gpu| {
-                if !gpu.raw_ptx {
-                    return Err(AbiError::new(
-                        code::PERMISSION_DENIED,
-                        "raw PTX is a capability this function was not granted (deploy with \
-                         raw_ptx=true on a server started with --allow-raw-ptx)",
-                    )
-                    .into());
-                }
                 let ptx = abi::guest_str(mem, ptr, len, "PTX")?;
                 let entry = abi::guest_str(mem, eptr, elen, "entry name")?;
-                let kernel = gpu.shared.backend.load_ptx(&gpu.tenant, &ptx, &entry)?;
+                let kernel =
+                    gpu.shared
+                        .tenant_ptx_kernel(&gpu.tenant, &ptx, &entry, gpu.raw_ptx)?;
                 gpu.add_kernel(kernel)
             })
         },
@@ -484,17 +554,11 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
         "kernel_from_cuda",
         |mut caller: Caller<'_, InvocationState>, ptr: i32, len: i32, eptr: i32, elen: i32| {
             with_gpu(&mut caller, |mem, gpu| {
-                if !gpu.raw_ptx {
-                    return Err(AbiError::new(
-                        code::PERMISSION_DENIED,
-                        "CUDA C++ kernels are a capability this function was not granted (deploy \
-                         with raw_ptx=true on a server started with --allow-raw-ptx)",
-                    )
-                    .into());
-                }
                 let source = abi::guest_str(mem, ptr, len, "CUDA C++ source")?;
                 let entry = abi::guest_str(mem, eptr, elen, "entry name")?;
-                let kernel = gpu.shared.cuda_kernel(&gpu.tenant, &source, &entry)?;
+                let kernel = gpu
+                    .shared
+                    .cuda_kernel(&gpu.tenant, &source, &entry, gpu.raw_ptx)?;
                 gpu.add_kernel(kernel)
             })
         },
@@ -566,6 +630,10 @@ mod tests {
 
     const SOURCE: &str = r#"extern "C" __global__ void k(float* x) { x[0] = 1.0f; }"#;
 
+    fn cuda_fingerprint(tenant: &TenantKey, source: &str, entry: &str) -> [u8; 16] {
+        source_fingerprint(b"tensor-wasm cuda c++ v2\0", tenant, source, entry)
+    }
+
     #[test]
     fn tenant_cuda_code_is_cached_per_tenant() {
         let (a, b) = (TenantKey::new("tn-a"), TenantKey::new("tn-b"));
@@ -582,6 +650,15 @@ mod tests {
         assert_ne!(
             cuda_fingerprint(&TenantKey::new("tn-a"), "bc", "k"),
             cuda_fingerprint(&TenantKey::new("tn-ab"), "c", "k")
+        );
+        // Fenced PTX, PTX compiled from CUDA C++ and cubins never share an entry.
+        assert_ne!(
+            fingerprint,
+            source_fingerprint(b"tensor-wasm fenced ptx v1\0", &a, SOURCE, "k")
+        );
+        assert_ne!(
+            fingerprint,
+            source_fingerprint(b"tensor-wasm cuda c++ ptx v1\0", &a, SOURCE, "k")
         );
     }
 

@@ -251,7 +251,9 @@ pub fn check_gpu_demo(server: &crate::serve::ServeProcess, wasm: &Path, name: &s
         ("oversized", "Error_LimitExceeded"),
         ("out-of-range", "Error_InvalidArgument"),
         ("unknown-blueprint", "Error_InvalidArgument"),
-        ("raw-ptx", "Error_PermissionDenied"),
+        // Tenant PTX without the raw_ptx capability is verified and fenced; this text has
+        // no entry `k`.
+        ("raw-ptx", "Error_InvalidArgument"),
         ("bad-args", "Error_InvalidArgument"),
         ("hog", "Error_LimitExceeded"),
     ] {
