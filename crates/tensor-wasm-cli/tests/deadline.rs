@@ -1,12 +1,13 @@
 //! Invocation deadlines inside host calls, end to end over real HTTP: a kernel launch that
 //! would run for minutes ends at the invocation's deadline, and another tenant's small kernel
-//! is served meanwhile. A test binary of its own, so no other test of this
+//! is served meanwhile; the same for a tenant's own spinning PTX kernel, fenced. A test binary of its own, so no other test of this
 //! crate shares the CPU with it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tensor_wasm_test_support::guests::tenant_kernels::{self, KERNEL, SPIN_ARGS};
 use tensor_wasm_test_support::guests::{examples_dir as examples, ALIASED_MATMUL_WAT};
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess as Server};
 use tensor_wasm_test_support::wait::wait_until;
@@ -149,4 +150,86 @@ fn a_kernel_launch_ends_at_the_invocation_deadline_and_other_tenants_keep_their_
     );
     let (status, answer, _) = invoke(&server, &quiet, &vadd, "run", json!([4096]));
     assert_eq!((status, answer), (200, json!({"results": [4096]})));
+}
+
+/// A tenant without the `raw_ptx` capability deploys a module with its own PTX: fenced, its
+/// kernels run on the CPU backend's interpreter; a spinning one answers 504 at the deadline
+/// (by the fence's cancel word) while another tenant's own kernel completes, and a store far
+/// outside its buffer stays inside its memory.
+#[test]
+fn a_spinning_tenant_kernel_answers_at_its_deadline_while_another_tenant_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(Path::new(BIN), dir.path(), &["--device", "cpu"]);
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url("/tenants"))
+            .set("authorization", &server.admin_auth())
+            .send_json(json!({"name": "quiet"})),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let quiet = json_of(&body)["token"].as_str().unwrap().to_owned();
+    let guest = tenant_kernels::guest();
+    let (status, body, _) = server.post(
+        &format!("/functions?name=spinner&timeout_ms={TIMEOUT_MS}"),
+        "application/wasm",
+        guest.as_bytes(),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let spinner = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url("/functions?name=fill"))
+            .set("authorization", &format!("Bearer {quiet}"))
+            .set("content-type", "application/wasm")
+            .send_bytes(guest.as_bytes()),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let fill = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let (status, answer, _) = invoke(&server, &quiet, &fill, "fill_check", json!([]));
+    assert_eq!((status, answer), (200, json!({"results": [0]})));
+
+    let spin = {
+        let (base, token, id) = (server.base.clone(), server.token.clone(), spinner.clone());
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let (status, body, _) = Server::reply(
+                Server::agent()
+                    .post(&format!("{base}/functions/{id}/invoke"))
+                    .set("authorization", &format!("Bearer {token}"))
+                    .send_json(json!({
+                        "export": "run",
+                        "args": [KERNEL.spin, 2, 64, SPIN_ARGS, 16],
+                    })),
+            );
+            (status, json_of(&body), start.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let mut loaded = Vec::new();
+    for _ in 0..3 {
+        let (status, answer, took) = invoke(&server, &quiet, &fill, "fill_check", json!([]));
+        assert_eq!((status, answer), (200, json!({"results": [0]})));
+        loaded.push(took);
+    }
+    let (status, body, took) = spin.join().unwrap();
+    assert_eq!(
+        (status, error_code(&body)),
+        (504, "invocation_timeout"),
+        "{body}"
+    );
+    let late = took.saturating_sub(Duration::from_millis(TIMEOUT_MS));
+    eprintln!(
+        "deadline {TIMEOUT_MS} ms: the spinning tenant kernel answered {late:?} after it; the \
+         other tenant's fill took {loaded:?}"
+    );
+    assert!(
+        late <= LATE_TOLERANCE,
+        "answered {late:?} after its deadline"
+    );
+    wait_until(Duration::from_secs(5), "no kernel left in flight", || {
+        server.metric("tensor_wasm_dispatch_in_flight") == Some(0.0)
+    });
+    // A store 1 GiB past its buffer lands inside the spinner's own memory, once.
+    let (status, answer, _) = invoke(&server, &server.token, &spinner, "wild_markers", json!([]));
+    assert_eq!((status, answer), (200, json!({"results": [1]})));
 }

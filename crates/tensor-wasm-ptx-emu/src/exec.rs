@@ -3,12 +3,13 @@
 //! every lane has arrived), calls on a per-thread stack of frames, every memory access
 //! checked (`memory.rs`), shared-memory races and barrier deadlocks detected.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use crate::ir::{Instr, Op, Special, Src, TyKind};
+use crate::limits::{frame_cost, CancelWord, BLOCK_MEMORY, CANCEL_CHECK, MAX_THREAD_BYTES};
 use crate::memory::cvta;
 use crate::ops;
 use crate::parse::{Func, Kernel};
+use crate::schedule::Rng;
+pub use crate::schedule::Schedule;
 use crate::{EmuError, Place};
 
 /// A byte range of device memory a launch may touch: global addresses
@@ -19,28 +20,6 @@ pub struct Allocation<'a> {
     pub base: u64,
     /// The memory.
     pub bytes: &'a mut [u8],
-}
-
-/// The order in which the threads of a block run between two barriers (and the blocks of
-/// the grid run). One order hides a missing barrier; several, with the race detector, do not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Schedule {
-    /// Thread 0 first (x fastest, then y, then z); blocks likewise.
-    InOrder,
-    /// The last thread first; blocks likewise.
-    Reversed,
-    /// A fresh pseudo-random order for every block and barrier interval, from this seed.
-    Random(u64),
-}
-
-impl Schedule {
-    /// In order, reversed, and two seeded random orders.
-    pub const ALL: [Schedule; 4] = [
-        Schedule::InOrder,
-        Schedule::Reversed,
-        Schedule::Random(0x5eed_0001),
-        Schedule::Random(0x5eed_0002),
-    ];
 }
 
 /// What to launch: grid, block, dynamic shared memory, the packed parameters
@@ -62,31 +41,6 @@ pub struct Launch<'a> {
     /// The host's cancel word, if the launch has one.
     pub cancel: Option<CancelWord<'a>>,
 }
-
-/// A word of device memory the host writes while the launch runs: the kernel reads it as a
-/// `u32` at `address` (1 once `flag` is set, else 0) and sees the host's write at its next
-/// read, as a running kernel sees a host write to mapped memory; the kernel cannot write it
-/// (an illegal address). The interpreter also checks `flag` itself every
-/// [`CANCEL_CHECK`] instructions of a thread that has not read the word in that many, and
-/// ends a launch whose flag is set with [`EmuError::Cancelled`]: a kernel that never reads the
-/// word still ends, and one that polls it ends by its own poll.
-#[derive(Debug, Clone, Copy)]
-pub struct CancelWord<'a> {
-    /// Device address of the word (4-byte aligned, outside every allocation).
-    pub address: u64,
-    /// Set by the host to cancel the launch.
-    pub flag: &'a AtomicBool,
-}
-
-impl CancelWord<'_> {
-    /// The word's value.
-    pub(crate) fn value(&self) -> u32 {
-        u32::from(self.flag.load(Ordering::Acquire))
-    }
-}
-
-/// Instructions a thread executes between two checks of the launch's cancel flag.
-pub const CANCEL_CHECK: u64 = 1 << 12;
 
 impl<'a> Launch<'a> {
     /// A launch in order, without dynamic shared memory, with a step limit of 2^22.
@@ -165,6 +119,15 @@ pub fn launch(
             "{threads} threads per block, more than {MAX_THREADS}"
         )));
     }
+    let thread_bytes = MAX_THREAD_BYTES.min(BLOCK_MEMORY / threads.max(1));
+    let entry_bytes = frame_cost(&kernel.body);
+    if entry_bytes > thread_bytes {
+        return Err(invalid(format!(
+            "each of the block's {threads} threads needs {entry_bytes} bytes of registers and \
+             local memory; the interpreter holds at most {BLOCK_MEMORY} bytes for a block \
+             ({thread_bytes} per thread here)"
+        )));
+    }
     if launch.params.len() != kernel.param_bytes as usize {
         return Err(invalid(format!(
             "{} parameter bytes, the entry takes {}",
@@ -209,16 +172,24 @@ pub fn launch(
             gx * gy * gz
         )));
     }
-    let mut blocks: Vec<u64> = (0..gx * gy * gz).collect();
+    let count = gx * gy * gz;
     let mut rng = Rng(0);
-    match launch.schedule {
-        Schedule::InOrder => {}
-        Schedule::Reversed => blocks.reverse(),
+    // Only a random order is materialised: in order and reversed need no list of 2^24 blocks.
+    let shuffled: Option<Vec<u64>> = match launch.schedule {
+        Schedule::InOrder | Schedule::Reversed => None,
         Schedule::Random(seed) => {
             rng = Rng(seed);
+            let mut blocks: Vec<u64> = (0..count).collect();
             rng.shuffle(&mut blocks);
+            Some(blocks)
         }
-    }
+    };
+    let reversed = launch.schedule == Schedule::Reversed;
+    let blocks = (0..count).map(|i| match &shuffled {
+        Some(order) => order[i as usize],
+        None if reversed => count - 1 - i,
+        None => i,
+    });
     let mut block = Block {
         kernel,
         launch,
@@ -228,6 +199,7 @@ pub fn launch(
         race: vec![Cell::EMPTY; shared as usize],
         touched: Vec::new(),
         threads: Vec::with_capacity(threads as usize),
+        thread_bytes,
         stats: LaunchStats::default(),
         rng,
     };
@@ -240,26 +212,6 @@ pub fn launch(
         block.run()?;
     }
     Ok(block.stats)
-}
-
-/// splitmix64: a small, seedable generator for schedules.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            let j = (self.next() % (i as u64 + 1)) as usize;
-            items.swap(i, j);
-        }
-    }
 }
 
 /// Who touched one shared byte in the current barrier interval.
@@ -326,6 +278,8 @@ pub(crate) struct Thread {
     pub(crate) steps: u64,
     /// `steps` when the thread last read the cancel word.
     pub(crate) polled_at: u64,
+    /// The host memory the thread's frames hold (see [`frame_cost`]).
+    held: u64,
 }
 
 /// One block being run, and what the launch has counted so far.
@@ -338,6 +292,8 @@ pub(crate) struct Block<'k, 'l, 'm, 'a> {
     pub race: Vec<Cell>,
     pub touched: Vec<usize>,
     pub threads: Vec<Thread>,
+    /// Most host memory one thread may hold (see [`BLOCK_MEMORY`]).
+    thread_bytes: u64,
     stats: LaunchStats,
     rng: Rng,
 }
@@ -365,6 +321,7 @@ impl Block<'_, '_, '_, '_> {
                         state: State::Ready,
                         steps: 0,
                         polled_at: 0,
+                        held: frame_cost(body),
                     });
                 }
             }
@@ -741,7 +698,11 @@ impl Block<'_, '_, '_, '_> {
         let caller_local = kernel.code(thread.func).local_bytes;
         let local_base = thread.local_base as usize + caller_local as usize;
         let local_end = local_base + callee.local_bytes as usize;
-        if thread.calls.len() >= MAX_CALL_DEPTH || local_end > MAX_LOCAL_STACK {
+        let held = thread.held + frame_cost(callee);
+        if thread.calls.len() >= MAX_CALL_DEPTH
+            || local_end > MAX_LOCAL_STACK
+            || held > self.thread_bytes
+        {
             return Err(EmuError::CallDepth {
                 at: self.place(t, instr),
                 limit: MAX_CALL_DEPTH as u32,
@@ -770,6 +731,7 @@ impl Block<'_, '_, '_, '_> {
             ret,
         };
         thread.calls.push(saved);
+        thread.held = held;
         thread.func = Some(func);
         thread.pc = 0;
         thread.local_base = local_base as u32;
@@ -786,6 +748,7 @@ impl Block<'_, '_, '_, '_> {
             return;
         };
         let callee = kernel.code(thread.func);
+        thread.held -= frame_cost(callee);
         let callee_frame = std::mem::replace(&mut thread.frame, saved.frame);
         if let (Some(var), Some((offset, size))) = (saved.ret, callee.ret) {
             let (var, offset, size) = (var as usize, offset as usize, size as usize);

@@ -64,14 +64,17 @@ mod decode;
 mod exec;
 mod ir;
 pub mod lex;
+mod limits;
 mod memory;
 mod ops;
 mod parse;
+mod schedule;
 mod warp;
 
 use std::fmt;
 
-pub use exec::{launch, Allocation, CancelWord, Launch, LaunchStats, Schedule, CANCEL_CHECK};
+pub use exec::{launch, Allocation, Launch, LaunchStats, Schedule};
+pub use limits::{CancelWord, BLOCK_MEMORY, CANCEL_CHECK};
 pub use memory::{LOCAL_WINDOW, SHARED_BASE, SHARED_WINDOW};
 pub use parse::{Kernel, Module, ParamInfo};
 
@@ -169,7 +172,10 @@ pub enum EmuError {
     },
     /// Calls nested deeper than the interpreter allows, or more local memory than a thread
     /// may have (runaway recursion).
-    #[error("{at}: call depth over {limit} (nested calls), or more than 1 MiB of local memory")]
+    #[error(
+        "{at}: call depth over {limit} (nested calls), or more local memory or registers than \
+         one thread may hold"
+    )]
     CallDepth {
         /// Kernel, block, thread and line of the call.
         at: Place,

@@ -182,7 +182,7 @@ impl Block<'_, '_, '_, '_> {
                 Some((index, start)) => &self.memory[index].bytes[start..start + n],
                 None => match self.launch.cancel {
                     Some(word)
-                        if address >= word.address && address + n as u64 <= word.address + 4 =>
+                        if address >= word.address && address - word.address + n as u64 <= 4 =>
                     {
                         let value = u64::from(word.value()).to_le_bytes();
                         let start = (address - word.address) as usize;

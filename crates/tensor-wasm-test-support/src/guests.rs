@@ -3,6 +3,8 @@
 //! the inline WASI commands of the streaming tests, and the aliased-matmul
 //! attack of the deadline tests.
 
+pub mod tenant_kernels;
+
 use std::path::PathBuf;
 use std::process::Command;
 
