@@ -32,9 +32,9 @@
  *     grid and numeric definition: docs/kernels.md.
  *   - tw_kernel_from_ptx() without the raw_ptx capability verifies and fences
  *     the PTX (it stays inside the function's memory and ends at its deadline;
- *     refused PTX is TW_ERR_INVALID_ARGUMENT); fenced kernels run on CPU hosts
- *     (the PTX interpreter), not yet on CUDA devices. With raw_ptx (granted by
- *     the operator to trusted tenants only) a CUDA host runs it unfenced.
+ *     refused PTX is TW_ERR_INVALID_ARGUMENT); CPU hosts run it in the PTX
+ *     interpreter. With raw_ptx (granted by the operator to trusted tenants
+ *     only) it runs unfenced.
  *
  * Build:  clang --target=wasm32-wasi -O2 -I sdk/c guest.c -o guest.wasm
  */

@@ -22,7 +22,13 @@ pub(crate) struct Signal {
     /// Set by [`Completion::cancel`]; the work checks it where it can stop (the CPU backend,
     /// between slices).
     cancel_requested: AtomicBool,
+    /// Run by [`Completion::cancel`] too: how the work is told on a device (a fenced CUDA
+    /// kernel's cancel word).
+    on_cancel: Mutex<Option<CancelHook>>,
 }
+
+/// What [`Completion::cancel`] runs besides setting the flag.
+pub(crate) type CancelHook = Box<dyn Fn() + Send + Sync>;
 
 #[derive(Default)]
 struct SignalState {
@@ -64,6 +70,14 @@ impl Signal {
     /// Whether the completion's owner asked the work to stop early.
     pub(crate) fn cancel_requested(&self) -> bool {
         self.cancel_requested.load(Ordering::Acquire)
+    }
+
+    /// Makes [`Completion::cancel`] run `hook` (once set, before the completion is handed out).
+    pub(crate) fn on_cancel(&self, hook: CancelHook) {
+        *self
+            .on_cancel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(hook);
     }
 
     /// The flag [`Completion::cancel`] sets, for work that watches it itself.
@@ -173,11 +187,20 @@ impl<'m> Completion<'m> {
     /// Asks the kernel to stop early; never blocks. The CPU backend stops a launch at its next
     /// slice (well under a millisecond of work) and the completion then ends with
     /// [`GpuError::Cancelled`], unless the kernel finished first; the guest memory it wrote so
-    /// far keeps what was written. A CUDA kernel cannot be stopped: it runs to its end and the
-    /// completion reports its outcome. Either way, wait on the completion (or drop it) as
+    /// far keeps what was written. A fenced tenant kernel on CUDA ends at its next poll of its
+    /// cancel word, which this sets; any other CUDA kernel cannot be stopped: it runs to its end
+    /// and the completion reports its outcome. Either way, wait on the completion (or drop it) as
     /// usual: the memory is only released once the kernel has really stopped.
     pub fn cancel(&self) {
         self.signal.cancel_requested.store(true, Ordering::Release);
+        let hook = self
+            .signal
+            .on_cancel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(hook) = &*hook {
+            hook();
+        }
     }
 }
 

@@ -153,7 +153,17 @@ impl Backend for CudaBackend {
 
     fn load_ptx(&self, tenant: &TenantKey, ptx: &str, entry: &str) -> Result<Kernel, GpuError> {
         let what = "tenant PTX";
-        self.load_tenant_function(tenant, || Self::ptx_image(ptx, what), entry, what)
+        self.load_tenant_function(tenant, || Self::ptx_image(ptx, what), entry, what, false)
+    }
+
+    fn load_fenced_ptx(
+        &self,
+        tenant: &TenantKey,
+        ptx: &str,
+        entry: &str,
+    ) -> Result<Kernel, GpuError> {
+        let what = "fenced tenant PTX";
+        self.load_tenant_function(tenant, || Self::ptx_image(ptx, what), entry, what, true)
     }
 
     fn load_cubin(
@@ -164,7 +174,7 @@ impl Backend for CudaBackend {
     ) -> Result<Kernel, GpuError> {
         crate::cubin::check_cubin(cubin)?;
         let image = || Ok(Ptx::from_binary(cubin.to_vec()));
-        self.load_tenant_function(tenant, image, entry, "tenant cubin")
+        self.load_tenant_function(tenant, image, entry, "tenant cubin", false)
     }
 
     fn load_program(
@@ -233,8 +243,18 @@ impl Backend for CudaBackend {
                     }
                 };
                 validate::check_buffers(function.entry(), args, memory.len())?;
-                let params = Self::tenant_params(function, args, base)?;
+                let mut params = Self::tenant_params(function, args, base)?;
                 self.check_reachable(memory)?;
+                if function.fenced {
+                    return Self::submit_fenced(
+                        lane,
+                        function,
+                        &mut params,
+                        config,
+                        base,
+                        memory.len(),
+                    );
+                }
                 Self::submit(lane, &function.function, &params, config)
             }
             KernelKind::Program(loaded) => {

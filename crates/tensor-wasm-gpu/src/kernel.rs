@@ -272,11 +272,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// (`tensor-wasm-ptx-verify`) produced, for `tenant`: its entry ends with the rewrite's
     /// hidden parameters, which every launch fills in (the guest memory as its window, its
     /// dynamic shared memory, the launch's cancel word), so the kernel reaches no memory but
-    /// the guest's and ends at its invocation's deadline.
+    /// the guest's and ends at its invocation's deadline. The CPU backend runs it in the PTX
+    /// interpreter; a CUDA backend gives each launch a cancel word of its own in managed memory,
+    /// which [`Completion::cancel`] sets.
     ///
     /// # Errors
     /// `InvalidArgument` for PTX the backend cannot load or whose entry lacks the hidden
-    /// parameters; `NotAvailable` where fenced kernels are not built yet (CUDA devices, today).
+    /// parameters; `NotAvailable` from a backend without fenced kernels (the default).
     fn load_fenced_ptx(
         &self,
         tenant: &TenantKey,
@@ -285,9 +287,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     ) -> Result<Kernel, GpuError> {
         let _ = (tenant, ptx);
         Err(GpuError::NotAvailable(format!(
-            "fenced tenant kernels (entry `{entry}`) run on the CPU backend's PTX interpreter; \
-             on a CUDA device they are not built yet: only a function granted the raw_ptx \
-             capability runs its own kernels there, unfenced"
+            "this backend does not run fenced tenant kernels (entry `{entry}`)"
         )))
     }
 

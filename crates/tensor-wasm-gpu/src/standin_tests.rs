@@ -433,3 +433,95 @@ fn standin_generated_kernels_load_and_run() {
         "{text}"
     );
 }
+
+/// `wild(p, offset, value)`: stores `value` at `p + offset`, any address at all.
+const WILD_PTX: &str = ".version 8.0\n.target sm_80\n.address_size 64\n\
+    .visible .entry wild(.param .u64 p, .param .u64 offset, .param .u32 value)\n{\n\
+    .reg .b32 %r<2>;\n.reg .b64 %rd<4>;\n\
+    ld.param.u64 %rd1, [p]; ld.param.u64 %rd2, [offset]; ld.param.u32 %r1, [value];\n\
+    add.u64 %rd3, %rd1, %rd2; st.global.u32 [%rd3], %r1;\nret;\n}\n";
+
+/// `spin(p)`: loops until `*p` holds a value nothing writes.
+const SPIN_PTX: &str = ".version 8.0\n.target sm_80\n.address_size 64\n\
+    .visible .entry spin(.param .u64 p)\n{\n.reg .pred %p<2>;\n.reg .b32 %r<2>;\n\
+    .reg .b64 %rd<2>;\nld.param.u64 %rd1, [p];\n\
+    LOOP: ld.volatile.global.u32 %r1, [%rd1]; setp.ne.u32 %p1, %r1, 12345; @%p1 bra LOOP;\n\
+    ret;\n}\n";
+
+/// Fenced tenant PTX on a CUDA device: the launch passes the guest memory as the window, so
+/// a store far outside its buffer lands inside guest memory, once; text without the hidden
+/// parameters is refused as fenced. On a GPU (not the stand-in, whose launches run to their
+/// end inside `cuLaunchKernel`) a spinning fenced kernel ends once its launch is cancelled.
+#[test]
+#[ignore = "needs a CUDA device (or the stand-in driver: the_cuda_tests_pass_on_the_stand_in_driver runs it)"]
+fn fenced_tenant_kernels_stay_inside_guest_memory_and_end_when_cancelled() {
+    use std::time::{Duration, Instant};
+
+    let gpu = crate::open_backend(crate::DeviceChoice::Cuda).expect("a CUDA driver");
+    let ctx = gpu.cuda_context().unwrap();
+    let tenant = TenantKey::new("tn-fenced");
+    let fenced = tensor_wasm_ptx_verify::fence(WILD_PTX).unwrap();
+    let kernel = gpu.load_fenced_ptx(&tenant, &fenced.ptx, "wild").unwrap();
+    let config = LaunchConfig::linear(1, 1);
+    let marker = 0x0bad_f00d_u32;
+    for offset in [1u64 << 20, u64::MAX - 3, 1 << 62, 70_000] {
+        let mut memory = crate::tests::ManagedBuffer::new(ctx.clone(), 64 << 10);
+        let args = [
+            KernelArg::Buffer { offset: 0, len: 16 },
+            KernelArg::U64(offset),
+            KernelArg::U32(marker),
+        ];
+        launch(
+            &*gpu,
+            &tenant,
+            &kernel,
+            &config,
+            &args,
+            memory.bytes(),
+            |c| c.wait_mut(),
+        )
+        .unwrap()
+        .unwrap();
+        let written = memory
+            .bytes()
+            .chunks_exact(4)
+            .filter(|w| *w == marker.to_le_bytes())
+            .count();
+        assert_eq!(written, 1, "offset {offset:#x}");
+    }
+    let error = gpu.load_fenced_ptx(&tenant, WILD_PTX, "wild").unwrap_err();
+    assert!(error.to_string().contains("not fenced"), "{error}");
+
+    let on_stand_in = matches!(
+        gpu.device(),
+        crate::Device::Cuda(info) if info.name == tensor_wasm_cuda_standin::DEVICE_NAME
+    );
+    if on_stand_in {
+        println!("the spinning kernel is skipped: the stand-in runs a launch to its end");
+        return;
+    }
+    let fenced = tensor_wasm_ptx_verify::fence(SPIN_PTX).unwrap();
+    let kernel = gpu.load_fenced_ptx(&tenant, &fenced.ptx, "spin").unwrap();
+    let mut memory = crate::tests::ManagedBuffer::new(ctx, 4096);
+    let args = [KernelArg::Buffer { offset: 0, len: 4 }];
+    let config = LaunchConfig::linear(64 * 1024, 256);
+    let took = launch(
+        &*gpu,
+        &tenant,
+        &kernel,
+        &config,
+        &args,
+        memory.bytes(),
+        |c| {
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(!c.is_done(), "the kernel spins until it is cancelled");
+            let cancelled = Instant::now();
+            c.cancel();
+            c.wait_mut().unwrap();
+            cancelled.elapsed()
+        },
+    )
+    .unwrap();
+    println!("a spinning fenced kernel ended {took:?} after its cancel");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+}

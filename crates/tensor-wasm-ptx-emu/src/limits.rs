@@ -32,7 +32,7 @@ pub const CANCEL_CHECK: u64 = 1 << 12;
 
 /// Most host memory the threads of one block may hold at once: registers, parameters and
 /// local memory of every frame. A thread may hold this divided by the block's threads (at
-/// most [`MAX_THREAD_BYTES`]); a launch whose entry alone needs more is refused, a call that
+/// most 16 MiB); a launch whose entry alone needs more is refused, a call that
 /// would take a thread past it fails as [`crate::EmuError::CallDepth`].
 pub const BLOCK_MEMORY: u64 = 256 << 20;
 /// Most host memory one thread may hold.

@@ -7,7 +7,7 @@
 //! | import | signature | does |
 //! |---|---|---|
 //! | `kernel_from_blueprint` | `(desc_ptr, desc_len) -> handle` | a built-in kernel (`vector_add`, `scale`, `matmul`) or a JIT blueprint (`vector_add[4]:f32`, `elementwise[relu]`, `reduce[sum]:i32`, `matmul[16x16x16]`, `conv2d[3x3,s1,p1]`, ...; grammar and launch contracts in `tensor-wasm-jit`) |
-//! | `kernel_from_ptx` | `(ptx_ptr, ptx_len, entry_ptr, entry_len) -> handle` | tenant PTX: verified and fenced (confined to the instance's memory, cancelled at the deadline) unless the function holds `raw_ptx`; fenced kernels run on the CPU backend's PTX interpreter and are not yet available on CUDA devices; refused PTX returns `INVALID_ARGUMENT` with the verifier's reason |
+//! | `kernel_from_ptx` | `(ptx_ptr, ptx_len, entry_ptr, entry_len) -> handle` | tenant PTX: verified and fenced (confined to the instance's memory, cancelled at the deadline) unless the function holds `raw_ptx`; the CPU backend runs tenant PTX in its PTX interpreter; refused PTX returns `INVALID_ARGUMENT` with the verifier's reason |
 //! | `kernel_from_cuda` | `(src_ptr, src_len, entry_ptr, entry_len) -> handle` | tenant CUDA C++ (`extern "C" __global__` entry), compiled by NVRTC and cached, then loaded as `kernel_from_ptx` loads PTX (with `raw_ptx` on a CUDA device: as a cubin for its architecture); a compile error returns `INVALID_ARGUMENT` with NVRTC's log in `last_error` |
 //! | `launch` | `(handle, gx, gy, gz, bx, by, bz, shared_bytes, args_ptr, args_len) -> status` | runs the kernel and returns when it has completed |
 //! | `sync` | `() -> status` | barrier; always 0, since `launch` already waited |

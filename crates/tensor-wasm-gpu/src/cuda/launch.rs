@@ -2,15 +2,15 @@
 //! program functions checked against the parameter layout the driver reports), the launch on a
 //! lane's stream, and its completion event handed to the lane's waiter thread.
 
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 
-use cudarc::driver::{CudaFunction, LaunchArgs, PushKernelArg};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, LaunchArgs, PushKernelArg};
 
 use super::events::PendingLaunch;
 use super::lane::Lane;
 use super::modules::PtxFunction;
 use super::CudaBackend;
-use crate::completion::Signal;
+use crate::completion::{CancelHook, Signal};
 use crate::kernel::LoadedFunction;
 use crate::validate::BuiltinCall;
 use crate::{Completion, GpuError, KernelArg, LaunchConfig};
@@ -57,6 +57,31 @@ impl CudaBackend {
         params_for_layout(function.entry(), &function.param_sizes, args, base)
     }
 
+    /// Submits a fenced tenant kernel: `params` (the guest's, checked) get the rewrite's hidden
+    /// ones — the window (the `len` bytes of guest memory at `base`, 16-byte aligned), the
+    /// dynamic shared memory it is given, and a cancel word of its own in managed memory, which
+    /// [`Completion::cancel`] sets (the kernel's polls end it).
+    pub(super) fn submit_fenced<'m>(
+        lane: &Lane,
+        function: &PtxFunction,
+        params: &mut Vec<Param>,
+        config: &LaunchConfig,
+        base: u64,
+        len: usize,
+    ) -> Result<Completion<'m>, GpuError> {
+        let word = Arc::new(CancelWord::new(&lane.context.ctx)?);
+        let dynamic = tensor_wasm_ptx_verify::dynamic_shared_bytes(config.shared_bytes);
+        let hi = base + (len as u64 & !15);
+        let hidden = tensor_wasm_ptx_verify::hidden_args(base, hi, dynamic, word.address());
+        params.extend(hidden.map(Param::U64));
+        let config = LaunchConfig {
+            shared_bytes: dynamic,
+            ..*config
+        };
+        let hook: CancelHook = Box::new(move || word.set());
+        Self::submit_with(lane, &function.function, params, &config, Some(hook))
+    }
+
     /// Submits `function` (loaded in the lane's context) with `params` to `lane`'s stream and
     /// hands its completion to the lane's waiter thread.
     pub(super) fn submit<'m>(
@@ -64,6 +89,17 @@ impl CudaBackend {
         function: &CudaFunction,
         params: &[Param],
         config: &LaunchConfig,
+    ) -> Result<Completion<'m>, GpuError> {
+        Self::submit_with(lane, function, params, config, None)
+    }
+
+    /// [`CudaBackend::submit`], with what cancelling the completion runs.
+    fn submit_with<'m>(
+        lane: &Lane,
+        function: &CudaFunction,
+        params: &[Param],
+        config: &LaunchConfig,
+        on_cancel: Option<CancelHook>,
     ) -> Result<Completion<'m>, GpuError> {
         // Held until the launch is handed to the waiter, so the waiter sees launches in stream
         // order. The lock holds an `Option` replaced whole: a poisoned one is still valid.
@@ -96,6 +132,9 @@ impl CudaBackend {
             return Err(GpuError::cuda("recording the completion event", error));
         }
         let signal = Signal::new();
+        if let Some(hook) = on_cancel {
+            signal.on_cancel(hook);
+        }
         let pending = PendingLaunch {
             event,
             signal: signal.clone(),
@@ -183,4 +222,51 @@ pub(crate) fn params_for_layout(
             })
         })
         .collect()
+}
+
+/// A fenced kernel's cancel word: 4 bytes of managed memory the host sets while the kernel
+/// runs. Freed when the launch's signal is dropped, after the kernel has ended.
+struct CancelWord {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+}
+
+impl CancelWord {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+        ctx.bind_to_thread()
+            .map_err(|error| GpuError::cuda("binding the context", error))?;
+        // SAFETY: a plain allocation of 4 bytes; the word is written (to 0) before any kernel
+        // gets its address.
+        let ptr =
+            unsafe { result::malloc_managed(4, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
+                .map_err(|error| GpuError::cuda("allocating a cancel word", error))?;
+        // SAFETY: managed memory is host-accessible at its device address; `ptr` is 4 bytes,
+        // aligned (allocations are at least page-aligned).
+        unsafe { std::ptr::write_volatile(ptr as *mut u32, 0) };
+        Ok(Self {
+            ctx: ctx.clone(),
+            ptr,
+        })
+    }
+
+    fn address(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Cancels the kernel: its next poll reads 1.
+    fn set(&self) {
+        // SAFETY: as in `new`; the kernel only reads the word (concurrent managed access), a
+        // volatile host store is what it polls for.
+        unsafe { std::ptr::write_volatile(self.ptr as *mut u32, 1) };
+    }
+}
+
+impl Drop for CancelWord {
+    fn drop(&mut self) {
+        // The kernel has ended (the signal outlives it): nothing reads the word any more.
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by `malloc_managed` in `new`, freed once, here.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
 }

@@ -30,7 +30,11 @@ pub(super) struct PtxFunction {
     pub(super) owner: Option<(TenantKey, Arc<Lane>)>,
     entry: String,
     pub(super) function: CudaFunction,
+    /// The sizes of the parameters a launch passes: all of the entry's, or for a fenced
+    /// kernel all but the rewrite's hidden ones, which the launch adds.
     pub(super) param_sizes: Vec<usize>,
+    /// Whether the function is fenced tenant code (its entry ends with the hidden parameters).
+    pub(super) fenced: bool,
 }
 
 impl LoadedFunction for PtxFunction {
@@ -191,23 +195,43 @@ impl CudaBackend {
             entry: entry.to_owned(),
             function,
             param_sizes,
+            fenced: false,
         }))
     }
 
-    /// Loads tenant code for `tenant` into its lane.
+    /// Loads tenant code for `tenant` into its lane; `fenced` code's entry must end with the
+    /// rewrite's hidden parameters (four of 8 bytes), which its launches fill in.
     pub(super) fn load_tenant_function(
         &self,
         tenant: &TenantKey,
         image: impl FnOnce() -> Result<Ptx, GpuError>,
         entry: &str,
         what: &str,
+        fenced: bool,
     ) -> Result<Kernel, GpuError> {
         let image = image()?;
         catching_driver_panics(|| {
             let lane = self.lane(tenant)?;
             let context = lane.context.clone();
             let owner = Some((tenant.clone(), lane));
-            let function = self.load_function(&context, owner, image, entry, what, None)?;
+            let mut function = self.load_function(&context, owner, image, entry, what, None)?;
+            if fenced {
+                let loaded = Arc::get_mut(&mut function).expect("just loaded, not shared");
+                let hidden = tensor_wasm_ptx_verify::HIDDEN_PARAMS.len();
+                let own = loaded.param_sizes.len().checked_sub(hidden);
+                match own {
+                    Some(own) if loaded.param_sizes[own..].iter().all(|&size| size == 8) => {
+                        loaded.param_sizes.truncate(own);
+                        loaded.fenced = true;
+                    }
+                    _ => {
+                        return Err(GpuError::InvalidArgument(format!(
+                            "kernel `{entry}` is not fenced: its entry does not end with the \
+                             rewrite's {hidden} hidden parameters"
+                        )))
+                    }
+                }
+            }
             Ok(Kernel {
                 kind: KernelKind::Ptx(function),
             })
