@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use tensor_wasm_test_support::guests::tenant_kernels::{self, KERNEL, SPIN_ARGS};
 use tensor_wasm_test_support::guests::{c_guest, examples_dir as examples, ALIASED_MATMUL_WAT};
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess as Server};
 use tensor_wasm_test_support::wait::wait_for;
@@ -561,6 +562,94 @@ fn an_unstoppable_kernel_is_answered_at_the_deadline_and_keeps_its_memory() {
     assert!(
         took < Duration::from_millis(300 + 1000),
         "the job failed after {took:?}"
+    );
+    assert_eq!(server.get("/healthz").0, 200);
+}
+
+/// A tenant without `raw_ptx` runs its own PTX on the CUDA backend: verified, fenced and
+/// launched with its window, through the stand-in. `fill` computes what it should and a store
+/// 1 GiB past its buffer lands inside the function's memory, once. A spinning kernel ends at
+/// the stand-in's step limit (only a GPU shows the cancel word ending it), and another
+/// tenant's kernel, and the same function, run on.
+#[test]
+fn tenant_kernels_are_fenced_over_the_stand_in() {
+    let standin = StandIn::new(&[]);
+    let data = tempfile::tempdir().unwrap();
+    // A context per tenant: the stand-in's launch timeout below is a sticky fault, which a
+    // shared context would pass on to every tenant in it.
+    let server = Server::start_with_env(
+        Path::new(BIN),
+        data.path(),
+        &["--device", "cuda", "--gpu-isolation", "context"],
+        &standin.env(),
+        "warn",
+        Stdio::inherit(),
+    );
+    let guest = tenant_kernels::guest();
+    let (status, body, _) = server.post(
+        "/functions?name=own&timeout_ms=300",
+        "application/wasm",
+        guest.as_bytes(),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let own = json_of(&body)["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        server.call(&own, "fill_check", json!([])),
+        (200, json!({"results": [0]}))
+    );
+    assert_eq!(
+        server.call(&own, "wild_markers", json!([])),
+        (200, json!({"results": [1]}))
+    );
+
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url("/tenants"))
+            .set("authorization", &server.admin_auth())
+            .send_json(json!({"name": "quiet"})),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let quiet = json_of(&body)["token"].as_str().unwrap().to_owned();
+    let (status, body, _) = Server::reply(
+        Server::agent()
+            .post(&server.url("/functions?name=fill"))
+            .set("authorization", &format!("Bearer {quiet}"))
+            .set("content-type", "application/wasm")
+            .send_bytes(guest.as_bytes()),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let fill = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let quiet_fill = || {
+        Server::reply(
+            Server::agent()
+                .post(&server.url(&format!("/functions/{fill}/invoke")))
+                .set("authorization", &format!("Bearer {quiet}"))
+                .send_json(json!({"export": "fill_check", "args": []})),
+        )
+    };
+    // The stand-in runs the spinning launch inside `cuLaunchKernel` until the interpreter's
+    // step limit (2^22 instructions a thread): a launch timeout, a device error for the
+    // function, before its deadline. On a GPU the launch returns at once and the cancel word
+    // ends the kernel at the deadline instead.
+    let start = Instant::now();
+    let (status, body) = server.call(&own, "run", json!([KERNEL.spin, 1, 32, SPIN_ARGS, 16]));
+    let took = start.elapsed();
+    assert_eq!(
+        (status, body),
+        (200, json!({"results": [-6]})),
+        "DEVICE_ERROR from the launch timeout"
+    );
+    assert!(
+        took < Duration::from_millis(300 + 1000),
+        "answered after {took:?}"
+    );
+    // Another tenant's fenced kernel runs on, and so does the same function (in a fresh
+    // context: the faulted one is replaced).
+    let (status, body, _) = quiet_fill();
+    assert_eq!((status, json_of(&body)), (200, json!({"results": [0]})));
+    assert_eq!(
+        server.call(&own, "fill_check", json!([])),
+        (200, json!({"results": [0]}))
     );
     assert_eq!(server.get("/healthz").0, 200);
 }
