@@ -396,9 +396,9 @@ impl kernels::HostKernel for ComponentState {
         check_text(&ptx, "PTX")?;
         check_text(&entry, "entry name")?;
         let gpu = self.gpu()?;
-        let kernel = gpu
-            .shared
-            .tenant_ptx_kernel(&gpu.tenant, &ptx, &entry, gpu.raw_ptx)?;
+        let kernel =
+            gpu.shared
+                .tenant_ptx_kernel(&gpu.tenant, &ptx, &entry, gpu.raw_ptx, gpu.deadline)?;
         self.add_kernel(kernel)
     }
 
@@ -410,9 +410,9 @@ impl kernels::HostKernel for ComponentState {
         check_text(&source, "CUDA C++ source")?;
         check_text(&entry, "entry name")?;
         let gpu = self.gpu()?;
-        let kernel = gpu
-            .shared
-            .cuda_kernel(&gpu.tenant, &source, &entry, gpu.raw_ptx)?;
+        let kernel =
+            gpu.shared
+                .cuda_kernel(&gpu.tenant, &source, &entry, gpu.raw_ptx, gpu.deadline)?;
         self.add_kernel(kernel)
     }
 

@@ -15,6 +15,7 @@ use wasmtime::{Caller, Extern, Linker};
 
 use crate::abi::{self, code, AbiError};
 use crate::bounded::{BoundedLru, CacheBounds};
+use crate::compile_gate::CompileGate;
 use crate::invocation_state::{DeadlineExceeded, InvocationState};
 use crate::metrics::CacheGauges;
 
@@ -90,6 +91,8 @@ pub(crate) struct GpuShared {
     /// The one source of tenant policy, when the embedder gave one
     /// ([`crate::Runtime::set_tenant_policy`]).
     policy: RwLock<Option<Arc<dyn crate::TenantPolicy>>>,
+    /// Tenant kernel compiles running, bounded per tenant.
+    compiles: CompileGate,
 }
 
 impl GpuShared {
@@ -108,6 +111,7 @@ impl GpuShared {
             blueprints,
             tenant_isolation: RwLock::new(HashMap::new()),
             policy: RwLock::new(None),
+            compiles: CompileGate::default(),
         }
     }
 
@@ -203,13 +207,15 @@ impl GpuShared {
     /// capability (`raw`); otherwise verified and fenced first (the fenced text is cached by
     /// fingerprint, per tenant, on disk too) and loaded fenced, so it reaches no memory but the
     /// guest's and ends at the invocation's deadline. PTX the verifier refuses is
-    /// `INVALID_ARGUMENT`, naming the line, the instruction and the rule.
+    /// `INVALID_ARGUMENT`, naming the line, the instruction and the rule. A compile waits for
+    /// the tenant's compile slot (`compile_gate`) until `deadline`.
     pub(crate) fn tenant_ptx_kernel(
         &self,
         tenant: &TenantKey,
         ptx: &str,
         entry: &str,
         raw: bool,
+        deadline: Instant,
     ) -> Result<Kernel, Failure> {
         if raw {
             return Ok(self.backend.load_ptx(tenant, ptx, entry)?);
@@ -219,10 +225,7 @@ impl GpuShared {
             arch: (0, 0),
             driver_version: 0,
         };
-        let fenced = self
-            .cache
-            .get_or_compile(&key, || fence(ptx, entry))
-            .map_err(|message| AbiError::new(code::INVALID_ARGUMENT, message))?;
+        let fenced = self.compiled(tenant, &key, deadline, || fence(ptx, entry))?;
         Ok(self.backend.load_fenced_ptx(tenant, &fenced.ptx, entry)?)
     }
 
@@ -237,12 +240,14 @@ impl GpuShared {
         source: &str,
         entry: &str,
         raw: bool,
+        deadline: Instant,
     ) -> Result<Kernel, Failure> {
         let (arch, driver_version) = match self.backend.device() {
             Device::Cuda(info) => (info.compute_capability, info.driver_version),
             _ => (CPU_CUDA_ARCH, 0),
         };
-        if !raw || !matches!(self.backend.device(), Device::Cuda(_)) {
+        let cubin = raw && matches!(self.backend.device(), Device::Cuda(_));
+        if !cubin {
             if let Err(reason) = tensor_wasm_gpu::nvrtc_available() {
                 return Err(AbiError::new(
                     code::NOT_AVAILABLE,
@@ -250,51 +255,55 @@ impl GpuShared {
                 )
                 .into());
             }
-            let key = CacheKey {
-                fingerprint: source_fingerprint(
-                    b"tensor-wasm cuda c++ ptx v1\0",
-                    tenant,
-                    source,
-                    entry,
-                ),
-                arch,
-                driver_version,
-            };
-            let compiled = self
-                .cache
-                .get_or_compile(&key, || {
-                    let binary = tensor_wasm_gpu::compile_cuda(source, entry, arch)
-                        .map_err(|e| e.to_string())?;
-                    Ok(CompiledKernel {
-                        ptx: binary.ptx.into(),
-                        entry: entry.into(),
-                        cubin: None,
-                    })
-                })
-                .map_err(|message| AbiError::new(code::INVALID_ARGUMENT, message))?;
-            return self.tenant_ptx_kernel(tenant, &compiled.ptx, entry, raw);
         }
+        let domain: &[u8] = if cubin {
+            b"tensor-wasm cuda c++ v2\0"
+        } else {
+            b"tensor-wasm cuda c++ ptx v1\0"
+        };
         let key = CacheKey {
-            fingerprint: source_fingerprint(b"tensor-wasm cuda c++ v2\0", tenant, source, entry),
+            fingerprint: source_fingerprint(domain, tenant, source, entry),
             arch,
             driver_version,
         };
-        let compiled = self.cache.get_or_compile(&key, || {
+        let compiled = self.compiled(tenant, &key, deadline, || {
             let binary =
                 tensor_wasm_gpu::compile_cuda(source, entry, arch).map_err(|e| e.to_string())?;
             Ok(CompiledKernel {
                 ptx: binary.ptx.into(),
                 entry: entry.into(),
-                cubin: Some(binary.cubin.into()),
+                cubin: cubin.then(|| binary.cubin.into()),
             })
-        });
-        let compiled =
-            compiled.map_err(|message| AbiError::new(code::INVALID_ARGUMENT, message))?;
+        })?;
+        if !cubin {
+            return self.tenant_ptx_kernel(tenant, &compiled.ptx, entry, raw, deadline);
+        }
         let cubin = compiled
             .cubin
             .as_ref()
             .ok_or_else(|| AbiError::new(code::DEVICE_ERROR, "cached kernel has no cubin"))?;
         Ok(self.backend.load_cubin(tenant, cubin, entry)?)
+    }
+
+    /// The kernel cache's entry for `key`, or `compile`d (and cached) in one of `tenant`'s
+    /// compile slots, waited for until `deadline`; a compile error is `INVALID_ARGUMENT`.
+    fn compiled(
+        &self,
+        tenant: &TenantKey,
+        key: &CacheKey,
+        deadline: Instant,
+        compile: impl FnOnce() -> Result<CompiledKernel, String>,
+    ) -> Result<Arc<CompiledKernel>, Failure> {
+        if let Some(hit) = self.cache.get(key) {
+            return Ok(hit);
+        }
+        let _permit = self
+            .compiles
+            .acquire(tenant.as_str(), deadline)
+            .ok_or(Failure::Deadline)?;
+        self.cache
+            .get_or_compile(key, compile)
+            .map_err(|message| AbiError::new(code::INVALID_ARGUMENT, message).into())
     }
 }
 
@@ -542,9 +551,13 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
             with_gpu(&mut caller, |mem, gpu| {
                 let ptx = abi::guest_str(mem, ptr, len, "PTX")?;
                 let entry = abi::guest_str(mem, eptr, elen, "entry name")?;
-                let kernel =
-                    gpu.shared
-                        .tenant_ptx_kernel(&gpu.tenant, &ptx, &entry, gpu.raw_ptx)?;
+                let kernel = gpu.shared.tenant_ptx_kernel(
+                    &gpu.tenant,
+                    &ptx,
+                    &entry,
+                    gpu.raw_ptx,
+                    gpu.deadline,
+                )?;
                 gpu.add_kernel(kernel)
             })
         },
@@ -556,9 +569,13 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
             with_gpu(&mut caller, |mem, gpu| {
                 let source = abi::guest_str(mem, ptr, len, "CUDA C++ source")?;
                 let entry = abi::guest_str(mem, eptr, elen, "entry name")?;
-                let kernel = gpu
-                    .shared
-                    .cuda_kernel(&gpu.tenant, &source, &entry, gpu.raw_ptx)?;
+                let kernel = gpu.shared.cuda_kernel(
+                    &gpu.tenant,
+                    &source,
+                    &entry,
+                    gpu.raw_ptx,
+                    gpu.deadline,
+                )?;
                 gpu.add_kernel(kernel)
             })
         },

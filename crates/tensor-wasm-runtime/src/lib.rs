@@ -24,6 +24,7 @@
 
 pub mod abi;
 mod bounded;
+mod compile_gate;
 pub mod component;
 mod component_charge;
 mod component_gpu;
