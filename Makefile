@@ -186,6 +186,16 @@ fence-overhead: deps
 	LD_LIBRARY_PATH=$(CURDIR)/.tools/nvrtc/nvidia/cu13/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} \
 	$(CARGO) test -p tensor-wasm-ptx-verify --test corpus -- --nocapture
 
+.PHONY: interp-speed
+## How fast the PTX interpreter (a CPU host's engine for tenant kernels) runs each CUDA C++
+## kernel of the conformance set, plain and fenced, interleaved over 21 rounds (release build);
+## writes bench-results/interp-speed/<date>.json (then `make perf-doc`). Not part of `make test`.
+interp-speed: deps
+	mkdir -p bench-results/interp-speed
+	LD_LIBRARY_PATH=$(CURDIR)/.tools/nvrtc/nvidia/cu13/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} \
+	$(CARGO) run --release -p tensor-wasm-ptx-verify --example interp_speed -- --rounds 21 \
+		--out $(CURDIR)/bench-results/interp-speed/$$(date -u +%F).json
+
 .PHONY: models-bench
 ## The real models of scripts/onnx/models.py through the ONNX executor (CPU backend) beside
 ## ONNX Runtime (CPU), interleaved rounds; writes bench-results/models/<date>.json. Not part of

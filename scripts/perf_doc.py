@@ -623,6 +623,28 @@ def fence_overhead_section(out):
     out.append("")
 
 
+def interp_speed_section(out):
+    """How fast the PTX interpreter runs tenant kernels (`make interp-speed`)."""
+    runs = sorted(glob.glob(os.path.join(RESULTS, "interp-speed", "*.json")))
+    out.append("## Tenant kernels on a CPU host: the PTX interpreter's speed\n")
+    if not runs:
+        out.append("No interp-speed run file is committed yet (`make interp-speed`).\n")
+        return
+    path = runs[-1]
+    doc = load(path)
+    out.append(f"From {provenance(path, doc)}. Method, as recorded: {doc['method']}. Absolute times "
+               "are this machine's; one interpreter thread per launch.\n")
+    out.append("| kernel | instructions (plain) | plain, median [min … max] | fenced, median [min … max] "
+               "| fenced / plain | fenced Minstr/s |")
+    out.append("|---|---|---|---|---|---|")
+    for k in doc["kernels"]:
+        p, f = k["unfenced_seconds"], k["fenced_seconds"]
+        span = lambda s: f"{1e6 * s['median']:.0f} µs [{1e6 * s['min']:.0f} … {1e6 * s['max']:.0f}]"
+        out.append(f"| `{k['kernel']}` | {k['unfenced_instructions']} | {span(p)} | {span(f)} | "
+                   f"{f['median'] / p['median']:.2f} | {k['fenced_minstr_per_s']:.0f} |")
+    out.append("")
+
+
 # The HTTP peers of scripts/http-throughput.sh (`peer_mode` of a run file; older runs: minimal).
 PEER_LABELS = {
     "floor": "floor axum + wasmtime server (`minimal-server --floor`: the server's engine "
@@ -825,6 +847,7 @@ def render():
     charts_section(out, charts, cited)
     tail_latency_section(out)
     fence_overhead_section(out)
+    interp_speed_section(out)
     throughput_section(out, cited)
     out += ["## Run files", "",
             f"Every committed run file, and which figures cite it: [{PAGES_DIR}/run-files.md]"
