@@ -2,7 +2,8 @@
 //! guest's own PTX is verified, fenced and run in the interpreter over its memory. It
 //! computes what it should, a wild store stays inside the guest's memory, a spinning kernel
 //! ends at the invocation's deadline while another tenant's kernel completes, and PTX the
-//! verifier refuses is `INVALID_ARGUMENT` with the reason in `last_error`.
+//! verifier refuses is `INVALID_ARGUMENT` with the reason in `last_error`. The same kernel
+//! from CUDA C++ (NVRTC) runs too.
 
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,14 @@ fn a_tenant_kernel_without_the_capability_is_fenced_and_runs() {
         explain(&rt, &id, [KERNEL.fill, 4, 256, FILL_ARGS, 32])
     );
     assert_eq!(call(&rt, &id, "fill_check", &[]), 0);
+
+    // The same kernel from CUDA C++: NVRTC's PTX, verified, fenced and interpreted.
+    let from_cuda = call(&rt, &id, "fill_check_with", &[json!(KERNEL.cuda_fill)]);
+    if tensor_wasm_gpu::nvrtc_available().is_ok() {
+        assert_eq!(from_cuda, 0);
+    } else {
+        assert_eq!(from_cuda, i64::from(abi::code::NOT_AVAILABLE));
+    }
 
     // A store 1 GiB past its buffer lands inside the guest's memory, exactly once.
     assert_eq!(call(&rt, &id, "wild_markers", &[]), 1);

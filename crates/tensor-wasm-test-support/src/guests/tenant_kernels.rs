@@ -1,5 +1,6 @@
 //! A core module with its own PTX (`kernel_from_ptx`), for the tenant-kernel tests of the
-//! runtime and of the server: kernels `fill`, `spin`, `wild` and a divergent `bad`.
+//! runtime and of the server: kernels `fill`, `spin`, `wild` and a divergent `bad`, and `fill`
+//! again from CUDA C++ (`kernel_from_cuda`).
 
 /// `wasi:cuda` argument record tags.
 const BUFFER: u32 = 7;
@@ -13,6 +14,8 @@ pub struct Kernels {
     pub spin: i64,
     pub wild: i64,
     pub bad: i64,
+    /// `fill` compiled from [`CUDA_FILL`] by NVRTC.
+    pub cuda_fill: i64,
 }
 
 /// Kernel indices of the guest's `run`.
@@ -21,7 +24,14 @@ pub const KERNEL: Kernels = Kernels {
     spin: 1,
     wild: 2,
     bad: 3,
+    cuda_fill: 4,
 };
+
+/// `fill` in CUDA C++: `out[i] = 3i` for `i < n`.
+pub const CUDA_FILL: &str =
+    "extern \"C\" __global__ void fill(unsigned int* out, unsigned int n) {\n\
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;\n\
+    if (i < n) out[i] = i * 3u;\n}\n";
 
 /// Where the guest keeps the argument records of `fill` (2 records), `spin` (1), `wild` (3).
 pub const FILL_ARGS: i64 = 20480;
@@ -115,7 +125,8 @@ fn wat_string(bytes: &[u8]) -> String {
 /// 1 spin, 2 wild, 3 the divergent `bad`) from its PTX and launches it with the argument
 /// records at `args` (`nargs` bytes of them); `fill_check()` runs `fill` over 1000 words and returns 0 when
 /// `out[i] = 3i` there and nothing was written past them (else a status or the first wrong
-/// index + 1); `wild_markers()` runs `wild` and returns how many more [`MARKER`] words all of its
+/// index + 1), `fill_check_with(k)` the same with kernel `k` (`fill` or `cuda_fill`);
+/// `wild_markers()` runs `wild` and returns how many more [`MARKER`] words all of its
 /// memory holds than before.
 pub fn guest() -> String {
     let fill = [record(BUFFER, 4096, OUT.into()), record(U32, 0, 1000)].concat();
@@ -128,19 +139,24 @@ pub fn guest() -> String {
     .concat();
     let ptx_len = PTX.len();
     let bad_len = DIVERGENT.len();
+    let cuda_len = CUDA_FILL.len();
     format!(
         r#"(module
   (import "wasi:cuda" "kernel_from_ptx" (func $ptx (param i32 i32 i32 i32) (result i32)))
+  (import "wasi:cuda" "kernel_from_cuda" (func $cuda (param i32 i32 i32 i32) (result i32)))
   (import "wasi:cuda" "launch" (func $launch (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
   (import "wasi:cuda" "last_error" (func $err (param i32 i32) (result i32)))
   (memory (export "memory") 2)
   (data (i32.const 0) "{ptx}")
   (data (i32.const 12288) "{bad}")
+  (data (i32.const 24576) "{cuda}")
   (data (i32.const 16384) "fillspinwildbad")
   (data (i32.const 20480) "{fill}")
   (data (i32.const 20544) "{spin}")
   (data (i32.const 20608) "{wild}")
   (func $load (param $k i32) (result i32)
+    (if (i32.eq (local.get $k) (i32.const 4))
+      (then (return (call $cuda (i32.const 24576) (i32.const {cuda_len}) (i32.const 16384) (i32.const 4)))))
     (if (result i32) (i32.eq (local.get $k) (i32.const 3))
       (then (call $ptx (i32.const 12288) (i32.const {bad_len}) (i32.const 16396) (i32.const 3)))
       (else (call $ptx (i32.const 0) (i32.const {ptx_len})
@@ -156,9 +172,10 @@ pub fn guest() -> String {
     (if (i32.ge_u (local.get $i) (call $err (i32.const 40960) (i32.const 4096)))
       (then (return (i32.const -1))))
     (i32.load8_u (i32.add (i32.const 40960) (local.get $i))))
-  (func (export "fill_check") (result i32)
+  (func (export "fill_check") (result i32) (call $fill_check (i32.const 0)))
+  (func $fill_check (export "fill_check_with") (param $k i32) (result i32)
     (local $s i32) (local $i i32) (local $want i32)
-    (local.set $s (call $run (i32.const 0) (i32.const 4) (i32.const 256) (i32.const 20480) (i32.const 32)))
+    (local.set $s (call $run (local.get $k) (i32.const 4) (i32.const 256) (i32.const 20480) (i32.const 32)))
     (if (i32.ne (local.get $s) (i32.const 0)) (then (return (local.get $s))))
     (block $done (loop $next
       (br_if $done (i32.ge_u (local.get $i) (i32.const 1024)))
@@ -187,6 +204,7 @@ pub fn guest() -> String {
     (i32.sub (call $markers) (local.get $before))))"#,
         ptx = wat_string(PTX.as_bytes()),
         bad = wat_string(DIVERGENT.as_bytes()),
+        cuda = wat_string(CUDA_FILL.as_bytes()),
         fill = wat_string(&fill),
         spin = wat_string(&spin),
         wild = wat_string(&wild),
