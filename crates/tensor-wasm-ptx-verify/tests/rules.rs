@@ -103,15 +103,16 @@ fn every_blueprint_gives_the_same_bytes_fenced() {
                 args: &args,
                 memory: &layout.memory,
             };
-            let schedule = Schedule::InOrder;
-            let a = run_launch(&plain, &launch, Mode::Plain, schedule)
-                .unwrap_or_else(|e| panic!("{blueprint}: {e}"));
-            let b = run_launch(&guarded, &launch, Mode::Fenced, schedule)
-                .unwrap_or_else(|e| panic!("{blueprint} fenced: {e}"));
-            assert!(
-                a.memory == b.memory,
-                "{blueprint}: fenced and unfenced differ"
-            );
+            for schedule in Schedule::ALL {
+                let a = run_launch(&plain, &launch, Mode::Plain, schedule)
+                    .unwrap_or_else(|e| panic!("{blueprint} {schedule:?}: {e}"));
+                let b = run_launch(&guarded, &launch, Mode::Fenced, schedule)
+                    .unwrap_or_else(|e| panic!("{blueprint} fenced {schedule:?}: {e}"));
+                assert!(
+                    a.memory == b.memory,
+                    "{blueprint} {schedule:?}: fenced and unfenced differ"
+                );
+            }
         }
         kernels += 1;
     }
