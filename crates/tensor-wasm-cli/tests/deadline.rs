@@ -46,14 +46,7 @@ fn invoke(
 fn a_kernel_launch_ends_at_the_invocation_deadline_and_other_tenants_keep_their_latency() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(Path::new(BIN), dir.path(), &["--device", "cpu"]);
-    let (status, body, _) = Server::reply(
-        Server::agent()
-            .post(&server.url("/tenants"))
-            .set("authorization", &server.admin_auth())
-            .send_json(json!({"name": "quiet"})),
-    );
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let quiet = json_of(&body)["token"].as_str().unwrap().to_owned();
+    let quiet = server.create_tenant("quiet");
 
     let (status, body, _) = server.post(
         &format!("/functions?name=attack&timeout_ms={TIMEOUT_MS}"),
@@ -63,15 +56,7 @@ fn a_kernel_launch_ends_at_the_invocation_deadline_and_other_tenants_keep_their_
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
     let attack = json_of(&body)["id"].as_str().unwrap().to_owned();
     let vadd_wat = std::fs::read(examples().join("vector_add.wat")).unwrap();
-    let (status, body, _) = Server::reply(
-        Server::agent()
-            .post(&server.url("/functions?name=vadd"))
-            .set("authorization", &format!("Bearer {quiet}"))
-            .set("content-type", "application/wasm")
-            .send_bytes(&vadd_wat),
-    );
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let vadd = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let vadd = server.deploy_as(&quiet, "name=vadd", &vadd_wat);
     let mut unloaded = Duration::ZERO;
     for _ in 0..5 {
         let (status, answer, took) = invoke(&server, &quiet, &vadd, "run", json!([4096]));
@@ -160,14 +145,7 @@ fn a_kernel_launch_ends_at_the_invocation_deadline_and_other_tenants_keep_their_
 fn a_spinning_tenant_kernel_answers_at_its_deadline_while_another_tenant_runs() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(Path::new(BIN), dir.path(), &["--device", "cpu"]);
-    let (status, body, _) = Server::reply(
-        Server::agent()
-            .post(&server.url("/tenants"))
-            .set("authorization", &server.admin_auth())
-            .send_json(json!({"name": "quiet"})),
-    );
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let quiet = json_of(&body)["token"].as_str().unwrap().to_owned();
+    let quiet = server.create_tenant("quiet");
     let guest = tenant_kernels::guest();
     let (status, body, _) = server.post(
         &format!("/functions?name=spinner&timeout_ms={TIMEOUT_MS}"),
@@ -176,15 +154,7 @@ fn a_spinning_tenant_kernel_answers_at_its_deadline_while_another_tenant_runs() 
     );
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
     let spinner = json_of(&body)["id"].as_str().unwrap().to_owned();
-    let (status, body, _) = Server::reply(
-        Server::agent()
-            .post(&server.url("/functions?name=fill"))
-            .set("authorization", &format!("Bearer {quiet}"))
-            .set("content-type", "application/wasm")
-            .send_bytes(guest.as_bytes()),
-    );
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let fill = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let fill = server.deploy_as(&quiet, "name=fill", guest.as_bytes());
     let (status, answer, _) = invoke(&server, &quiet, &fill, "fill_check", json!([]));
     assert_eq!((status, answer), (200, json!({"results": [0]})));
 

@@ -385,15 +385,8 @@ struct Tenant {
 
 impl Tenant {
     fn create(server: &Server, name: &str) -> Tenant {
-        let (status, body, _) = Server::reply(
-            Server::agent()
-                .post(&server.url("/tenants"))
-                .set("authorization", &server.admin_auth())
-                .send_json(json!({ "name": name })),
-        );
-        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
         Tenant {
-            auth: format!("Bearer {}", json_of(&body)["token"].as_str().unwrap()),
+            auth: format!("Bearer {}", server.create_tenant(name)),
         }
     }
 
@@ -602,23 +595,8 @@ fn tenant_kernels_are_fenced_over_the_stand_in() {
         (200, json!({"results": [1]}))
     );
 
-    let (status, body, _) = Server::reply(
-        Server::agent()
-            .post(&server.url("/tenants"))
-            .set("authorization", &server.admin_auth())
-            .send_json(json!({"name": "quiet"})),
-    );
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let quiet = json_of(&body)["token"].as_str().unwrap().to_owned();
-    let (status, body, _) = Server::reply(
-        Server::agent()
-            .post(&server.url("/functions?name=fill"))
-            .set("authorization", &format!("Bearer {quiet}"))
-            .set("content-type", "application/wasm")
-            .send_bytes(guest.as_bytes()),
-    );
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let fill = json_of(&body)["id"].as_str().unwrap().to_owned();
+    let quiet = server.create_tenant("quiet");
+    let fill = server.deploy_as(&quiet, "name=fill", guest.as_bytes());
     let quiet_fill = || {
         Server::reply(
             Server::agent()
@@ -629,15 +607,16 @@ fn tenant_kernels_are_fenced_over_the_stand_in() {
     };
     // The stand-in runs the spinning launch inside `cuLaunchKernel` until the interpreter's
     // step limit (2^22 instructions a thread): a launch timeout, a device error for the
-    // function, before its deadline. On a GPU the launch returns at once and the cancel word
-    // ends the kernel at the deadline instead.
+    // function — or, on a loaded machine, the API answers at the deadline first. On a GPU
+    // the launch returns at once and the cancel word ends the kernel at the deadline instead.
     let start = Instant::now();
     let (status, body) = server.call(&own, "run", json!([KERNEL.spin, 1, 32, SPIN_ARGS, 16]));
     let took = start.elapsed();
-    assert_eq!(
-        (status, body),
-        (200, json!({"results": [-6]})),
-        "DEVICE_ERROR from the launch timeout"
+    let device_error = (status, &body) == (200, &json!({"results": [-6]}));
+    let timed_out = (status, error_code(&body)) == (504, "invocation_timeout");
+    assert!(
+        device_error || timed_out,
+        "a device error or the deadline: {status} {body}"
     );
     assert!(
         took < Duration::from_millis(300 + 1000),

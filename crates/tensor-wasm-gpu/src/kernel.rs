@@ -26,6 +26,21 @@ pub enum KernelArg {
 }
 
 impl KernelArg {
+    /// The bytes a kernel parameter holds for this argument, little-endian: a buffer as the
+    /// device address `base + offset` (`base`: where guest memory byte 0 is), a scalar as
+    /// its bits.
+    pub fn param_bytes(&self, base: u64) -> Vec<u8> {
+        match *self {
+            KernelArg::Buffer { offset, .. } => base.wrapping_add(offset).to_le_bytes().to_vec(),
+            KernelArg::U32(v) => v.to_le_bytes().to_vec(),
+            KernelArg::I32(v) => v.to_le_bytes().to_vec(),
+            KernelArg::F32(v) => v.to_bits().to_le_bytes().to_vec(),
+            KernelArg::U64(v) => v.to_le_bytes().to_vec(),
+            KernelArg::I64(v) => v.to_le_bytes().to_vec(),
+            KernelArg::F64(v) => v.to_bits().to_le_bytes().to_vec(),
+        }
+    }
+
     /// The name of this argument's type, for error messages.
     pub fn type_name(&self) -> &'static str {
         match self {

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use tensor_wasm_gpu::{compile_cuda, nvrtc_available, KernelArg};
+use tensor_wasm_gpu::{compile_cuda, nvrtc_available};
 use tensor_wasm_jit::conformance::{cuda_cases, first_difference, CudaCase};
 use tensor_wasm_ptx_emu::{launch, Allocation, Launch, Module};
 
@@ -18,19 +18,7 @@ const BASE: u64 = 1 << 40;
 /// instructions, the memory it left.
 fn run(module: &Module, case: &CudaCase, fenced: bool) -> (f64, u64, Vec<u8>) {
     let kernel = module.kernel(case.kernel.entry).expect("the case's entry");
-    let mut values: Vec<Vec<u8>> = case
-        .args
-        .iter()
-        .map(|arg| match *arg {
-            KernelArg::Buffer { offset, .. } => (BASE + offset).to_le_bytes().to_vec(),
-            KernelArg::U32(v) => v.to_le_bytes().to_vec(),
-            KernelArg::I32(v) => v.to_le_bytes().to_vec(),
-            KernelArg::F32(v) => v.to_bits().to_le_bytes().to_vec(),
-            KernelArg::U64(v) => v.to_le_bytes().to_vec(),
-            KernelArg::I64(v) => v.to_le_bytes().to_vec(),
-            KernelArg::F64(v) => v.to_bits().to_le_bytes().to_vec(),
-        })
-        .collect();
+    let mut values: Vec<Vec<u8>> = case.args.iter().map(|arg| arg.param_bytes(BASE)).collect();
     let mut memory = case.layout.memory.clone();
     let mut dynamic = case.config.shared_bytes;
     let cancel_at = BASE - 4096;

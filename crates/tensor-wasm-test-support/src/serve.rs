@@ -133,6 +133,37 @@ impl ServeProcess {
             .to_owned()
     }
 
+    /// Creates tenant `name` with the admin token and returns its token.
+    pub fn create_tenant(&self, name: &str) -> String {
+        let (status, body, _) = Self::reply(
+            Self::agent()
+                .post(&self.url("/tenants"))
+                .set("authorization", &self.admin_auth())
+                .send_json(serde_json::json!({ "name": name })),
+        );
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        json_of(&body)["token"]
+            .as_str()
+            .expect("the new tenant's token")
+            .to_owned()
+    }
+
+    /// Deploys `wasm` (a module or WAT text) as the tenant with `token`; the function id.
+    pub fn deploy_as(&self, token: &str, query: &str, wasm: &[u8]) -> String {
+        let (status, body, _) = Self::reply(
+            Self::agent()
+                .post(&self.url(&format!("/functions?{query}")))
+                .set("authorization", &format!("Bearer {token}"))
+                .set("content-type", "application/wasm")
+                .send_bytes(wasm),
+        );
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        json_of(&body)["id"]
+            .as_str()
+            .expect("the function id")
+            .to_owned()
+    }
+
     /// The admin token's `authorization` header value.
     pub fn admin_auth(&self) -> String {
         format!(

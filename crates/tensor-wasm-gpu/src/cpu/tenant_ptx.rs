@@ -125,15 +125,7 @@ impl InterpretedPtx {
         }
         let mut values: Vec<Vec<u8>> = Vec::with_capacity(args.len() + 4);
         for (index, (arg, &size)) in args.iter().zip(&self.param_sizes).enumerate() {
-            let bytes = match *arg {
-                KernelArg::Buffer { offset, .. } => (GUEST_BASE + offset).to_le_bytes().to_vec(),
-                KernelArg::U32(v) => v.to_le_bytes().to_vec(),
-                KernelArg::I32(v) => v.to_le_bytes().to_vec(),
-                KernelArg::F32(v) => v.to_bits().to_le_bytes().to_vec(),
-                KernelArg::U64(v) => v.to_le_bytes().to_vec(),
-                KernelArg::I64(v) => v.to_le_bytes().to_vec(),
-                KernelArg::F64(v) => v.to_bits().to_le_bytes().to_vec(),
-            };
+            let bytes = arg.param_bytes(GUEST_BASE);
             if bytes.len() != size {
                 return Err(GpuError::InvalidArgument(format!(
                     "kernel `{}`: argument {index} is a {} ({} bytes), the parameter has {size}",

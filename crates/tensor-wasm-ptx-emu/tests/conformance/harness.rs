@@ -72,15 +72,7 @@ pub fn allocations<'a>(memory: &'a mut [u8], buffers: &[(usize, usize)]) -> Vec<
 pub fn pack(args: &[KernelArg]) -> Vec<u8> {
     let mut out = Vec::new();
     for arg in args {
-        let bytes: Vec<u8> = match *arg {
-            KernelArg::Buffer { offset, .. } => (BASE + offset).to_le_bytes().to_vec(),
-            KernelArg::U32(v) => v.to_le_bytes().to_vec(),
-            KernelArg::I32(v) => v.to_le_bytes().to_vec(),
-            KernelArg::F32(v) => v.to_bits().to_le_bytes().to_vec(),
-            KernelArg::U64(v) => v.to_le_bytes().to_vec(),
-            KernelArg::I64(v) => v.to_le_bytes().to_vec(),
-            KernelArg::F64(v) => v.to_bits().to_le_bytes().to_vec(),
-        };
+        let bytes = arg.param_bytes(BASE);
         let align = bytes.len();
         out.resize(out.len().next_multiple_of(align), 0);
         out.extend_from_slice(&bytes);

@@ -32,17 +32,7 @@ pub struct Outcome {
 
 /// The packed parameters of `args` (buffers become device addresses).
 pub fn pack(args: &[KernelArg]) -> Vec<Vec<u8>> {
-    args.iter()
-        .map(|arg| match *arg {
-            KernelArg::Buffer { offset, .. } => (BASE + offset).to_le_bytes().to_vec(),
-            KernelArg::U32(v) => v.to_le_bytes().to_vec(),
-            KernelArg::I32(v) => v.to_le_bytes().to_vec(),
-            KernelArg::F32(v) => v.to_bits().to_le_bytes().to_vec(),
-            KernelArg::U64(v) => v.to_le_bytes().to_vec(),
-            KernelArg::I64(v) => v.to_le_bytes().to_vec(),
-            KernelArg::F64(v) => v.to_bits().to_le_bytes().to_vec(),
-        })
-        .collect()
+    args.iter().map(|arg| arg.param_bytes(BASE)).collect()
 }
 
 /// Runs `case`'s launch of `module` (its entry named like the case's kernel) with these
