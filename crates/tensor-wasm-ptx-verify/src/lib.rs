@@ -87,6 +87,7 @@ pub struct Fenced {
 /// A [`Refusal`] naming the first instruction that breaks a rule.
 pub fn fence(ptx: &str) -> Result<Fenced, Refusal> {
     tensor_wasm_ptx_emu::Module::parse(ptx).map_err(|error| subset_refusal(ptx, error))?;
+    refuse_reserved_names(ptx)?;
     let text = text::read(ptx).ok_or_else(|| Refusal {
         line: 1,
         instruction: String::new(),
@@ -102,6 +103,34 @@ pub fn fence(ptx: &str) -> Result<Fenced, Refusal> {
         });
     }
     Ok(fenced)
+}
+
+/// The prefixes of the names the rewrite declares (registers, parameters, variables).
+/// Tenant text may not use them: a tenant register named like one of the rewrite's, declared
+/// in an inner `{ }` scope, would shadow it in the fences placed there.
+pub const RESERVED_PREFIXES: [&str; 3] = ["%tw_", "__tw_", "$tw_"];
+
+fn refuse_reserved_names(ptx: &str) -> Result<(), Refusal> {
+    let tokens = tensor_wasm_ptx_emu::lex::lex(ptx).map_err(|error| subset_refusal(ptx, error))?;
+    for token in tokens {
+        let tensor_wasm_ptx_emu::lex::Tok::Word(word) = &token.tok else {
+            continue;
+        };
+        if RESERVED_PREFIXES
+            .iter()
+            .any(|prefix| word.starts_with(prefix))
+        {
+            return Err(Refusal {
+                line: token.line,
+                instruction: word.clone(),
+                reason: format!(
+                    "names starting with {} are reserved for the fencing rewrite",
+                    RESERVED_PREFIXES.join(", ")
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Verifies `ptx` without keeping the rewrite.

@@ -118,3 +118,21 @@ fn every_blueprint_gives_the_same_bytes_fenced() {
     }
     assert!(kernels >= 100, "{kernels} blueprints");
 }
+
+/// The rewrite's own names are reserved: a tenant register declared in an inner scope with
+/// the name of a fence's bound would shadow it there and turn the fence off.
+#[test]
+fn names_the_rewrite_uses_are_refused() {
+    let shadowing =
+        kernel("{\n.reg .b64 %tw_top4;\nmov.u64 %tw_top4, -1;\nst.global.u32 [%rd1+64], %r1;\n}");
+    let refusal = fence(&shadowing).unwrap_err();
+    assert_eq!(refusal.instruction, "%tw_top4", "{refusal}");
+    assert!(refusal.reason.contains("reserved"), "{refusal}");
+    assert_eq!(refusal.line, 14, "{refusal}");
+
+    let param = format!("{HEADER}.visible .entry k(.param .u64 __tw_lo)\n{{\nret;\n}}\n");
+    assert_eq!(fence(&param).unwrap_err().instruction, "__tw_lo");
+    // An ordinary kernel is accepted.
+    let fine = kernel("mov.u32 %r2, %r1;\nst.global.u32 [%rd1], %r2;");
+    fence(&fine).unwrap();
+}
