@@ -246,6 +246,13 @@ impl Backend for CudaBackend {
                 let mut params = Self::tenant_params(function, args, base)?;
                 self.check_reachable(memory)?;
                 if function.fenced {
+                    // The host writes the cancel word while the kernel runs.
+                    if !self.concurrent_managed_access {
+                        return Err(GpuError::NotAvailable(String::from(
+                            "fenced tenant kernels need concurrent managed access (the host \
+                             sets a running kernel's cancel word); this device has none",
+                        )));
+                    }
                     return Self::submit_fenced(
                         lane,
                         function,
