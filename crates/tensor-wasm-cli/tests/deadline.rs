@@ -174,7 +174,11 @@ fn a_spinning_tenant_kernel_answers_at_its_deadline_while_another_tenant_runs() 
             (status, json_of(&body), start.elapsed())
         })
     };
-    std::thread::sleep(Duration::from_millis(100));
+    wait_until(
+        Duration::from_secs(5),
+        "the spinning kernel is running",
+        || server.metric("tensor_wasm_dispatch_in_flight") == Some(1.0),
+    );
     let mut loaded = Vec::new();
     for _ in 0..3 {
         let (status, answer, took) = invoke(&server, &quiet, &fill, "fill_check", json!([]));
