@@ -41,10 +41,18 @@
 //!   [`FUNCTION_PARAMS`], which calls pass on: the window, the block's shared memory as the
 //!   entry bounded it, the cancel word.
 
+mod arith;
 mod cfg;
+mod decode;
 mod fence;
 mod group;
+mod lean;
+mod prove;
 mod text;
+mod value;
+
+pub use lean::LEAN_PREFIX;
+pub use prove::{LaunchFacts, Proof, PROOF_STEPS};
 
 /// The parameters the rewrite appends to every entry, in order: the window's first byte,
 /// its end (exclusive), the launch's dynamic shared memory in bytes (at least 16: see
@@ -81,6 +89,131 @@ pub struct Fenced {
     pub grouped: u32,
 }
 
+/// Why a launch was not proven: the first instruction the proof could not clear.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("PTX line {line}: {reason}")]
+pub struct Unproven {
+    /// 1-based line of the instruction in the fenced module (0: none in particular).
+    pub line: u32,
+    pub reason: String,
+}
+
+/// The launch-time proof for one entry of a fenced module: [`Plan::admit`] decides, per
+/// launch, whether the tenant's own entry (the *lean* copy, [`Plan::lean_entry`]) may run
+/// instead of the fenced one — with the same parameters, hidden ones included.
+///
+/// A launch is proven when, for its parameters, grid, block, dynamic shared memory and
+/// window, an abstract execution of the lean entry over every thread at once shows every
+/// global and generic access inside the window and every shared and local access inside
+/// its variable, each aligned to its size, and every thread ending within
+/// [`PROOF_STEPS`] instructions (so no cancellation poll is needed). Verdicts are cached
+/// per launch description (at most [`Plan::CACHED_VERDICTS`]).
+pub struct Plan {
+    funcs: Vec<decode::Func>,
+    vars: Vec<decode::Var>,
+    entry: usize,
+    lean_entry: String,
+    verdicts: std::sync::Mutex<std::collections::HashMap<Vec<u8>, Result<Proof, Unproven>>>,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("lean_entry", &self.lean_entry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plan {
+    /// Verdicts one plan keeps; a full cache starts over.
+    pub const CACHED_VERDICTS: usize = 256;
+
+    /// The plan for `entry` of a module [`fence`] produced; `None` when the module has no
+    /// lean copy of it (then every launch runs fenced).
+    pub fn new(fenced_ptx: &str, entry: &str) -> Option<Plan> {
+        let text = text::read(fenced_ptx)?;
+        let lean_entry = format!("{LEAN_PREFIX}{entry}");
+        let lean: Vec<&text::Function> = text
+            .functions
+            .iter()
+            .filter(|f| f.name.starts_with(LEAN_PREFIX))
+            .collect();
+        let entry = lean.iter().position(|f| f.entry && f.name == lean_entry)?;
+        let (funcs, vars) = decode::decode(&text, &lean)?;
+        Some(Plan {
+            funcs,
+            vars,
+            entry,
+            lean_entry,
+            verdicts: Default::default(),
+        })
+    }
+
+    /// The lean entry's name.
+    pub fn lean_entry(&self) -> &str {
+        &self.lean_entry
+    }
+
+    /// Whether this launch may run the lean entry.
+    ///
+    /// # Errors
+    /// [`Unproven`] naming the first access or loop the proof could not clear; the launch
+    /// then runs the fenced entry.
+    pub fn admit(&self, facts: &LaunchFacts<'_>) -> Result<Proof, Unproven> {
+        let mut key = Vec::new();
+        for p in facts.params {
+            key.extend((p.len() as u64).to_le_bytes());
+            key.extend(p);
+        }
+        for d in facts.grid.iter().chain(&facts.block) {
+            key.extend(d.to_le_bytes());
+        }
+        key.extend(facts.dynamic_shared.to_le_bytes());
+        key.extend(facts.window.0.to_le_bytes());
+        key.extend(facts.window.1.to_le_bytes());
+        let cached = self
+            .verdicts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+            .cloned();
+        if let Some(verdict) = cached {
+            return verdict;
+        }
+        let verdict = self.prove_uncached(facts);
+        let mut verdicts = self
+            .verdicts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if verdicts.len() >= Self::CACHED_VERDICTS {
+            verdicts.clear();
+        }
+        verdicts.insert(key, verdict.clone());
+        verdict
+    }
+
+    /// [`Plan::admit`] without its cache (to time the proof).
+    ///
+    /// # Errors
+    /// As [`Plan::admit`].
+    pub fn prove_uncached(&self, facts: &LaunchFacts<'_>) -> Result<Proof, Unproven> {
+        if facts.grid.iter().chain(&facts.block).any(|&d| d == 0) {
+            return Err(Unproven {
+                line: 0,
+                reason: "an empty grid or block".into(),
+            });
+        }
+        prove::Prover {
+            funcs: &self.funcs,
+            vars: &self.vars,
+            entry: self.entry,
+            facts: *facts,
+        }
+        .run()
+        .map_err(|(line, reason)| Unproven { line, reason })
+    }
+}
+
 /// Verifies `ptx` and rewrites it with fences and polls.
 ///
 /// # Errors
@@ -93,7 +226,14 @@ pub fn fence(ptx: &str) -> Result<Fenced, Refusal> {
         instruction: String::new(),
         reason: "the module's layout could not be read".into(),
     })?;
-    let fenced = fence::Rewriter::new(ptx, &text).run()?;
+    let mut fenced = fence::Rewriter::new(ptx, &text).run()?;
+    if let Some(copy) = lean::copy(ptx, &text) {
+        fenced.ptx.push_str(
+            "\n// The tenant's own functions, renamed: a launch runs one of these entries only \
+             when tensor-wasm-ptx-verify's Plan::admit proves it safe.\n",
+        );
+        fenced.ptx.push_str(&copy);
+    }
     // The rewrite must itself be PTX the interpreter accepts: a failure here is ours.
     if let Err(error) = tensor_wasm_ptx_emu::Module::parse(&fenced.ptx) {
         return Err(Refusal {

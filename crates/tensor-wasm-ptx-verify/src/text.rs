@@ -117,6 +117,8 @@ pub(crate) struct Function {
     pub vars: HashMap<String, (Space, u64)>,
     /// The parameters of the header (an entry's are the launch's, the same in every thread).
     pub header: Vec<String>,
+    /// The alignment in bytes of each `.shared` and `.local` variable the body declares.
+    pub aligns: HashMap<String, u64>,
 }
 
 impl Function {
@@ -136,6 +138,8 @@ pub(crate) struct Text {
     pub shared: HashMap<String, u64>,
     /// The module's `.extern .shared` array (the launch's dynamic shared memory), if any.
     pub dynamic_shared: Option<String>,
+    /// The alignment in bytes of each module-level `.shared` variable (the dynamic one too).
+    pub aligns: HashMap<String, u64>,
     /// Byte offset just after the `.address_size` directive (or 0): where module-level
     /// declarations of the rewrite go.
     pub header_end: usize,
@@ -168,6 +172,27 @@ fn variable(tokens: &[Token]) -> Option<(String, u64)> {
     Some((name?, bytes.saturating_mul(count)))
 }
 
+/// A variable's alignment: its `.align`, else its element type's size (PTX's default).
+fn alignment(tokens: &[Token]) -> u64 {
+    let mut element = 1;
+    for (i, token) in tokens.iter().enumerate() {
+        match &token.tok {
+            Tok::Word(w) if w == ".align" => {
+                if let Some(Tok::Num(n)) = tokens.get(i + 1).map(|t| &t.tok) {
+                    return parse_int(n).unwrap_or(1).max(1);
+                }
+            }
+            Tok::Word(w) if w.starts_with('.') => {
+                if let Some(b) = type_bytes(&w[1..]) {
+                    element = b;
+                }
+            }
+            _ => {}
+        }
+    }
+    element
+}
+
 /// Bytes of a scalar type name (`f32`, `b64`, ...).
 pub(crate) fn type_bytes(name: &str) -> Option<u64> {
     let bits: u64 = name.get(1..)?.parse().ok()?;
@@ -183,6 +208,7 @@ pub(crate) fn read(ptx: &str) -> Option<Text> {
         functions: Vec::new(),
         shared: HashMap::new(),
         dynamic_shared: None,
+        aligns: HashMap::new(),
         header_end: 0,
     };
     let mut i = 0;
@@ -211,6 +237,8 @@ pub(crate) fn read(ptx: &str) -> Option<Text> {
                     .windows(2)
                     .any(|pair| pair[0].tok == Tok::Punct('[') && pair[1].tok == Tok::Punct(']'));
                 if let Some((name, size)) = variable(&tokens[i + 1..end]) {
+                    text.aligns
+                        .insert(name.clone(), alignment(&tokens[i + 1..end]));
                     if unsized_array {
                         text.dynamic_shared = Some(name);
                     } else {
@@ -229,19 +257,24 @@ pub(crate) fn read(ptx: &str) -> Option<Text> {
 fn function(tokens: &[Token], mut i: usize, entry: bool) -> Option<(Option<Function>, usize)> {
     let mut vars = HashMap::new();
     let mut header = Vec::new();
-    let mut param_list = |i: usize| -> Option<(usize, bool)> {
+    let mut param_list = |i: usize| -> Option<(usize, bool, usize)> {
         // `( .param ..., ... )` from the `(` at i: the index of the `)`.
         let close = (i..tokens.len()).find(|&j| tokens[j].tok == Tok::Punct(')'))?;
+        let mut count = 0;
         for part in tokens[i + 1..close].split(|t| t.tok == Tok::Punct(',')) {
             if let Some((name, size)) = variable(part) {
                 header.push(name.clone());
                 vars.insert(name, (Space::Param, size));
+                count += 1;
             }
         }
-        Some((close, close == i + 1))
+        Some((close, close == i + 1, count))
     };
+    // The return value's declaration is not a parameter.
+    let mut returns = 0;
     if tokens.get(i)?.tok == Tok::Punct('(') {
-        let (close, _) = param_list(i)?;
+        let (close, _, count) = param_list(i)?;
+        returns = count;
         i = close + 1;
     }
     let Tok::Word(name) = &tokens.get(i)?.tok else {
@@ -249,8 +282,9 @@ fn function(tokens: &[Token], mut i: usize, entry: bool) -> Option<(Option<Funct
     };
     let name = name.clone();
     i += 1;
-    let (close, params_empty) = param_list(i)?;
+    let (close, params_empty, _) = param_list(i)?;
     let params_close = tokens[close].start;
+    header.drain(..returns);
     i = close + 1;
     while !matches!(tokens.get(i)?.tok, Tok::Punct('{' | ';')) {
         i += 1;
@@ -271,6 +305,7 @@ fn function(tokens: &[Token], mut i: usize, entry: bool) -> Option<(Option<Funct
         regs: HashMap::new(),
         vars,
         header,
+        aligns: HashMap::new(),
     };
     let mut depth = 1;
     while depth > 0 {
@@ -350,6 +385,7 @@ fn declare(f: &mut Function, tokens: &[Token]) {
                 _ => Space::Param,
             };
             if let Some((name, size)) = variable(&tokens[1..]) {
+                f.aligns.insert(name.clone(), alignment(&tokens[1..]));
                 f.vars.insert(name, (space, size));
             }
         }

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use tensor_wasm_gpu::{compile_cuda, nvrtc_available, KernelArg};
 use tensor_wasm_jit::conformance::{cuda_cases, CudaCase};
 use tensor_wasm_ptx_emu::{EmuError, Module, Schedule, LOCAL_WINDOW, SHARED_WINDOW};
+use tensor_wasm_ptx_verify::Plan;
 
 use common::{pack, run_with, Mode, BASE, FOREIGN};
 
@@ -217,6 +218,7 @@ fn out_of_bounds_mutants_are_refused_or_contained() {
             let plain = match Module::parse(&mutant.ptx) {
                 Ok(module) => run_with(
                     &module,
+                    None,
                     &scaled,
                     &mutant.args,
                     memory,
@@ -247,21 +249,32 @@ fn out_of_bounds_mutants_are_refused_or_contained() {
                     }
                     row.mutants += 1;
                     let module = Module::parse(&fenced.ptx).unwrap();
-                    let outcome = run_with(
-                        &module,
-                        &scaled,
-                        &mutant.args,
-                        memory,
-                        Mode::Fenced,
-                        schedule,
-                    );
-                    if let Err(error) = &outcome {
-                        assert!(
-                            !escaped(error),
-                            "{entry} ({}): the fenced mutant escaped: {error}\n{}",
-                            mutant.category,
-                            fenced.ptx
+                    let plan = Plan::new(&fenced.ptx, entry).expect("a plan for every entry");
+                    // Fenced, and as a backend runs it: the launch-time proof must never
+                    // admit the lean entry of a mutant that escapes.
+                    for mode in [Mode::Fenced, Mode::Checked] {
+                        let outcome = run_with(
+                            &module,
+                            Some(&plan),
+                            &scaled,
+                            &mutant.args,
+                            memory,
+                            mode,
+                            schedule,
                         );
+                        match &outcome {
+                            Err(error) => assert!(
+                                !escaped(error),
+                                "{entry} ({}, {mode:?}): the mutant escaped: {error}\n{}",
+                                mutant.category,
+                                fenced.ptx
+                            ),
+                            Ok(outcome) => assert!(
+                                !outcome.lean,
+                                "{entry} ({}): the proof admitted an escaping mutant\n{}",
+                                mutant.category, mutant.ptx
+                            ),
+                        }
                     }
                     row.contained += 1;
                 }

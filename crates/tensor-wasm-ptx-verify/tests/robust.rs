@@ -6,7 +6,7 @@
 use std::sync::atomic::AtomicBool;
 
 use proptest::prelude::*;
-use tensor_wasm_ptx_emu::{launch, Allocation, CancelWord, Launch, Module};
+use tensor_wasm_ptx_emu::{launch, Allocation, CancelWord, EmuError, Launch, Module};
 
 const BASE: u64 = 1 << 40;
 
@@ -93,6 +93,69 @@ fn apply(text: &str, edits: &[Edit]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// Each entry's launch-time proof for a launch over the 4 KiB window, and when it admits the
+/// lean entry, that entry run over the window alone: it must never leave it (the cancel
+/// word lies outside it, and a proven launch needs no poll).
+fn run_admitted(fenced: &tensor_wasm_ptx_verify::Fenced) {
+    let Ok(module) = Module::parse(&fenced.ptx) else {
+        return;
+    };
+    for entry in &fenced.kernels {
+        let Some(plan) = tensor_wasm_ptx_verify::Plan::new(&fenced.ptx, entry) else {
+            continue;
+        };
+        let Some(kernel) = module.kernel(plan.lean_entry()) else {
+            continue;
+        };
+        let mut values: Vec<Vec<u8>> = kernel
+            .params()
+            .iter()
+            .map(|p| BASE.to_le_bytes()[..(p.size as usize).min(8)].to_vec())
+            .collect();
+        let tenant = values.len().saturating_sub(4);
+        let facts = tensor_wasm_ptx_verify::LaunchFacts {
+            params: &values[..tenant],
+            grid: [2, 1, 1],
+            block: [32, 1, 1],
+            dynamic_shared: 16,
+            window: (BASE, BASE + 4096),
+        };
+        if plan.admit(&facts).is_err() {
+            continue;
+        }
+        let hidden = tensor_wasm_ptx_verify::hidden_args(BASE, BASE + 4096, 16, BASE - 4096);
+        for (value, hidden) in values[tenant..].iter_mut().zip(hidden) {
+            *value = hidden.to_le_bytes().to_vec();
+        }
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        let Ok(params) = kernel.pack_params(&refs) else {
+            continue;
+        };
+        let mut memory = vec![0u8; 4096];
+        let mut config = Launch::new([2, 1, 1], [32, 1, 1], &params);
+        config.dynamic_shared_bytes = 16;
+        config.step_limit = 1 << 20;
+        let outcome = launch(
+            kernel,
+            &config,
+            &mut [Allocation {
+                base: BASE,
+                bytes: &mut memory,
+            }],
+        );
+        if let Err(error) = outcome {
+            assert!(
+                !matches!(
+                    error,
+                    EmuError::IllegalAddress { .. } | EmuError::Misaligned { .. }
+                ),
+                "a proven launch escaped: {error}\n{}",
+                fenced.ptx
+            );
+        }
+    }
+}
+
 /// Every entry of `text` launched over 4 KiB with a small step limit; the outcome is ignored.
 fn run_all(text: &str) {
     let Ok(module) = Module::parse(text) else {
@@ -145,6 +208,7 @@ proptest! {
         run_all(&text);
         if let Ok(fenced) = tensor_wasm_ptx_verify::fence(&text) {
             run_all(&fenced.ptx);
+            run_admitted(&fenced);
         }
     }
 }

@@ -21,6 +21,9 @@ pub enum Mode {
     Plain,
     /// The fenced module, given the hidden parameters.
     Fenced,
+    /// The fenced module as a backend runs it: the lean entry when the launch-time proof
+    /// admits the launch, else the fenced entry.
+    Checked,
 }
 
 /// What a launch left.
@@ -28,6 +31,8 @@ pub struct Outcome {
     pub memory: Vec<u8>,
     /// Instructions the launch executed (guarded-off ones included).
     pub instructions: u64,
+    /// In `Checked` mode, whether the lean entry ran.
+    pub lean: bool,
 }
 
 /// The packed parameters of `args` (buffers become device addresses).
@@ -39,6 +44,7 @@ pub fn pack(args: &[KernelArg]) -> Vec<Vec<u8>> {
 /// packed arguments over this guest memory.
 pub fn run_with(
     module: &Module,
+    plan: Option<&tensor_wasm_ptx_verify::Plan>,
     case: &CudaCase,
     args: &[Vec<u8>],
     memory: &[u8],
@@ -47,6 +53,7 @@ pub fn run_with(
 ) -> Result<Outcome, EmuError> {
     let launch = Launched {
         entry: case.kernel.entry,
+        plan,
         config: &case.config,
         args,
         memory,
@@ -57,6 +64,8 @@ pub fn run_with(
 /// What one launch runs: the entry, its configuration and packed arguments, the memory.
 pub struct Launched<'a> {
     pub entry: &'a str,
+    /// The launch-time proof of the entry (`Checked` mode).
+    pub plan: Option<&'a tensor_wasm_ptx_verify::Plan>,
     pub config: &'a LaunchConfig,
     pub args: &'a [Vec<u8>],
     pub memory: &'a [u8],
@@ -70,16 +79,32 @@ pub fn run_launch(
     schedule: Schedule,
 ) -> Result<Outcome, EmuError> {
     let (case_config, args, memory) = (launched.config, launched.args, launched.memory);
-    let kernel = module
-        .kernel(launched.entry)
-        .expect("the launch's entry is in the module");
     let mut memory = memory.to_vec();
     let window = memory.len() as u64;
+    let mut entry = launched.entry.to_owned();
+    let mut lean = false;
+    if mode == Mode::Checked {
+        let plan = launched.plan.expect("a checked launch has its plan");
+        let facts = tensor_wasm_ptx_verify::LaunchFacts {
+            params: args,
+            grid: case_config.grid,
+            block: case_config.block,
+            dynamic_shared: tensor_wasm_ptx_verify::dynamic_shared_bytes(case_config.shared_bytes),
+            window: (BASE, BASE + window),
+        };
+        if plan.admit(&facts).is_ok() {
+            entry = plan.lean_entry().to_owned();
+            lean = true;
+        }
+    }
+    let kernel = module
+        .kernel(&entry)
+        .expect("the launch's entry is in the module");
     let mut cancel = [0u8; 4];
     let cancel_at = BASE + window + FOREIGN as u64;
     let mut dynamic = case_config.shared_bytes;
     let mut values = args.to_vec();
-    if mode == Mode::Fenced {
+    if mode != Mode::Plain {
         dynamic = tensor_wasm_ptx_verify::dynamic_shared_bytes(dynamic);
         let hidden = tensor_wasm_ptx_verify::hidden_args(BASE, BASE + window, dynamic, cancel_at);
         values.extend(hidden.iter().map(|v| v.to_le_bytes().to_vec()));
@@ -105,18 +130,21 @@ pub fn run_launch(
     Ok(Outcome {
         memory,
         instructions: stats.instructions,
+        lean,
     })
 }
 
 /// Runs `case` as the conformance set defines it.
 pub fn run(
     module: &Module,
+    plan: Option<&tensor_wasm_ptx_verify::Plan>,
     case: &CudaCase,
     mode: Mode,
     schedule: Schedule,
 ) -> Result<Outcome, EmuError> {
     run_with(
         module,
+        plan,
         case,
         &pack(&case.args),
         &case.layout.memory,
