@@ -153,7 +153,7 @@ impl Backend for CudaBackend {
 
     fn load_ptx(&self, tenant: &TenantKey, ptx: &str, entry: &str) -> Result<Kernel, GpuError> {
         let what = "tenant PTX";
-        self.load_tenant_function(tenant, || Self::ptx_image(ptx, what), entry, what, false)
+        self.load_tenant_function(tenant, || Self::ptx_image(ptx, what), entry, what, None)
     }
 
     fn load_fenced_ptx(
@@ -163,7 +163,9 @@ impl Backend for CudaBackend {
         entry: &str,
     ) -> Result<Kernel, GpuError> {
         let what = "fenced tenant PTX";
-        self.load_tenant_function(tenant, || Self::ptx_image(ptx, what), entry, what, true)
+        let plan = tensor_wasm_ptx_verify::Plan::new(ptx, entry);
+        let image = || Self::ptx_image(ptx, what);
+        self.load_tenant_function(tenant, image, entry, what, Some(plan))
     }
 
     fn load_cubin(
@@ -174,7 +176,7 @@ impl Backend for CudaBackend {
     ) -> Result<Kernel, GpuError> {
         crate::cubin::check_cubin(cubin)?;
         let image = || Ok(Ptx::from_binary(cubin.to_vec()));
-        self.load_tenant_function(tenant, image, entry, "tenant cubin", false)
+        self.load_tenant_function(tenant, image, entry, "tenant cubin", None)
     }
 
     fn load_program(
@@ -257,6 +259,7 @@ impl Backend for CudaBackend {
                         lane,
                         function,
                         &mut params,
+                        args,
                         config,
                         base,
                         memory.len(),

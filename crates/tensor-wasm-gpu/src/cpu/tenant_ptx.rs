@@ -12,7 +12,9 @@
 //! Guest memory is given to the interpreter at device address [`GUEST_BASE`]: a buffer
 //! argument becomes `GUEST_BASE + offset`. A fenced kernel also gets the rewrite's hidden
 //! parameters: its window (all of guest memory), its dynamic shared memory and the cancel
-//! word's address ([`CANCEL_WORD`], below the window).
+//! word's address ([`CANCEL_WORD`], below the window). A launch of a fenced module that its
+//! launch-time proof admits ([`tensor_wasm_ptx_verify::Plan::admit`]) runs the module's lean
+//! entry instead — the tenant's own code, without fences or polls — with the same parameters.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -45,6 +47,9 @@ pub(crate) struct InterpretedPtx {
     param_sizes: Vec<usize>,
     tenant: TenantKey,
     fenced: bool,
+    /// A fenced module's launch-time proof: a proven launch runs the lean entry (the
+    /// tenant's own code, no fences or polls), which the interpreter bounds all the same.
+    plan: Option<tensor_wasm_ptx_verify::Plan>,
 }
 
 impl LoadedFunction for InterpretedPtx {
@@ -93,12 +98,17 @@ impl InterpretedPtx {
             .iter()
             .map(|p| p.size as usize)
             .collect();
+        let plan = fenced
+            .then(|| tensor_wasm_ptx_verify::Plan::new(ptx, entry))
+            .flatten()
+            .filter(|plan| module.kernel(plan.lean_entry()).is_some());
         Ok(Self {
             module,
             entry: entry.to_owned(),
             param_sizes,
             tenant: tenant.clone(),
             fenced,
+            plan,
         })
     }
 
@@ -107,14 +117,9 @@ impl InterpretedPtx {
         self.tenant.same_tenant(tenant)
     }
 
-    /// The packed parameters of a launch: each argument of its parameter's size (a buffer
-    /// as its device address), then the hidden ones of a fenced kernel.
-    fn params(
-        &self,
-        args: &[KernelArg],
-        memory_len: usize,
-        dynamic: u32,
-    ) -> Result<Vec<u8>, GpuError> {
+    /// The parameters of a launch, unpacked: each argument of its parameter's size (a buffer
+    /// as its device address).
+    fn values(&self, args: &[KernelArg]) -> Result<Vec<Vec<u8>>, GpuError> {
         if args.len() != self.param_sizes.len() {
             return Err(GpuError::InvalidArgument(format!(
                 "kernel `{}` takes {} arguments, got {}",
@@ -136,16 +141,16 @@ impl InterpretedPtx {
             }
             values.push(bytes);
         }
-        if self.fenced {
-            let hi = GUEST_BASE + (memory_len as u64 & !15);
-            let hidden = tensor_wasm_ptx_verify::hidden_args(GUEST_BASE, hi, dynamic, CANCEL_WORD);
-            values.extend(hidden.iter().map(|v| v.to_le_bytes().to_vec()));
+        Ok(values)
+    }
+
+    /// The entry a launch runs: a fenced module's lean entry when the launch is proven, else
+    /// the entry itself.
+    fn chosen(&self, facts: &tensor_wasm_ptx_verify::LaunchFacts<'_>) -> &str {
+        match &self.plan {
+            Some(plan) if plan.admit(facts).is_ok() => plan.lean_entry(),
+            _ => &self.entry,
         }
-        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
-        let kernel = self.module.kernel(&self.entry).expect("checked at load");
-        kernel
-            .pack_params(&refs)
-            .map_err(|e| GpuError::InvalidArgument(e.to_string()))
     }
 
     /// Runs a launch over `memory` until it ends or `cancel` is set.
@@ -161,8 +166,25 @@ impl InterpretedPtx {
         } else {
             config.shared_bytes
         };
-        let params = self.params(args, memory.len(), dynamic)?;
-        let kernel = self.module.kernel(&self.entry).expect("checked at load");
+        let mut values = self.values(args)?;
+        let mut entry = self.entry.as_str();
+        if self.fenced {
+            let hi = GUEST_BASE + (memory.len() as u64 & !15);
+            entry = self.chosen(&tensor_wasm_ptx_verify::LaunchFacts {
+                params: &values,
+                grid: config.grid,
+                block: config.block,
+                dynamic_shared: dynamic,
+                window: (GUEST_BASE, hi),
+            });
+            let hidden = tensor_wasm_ptx_verify::hidden_args(GUEST_BASE, hi, dynamic, CANCEL_WORD);
+            values.extend(hidden.iter().map(|v| v.to_le_bytes().to_vec()));
+        }
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        let kernel = self.module.kernel(entry).expect("checked at load");
+        let params = kernel
+            .pack_params(&refs)
+            .map_err(|e| GpuError::InvalidArgument(e.to_string()))?;
         let mut launch = Launch::new(config.grid, config.block, &params);
         launch.dynamic_shared_bytes = dynamic;
         launch.step_limit = STEP_LIMIT;

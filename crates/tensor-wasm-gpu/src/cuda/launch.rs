@@ -60,11 +60,14 @@ impl CudaBackend {
     /// Submits a fenced tenant kernel: `params` (the guest's, checked) get the rewrite's hidden
     /// ones — the window (the `len` bytes of guest memory at `base`, 16-byte aligned), the
     /// dynamic shared memory it is given, and a cancel word of its own in managed memory, which
-    /// [`Completion::cancel`] sets (the kernel's polls end it).
+    /// [`Completion::cancel`] sets (the kernel's polls end it). A launch its module's
+    /// launch-time proof admits runs the lean entry (the tenant's own code) instead.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn submit_fenced<'m>(
         lane: &Lane,
         function: &PtxFunction,
         params: &mut Vec<Param>,
+        args: &[KernelArg],
         config: &LaunchConfig,
         base: u64,
         len: usize,
@@ -72,6 +75,20 @@ impl CudaBackend {
         let word = Arc::new(CancelWord::new(&lane.context.ctx)?);
         let dynamic = tensor_wasm_ptx_verify::dynamic_shared_bytes(config.shared_bytes);
         let hi = base + (len as u64 & !15);
+        let mut chosen = &function.function;
+        if let Some((lean, plan)) = &function.lean {
+            let values: Vec<Vec<u8>> = args.iter().map(|a| a.param_bytes(base)).collect();
+            let facts = tensor_wasm_ptx_verify::LaunchFacts {
+                params: &values,
+                grid: config.grid,
+                block: config.block,
+                dynamic_shared: dynamic,
+                window: (base, hi),
+            };
+            if plan.admit(&facts).is_ok() {
+                chosen = lean;
+            }
+        }
         let hidden = tensor_wasm_ptx_verify::hidden_args(base, hi, dynamic, word.address());
         params.extend(hidden.map(Param::U64));
         let config = LaunchConfig {
@@ -79,7 +96,7 @@ impl CudaBackend {
             ..*config
         };
         let hook: CancelHook = Box::new(move || word.set());
-        Self::submit_with(lane, &function.function, params, &config, Some(hook))
+        Self::submit_with(lane, chosen, params, &config, Some(hook))
     }
 
     /// Submits `function` (loaded in the lane's context) with `params` to `lane`'s stream and

@@ -35,6 +35,9 @@ pub(super) struct PtxFunction {
     pub(super) param_sizes: Vec<usize>,
     /// Whether the function is fenced tenant code (its entry ends with the hidden parameters).
     pub(super) fenced: bool,
+    /// A fenced module's lean entry (the tenant's own code, same parameters) and the
+    /// launch-time proof that decides, per launch, whether it may run instead.
+    pub(super) lean: Option<(CudaFunction, tensor_wasm_ptx_verify::Plan)>,
 }
 
 impl LoadedFunction for PtxFunction {
@@ -174,6 +177,22 @@ impl CudaBackend {
         what: &str,
         params: Option<usize>,
     ) -> Result<Arc<PtxFunction>, GpuError> {
+        self.load_function_with(context, owner, image, entry, what, params, None)
+            .map(|(function, _)| function)
+    }
+
+    /// [`CudaBackend::load_function`], also finding the entry `also` in the same module.
+    #[allow(clippy::too_many_arguments)]
+    fn load_function_with(
+        &self,
+        context: &ContextState,
+        owner: Option<(TenantKey, Arc<Lane>)>,
+        image: Ptx,
+        entry: &str,
+        what: &str,
+        params: Option<usize>,
+        also: Option<&str>,
+    ) -> Result<(Arc<PtxFunction>, Option<CudaFunction>), GpuError> {
         if entry.is_empty() || entry.contains('\0') {
             return Err(GpuError::InvalidArgument(format!(
                 "{what}: invalid entry name {entry:?}"
@@ -187,8 +206,20 @@ impl CudaBackend {
         let function = module.load_function(entry).map_err(|error| {
             GpuError::cuda(&format!("finding entry `{entry}` in {what}"), error)
         })?;
-        let param_sizes = param_sizes(&context.ctx, &function, params)?;
-        Ok(Arc::new(PtxFunction {
+        let also = match also {
+            Some(name) => Some(module.load_function(name).map_err(|error| {
+                GpuError::cuda(&format!("finding entry `{name}` in {what}"), error)
+            })?),
+            None => None,
+        };
+        let sizes = param_sizes(&context.ctx, &function, params)?;
+        // The second entry is launched with the first one's parameters: same layout only.
+        let also = match also {
+            Some(f) if param_sizes(&context.ctx, &f, params)? == sizes => Some(f),
+            _ => None,
+        };
+        let param_sizes = sizes;
+        let loaded = Arc::new(PtxFunction {
             backend_id: self.id,
             context_id: context.id,
             owner,
@@ -196,27 +227,33 @@ impl CudaBackend {
             function,
             param_sizes,
             fenced: false,
-        }))
+            lean: None,
+        });
+        Ok((loaded, also))
     }
 
     /// Loads tenant code for `tenant` into its lane; `fenced` code's entry must end with the
-    /// rewrite's hidden parameters (four of 8 bytes), which its launches fill in.
+    /// rewrite's hidden parameters (four of 8 bytes), which its launches fill in, and its
+    /// `plan` names the module's lean entry, loaded beside it.
     pub(super) fn load_tenant_function(
         &self,
         tenant: &TenantKey,
         image: impl FnOnce() -> Result<Ptx, GpuError>,
         entry: &str,
         what: &str,
-        fenced: bool,
+        fenced: Option<Option<tensor_wasm_ptx_verify::Plan>>,
     ) -> Result<Kernel, GpuError> {
         let image = image()?;
         catching_driver_panics(|| {
             let lane = self.lane(tenant)?;
             let context = lane.context.clone();
             let owner = Some((tenant.clone(), lane));
-            let mut function = self.load_function(&context, owner, image, entry, what, None)?;
-            if fenced {
+            let lean_entry = fenced.as_ref().and_then(|plan| plan.as_ref()).map(|p| p.lean_entry());
+            let (mut function, lean) =
+                self.load_function_with(&context, owner, image, entry, what, None, lean_entry)?;
+            if let Some(plan) = fenced {
                 let loaded = Arc::get_mut(&mut function).expect("just loaded, not shared");
+                loaded.lean = lean.zip(plan);
                 let hidden = tensor_wasm_ptx_verify::HIDDEN_PARAMS.len();
                 let own = loaded.param_sizes.len().checked_sub(hidden);
                 match own {
