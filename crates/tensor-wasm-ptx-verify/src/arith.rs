@@ -95,22 +95,44 @@ fn numeric(op: Arith, signed: bool, bits: u32, a: &Val, b: &Val) -> Val {
     };
     let (a0, a1, ta) = a.number(signed, bits);
     let (b0, b1, tb) = b.number(signed, bits);
-    let corners = |f: fn(i128, i128) -> i128| {
-        let c = [f(a0, b0), f(a0, b1), f(a1, b0), f(a1, b1)];
-        (
-            *c.iter().min().expect("four"),
-            *c.iter().max().expect("four"),
-        )
+    // Two known values: the exact result (bitwise operations read unsigned; `rem` and `div`
+    // truncate towards zero, as PTX's do).
+    if let (Some(x), Some(y)) = (a.singleton(signed, bits), b.singleton(signed, bits)) {
+        let unsigned = |v: i128| v.rem_euclid(1i128 << bits);
+        let exact = match op {
+            Arith::And => Some(unsigned(x) & unsigned(y)),
+            Arith::Or => Some(unsigned(x) | unsigned(y)),
+            Arith::Xor => Some(unsigned(x) ^ unsigned(y)),
+            Arith::Rem if y != 0 => Some(x % y),
+            Arith::Div if y != 0 => Some(x / y),
+            _ => None,
+        };
+        if let Some(v) = exact {
+            let bitwise = matches!(op, Arith::And | Arith::Or | Arith::Xor);
+            let signed = signed && !bitwise;
+            return Val::fit(v, v, 0, signed, bits);
+        }
+    }
+    // Products of two 64-bit readings may not fit 128 bits: then the whole range.
+    let product = || {
+        let c = [
+            a0.checked_mul(b0)?,
+            a0.checked_mul(b1)?,
+            a1.checked_mul(b0)?,
+            a1.checked_mul(b1)?,
+        ];
+        Some((*c.iter().min()?, *c.iter().max()?))
     };
+    let tz = (ta + tb).min(64);
     match op {
-        Arith::MulLo => {
-            let (lo, hi) = corners(|x, y| x * y);
-            Val::fit(lo, hi, ta + tb, signed, bits)
-        }
-        Arith::MulWide => {
-            let (lo, hi) = corners(|x, y| x * y);
-            Val::fit(lo, hi, ta + tb, signed, bits * 2)
-        }
+        Arith::MulLo => match product() {
+            Some((lo, hi)) => Val::fit(lo, hi, tz, signed, bits),
+            None => full(signed, bits),
+        },
+        Arith::MulWide => match product() {
+            Some((lo, hi)) => Val::fit(lo, hi, tz, signed, bits * 2),
+            None => full(signed, bits * 2),
+        },
         Arith::Shl | Arith::Shr => {
             let Some(k) = b
                 .singleton(false, 32)
@@ -121,7 +143,8 @@ fn numeric(op: Arith, signed: bool, bits: u32, a: &Val, b: &Val) -> Val {
             let k = k as u32;
             if op == Arith::Shl {
                 let (lo, hi, tz) = a.number(false, bits);
-                Val::fit(lo << k, hi << k, tz + k, false, bits)
+                // Readings are below 2^64 and shifts below 64: the result fits 128 bits.
+                Val::fit(lo << k, hi << k, (tz + k).min(64), false, bits)
             } else {
                 let (lo, hi, tz) = a.number(signed, bits);
                 Val::fit(lo >> k, hi >> k, tz.saturating_sub(k), signed, bits)
@@ -245,6 +268,8 @@ mod tests {
 
     #[test]
     fn masks_remainders_and_shifts_bound_unknown_values() {
+        let huge = apply(Arith::MulLo, false, 64, &Val::Top, &Val::Top, &Val::Top);
+        assert_eq!(huge.number(false, 64), (0, u64::MAX as i128, 0));
         let masked = apply(
             Arith::And,
             false,
@@ -283,6 +308,17 @@ mod tests {
         assert_eq!(shifted.number(false, 32), (0, 12, 2));
         let unknown_shift = apply(Arith::Shl, false, 32, &num(0, 3), &num(0, 2), &Val::Top);
         assert_eq!(unknown_shift.number(false, 32), (0, u32::MAX as i128, 0));
+    }
+
+    #[test]
+    fn known_values_give_exact_bitwise_results() {
+        let c = |v| Val::constant(v);
+        assert_eq!(apply(Arith::And, false, 32, &c(13), &c(3), &Val::Top), c(1));
+        assert_eq!(apply(Arith::Or, false, 32, &c(8), &c(3), &Val::Top), c(11));
+        assert_eq!(apply(Arith::Rem, true, 32, &c(-7), &c(3), &Val::Top), c(-1));
+        assert_eq!(apply(Arith::Div, true, 32, &c(-7), &c(2), &Val::Top), c(-3));
+        // -1 & 3 as 32-bit registers: 3.
+        assert_eq!(apply(Arith::And, true, 32, &c(-1), &c(3), &Val::Top), c(3));
     }
 
     #[test]

@@ -147,6 +147,7 @@ pub(crate) enum Kind {
     StParam {
         name: String,
         offset: i64,
+        bits: u32,
         src: Opnd,
     },
     /// A load, store, atomic or reduction outside the parameter space.
@@ -190,6 +191,8 @@ pub(crate) struct Func {
     pub target: Vec<bool>,
     /// The header's parameter names, in order.
     pub params: Vec<String>,
+    /// The return value's names.
+    pub returns: Vec<String>,
 }
 
 fn special(name: &str) -> Option<Special> {
@@ -369,8 +372,11 @@ impl<'a> Decoder<'a> {
                     "not" => Arith::Not,
                     _ => return None,
                 };
-                // Saturating or carrying forms are not modelled.
+                // Saturating or carrying forms are not modelled; wide forms exist up to 32 bits.
                 if has("sat") || has("cc") || has("hi") && parts[0] != "mul" {
+                    return None;
+                }
+                if matches!(op, Arith::MulWide | Arith::MadWide) && bits > 32 {
                     return None;
                 }
                 Kind::Arith {
@@ -471,6 +477,7 @@ impl<'a> Decoder<'a> {
                             Kind::StParam {
                                 name: name.to_owned(),
                                 offset: addr.offset,
+                                bits: ty(opcode)?.1,
                                 src: Opnd::Unknown,
                             }
                         });
@@ -487,6 +494,7 @@ impl<'a> Decoder<'a> {
                         Kind::StParam {
                             name: name.to_owned(),
                             offset: addr.offset,
+                            bits,
                             src: opnd(1),
                         }
                     });
@@ -679,6 +687,7 @@ pub(crate) fn decode(text: &Text, names: &[&Function]) -> Option<(Vec<Func>, Vec
             widths,
             target,
             params: f.header.clone(),
+            returns: f.returns.clone(),
         });
     }
     Some((out, vars))

@@ -20,6 +20,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::frame::{Fact, Frame};
+
 use crate::decode::{Arith, CmpOp, Func, Insn, Kind, Logic, Opnd, PredRef, Special, Var};
 use crate::text::Space;
 use crate::value::{zeros, Base, Piece, Val};
@@ -48,106 +50,6 @@ pub struct Proof {
     pub steps: u64,
     /// Most backward branches one path took (loop iterations of the longest path).
     pub rounds: u32,
-}
-
-/// A fact a predicate holds about registers (as they are until one of them changes).
-#[derive(Debug, Clone, PartialEq)]
-enum Fact {
-    Cmp {
-        cmp: CmpOp,
-        signed: bool,
-        bits: u32,
-        a: Opnd,
-        b: Opnd,
-    },
-    And(Box<Fact>, Box<Fact>),
-    Or(Box<Fact>, Box<Fact>),
-    Not(Box<Fact>),
-}
-
-impl Fact {
-    fn mentions(&self, reg: u32) -> bool {
-        match self {
-            Fact::Cmp { a, b, .. } => *a == Opnd::Reg(reg) || *b == Opnd::Reg(reg),
-            Fact::And(x, y) | Fact::Or(x, y) => x.mentions(reg) || y.mentions(reg),
-            Fact::Not(x) => x.mentions(reg),
-        }
-    }
-}
-
-/// How a register was computed from another (its *root*): `scale × root + offset`, exactly
-/// (no step wrapped), for as long as the root is not written again. When a branch narrows
-/// the root, the registers computed from it narrow too: a thread index checked after the
-/// address was derived from it still bounds the address.
-#[derive(Debug, Clone, PartialEq)]
-struct Origin {
-    root: u32,
-    scale: i128,
-    offset: Val,
-}
-
-/// `scale × root + offset` over every value of `root`, without wrapping.
-fn affine(root: &Val, scale: i128, offset: &Val) -> Option<Val> {
-    let (Val::Set(roots), Val::Set(offsets)) = (root, offset) else {
-        return None;
-    };
-    let mut out = Vec::new();
-    for r in roots {
-        if r.base != Base::Num {
-            return None;
-        }
-        let (a, b) = (r.lo * scale, r.hi * scale);
-        let tz = (r.tz + zeros(scale)).min(64);
-        for o in offsets {
-            out.push(Piece {
-                base: o.base,
-                lo: a.min(b) + o.lo,
-                hi: a.max(b) + o.hi,
-                tz: tz.min(o.tz),
-            });
-        }
-    }
-    Some(Val::from_pieces(out))
-}
-
-/// One function activation on a path.
-#[derive(Debug, Clone)]
-struct Frame {
-    func: usize,
-    pc: usize,
-    regs: Vec<Val>,
-    facts: Vec<Option<Fact>>,
-    origins: Vec<Option<Origin>>,
-    /// `.param` variables written in this frame (call arguments, the return value), by
-    /// name and byte offset.
-    params: BTreeMap<(String, i64), Val>,
-}
-
-impl Frame {
-    fn join(&mut self, other: &Frame) {
-        for (a, b) in self.regs.iter_mut().zip(&other.regs) {
-            if *a != *b {
-                *a = a.join(b);
-            }
-        }
-        for (a, b) in self.facts.iter_mut().zip(&other.facts) {
-            if a != b {
-                *a = None;
-            }
-        }
-        for (a, b) in self.origins.iter_mut().zip(&other.origins) {
-            if a != b {
-                *a = None;
-            }
-        }
-        let mut params = BTreeMap::new();
-        for (key, a) in &self.params {
-            if let Some(b) = other.params.get(key) {
-                params.insert(key.clone(), a.join(b));
-            }
-        }
-        self.params = params;
-    }
 }
 
 type State = Vec<Frame>;
@@ -189,15 +91,7 @@ impl Prover<'_> {
     }
 
     fn frame(&self, func: usize) -> Frame {
-        let f = &self.funcs[func];
-        Frame {
-            func,
-            pc: 0,
-            regs: vec![Val::Top; f.widths.len()],
-            facts: vec![None; f.widths.len()],
-            origins: vec![None; f.widths.len()],
-            params: BTreeMap::new(),
-        }
+        Frame::new(func, self.funcs[func].widths.len())
     }
 
     /// Runs `state` until it branches, calls, returns, ends, or reaches a point where paths
@@ -321,10 +215,22 @@ impl Prover<'_> {
         else {
             return Err((0, "a return without its call".into()));
         };
+        let Some(Insn {
+            kind: Kind::Call { args, .. },
+            ..
+        }) = self.funcs[caller.func].insns.get(caller.pc)
+        else {
+            unreachable!("matched above");
+        };
+        // The call's argument variables and old return value are gone (a later call declares
+        // its own); the return value is what the callee wrote to its return variable.
+        caller
+            .params
+            .retain(|(name, _), _| !args.contains(name) && Some(name) != ret.as_ref());
         if let Some(ret) = ret {
-            let params = &self.funcs[done.func].params;
+            let returns = &self.funcs[done.func].returns;
             for ((name, offset), v) in done.params {
-                if !params.contains(&name) {
+                if returns.contains(&name) {
                     caller.params.insert((ret.clone(), offset), v);
                 }
             }
@@ -370,119 +276,6 @@ impl Prover<'_> {
         }
     }
 
-    fn write(&self, frame: &mut Frame, reg: u32, val: Val) {
-        frame.regs[reg as usize] = val;
-        frame.facts[reg as usize] = None;
-        frame.origins[reg as usize] = None;
-        for fact in frame.facts.iter_mut() {
-            if fact.as_ref().is_some_and(|f| f.mentions(reg)) {
-                *fact = None;
-            }
-        }
-        for origin in frame.origins.iter_mut() {
-            if origin.as_ref().is_some_and(|o| o.root == reg) {
-                *origin = None;
-            }
-        }
-    }
-
-    /// How operand `opnd` derives from a root register (itself, when it has no origin).
-    fn origin_of(&self, frame: &Frame, opnd: Opnd) -> Option<Origin> {
-        let Opnd::Reg(r) = opnd else {
-            return None;
-        };
-        if let Some(o) = &frame.origins[r as usize] {
-            return Some(o.clone());
-        }
-        frame.regs[r as usize].is_number().then(|| Origin {
-            root: r,
-            scale: 1,
-            offset: Val::constant(0),
-        })
-    }
-
-    /// Whether operand `opnd` may depend on register `root`.
-    fn depends(&self, frame: &Frame, opnd: Opnd, root: u32) -> bool {
-        match opnd {
-            Opnd::Reg(r) => {
-                r == root
-                    || frame.origins[r as usize]
-                        .as_ref()
-                        .is_some_and(|o| o.root == root)
-            }
-            _ => false,
-        }
-    }
-
-    /// The origin of an instruction's result, before it is checked against the value.
-    fn derive(&self, frame: &Frame, kind: &Kind) -> Option<Origin> {
-        let constant = |o: Opnd| match o {
-            Opnd::Imm(v) => Some(v),
-            Opnd::Reg(r) => frame.regs[r as usize].singleton(true, 64),
-            _ => None,
-        };
-        let scaled = |o: Origin, k: i128| -> Option<Origin> {
-            let offset = affine(&o.offset, k, &Val::constant(0))?;
-            Some(Origin {
-                root: o.root,
-                scale: o.scale.checked_mul(k)?,
-                offset,
-            })
-        };
-        let shifted = |o: Origin, other: Opnd, sub: bool| -> Option<Origin> {
-            if self.depends(frame, other, o.root) {
-                return None;
-            }
-            let v = self.value(frame, other);
-            let v = if sub {
-                affine(&v, -1, &Val::constant(0))?
-            } else {
-                v
-            };
-            let offset = crate::arith::apply(Arith::Add, true, 64, &o.offset, &v, &Val::Top);
-            Some(Origin { offset, ..o })
-        };
-        match kind {
-            Kind::Mov { src, .. } | Kind::Cvt { src, .. } => self.origin_of(frame, *src),
-            Kind::Arith { op, a, b, c, .. } => match op {
-                Arith::MulLo | Arith::MulWide => match (constant(*a), constant(*b)) {
-                    (_, Some(k)) => scaled(self.origin_of(frame, *a)?, k),
-                    (Some(k), _) => scaled(self.origin_of(frame, *b)?, k),
-                    _ => None,
-                },
-                Arith::Shl => {
-                    let k = constant(*b).filter(|k| (0..64).contains(k))?;
-                    scaled(self.origin_of(frame, *a)?, 1 << k)
-                }
-                Arith::Add => match self.origin_of(frame, *a) {
-                    Some(o) if !self.depends(frame, *b, o.root) => shifted(o, *b, false),
-                    _ => shifted(self.origin_of(frame, *b)?, *a, false),
-                },
-                Arith::Sub => shifted(self.origin_of(frame, *a)?, *b, true),
-                Arith::MadLo | Arith::MadWide => {
-                    let product = match (constant(*a), constant(*b)) {
-                        (_, Some(k)) => scaled(self.origin_of(frame, *a)?, k)?,
-                        (Some(k), _) => scaled(self.origin_of(frame, *b)?, k)?,
-                        _ => return None,
-                    };
-                    shifted(product, *c, false)
-                }
-                _ => None,
-            },
-            _ => None,
-        }
-    }
-
-    /// Writes an instruction's result with its origin, when the origin reproduces it.
-    fn write_derived(&self, frame: &mut Frame, dst: u32, val: Val, origin: Option<Origin>) {
-        let origin = origin.filter(|o| {
-            o.root != dst
-                && affine(&frame.regs[o.root as usize], o.scale, &o.offset).as_ref() == Some(&val)
-        });
-        self.write(frame, dst, val);
-        frame.origins[dst as usize] = origin;
-    }
-
     /// Executes one instruction that neither branches, calls nor returns.
     fn step(&self, state: &mut State, insn: &Insn) -> Result<(), Unproven> {
         let is_entry = state.len() == 1;
@@ -490,8 +283,8 @@ impl Prover<'_> {
         match &insn.kind {
             Kind::Mov { dst, src } => {
                 let v = self.value(frame, *src);
-                let origin = self.derive(frame, &insn.kind);
-                self.write_derived(frame, *dst, v, origin);
+                let origin = frame.derive(&insn.kind, |o| self.value(frame, o));
+                frame.write_derived(*dst, v, origin);
             }
             Kind::Arith {
                 op,
@@ -502,20 +295,24 @@ impl Prover<'_> {
                 b,
                 c,
             } => {
+                let (insn_a, insn_b) = (*a, *b);
                 let (a, b, c) = (
                     self.value(frame, *a),
                     self.value(frame, *b),
                     self.value(frame, *c),
                 );
                 let v = crate::arith::apply(*op, *signed, *bits, &a, &b, &c);
-                let origin = self.derive(frame, &insn.kind);
-                self.write_derived(frame, *dst, v, origin);
+                let origin = frame.derive(&insn.kind, |o| self.value(frame, o));
+                frame.write_derived(*dst, v, origin);
+                if let (Arith::Or, Opnd::Reg(x), Opnd::Reg(y)) = (op, insn_a, insn_b) {
+                    frame.ors[*dst as usize] = Some((x, y));
+                }
             }
             Kind::Cvt { dst, to, from, src } => {
                 let v = self.value(frame, *src);
                 let out = crate::arith::convert(&v, *from, *to);
-                let origin = self.derive(frame, &insn.kind);
-                self.write_derived(frame, *dst, out, origin);
+                let origin = frame.derive(&insn.kind, |o| self.value(frame, o));
+                frame.write_derived(*dst, out, origin);
             }
             Kind::Cvta {
                 dst,
@@ -542,7 +339,7 @@ impl Prover<'_> {
                     }
                     _ => Val::Top,
                 };
-                self.write(frame, *dst, out);
+                frame.write(*dst, out);
             }
             Kind::Selp { dst, a, b, pred } => {
                 let (a, b) = (self.value(frame, *a), self.value(frame, *b));
@@ -551,7 +348,7 @@ impl Prover<'_> {
                     Some(false) => b,
                     None => a.join(&b),
                 };
-                self.write(frame, *dst, out);
+                frame.write(*dst, out);
             }
             Kind::Setp {
                 dst,
@@ -570,6 +367,30 @@ impl Prover<'_> {
                     a: *a,
                     b: *b,
                 };
+                // `(x | y) < 0` (signed) holds when either is negative: say so of x and y.
+                if let (Opnd::Reg(r), Opnd::Imm(0), true, CmpOp::Lt | CmpOp::Ge) =
+                    (*a, *b, *signed, *cmp)
+                {
+                    let widths = &self.funcs[frame.func].widths;
+                    if let Some((x, y)) = frame.ors[r as usize].filter(|&(x, y)| {
+                        widths[x as usize] == *bits && widths[y as usize] == *bits
+                    }) {
+                        let sign = |reg: u32| {
+                            Box::new(Fact::Cmp {
+                                cmp: *cmp,
+                                signed: true,
+                                bits: *bits,
+                                a: Opnd::Reg(reg),
+                                b: Opnd::Imm(0),
+                            })
+                        };
+                        fact = if *cmp == CmpOp::Lt {
+                            Fact::Or(sign(x), sign(y))
+                        } else {
+                            Fact::And(sign(x), sign(y))
+                        };
+                    }
+                }
                 let mut known = true;
                 if let Some((op, p)) = combine {
                     match self.fact_of(frame, *p) {
@@ -588,10 +409,10 @@ impl Prover<'_> {
                 }
                 // A fact naming its own destination would be stale at once.
                 let fact = (known && !fact.mentions(*dst)).then_some(fact);
-                self.write(frame, *dst, Val::Top);
+                frame.write(*dst, Val::Top);
                 frame.facts[*dst as usize] = fact.clone();
                 if let Some(q) = negated_dst {
-                    self.write(frame, *q, Val::Top);
+                    frame.write(*q, Val::Top);
                     frame.facts[*q as usize] = fact
                         .filter(|f| !f.mentions(*q))
                         .map(|f| Fact::Not(Box::new(f)));
@@ -607,7 +428,7 @@ impl Prover<'_> {
                     (Logic::Or, Some(x), Some(y)) => Some(Fact::Or(Box::new(x), Box::new(y))),
                     _ => None,
                 };
-                self.write(frame, *dst, Val::Top);
+                frame.write(*dst, Val::Top);
                 frame.facts[*dst as usize] = fact.filter(|f| !f.mentions(*dst));
             }
             Kind::LdParam {
@@ -618,7 +439,11 @@ impl Prover<'_> {
                 bits,
             } => {
                 let f = &self.funcs[frame.func];
-                let written = frame.params.get(&(name.clone(), *offset)).cloned();
+                let written = frame
+                    .params
+                    .get(&(name.clone(), *offset))
+                    .filter(|(width, _)| width == bits)
+                    .map(|(_, v)| v.clone());
                 let v = match written {
                     Some(v) => v,
                     None if is_entry => f
@@ -629,11 +454,16 @@ impl Prover<'_> {
                         .unwrap_or(Val::Top),
                     None => Val::Top,
                 };
-                self.write(frame, *dst, v);
+                frame.write(*dst, v);
             }
-            Kind::StParam { name, offset, src } => {
+            Kind::StParam {
+                name,
+                offset,
+                bits,
+                src,
+            } => {
                 let v = self.value(frame, *src);
-                frame.params.insert((name.clone(), *offset), v);
+                frame.params.insert((name.clone(), *offset), (*bits, v));
             }
             Kind::Access {
                 space,
@@ -653,12 +483,12 @@ impl Prover<'_> {
                 self.check(*space, *bytes, &addr)
                     .map_err(|why| (insn.line, why))?;
                 for d in dsts {
-                    self.write(frame, *d, Val::Top);
+                    frame.write(*d, Val::Top);
                 }
             }
             Kind::Clobber(regs) => {
                 for r in regs {
-                    self.write(frame, *r, Val::Top);
+                    frame.write(*r, Val::Top);
                 }
             }
             Kind::Nop => {}
@@ -793,7 +623,7 @@ impl Prover<'_> {
         if f.widths[r as usize] != bits || !readable(&x) || !readable(&y) {
             return true;
         }
-        let (mut lo, mut hi, tz) = x.number(signed, bits);
+        let (mut lo, mut hi, _) = x.number(signed, bits);
         let (b0, b1, _) = y.number(signed, bits);
         match cmp {
             CmpOp::Lt => hi = hi.min(b1 - 1),
@@ -805,36 +635,7 @@ impl Prover<'_> {
             CmpOp::Ne if b0 == b1 && hi == b0 => hi -= 1,
             CmpOp::Ne => {}
         }
-        if lo > hi {
-            return false;
-        }
-        // Known zero bits survive narrowing; the bounds move to the nearest such values.
-        let step = 1i128 << tz.min(64);
-        let lo = lo.div_euclid(step) * step + if lo.rem_euclid(step) == 0 { 0 } else { step };
-        let hi = hi.div_euclid(step) * step;
-        if lo > hi {
-            return false;
-        }
-        let old = std::mem::replace(
-            &mut frame.regs[r as usize],
-            Val::Set(vec![Piece::num(lo, hi, tz)]),
-        );
-        // Registers computed from `r` narrow with it, when `r` kept its representation and
-        // they were not narrowed on their own since.
-        let (o0, o1, _) = old.number(signed, bits);
-        let kept = matches!(&old, Val::Set(p) if p.len() == 1 && p[0].lo == o0 && p[0].hi == o1);
-        for d in 0..frame.regs.len() {
-            let Some(origin) = frame.origins[d].clone().filter(|o| o.root == r) else {
-                continue;
-            };
-            let before = affine(&old, origin.scale, &origin.offset);
-            if kept && before.as_ref() == Some(&frame.regs[d]) {
-                if let Some(now) = affine(&frame.regs[r as usize], origin.scale, &origin.offset) {
-                    frame.regs[d] = now;
-                }
-            }
-        }
-        true
+        frame.narrow_to(r, signed, bits, lo, hi)
     }
 
     /// Checks one access of `bytes` at `addr` in `space`.
@@ -888,9 +689,17 @@ impl Prover<'_> {
                 }
             };
             if p.lo < lo || p.hi + i128::from(bytes) > hi {
+                let (what, from) = match p.base {
+                    Base::Num => ("the window", lo),
+                    _ => ("its variable", 0),
+                };
                 return Err(format!(
-                    "a {bytes}-byte {} access may fall outside its memory",
-                    name(space)
+                    "a {bytes}-byte {} access may fall outside its memory: at {}..={} \
+                     bytes from the start of {what}, which has {}",
+                    name(space),
+                    p.lo - from,
+                    p.hi - from,
+                    hi - lo
                 ));
             }
         }

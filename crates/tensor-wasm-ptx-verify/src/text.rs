@@ -119,6 +119,8 @@ pub(crate) struct Function {
     pub header: Vec<String>,
     /// The alignment in bytes of each `.shared` and `.local` variable the body declares.
     pub aligns: HashMap<String, u64>,
+    /// A `.func`'s return value declarations (`func_retval0`), not among `header`.
+    pub returns: Vec<String>,
 }
 
 impl Function {
@@ -284,7 +286,7 @@ fn function(tokens: &[Token], mut i: usize, entry: bool) -> Option<(Option<Funct
     i += 1;
     let (close, params_empty, _) = param_list(i)?;
     let params_close = tokens[close].start;
-    header.drain(..returns);
+    let returns: Vec<String> = header.drain(..returns).collect();
     i = close + 1;
     while !matches!(tokens.get(i)?.tok, Tok::Punct('{' | ';')) {
         i += 1;
@@ -306,6 +308,7 @@ fn function(tokens: &[Token], mut i: usize, entry: bool) -> Option<(Option<Funct
         vars,
         header,
         aligns: HashMap::new(),
+        returns,
     };
     let mut depth = 1;
     while depth > 0 {

@@ -163,6 +163,16 @@ impl Val {
         }
     }
 
+    /// The one interval of a plain number: bounds and known zero bits.
+    pub fn plain(&self) -> Option<(i128, i128, u32)> {
+        match self {
+            Val::Set(p) if p.len() == 1 && p[0].base == Base::Num => {
+                Some((p[0].lo, p[0].hi, p[0].tz))
+            }
+            _ => None,
+        }
+    }
+
     /// Whether the value is a plain number (no variable's address in it).
     pub fn is_number(&self) -> bool {
         matches!(self, Val::Set(pieces) if pieces.iter().all(|p| p.base == Base::Num))

@@ -248,7 +248,10 @@ impl CudaBackend {
             let lane = self.lane(tenant)?;
             let context = lane.context.clone();
             let owner = Some((tenant.clone(), lane));
-            let lean_entry = fenced.as_ref().and_then(|plan| plan.as_ref()).map(|p| p.lean_entry());
+            let lean_entry = fenced
+                .as_ref()
+                .and_then(|plan| plan.as_ref())
+                .map(|p| p.lean_entry());
             let (mut function, lean) =
                 self.load_function_with(&context, owner, image, entry, what, None, lean_entry)?;
             if let Some(plan) = fenced {
