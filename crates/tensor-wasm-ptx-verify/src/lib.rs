@@ -91,6 +91,13 @@ pub struct Fenced {
     pub grouped: u32,
 }
 
+/// Most instructions (all threads together: threads × the longest path) a proven launch
+/// whose threads take a backward branch may run. Its lean entry has no cancellation poll,
+/// so this is what may still run after its invocation's deadline; a larger launch runs the
+/// fenced entry, which polls at every backward branch. A launch without loops is not bound
+/// by it: its fenced entry has no poll on its paths either.
+pub const LEAN_WORK_LIMIT: u64 = 1 << 36;
+
 /// Why a launch was not proven: the first instruction the proof could not clear.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("PTX line {line}: {reason}")]
@@ -205,14 +212,33 @@ impl Plan {
                 reason: "an empty grid or block".into(),
             });
         }
-        prove::Prover {
+        let proof = prove::Prover {
             funcs: &self.funcs,
             vars: &self.vars,
             entry: self.entry,
             facts: *facts,
         }
         .run()
-        .map_err(|(line, reason)| Unproven { line, reason })
+        .map_err(|(line, reason)| Unproven { line, reason })?;
+        // A lean entry has no polls: a launch whose threads loop must end soon on its own.
+        let threads: u128 = facts
+            .grid
+            .iter()
+            .chain(&facts.block)
+            .map(|&d| u128::from(d))
+            .product();
+        let work = threads * u128::from(proof.longest);
+        if proof.rounds > 0 && work > u128::from(LEAN_WORK_LIMIT) {
+            return Err(Unproven {
+                line: 0,
+                reason: format!(
+                    "{threads} threads of up to {} instructions each exceed the {LEAN_WORK_LIMIT} \
+                     instructions a launch with loops may run without cancellation polls",
+                    proof.longest
+                ),
+            });
+        }
+        Ok(proof)
     }
 }
 

@@ -50,6 +50,8 @@ pub struct Proof {
     pub steps: u64,
     /// Most backward branches one path took (loop iterations of the longest path).
     pub rounds: u32,
+    /// Most instructions one thread can execute.
+    pub longest: u64,
 }
 
 type State = Vec<Frame>;
@@ -67,27 +69,39 @@ pub(crate) type Unproven = (u32, String);
 impl Prover<'_> {
     pub fn run(&self) -> Result<Proof, Unproven> {
         let start = vec![self.frame(self.entry)];
-        let mut queue: BTreeMap<(u32, Vec<usize>), State> = BTreeMap::new();
-        queue.insert((0, vec![0]), start);
+        // Each pending state with the most instructions a path to it has run.
+        let mut queue: BTreeMap<(u32, Vec<usize>), (State, u64)> = BTreeMap::new();
+        queue.insert((0, vec![0]), (start, 0));
         let mut steps = 0u64;
         let mut rounds = 0u32;
-        while let Some(((epoch, _), state)) = queue.pop_first() {
+        let mut longest = 0u64;
+        while let Some(((epoch, _), (state, length))) = queue.pop_first() {
             rounds = rounds.max(epoch);
-            for (epoch, next) in self.block(state, epoch, &mut steps)? {
+            let before = steps;
+            let next_states = self.block(state, epoch, &mut steps)?;
+            // A block runs one straight stretch: every state it ends in ran all of it.
+            let length = length + (steps - before);
+            longest = longest.max(length);
+            for (epoch, next) in next_states {
                 let key = (epoch, next.iter().map(|fr| fr.pc).collect::<Vec<_>>());
                 match queue.get_mut(&key) {
-                    Some(existing) => {
+                    Some((existing, at_most)) => {
                         for (a, b) in existing.iter_mut().zip(&next) {
                             a.join(b);
                         }
+                        *at_most = (*at_most).max(length);
                     }
                     None => {
-                        queue.insert(key, next);
+                        queue.insert(key, (next, length));
                     }
                 }
             }
         }
-        Ok(Proof { steps, rounds })
+        Ok(Proof {
+            steps,
+            rounds,
+            longest,
+        })
     }
 
     fn frame(&self, func: usize) -> Frame {

@@ -108,7 +108,10 @@ fn every_cuda_kernel_of_the_conformance_set_gives_the_same_bytes_fenced() {
         };
         let (proof, proof_micros) = proof_time(&lean_plan, &facts);
         let verdict = match &proof {
-            Ok(p) => format!("proven in {} steps, {} rounds", p.steps, p.rounds),
+            Ok(p) => format!(
+                "proven in {} steps, {} rounds, at most {} instructions a thread",
+                p.steps, p.rounds, p.longest
+            ),
             Err(why) => format!("not proven: {why}"),
         };
         let overhead = |n: u64| n as f64 / plain_count as f64 - 1.0;

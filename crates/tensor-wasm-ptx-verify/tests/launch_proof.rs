@@ -159,3 +159,20 @@ fn a_call_argument_is_never_taken_from_an_earlier_call() {
     let plan = plan_of(&module(".param .u64 out", &body));
     assert!(plan.admit(&facts(&params, 4)).is_ok());
 }
+
+#[test]
+fn a_looping_launch_too_large_to_run_without_polls_is_not_proven() {
+    let body = "\tmov.u32 %r1, 0;\nLOOP:\n\tadd.s32 %r1, %r1, 1;\n\tsetp.lt.u32 %p1, %r1, 8;\n\
+        \t@%p1 bra LOOP;\n\tret;";
+    let plan = plan_of(&module("", body));
+    let small = plan.admit(&facts(&[], 32)).expect("proven");
+    assert_eq!(small.rounds, 7);
+    assert!(small.longest >= 8 * 3, "{small:?}");
+    let huge = LaunchFacts {
+        grid: [1 << 20, 1 << 10, 1],
+        block: [1024, 1, 1],
+        ..facts(&[], 32)
+    };
+    let refusal = plan.admit(&huge).unwrap_err();
+    assert!(refusal.reason.contains("without cancellation polls"), "{refusal}");
+}
