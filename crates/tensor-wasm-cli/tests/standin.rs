@@ -15,7 +15,7 @@ use serde_json::json;
 use tensor_wasm_test_support::guests::tenant_kernels::{self, KERNEL, SPIN_ARGS};
 use tensor_wasm_test_support::guests::{c_guest, examples_dir as examples, ALIASED_MATMUL_WAT};
 use tensor_wasm_test_support::serve::{error_code, json_of, ServeProcess as Server};
-use tensor_wasm_test_support::wait::wait_for;
+use tensor_wasm_test_support::wait::{wait_for, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tensor-wasm");
 
@@ -561,19 +561,20 @@ fn an_unstoppable_kernel_is_answered_at_the_deadline_and_keeps_its_memory() {
 
 /// A tenant without `raw_ptx` runs its own PTX on the CUDA backend: verified, fenced and
 /// launched with its window, through the stand-in. `fill` computes what it should and a store
-/// 1 GiB past its buffer lands inside the function's memory, once. A spinning kernel ends at
-/// the stand-in's step limit (only a GPU shows the cancel word ending it), and another
-/// tenant's kernel, and the same function, run on.
+/// 1 GiB past its buffer lands inside the function's memory, once. A spinning kernel answers
+/// 504 at its 300 ms deadline, ended by its cancel word (the stand-in runs it on its stream's
+/// thread and serves the word live, with no step limit to end it otherwise), while another
+/// tenant's fenced kernel completes beside it in the same context; then nothing is left in
+/// flight, and the same function runs on.
 #[test]
 fn tenant_kernels_are_fenced_over_the_stand_in() {
-    let standin = StandIn::new(&[]);
+    // No step limit to speak of: only the cancel word can end the spinning kernel.
+    let standin = StandIn::new(&[("TENSOR_WASM_STANDIN_STEP_LIMIT", "1099511627776")]);
     let data = tempfile::tempdir().unwrap();
-    // A context per tenant: the stand-in's launch timeout below is a sticky fault, which a
-    // shared context would pass on to every tenant in it.
     let server = Server::start_with_env(
         Path::new(BIN),
         data.path(),
-        &["--device", "cuda", "--gpu-isolation", "context"],
+        &["--device", "cuda"],
         &standin.env(),
         "warn",
         Stdio::inherit(),
@@ -598,38 +599,71 @@ fn tenant_kernels_are_fenced_over_the_stand_in() {
     let quiet = server.create_tenant("quiet");
     let fill = server.deploy_as(&quiet, "name=fill", guest.as_bytes());
     let quiet_fill = || {
-        Server::reply(
+        let start = Instant::now();
+        let (status, body, _) = Server::reply(
             Server::agent()
                 .post(&server.url(&format!("/functions/{fill}/invoke")))
                 .set("authorization", &format!("Bearer {quiet}"))
                 .send_json(json!({"export": "fill_check", "args": []})),
-        )
+        );
+        (status, json_of(&body), start.elapsed())
     };
-    // The stand-in runs the spinning launch inside `cuLaunchKernel` until the interpreter's
-    // step limit (2^22 instructions a thread): a launch timeout, a device error for the
-    // function — or, on a loaded machine, the API answers at the deadline first. On a GPU
-    // the launch returns at once and the cancel word ends the kernel at the deadline instead.
-    let start = Instant::now();
-    let (status, body) = server.call(&own, "run", json!([KERNEL.spin, 1, 32, SPIN_ARGS, 16]));
-    let took = start.elapsed();
-    let device_error = (status, &body) == (200, &json!({"results": [-6]}));
-    let timed_out = (status, error_code(&body)) == (504, "invocation_timeout");
-    assert!(
-        device_error || timed_out,
-        "a device error or the deadline: {status} {body}"
+    let (status, answer, _) = quiet_fill();
+    assert_eq!((status, answer), (200, json!({"results": [0]})));
+
+    let spin = {
+        let (base, token, id) = (server.base.clone(), server.token.clone(), own.clone());
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let (status, body, _) = Server::reply(
+                Server::agent()
+                    .post(&format!("{base}/functions/{id}/invoke"))
+                    .set("authorization", &format!("Bearer {token}"))
+                    .send_json(json!({
+                        "export": "run",
+                        "args": [KERNEL.spin, 1, 32, SPIN_ARGS, 16],
+                    })),
+            );
+            (status, json_of(&body), start.elapsed())
+        })
+    };
+    let in_flight = |n: f64| server.metric("tensor_wasm_dispatch_in_flight") == Some(n);
+    wait_until(Duration::from_secs(5), "the spinning kernel is running", || {
+        in_flight(1.0)
+    });
+    // The quiet tenant's kernel, on its own stream of the same context, while the spinner
+    // runs.
+    let mut beside = Vec::new();
+    for _ in 0..3 {
+        let (status, answer, took) = quiet_fill();
+        assert_eq!((status, answer), (200, json!({"results": [0]})));
+        beside.push(took);
+    }
+    assert!(!spin.is_finished(), "the kernel spins until its deadline");
+    let (status, body, took) = spin.join().unwrap();
+    assert_eq!(
+        (status, error_code(&body)),
+        (504, "invocation_timeout"),
+        "{body}"
     );
-    assert!(
-        took < Duration::from_millis(300 + 1000),
-        "answered after {took:?}"
+    let late = took.saturating_sub(Duration::from_millis(300));
+    // The kernel is gone once its cancel word stopped it.
+    let ended = wait_until(Duration::from_secs(5), "no kernel left in flight", || {
+        in_flight(0.0)
+    });
+    eprintln!(
+        "stand-in: a spinning fenced kernel answered {late:?} after its 300 ms deadline and \
+         was gone {ended:?} after that; the other tenant's fill took {beside:?} beside it"
     );
-    // Another tenant's fenced kernel runs on, and so does the same function (in a fresh
-    // context: the faulted one is replaced).
-    let (status, body, _) = quiet_fill();
-    assert_eq!((status, json_of(&body)), (200, json!({"results": [0]})));
+    assert!(late < Duration::from_millis(1000), "answered {late:?} late");
+    assert!(ended < Duration::from_millis(1000), "ran on for {ended:?}");
+    // No fault: the same function runs on, and so does the other tenant.
     assert_eq!(
         server.call(&own, "fill_check", json!([])),
         (200, json!({"results": [0]}))
     );
+    let (status, answer, _) = quiet_fill();
+    assert_eq!((status, answer), (200, json!({"results": [0]})));
     assert_eq!(server.get("/healthz").0, 200);
 }
 

@@ -29,6 +29,8 @@ pub(crate) struct Config {
     pub invalid_ptx: bool,
     pub pageable: bool,
     pub schedule: Schedule,
+    /// Most instructions one thread of a launch runs before the launch times out.
+    pub step_limit: u64,
     /// What `cuDriverGetVersion` reports (CUDA 13.0: 13000).
     pub driver_version: i32,
     trace: Option<Mutex<File>>,
@@ -82,6 +84,9 @@ pub(crate) fn config() -> &'static Config {
             invalid_ptx: flag("TENSOR_WASM_STANDIN_INVALID_PTX"),
             pageable: flag("TENSOR_WASM_STANDIN_PAGEABLE"),
             schedule,
+            step_limit: var("TENSOR_WASM_STANDIN_STEP_LIMIT")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(1 << 22),
             driver_version: var("TENSOR_WASM_STANDIN_DRIVER_VERSION")
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(13000),

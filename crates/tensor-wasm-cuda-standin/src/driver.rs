@@ -1,17 +1,19 @@
 //! The stand-in driver's state (contexts, streams, events, modules, functions, managed memory)
 //! behind one lock, and the operations the exported functions call: the sticky-error rules,
-//! module loading through the PTX parser, and launches through the interpreter.
+//! module loading through the PTX parser, and launches through the interpreter — on a
+//! created stream by the stream's worker (`streams.rs`), on the null stream at once.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Instant;
 
-use tensor_wasm_ptx_emu::{launch, Allocation, Launch, Module};
+use tensor_wasm_ptx_emu::{check_launch, EmuError, Launch, Module};
 
 use crate::config::{config, FaultAt};
 use crate::memory::Allocations;
+use crate::streams::{self, Job, Queue, Work};
 
 /// The `CUresult` values the stand-in returns.
 pub(crate) mod code {
@@ -135,8 +137,17 @@ pub(crate) struct Driver {
     /// The primary context and its retain count.
     primary: Option<(usize, u32)>,
     streams: HashMap<usize, usize>,
-    /// Each event's context and when it was last recorded.
-    events: HashMap<usize, (usize, Option<Instant>)>,
+    /// Each created stream's queue, and its work not yet done.
+    workers: HashMap<usize, Arc<Queue>>,
+    outstanding: HashMap<usize, u64>,
+    /// Launches queued or running, by id: the allocations each uses.
+    in_flight: HashMap<u64, Vec<(u64, usize)>>,
+    next_launch: u64,
+    /// Allocations advised to prefer the host: a 4-byte one is a launch's live word.
+    pub host_preferred: HashSet<u64>,
+    /// Each event's context, when it was last recorded, and whether the work before that
+    /// record is done.
+    events: HashMap<usize, (usize, Option<Instant>, bool)>,
     modules: HashMap<usize, (usize, Arc<Module>)>,
     functions: HashMap<usize, (Arc<Module>, String)>,
     pub memory: Allocations,
@@ -206,8 +217,16 @@ impl Driver {
             return Err(code::INVALID_CONTEXT);
         }
         self.contexts.remove(&ctx).ok_or(code::INVALID_CONTEXT)?;
-        self.streams.retain(|_, owner| *owner != ctx);
-        self.events.retain(|_, (owner, _)| *owner != ctx);
+        let streams: Vec<usize> = self
+            .streams
+            .iter()
+            .filter(|(_, owner)| **owner == ctx)
+            .map(|(&stream, _)| stream)
+            .collect();
+        for stream in streams {
+            self.destroy_stream(stream)?;
+        }
+        self.events.retain(|_, (owner, _, _)| *owner != ctx);
         if current() == ctx {
             set_current(0);
         }
@@ -270,34 +289,111 @@ impl Driver {
         let ctx = self.current_checked()?;
         let stream = self.handle();
         self.streams.insert(stream, ctx);
+        self.workers.insert(stream, streams::spawn(stream));
         Ok(stream)
     }
 
+    /// Destroys `stream`; work already queued on it still runs (as CUDA does).
     pub fn destroy_stream(&mut self, stream: usize) -> Outcome<()> {
+        self.streams.remove(&stream).ok_or(code::INVALID_HANDLE)?;
+        if let Some(queue) = self.workers.remove(&stream) {
+            queue.push(Work::Stop);
+        }
+        Ok(())
+    }
+
+    /// Whether `stream` has work not yet done.
+    pub fn busy(&self, stream: usize) -> bool {
+        self.outstanding.get(&stream).is_some_and(|&n| n > 0)
+    }
+
+    /// Whether a stream of `ctx` has work not yet done.
+    pub fn context_busy(&self, ctx: usize) -> bool {
         self.streams
-            .remove(&stream)
-            .map(drop)
-            .ok_or(code::INVALID_HANDLE)
+            .iter()
+            .any(|(&stream, &owner)| owner == ctx && self.busy(stream))
+    }
+
+    /// Whether a queued or running launch uses the allocation at `base`.
+    pub fn in_use(&self, base: u64) -> bool {
+        self.in_flight
+            .values()
+            .any(|regions| regions.iter().any(|&(b, _)| b == base))
+    }
+
+    /// Whether `event`'s record is done (or it is gone).
+    pub fn event_done(&self, event: usize) -> bool {
+        self.events.get(&event).is_none_or(|&(_, _, done)| done)
+    }
+
+    /// Records `event` on `stream`: at once on the null stream, after the work queued
+    /// before it on a created one.
+    pub fn record_event(&mut self, event: usize, stream: usize) {
+        match self.workers.get(&stream) {
+            Some(queue) => {
+                if let Some((_, _, done)) = self.events.get_mut(&event) {
+                    *done = false;
+                }
+                *self.outstanding.entry(stream).or_default() += 1;
+                queue.push(Work::Record(event));
+            }
+            None => self.stamp_event(event),
+        }
+    }
+
+    /// A stream's worker has reached an event's record.
+    pub(crate) fn finish_record(&mut self, stream: usize, event: usize) {
+        self.stamp_event(event);
+        self.done(stream);
+    }
+
+    /// A stream's worker has run a launch: a fault is the context's, as after a launch on
+    /// a device.
+    pub(crate) fn finish_launch(&mut self, job: &Job, outcome: Result<(), EmuError>) {
+        self.in_flight.remove(&job.id);
+        self.fault(job.ctx, outcome);
+        self.done(job.stream);
+    }
+
+    fn done(&mut self, stream: usize) {
+        if let Some(n) = self.outstanding.get_mut(&stream) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Notes a launch's fault in `ctx`: the next synchronization reports it (then sticky).
+    /// A launch its live word ended is no fault: the kernel stopped, as it does on a GPU.
+    fn fault(&mut self, ctx: usize, outcome: Result<(), EmuError>) {
+        let error = match outcome {
+            Ok(()) | Err(EmuError::Cancelled { .. }) => return,
+            Err(error) => error,
+        };
+        eprintln!("tensor-wasm stand-in driver: {error}");
+        let (result, _) = error.cuda_result();
+        if let Some(context) = self.contexts.get_mut(&ctx) {
+            context.pending.get_or_insert((FaultAt::Sync, result));
+        }
     }
 
     pub fn create_event(&mut self) -> Outcome<usize> {
         let ctx = self.current_checked()?;
         let event = self.handle();
-        self.events.insert(event, (ctx, None));
+        self.events.insert(event, (ctx, None, true));
         Ok(event)
     }
 
     pub fn event_context(&self, event: usize) -> Outcome<usize> {
         self.events
             .get(&event)
-            .map(|&(ctx, _)| ctx)
+            .map(|&(ctx, _, _)| ctx)
             .ok_or(code::INVALID_HANDLE)
     }
 
-    /// Notes when `event` was recorded (launches have completed by then).
-    pub fn stamp_event(&mut self, event: usize) {
-        if let Some((_, stamp)) = self.events.get_mut(&event) {
+    /// Notes when `event` was recorded (the launches before it have completed by then).
+    fn stamp_event(&mut self, event: usize) {
+        if let Some((_, stamp, done)) = self.events.get_mut(&event) {
             *stamp = Some(Instant::now());
+            *done = true;
         }
     }
 
@@ -305,7 +401,7 @@ impl Driver {
     /// time, never a GPU time.
     pub fn elapsed_ms(&self, start: usize, end: usize) -> Outcome<f32> {
         let stamp = |event: usize| match self.events.get(&event) {
-            Some(&(_, Some(stamp))) => Ok(stamp),
+            Some(&(_, Some(stamp), true)) => Ok(stamp),
             // Never recorded, or no such event.
             _ => Err(code::INVALID_HANDLE),
         };
@@ -371,7 +467,9 @@ impl Driver {
         Ok(kernel.params().iter().map(|p| p.size as usize).collect())
     }
 
-    /// Runs `function` on `stream` to completion. `values` holds each parameter's bytes.
+    /// Submits `function` to `stream`: a created stream's worker runs it, the null stream
+    /// at once. `values` holds each parameter's bytes. A launch the interpreter would refuse
+    /// (bad dimensions or parameters) is refused here, before anything runs.
     pub fn launch(
         &mut self,
         function: usize,
@@ -423,36 +521,48 @@ impl Driver {
             .collect();
         regions.sort_unstable();
         regions.dedup();
-        let mut memory: Vec<Allocation<'_>> = regions
+        let word = regions
             .iter()
-            .map(|&(base, len)| Allocation {
-                base,
-                // SAFETY: `base..base + len` is a live mapping of the allocation table (the
-                // driver lock is held, so no free unmaps it meanwhile). Like a device, the
-                // kernel writes it while the host may too: the caller synchronizes, as CUDA
-                // requires of it.
-                bytes: unsafe { std::slice::from_raw_parts_mut(base as *mut u8, len) },
-            })
-            .collect();
-        let mut config = Launch::new(grid, block, &params).schedule(settings.schedule);
-        config.dynamic_shared_bytes = shared;
-        match launch(kernel, &config, &mut memory) {
-            Ok(_) => Ok(()),
-            Err(error) => {
-                eprintln!("tensor-wasm stand-in driver: {error}");
-                let (result, _) = error.cuda_result();
-                if result == code::INVALID_VALUE {
-                    // A malformed launch is refused at once; nothing ran.
-                    return Err(result);
-                }
-                // A fault while the kernel ran: as on a GPU, the launch itself succeeded and
-                // the next synchronization reports the (then sticky) fault.
-                if let Some(context) = self.contexts.get_mut(&ctx) {
-                    context.pending.get_or_insert((FaultAt::Sync, result));
-                }
-                Ok(())
+            .find(|&&(base, len)| len == 4 && self.host_preferred.contains(&base))
+            .map(|&(base, _)| base);
+        regions.retain(|&(base, _)| Some(base) != word);
+        let mut checked = Launch::new(grid, block, &params);
+        checked.dynamic_shared_bytes = shared;
+        if let Err(error) = check_launch(kernel, &checked, &regions) {
+            eprintln!("tensor-wasm stand-in driver: {error}");
+            return Err(error.cuda_result().0);
+        }
+        self.next_launch += 1;
+        let job = Job {
+            id: self.next_launch,
+            ctx,
+            stream,
+            module: Arc::clone(&module),
+            name,
+            params,
+            grid,
+            block,
+            shared,
+            schedule: settings.schedule,
+            step_limit: settings.step_limit,
+            regions: regions.clone(),
+            word,
+        };
+        let mut used = regions;
+        used.extend(word.map(|base| (base, 4)));
+        match self.workers.get(&stream) {
+            Some(queue) => {
+                self.in_flight.insert(job.id, used);
+                *self.outstanding.entry(stream).or_default() += 1;
+                queue.push(Work::Launch(job));
+            }
+            None => {
+                // The null stream: run now, under the lock, as every launch once did.
+                let outcome = streams::run(&job);
+                self.fault(ctx, outcome);
             }
         }
+        Ok(())
     }
 }
 

@@ -15,6 +15,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use crate::config::{config, trace, FaultAt};
 use crate::driver::{code, current, driver, error_text, set_current, Outcome};
 use crate::memory::fill;
+use crate::streams::wait_until;
 use crate::DEVICE_NAME;
 
 type Handle = *mut c_void;
@@ -183,7 +184,8 @@ pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut Handle) -> u32 {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize() -> u32 {
-    let outcome = driver().report(current(), FaultAt::Sync);
+    let ctx = current();
+    let outcome = wait_until(driver(), |d| !d.context_busy(ctx)).report(ctx, FaultAt::Sync);
     traced("cuCtxSynchronize", outcome)
 }
 
@@ -207,7 +209,7 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(stream: Handle) -> u32 {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize(stream: Handle) -> u32 {
-    let mut driver = driver();
+    let mut driver = wait_until(driver(), |d| !d.busy(stream as usize));
     let outcome = driver
         .stream_context(stream as usize)
         .and_then(|ctx| driver.report(ctx, FaultAt::Sync));
@@ -235,16 +237,16 @@ pub unsafe extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> u32 {
             return Err(code::INVALID_HANDLE);
         }
         driver.report(ctx, FaultAt::EventRecord)?;
-        driver.stamp_event(event as usize);
+        driver.record_event(event as usize, stream as usize);
         Ok(())
     });
     traced("cuEventRecord", outcome)
 }
 
-/// Events complete at once (launches ran to completion); only a fault is reported.
+/// Waits until the work recorded before the event is done, then reports a fault.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> u32 {
-    let mut driver = driver();
+    let mut driver = wait_until(driver(), |d| d.event_done(event as usize));
     let outcome = driver
         .event_context(event as usize)
         .and_then(|ctx| driver.report(ctx, FaultAt::Sync));
@@ -284,7 +286,10 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, bytes: usize, _flags:
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> u32 {
-    let outcome = if driver().memory.free(dptr) {
+    // As `cuMemFree` on a device, wait for the launches using the memory.
+    let mut driver = wait_until(driver(), |d| !d.in_use(dptr));
+    driver.host_preferred.remove(&dptr);
+    let outcome = if driver.memory.free(dptr) {
         Ok(())
     } else {
         Err(code::INVALID_VALUE)
@@ -325,11 +330,21 @@ fn in_allocation(address: u64, len: usize) -> Outcome<()> {
 pub unsafe extern "C" fn cuMemAdvise_v2(
     dptr: u64,
     len: usize,
-    _advice: u32,
-    _location: MemLocation,
+    advice: u32,
+    location: MemLocation,
 ) -> u32 {
-    traced("cuMemAdvise_v2", in_allocation(dptr, len))
+    let outcome = in_allocation(dptr, len).map(|()| {
+        // A host-preferred allocation of one word is a launch's live word (`streams.rs`).
+        if (advice, location.kind) == (ADVISE_PREFERRED_LOCATION, LOCATION_HOST) {
+            driver().host_preferred.insert(dptr);
+        }
+    });
+    traced("cuMemAdvise_v2", outcome)
 }
+
+/// `CU_MEM_ADVISE_SET_PREFERRED_LOCATION` and `CU_MEM_LOCATION_TYPE_HOST`.
+const ADVISE_PREFERRED_LOCATION: u32 = 3;
+const LOCATION_HOST: u32 = 2;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
@@ -350,7 +365,8 @@ pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
 }
 
 fn memset(stream: Handle, dptr: u64, value: u8, len: usize) -> Outcome<()> {
-    let driver = driver();
+    // After the work queued on the stream, as a device orders it.
+    let driver = wait_until(driver(), |d| !d.busy(stream as usize));
     let ctx = driver.stream_context(stream as usize)?;
     driver.check(ctx)?;
     if !driver.memory.contains(dptr, len) {

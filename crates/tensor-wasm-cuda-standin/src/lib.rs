@@ -12,8 +12,15 @@
 //! - one device, sm_90-class, with managed memory and concurrent managed access; pageable
 //!   memory access is reported only with `TENSOR_WASM_STANDIN_PAGEABLE=1` (without it, the
 //!   backend must prove guest memory is managed memory, which the stand-in can check);
-//! - primary and own contexts, streams and events; launches run synchronously, so events
-//!   complete at once;
+//! - primary and own contexts, streams and events; a launch on a created stream runs on
+//!   that stream's own thread, without the driver lock, while the host and other streams go
+//!   on; events complete when the work queued before them has, and `cuStreamSynchronize`,
+//!   `cuEventSynchronize`, `cuCtxSynchronize` and `cuMemFree` (of memory a launch uses)
+//!   wait for it; a launch on the null stream runs at once, inside `cuLaunchKernel`;
+//! - a 4-byte allocation advised to prefer the host (`cuMemAdvise`,
+//!   `SET_PREFERRED_LOCATION` on the host: the CUDA backend's cancel words) is a launch's
+//!   *live word*: the interpreter reads it atomically while the kernel runs, so a host store
+//!   reaches a running kernel, as concurrent managed access does on a GPU;
 //! - managed memory is page-aligned anonymous host memory; device pointers are host addresses;
 //! - modules load from PTX text only (cubin and fatbin: `CUDA_ERROR_NOT_SUPPORTED`; a PTX
 //!   `.version` newer than the driver loads, 9.0 for CUDA 13.0:
@@ -35,6 +42,8 @@
 //!   PTX whose `.version` is newer than that driver loads is
 //!   `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`;
 //! - `TENSOR_WASM_STANDIN_SCHEDULE=in-order|reversed|<seed>`: the interpreter's thread order;
+//! - `TENSOR_WASM_STANDIN_STEP_LIMIT`: most instructions one thread runs before its launch
+//!   times out (`CUDA_ERROR_LAUNCH_TIMEOUT`; default 2^22);
 //! - `TENSOR_WASM_STANDIN_TRACE=<file>`: one line per driver call appended to the file
 //!   (`<function> <result code>`), so a test can read which calls ran.
 
@@ -46,6 +55,8 @@ mod driver;
 mod exports;
 #[allow(unsafe_code)]
 mod memory;
+#[allow(unsafe_code)]
+mod streams;
 
 use std::io;
 use std::path::{Path, PathBuf};

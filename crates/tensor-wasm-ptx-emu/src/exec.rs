@@ -90,19 +90,16 @@ const MAX_CALL_DEPTH: usize = 256;
 /// Most bytes of local memory (all frames together) of one thread.
 const MAX_LOCAL_STACK: usize = 1 << 20;
 
-/// Runs `kernel` over `memory`.
+/// The checks [`launch`] makes before anything runs, for a launch over allocations
+/// `regions` (base and length): what a driver refuses at submission.
 ///
 /// # Errors
-/// [`EmuError::InvalidLaunch`] for bad dimensions (more than 2^24 blocks included),
-/// parameter bytes or overlapping allocations (nothing runs then); otherwise the first fault of the launch:
-/// [`EmuError::IllegalAddress`], [`EmuError::Misaligned`], [`EmuError::SharedRace`],
-/// [`EmuError::Deadlock`], [`EmuError::StepLimit`], [`EmuError::Undefined`]. Memory written
-/// before the fault stays written, as on a device.
-pub fn launch(
+/// [`EmuError::InvalidLaunch`], as [`launch`] returns it.
+pub fn check_launch(
     kernel: &Kernel,
     launch: &Launch<'_>,
-    memory: &mut [Allocation<'_>],
-) -> Result<LaunchStats, EmuError> {
+    regions: &[(u64, usize)],
+) -> Result<(), EmuError> {
     let invalid = |reason: String| EmuError::InvalidLaunch {
         kernel: kernel.name.clone(),
         reason,
@@ -141,15 +138,12 @@ pub fn launch(
             "{shared} bytes of shared memory, more than {MAX_SHARED}"
         )));
     }
-    let mut spans: Vec<(u64, u64)> = Vec::with_capacity(memory.len());
-    for alloc in memory.iter() {
-        let Some(end) = alloc.base.checked_add(alloc.bytes.len() as u64) else {
-            return Err(invalid(format!(
-                "allocation at {:#x} wraps around",
-                alloc.base
-            )));
+    let mut spans: Vec<(u64, u64)> = Vec::with_capacity(regions.len() + 1);
+    for &(base, len) in regions {
+        let Some(end) = base.checked_add(len as u64) else {
+            return Err(invalid(format!("allocation at {base:#x} wraps around")));
         };
-        spans.push((alloc.base, end));
+        spans.push((base, end));
     }
     if let Some(word) = &launch.cancel {
         if !word.address.is_multiple_of(4) || word.address.checked_add(4).is_none() {
@@ -172,6 +166,28 @@ pub fn launch(
             gx * gy * gz
         )));
     }
+    Ok(())
+}
+
+/// Runs `kernel` over `memory`.
+///
+/// # Errors
+/// [`EmuError::InvalidLaunch`] for bad dimensions (more than 2^24 blocks included),
+/// parameter bytes or overlapping allocations (nothing runs then); otherwise the first fault of the launch:
+/// [`EmuError::IllegalAddress`], [`EmuError::Misaligned`], [`EmuError::SharedRace`],
+/// [`EmuError::Deadlock`], [`EmuError::StepLimit`], [`EmuError::Undefined`]. Memory written
+/// before the fault stays written, as on a device.
+pub fn launch(
+    kernel: &Kernel,
+    launch: &Launch<'_>,
+    memory: &mut [Allocation<'_>],
+) -> Result<LaunchStats, EmuError> {
+    let regions: Vec<(u64, usize)> = memory.iter().map(|a| (a.base, a.bytes.len())).collect();
+    check_launch(kernel, launch, &regions)?;
+    let shared = u64::from(kernel.shared_bytes) + u64::from(launch.dynamic_shared_bytes);
+    let [gx, gy, gz] = launch.grid.map(u64::from);
+    let threads: u64 = launch.block.iter().map(|&d| u64::from(d)).product();
+    let thread_bytes = MAX_THREAD_BYTES.min(BLOCK_MEMORY / threads.max(1));
     let count = gx * gy * gz;
     let mut rng = Rng(0);
     // Only a random order is materialised: in order and reversed need no list of 2^24 blocks.

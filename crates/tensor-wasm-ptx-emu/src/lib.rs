@@ -73,8 +73,8 @@ mod warp;
 
 use std::fmt;
 
-pub use exec::{launch, Allocation, Launch, LaunchStats, Schedule};
-pub use limits::{CancelWord, BLOCK_MEMORY, CANCEL_CHECK};
+pub use exec::{check_launch, launch, Allocation, Launch, LaunchStats, Schedule};
+pub use limits::{CancelFlag, CancelWord, BLOCK_MEMORY, CANCEL_CHECK};
 pub use memory::{LOCAL_WINDOW, SHARED_BASE, SHARED_WINDOW};
 pub use parse::{Kernel, Module, ParamInfo};
 

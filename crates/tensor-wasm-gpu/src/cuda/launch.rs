@@ -2,6 +2,7 @@
 //! program functions checked against the parameter layout the driver reports), the launch on a
 //! lane's stream, and its completion event handed to the lane's waiter thread.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, PoisonError};
 
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, LaunchArgs, PushKernelArg};
@@ -257,24 +258,46 @@ impl CancelWord {
         let ptr =
             unsafe { result::malloc_managed(4, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
                 .map_err(|error| GpuError::cuda("allocating a cancel word", error))?;
-        // SAFETY: managed memory is host-accessible at its device address; `ptr` is 4 bytes,
-        // aligned (allocations are at least page-aligned).
-        unsafe { std::ptr::write_volatile(ptr as *mut u32, 0) };
-        Ok(Self {
+        let word = Self {
             ctx: ctx.clone(),
             ptr,
-        })
+        };
+        // The host writes the word and the kernel polls it: keep its page in host memory.
+        // Only a placement hint, so a device that declines it still works.
+        let host = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        };
+        // SAFETY: the range is exactly the 4-byte allocation above; advice changes placement
+        // only, never the contents.
+        let _ = unsafe {
+            result::mem_advise(
+                ptr,
+                4,
+                sys::CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                host,
+            )
+        };
+        word.word().store(0, Ordering::Release);
+        Ok(word)
+    }
+
+    /// The word as a host atomic: managed memory is host-accessible at its device address,
+    /// the allocation is 4 bytes and page-aligned, and it lives as long as `self`; the host
+    /// only ever stores to it atomically (the kernel reads it with volatile loads).
+    fn word(&self) -> &AtomicU32 {
+        // SAFETY: as above; every host access of the word goes through this atomic.
+        unsafe { AtomicU32::from_ptr(self.ptr as *mut u32) }
     }
 
     fn address(&self) -> u64 {
         self.ptr
     }
 
-    /// Cancels the kernel: its next poll reads 1.
+    /// Cancels the kernel: its next poll reads 1 (concurrent managed access: the kernel sees
+    /// a host store while it runs).
     fn set(&self) {
-        // SAFETY: as in `new`; the kernel only reads the word (concurrent managed access), a
-        // volatile host store is what it polls for.
-        unsafe { std::ptr::write_volatile(self.ptr as *mut u32, 1) };
+        self.word().store(1, Ordering::Release);
     }
 }
 
