@@ -141,6 +141,16 @@ pub struct ServeArgs {
     /// address any device memory: enable only when every deployer is trusted.
     #[arg(long, env = "TENSOR_WASM_ALLOW_RAW_PTX")]
     allow_raw_ptx: bool,
+    /// Tenant kernel compiles (NVRTC, or the PTX verifier and fencing rewrite) one tenant may
+    /// run at once; a further one waits until its invocation's deadline. Each takes a core
+    /// while it runs and cannot be interrupted. At least 1.
+    #[arg(
+        long,
+        env = "TENSOR_WASM_MAX_COMPILES_PER_TENANT",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=256)
+    )]
+    max_compiles_per_tenant: u16,
     /// Serve without authentication: every request acts as the default tenant
     /// and as admin. For local experiments only: refused unless listening on
     /// a loopback address.
@@ -320,6 +330,7 @@ impl ServeArgs {
                 max_queued: self.max_queued_launches,
             },
             allow_raw_ptx: self.allow_raw_ptx,
+            max_compiles_per_tenant: usize::from(self.max_compiles_per_tenant),
             gpu_isolation: self.gpu_isolation,
             inline_calls: !self.no_inline_calls,
             inline_max_memory_bytes: self.inline_max_memory_bytes,

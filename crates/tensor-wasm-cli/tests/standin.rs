@@ -628,9 +628,11 @@ fn tenant_kernels_are_fenced_over_the_stand_in() {
         })
     };
     let in_flight = |n: f64| server.metric("tensor_wasm_dispatch_in_flight") == Some(n);
-    wait_until(Duration::from_secs(5), "the spinning kernel is running", || {
-        in_flight(1.0)
-    });
+    wait_until(
+        Duration::from_secs(5),
+        "the spinning kernel is running",
+        || in_flight(1.0),
+    );
     // The quiet tenant's kernel, on its own stream of the same context, while the spinner
     // runs.
     let mut beside = Vec::new();

@@ -76,7 +76,10 @@ fn the_cuda_tests_pass_on_the_stand_in_driver() {
         calls.lines().count(),
         passed.join(", ")
     );
-    for line in stdout.lines().filter(|l| l.starts_with("a spinning fenced kernel")) {
+    for line in stdout
+        .lines()
+        .filter(|l| l.starts_with("a spinning fenced kernel"))
+    {
         let _ = writeln!(std::io::stderr(), "stand-in: {line}");
     }
 }

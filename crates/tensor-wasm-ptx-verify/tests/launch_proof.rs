@@ -174,5 +174,8 @@ fn a_looping_launch_too_large_to_run_without_polls_is_not_proven() {
         ..facts(&[], 32)
     };
     let refusal = plan.admit(&huge).unwrap_err();
-    assert!(refusal.reason.contains("without cancellation polls"), "{refusal}");
+    assert!(
+        refusal.reason.contains("without cancellation polls"),
+        "{refusal}"
+    );
 }

@@ -1,7 +1,8 @@
 //! Tenant kernel compiles bounded per tenant: NVRTC for CUDA C++, the verifier and the fencing
 //! rewrite for PTX. A compile runs on the invocation's own thread and cannot be interrupted
-//! (NVRTC has no cancellation), so each tenant gets at most [`MAX_COMPILES_PER_TENANT`] at a
-//! time: a tenant whose invocations all compile distinct kernels uses that many cores for it,
+//! (NVRTC has no cancellation), so each tenant gets at most a configured number at a time
+//! (`RuntimeConfig::max_compiles_per_tenant`, default [`DEFAULT_COMPILES_PER_TENANT`]): a
+//! tenant whose invocations all compile distinct kernels uses that many cores for it,
 //! whatever its concurrency. A further compile waits for one to finish, until its invocation's
 //! deadline. Kernels found in the kernel cache need no permit.
 
@@ -9,14 +10,22 @@ use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-/// Compiles one tenant may run at once.
-pub(crate) const MAX_COMPILES_PER_TENANT: usize = 1;
+/// Compiles one tenant may run at once, unless configured otherwise.
+pub const DEFAULT_COMPILES_PER_TENANT: usize = 1;
 
 /// The compiles running, by tenant.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct CompileGate {
+    /// Compiles one tenant may run at once (at least 1).
+    limit: usize,
     running: Mutex<HashMap<String, usize>>,
     freed: Condvar,
+}
+
+impl Default for CompileGate {
+    fn default() -> Self {
+        CompileGate::new(DEFAULT_COMPILES_PER_TENANT)
+    }
 }
 
 /// A compile slot of one tenant, given back when dropped.
@@ -27,6 +36,15 @@ pub(crate) struct CompilePermit<'g> {
 }
 
 impl CompileGate {
+    /// A gate letting each tenant run `limit` compiles at once (0 counts as 1).
+    pub(crate) fn new(limit: usize) -> Self {
+        CompileGate {
+            limit: limit.max(1),
+            running: Mutex::default(),
+            freed: Condvar::new(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<String, usize>> {
         // A plain map never left half-updated: a poisoned lock still holds valid counts.
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
@@ -37,7 +55,7 @@ impl CompileGate {
         let mut running = self.lock();
         loop {
             let count = running.entry(tenant.to_owned()).or_insert(0);
-            if *count < MAX_COMPILES_PER_TENANT {
+            if *count < self.limit {
                 *count += 1;
                 return Some(CompilePermit {
                     gate: self,
@@ -106,5 +124,20 @@ mod tests {
             assert!(got >= released);
         });
         assert_eq!(gate.running("tn-a"), 0);
+    }
+
+    #[test]
+    fn a_configured_limit_lets_that_many_compiles_run() {
+        let gate = CompileGate::new(3);
+        let far = Instant::now() + Duration::from_secs(60);
+        let permits: Vec<_> = (0..3).map(|_| gate.acquire("tn-a", far).unwrap()).collect();
+        assert_eq!(gate.running("tn-a"), 3);
+        let soon = Instant::now() + Duration::from_millis(20);
+        assert!(gate.acquire("tn-a", soon).is_none(), "a fourth waits");
+        drop(permits);
+        // Zero is read as one: compiles are never refused outright.
+        let one = CompileGate::new(0);
+        let _first = one.acquire("tn-a", far).unwrap();
+        assert!(one.acquire("tn-a", soon.max(Instant::now())).is_none());
     }
 }

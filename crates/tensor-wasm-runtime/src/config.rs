@@ -107,6 +107,11 @@ pub struct RuntimeConfig {
     /// tenant PTX and CUDA C++) at deploy. Such kernels can address any device
     /// memory: grant it to trusted tenants only.
     pub allow_raw_ptx: bool,
+    /// Tenant kernel compiles (NVRTC, or the PTX verifier and fencing rewrite) one tenant
+    /// may run at once; a further one waits, until its invocation's deadline. Each runs on
+    /// the invocation's thread and cannot be interrupted, so this bounds the cores one
+    /// tenant's compiles take. At least 1 (0 counts as 1).
+    pub max_compiles_per_tenant: usize,
     /// Bounds of the compiled-kernel cache (its directory is `<data_dir>/kernels`).
     pub kernel_cache: KernelCacheConfig,
     /// How tenants are separated on a CUDA device: a stream per tenant in one
@@ -181,6 +186,7 @@ impl RuntimeConfig {
             guest_memory: GuestMemory::Pooled,
             dispatch: DispatchConfig::default(),
             allow_raw_ptx: false,
+            max_compiles_per_tenant: crate::DEFAULT_COMPILES_PER_TENANT,
             kernel_cache: KernelCacheConfig::default(),
             gpu_isolation: GpuIsolation::default(),
             inline_calls: true,

@@ -102,6 +102,7 @@ impl GpuShared {
         cache: Arc<KernelCache>,
         kernel_seconds: prometheus::CounterVec,
         blueprints: BlueprintKernels,
+        max_compiles_per_tenant: usize,
     ) -> Self {
         GpuShared {
             backend,
@@ -111,7 +112,7 @@ impl GpuShared {
             blueprints,
             tenant_isolation: RwLock::new(HashMap::new()),
             policy: RwLock::new(None),
-            compiles: CompileGate::default(),
+            compiles: CompileGate::new(max_compiles_per_tenant),
         }
     }
 
@@ -706,6 +707,7 @@ mod tests {
             ),
             prometheus::CounterVec::new(prometheus::Opts::new("k", "k"), &["tenant"]).unwrap(),
             blueprints,
+            crate::DEFAULT_COMPILES_PER_TENANT,
         ))
     }
 

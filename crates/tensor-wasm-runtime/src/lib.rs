@@ -51,6 +51,7 @@ mod values;
 mod wasi_poll;
 
 pub use bounded::{BoundedLru, CacheBounds};
+pub use compile_gate::DEFAULT_COMPILES_PER_TENANT;
 pub use component::{ClientPresent, ClientWatch};
 pub use config::{CacheLimits, ComponentLimits, GuestMemory, RuntimeConfig};
 pub use engine::{build_engine, engine_fingerprint, EngineParts, ModuleSource};

@@ -180,6 +180,7 @@ impl Runtime {
                 CacheBounds::entries(caches.blueprint_kernels),
                 metrics.blueprint_cache.clone(),
             ),
+            config.max_compiles_per_tenant,
         ));
         tracing::info!(
             device = %config.backend.device(),
