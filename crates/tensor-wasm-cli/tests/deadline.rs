@@ -158,22 +158,11 @@ fn a_spinning_tenant_kernel_answers_at_its_deadline_while_another_tenant_runs() 
     let (status, answer, _) = invoke(&server, &quiet, &fill, "fill_check", json!([]));
     assert_eq!((status, answer), (200, json!({"results": [0]})));
 
-    let spin = {
-        let (base, token, id) = (server.base.clone(), server.token.clone(), spinner.clone());
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            let (status, body, _) = Server::reply(
-                Server::agent()
-                    .post(&format!("{base}/functions/{id}/invoke"))
-                    .set("authorization", &format!("Bearer {token}"))
-                    .send_json(json!({
-                        "export": "run",
-                        "args": [KERNEL.spin, 2, 64, SPIN_ARGS, 16],
-                    })),
-            );
-            (status, json_of(&body), start.elapsed())
-        })
-    };
+    let spin = server.invoke_in_background(
+        &server.token,
+        &spinner,
+        json!({"export": "run", "args": [KERNEL.spin, 2, 64, SPIN_ARGS, 16]}),
+    );
     wait_until(
         Duration::from_secs(5),
         "the spinning kernel is running",

@@ -611,22 +611,11 @@ fn tenant_kernels_are_fenced_over_the_stand_in() {
     let (status, answer, _) = quiet_fill();
     assert_eq!((status, answer), (200, json!({"results": [0]})));
 
-    let spin = {
-        let (base, token, id) = (server.base.clone(), server.token.clone(), own.clone());
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            let (status, body, _) = Server::reply(
-                Server::agent()
-                    .post(&format!("{base}/functions/{id}/invoke"))
-                    .set("authorization", &format!("Bearer {token}"))
-                    .send_json(json!({
-                        "export": "run",
-                        "args": [KERNEL.spin, 1, 32, SPIN_ARGS, 16],
-                    })),
-            );
-            (status, json_of(&body), start.elapsed())
-        })
-    };
+    let spin = server.invoke_in_background(
+        &server.token,
+        &own,
+        json!({"export": "run", "args": [KERNEL.spin, 1, 32, SPIN_ARGS, 16]}),
+    );
     let in_flight = |n: f64| server.metric("tensor_wasm_dispatch_in_flight") == Some(n);
     wait_until(
         Duration::from_secs(5),

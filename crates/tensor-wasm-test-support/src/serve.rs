@@ -191,6 +191,28 @@ impl ServeProcess {
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&reply));
     }
 
+    /// Invokes function `id` with `body` as `token`'s tenant on a thread of its own: the
+    /// status, the JSON answer and how long it took.
+    pub fn invoke_in_background(
+        &self,
+        token: &str,
+        id: &str,
+        body: Value,
+    ) -> std::thread::JoinHandle<(u16, Value, Duration)> {
+        let url = self.url(&format!("/functions/{id}/invoke"));
+        let auth = format!("Bearer {token}");
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            let (status, reply, _) = Self::reply(
+                Self::agent()
+                    .post(&url)
+                    .set("authorization", &auth)
+                    .send_json(body),
+            );
+            (status, json_of(&reply), start.elapsed())
+        })
+    }
+
     /// Status, body and `x-exit-code` of an answer; panics on a transport error.
     pub fn reply(result: Result<ureq::Response, ureq::Error>) -> (u16, Vec<u8>, Option<String>) {
         let response = match result {
