@@ -187,6 +187,17 @@ def build(r):
     if geomean is not None:
         comps.append(comparison("fenced tenant kernels: geometric mean of fenced / unfenced wall clock",
                                 1.0 + geomean, 1.0, 1.03, True, f"{100 * geomean:+.1f} %", "unfenced"))
+    # The entry a backend runs: lean when the launch-time proof admits the launch.
+    for t in res(docs["fence"], "wall_clock") or []:
+        if "checked_median_ns" in t:
+            comps.append(comparison(f"checked tenant kernel {t['kernel']} ({t['size']}): launch + wait vs unfenced",
+                                    t["checked_median_ns"], t["unfenced_median_ns"], None, True,
+                                    fmt_ns(t["checked_median_ns"]), fmt_ns(t["unfenced_median_ns"]),
+                                    note=f"{t['proof']}; proof {t['proof_host_microseconds']:.0f} µs on the host"))
+    checked = res(docs["fence"], "wall_clock_geomean_checked_overhead")
+    if checked is not None:
+        comps.append(comparison("checked tenant kernels: geometric mean of checked / unfenced wall clock",
+                                1.0 + checked, 1.0, 1.03, True, f"{100 * checked:+.1f} %", "unfenced"))
 
     correctness = {
         "fence": [c for c in (docs["fence"] or {}).get("checks", [])],

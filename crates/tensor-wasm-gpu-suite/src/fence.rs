@@ -4,8 +4,11 @@
 //!    for this device, is fenced and launched with the hidden parameters (window = the guest
 //!    memory, the cancel word in a memory of its own); its memory afterwards must be exactly
 //!    what the Rust reference predicts, as the unfenced kernel's is.
-//! 2. Wall-clock cost: five corpus kernels at sizes where the GPU is busy, unfenced and fenced
-//!    launches interleaved (launch plus wait, the median of each), the outputs compared.
+//!    The entry a backend runs (`checked`: the lean entry when the launch-time proof admits
+//!    the launch, else the fenced one) must leave the same memory.
+//! 2. Wall-clock cost: five corpus kernels at sizes where the GPU is busy, unfenced, fenced
+//!    and checked launches interleaved (launch plus wait, the median of each), the outputs
+//!    compared; the proof's host time per launch description beside them.
 
 use anyhow::Context as _;
 use serde_json::{json, Value};
@@ -15,11 +18,47 @@ use tensor_wasm_jit::corpus;
 
 use crate::common::{cuda_info, median, Memory, Section, Suite};
 
-/// `source`'s `entry` for this device and its fenced module, both loaded.
+/// `source`'s `entry` for this device and its fenced module, both loaded, with the fenced
+/// module's lean entry and launch-time proof.
 struct Pair {
     plain: Kernel,
     fenced: Kernel,
+    lean: Kernel,
+    plan: tensor_wasm_ptx_verify::Plan,
     fences: u32,
+}
+
+impl Pair {
+    /// The entry a backend runs for this launch (the lean one when the proof admits it),
+    /// the proof's verdict, and its host time in microseconds (uncached).
+    fn checked(
+        &self,
+        memory: &mut Memory,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+    ) -> (&Kernel, String, f64) {
+        let lo = memory.bytes().as_ptr() as u64;
+        let hi = lo + memory.bytes().len() as u64;
+        let params: Vec<Vec<u8>> = args.iter().map(|a| a.param_bytes(lo)).collect();
+        let facts = tensor_wasm_ptx_verify::LaunchFacts {
+            params: &params,
+            grid: config.grid,
+            block: config.block,
+            dynamic_shared: tensor_wasm_ptx_verify::dynamic_shared_bytes(config.shared_bytes),
+            window: (lo, hi),
+        };
+        let start = std::time::Instant::now();
+        let verdict = self.plan.prove_uncached(&facts);
+        let micros = start.elapsed().as_secs_f64() * 1e6;
+        match verdict {
+            Ok(proof) => (
+                &self.lean,
+                format!("proven in {} steps, {} rounds", proof.steps, proof.rounds),
+                micros,
+            ),
+            Err(why) => (&self.fenced, format!("not proven: {why}"), micros),
+        }
+    }
 }
 
 fn load(
@@ -33,9 +72,13 @@ fn load(
         .with_context(|| format!("NVRTC: {entry}"))?;
     let fenced = tensor_wasm_ptx_verify::fence(&binary.ptx)
         .map_err(|refusal| anyhow::anyhow!("{entry} refused: {refusal}"))?;
+    let plan = tensor_wasm_ptx_verify::Plan::new(&fenced.ptx, entry)
+        .with_context(|| format!("{entry}: the fenced module has no lean copy"))?;
     Ok(Pair {
         plain: backend.load_ptx(tenant, &binary.ptx, entry)?,
         fenced: backend.load_ptx(tenant, &fenced.ptx, entry)?,
+        lean: backend.load_ptx(tenant, &fenced.ptx, plan.lean_entry())?,
+        plan,
         fences: fenced.fences,
     })
 }
@@ -109,21 +152,29 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
         fenced.bytes().copy_from_slice(&case.layout.memory);
         let (config, args) = fenced_launch(&mut fenced, &mut cancel, &case.config, &case.args);
         run_once(backend, &tenant, &pair.fenced, &config, &args, &mut fenced)?;
+        let mut checked = Memory::new(backend, case.layout.memory.len())?;
+        checked.bytes().copy_from_slice(&case.layout.memory);
+        let (kernel, proof, _) = pair.checked(&mut checked, &case.config, &case.args);
+        let (config, args) = fenced_launch(&mut checked, &mut cancel, &case.config, &case.args);
+        run_once(backend, &tenant, kernel, &config, &args, &mut checked)?;
         let plain_diff = first_difference(case.dtype, &case.expected, plain.bytes());
         let fenced_diff = first_difference(case.dtype, &case.expected, fenced.bytes());
-        if plain_diff.is_none() && fenced_diff.is_none() {
+        let checked_diff = first_difference(case.dtype, &case.expected, checked.bytes());
+        if plain_diff.is_none() && fenced_diff.is_none() && checked_diff.is_none() {
             equal += 1;
         }
         rows.push(json!({
             "kernel": entry, "fences": pair.fences,
             "unfenced": plain_diff.unwrap_or_else(|| "equal".into()),
             "fenced": fenced_diff.unwrap_or_else(|| "equal".into()),
+            "checked": checked_diff.unwrap_or_else(|| "equal".into()),
+            "proof": proof,
         }));
     }
     section.check(
-        "every CUDA C++ kernel of the conformance set, fenced, leaves the memory its Rust reference predicts",
+        "every CUDA C++ kernel of the conformance set, fenced and checked, leaves the memory its Rust reference predicts",
         equal == cases.len(),
-        format!("{equal} of {} kernels equal fenced and unfenced", cases.len()),
+        format!("{equal} of {} kernels equal fenced, checked and unfenced", cases.len()),
     );
     section.set("bit_identity", Value::Array(rows));
 
@@ -131,72 +182,99 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
     let reps = if suite.quick { 3 } else { 31 };
     let mut timings = Vec::new();
     let mut overheads = Vec::new();
+    let mut checked_overheads = Vec::new();
     let mut same_at_scale = true;
     for spec in large_launches(suite.quick) {
         let pair = load(backend, &tenant, spec.kernel.source, spec.kernel.entry)?;
         let mut plain = Memory::new(backend, spec.memory.len())?;
         let mut fenced = Memory::new(backend, spec.memory.len())?;
+        let mut checked = Memory::new(backend, spec.memory.len())?;
         let (config, args) = fenced_launch(&mut fenced, &mut cancel, &spec.config, &spec.args);
-        let (mut plain_ns, mut fenced_ns) = (Vec::new(), Vec::new());
+        let (lean_or_fenced, proof, proof_us) =
+            pair.checked(&mut checked, &spec.config, &spec.args);
+        let (checked_config, checked_args) =
+            fenced_launch(&mut checked, &mut cancel, &spec.config, &spec.args);
+        let (mut plain_ns, mut fenced_ns, mut checked_ns) = (Vec::new(), Vec::new(), Vec::new());
         // The inputs are written once: timing launches only, not the migration of unified
         // memory a host write causes. The kernels overwrite their outputs (daxpy and the
         // histogram update theirs in place, which changes values, not work). The order
         // alternates, and the first round of each warms up (module load, page migration).
         plain.bytes().copy_from_slice(&spec.memory);
         fenced.bytes().copy_from_slice(&spec.memory);
+        checked.bytes().copy_from_slice(&spec.memory);
         for rep in 0..=reps {
-            let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
+            let order = match rep % 3 {
+                0 => [0, 1, 2],
+                1 => [1, 2, 0],
+                _ => [2, 0, 1],
+            };
             for which in order {
                 let start = std::time::Instant::now();
-                if which == 0 {
-                    run_once(
+                match which {
+                    0 => run_once(
                         backend,
                         &tenant,
                         &pair.plain,
                         &spec.config,
                         &spec.args,
                         &mut plain,
-                    )?;
-                } else {
-                    run_once(backend, &tenant, &pair.fenced, &config, &args, &mut fenced)?;
+                    )?,
+                    1 => run_once(backend, &tenant, &pair.fenced, &config, &args, &mut fenced)?,
+                    _ => run_once(
+                        backend,
+                        &tenant,
+                        lean_or_fenced,
+                        &checked_config,
+                        &checked_args,
+                        &mut checked,
+                    )?,
                 }
                 let ns = start.elapsed().as_nanos() as f64;
                 if rep > 0 {
-                    if which == 0 {
-                        plain_ns.push(ns)
-                    } else {
-                        fenced_ns.push(ns)
-                    }
+                    [&mut plain_ns, &mut fenced_ns, &mut checked_ns][which].push(ns);
                 }
             }
         }
-        let differing = plain
-            .bytes()
-            .chunks_exact(4)
-            .zip(fenced.bytes().chunks_exact(4))
-            .filter(|(a, b)| a != b)
-            .count();
-        same_at_scale &= differing == 0;
-        let (p, f) = (median(&plain_ns), median(&fenced_ns));
+        let plain_bytes = plain.bytes().to_vec();
+        let differing = |other: &mut Memory| {
+            plain_bytes
+                .chunks_exact(4)
+                .zip(other.bytes().chunks_exact(4))
+                .filter(|(a, b)| a != b)
+                .count()
+        };
+        let (fenced_differ, checked_differ) = (differing(&mut fenced), differing(&mut checked));
+        same_at_scale &= fenced_differ == 0 && checked_differ == 0;
+        let (p, f, c) = (median(&plain_ns), median(&fenced_ns), median(&checked_ns));
         overheads.push(f / p);
+        checked_overheads.push(c / p);
         timings.push(json!({
             "kernel": spec.kernel.entry, "size": spec.size, "repetitions": reps,
             "unfenced_median_ns": p, "fenced_median_ns": f, "overhead": f / p - 1.0,
-            "fences": pair.fences, "differing_words": differing,
+            "checked_median_ns": c, "checked_overhead": c / p - 1.0,
+            "proof": proof, "proof_host_microseconds": proof_us,
+            "fences": pair.fences, "differing_words": fenced_differ,
+            "checked_differing_words": checked_differ,
         }));
         println!(
-            "  {} ({}): unfenced {:.1} µs, fenced {:.1} µs ({:+.1} %)",
+            "  {} ({}): unfenced {:.1} µs, fenced {:.1} µs ({:+.1} %), checked {:.1} µs \
+             ({:+.1} %; {proof}, {proof_us:.0} µs on the host)",
             spec.kernel.entry,
             spec.size,
             p / 1e3,
             f / 1e3,
-            100.0 * (f / p - 1.0)
+            100.0 * (f / p - 1.0),
+            c / 1e3,
+            100.0 * (c / p - 1.0),
         );
     }
-    let geomean = overheads.iter().map(|r| r.ln()).sum::<f64>() / overheads.len().max(1) as f64;
-    let geomean = geomean.exp() - 1.0;
+    let geomean_of = |ratios: &[f64]| {
+        (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len().max(1) as f64).exp() - 1.0
+    };
+    let geomean = geomean_of(&overheads);
+    let checked_geomean = geomean_of(&checked_overheads);
     section.check(
-        "fenced kernels at scale give the unfenced kernels' bytes",
+        "fenced and checked kernels at scale give the unfenced kernels' bytes",
         same_at_scale,
         format!(
             "{} kernels compared (differing words per kernel in wall_clock)",
@@ -205,9 +283,20 @@ pub fn run(suite: &Suite) -> anyhow::Result<Section> {
     );
     section.set("wall_clock", Value::Array(timings));
     section.set("wall_clock_geomean_overhead", json!(geomean));
+    section.set(
+        "wall_clock_geomean_checked_overhead",
+        json!(checked_geomean),
+    );
     section.target(
         "fenced vs unfenced wall clock (launch + wait), geometric mean overhead",
         100.0 * geomean,
+        3.0,
+        true,
+        "%",
+    );
+    section.target(
+        "checked (lean when proven, else fenced) vs unfenced wall clock, geometric mean overhead",
+        100.0 * checked_geomean,
         3.0,
         true,
         "%",
