@@ -177,27 +177,20 @@ def build(r):
                                 f"{l['launches_per_s']:.0f}/s", f"{one['launches_per_s']:.0f}/s (1 guest)" if one else "n/a",
                                 note=f"p50 {fmt_ns(l['launch_latency'].get('p50_ns'))}, invocation p99 {fmt_ns(l['invocation_latency'].get('p99_ns'))}"))
 
-    # Fenced tenant kernels: wall clock against the same kernels unfenced.
-    for t in res(docs["fence"], "wall_clock") or []:
-        comps.append(comparison(f"fenced tenant kernel {t['kernel']} ({t['size']}): launch + wait vs unfenced",
-                                t["fenced_median_ns"], t["unfenced_median_ns"], None, True,
-                                fmt_ns(t["fenced_median_ns"]), fmt_ns(t["unfenced_median_ns"]),
-                                note=f"{t['fences']} fences, median of {t['repetitions']} interleaved launches"))
-    geomean = res(docs["fence"], "wall_clock_geomean_overhead")
-    if geomean is not None:
-        comps.append(comparison("fenced tenant kernels: geometric mean of fenced / unfenced wall clock",
-                                1.0 + geomean, 1.0, 1.03, True, f"{100 * geomean:+.1f} %", "unfenced"))
-    # The entry a backend runs: lean when the launch-time proof admits the launch.
-    for t in res(docs["fence"], "wall_clock") or []:
-        if "checked_median_ns" in t:
-            comps.append(comparison(f"checked tenant kernel {t['kernel']} ({t['size']}): launch + wait vs unfenced",
-                                    t["checked_median_ns"], t["unfenced_median_ns"], None, True,
-                                    fmt_ns(t["checked_median_ns"]), fmt_ns(t["unfenced_median_ns"]),
-                                    note=f"{t['proof']}; proof {t['proof_host_microseconds']:.0f} µs on the host"))
-    checked = res(docs["fence"], "wall_clock_geomean_checked_overhead")
-    if checked is not None:
-        comps.append(comparison("checked tenant kernels: geometric mean of checked / unfenced wall clock",
-                                1.0 + checked, 1.0, 1.03, True, f"{100 * checked:+.1f} %", "unfenced"))
+    # Tenant kernels: wall clock against the same kernels unfenced, fenced and as a backend runs
+    # them (checked: the lean entry when the launch-time proof admits the launch).
+    for kind, note in (("fenced", lambda t: f"{t['fences']} fences, median of {t['repetitions']} interleaved launches"),
+                       ("checked", lambda t: f"{t['proof']}; proof {t['proof_host_microseconds']:.0f} µs on the host")):
+        for t in res(docs["fence"], "wall_clock") or []:
+            if f"{kind}_median_ns" in t:
+                comps.append(comparison(f"{kind} tenant kernel {t['kernel']} ({t['size']}): launch + wait vs unfenced",
+                                        t[f"{kind}_median_ns"], t["unfenced_median_ns"], None, True,
+                                        fmt_ns(t[f"{kind}_median_ns"]), fmt_ns(t["unfenced_median_ns"]), note=note(t)))
+        key = "wall_clock_geomean_overhead" if kind == "fenced" else "wall_clock_geomean_checked_overhead"
+        geomean = res(docs["fence"], key)
+        if geomean is not None:
+            comps.append(comparison(f"{kind} tenant kernels: geometric mean of {kind} / unfenced wall clock",
+                                    1.0 + geomean, 1.0, 1.03, True, f"{100 * geomean:+.1f} %", "unfenced"))
 
     correctness = {
         "fence": [c for c in (docs["fence"] or {}).get("checks", [])],

@@ -169,7 +169,7 @@ impl Prover<'_> {
                     }
                     return Ok(out);
                 }
-                Kind::Call { func, args, ret } => {
+                Kind::Call { func, args, .. } => {
                     if skipped.is_some() {
                         return Err((insn.line, "a call under a guard".into()));
                     }
@@ -190,7 +190,6 @@ impl Prover<'_> {
                             }
                         }
                     }
-                    let _ = ret;
                     s.push(callee);
                     return Ok(vec![(epoch, s)]);
                 }
@@ -223,18 +222,11 @@ impl Prover<'_> {
             return Ok(Vec::new());
         };
         let Some(Insn {
-            kind: Kind::Call { ret, .. },
+            kind: Kind::Call { args, ret, .. },
             ..
         }) = self.funcs[caller.func].insns.get(caller.pc)
         else {
             return Err((0, "a return without its call".into()));
-        };
-        let Some(Insn {
-            kind: Kind::Call { args, .. },
-            ..
-        }) = self.funcs[caller.func].insns.get(caller.pc)
-        else {
-            unreachable!("matched above");
         };
         // The call's argument variables and old return value are gone (a later call declares
         // its own); the return value is what the callee wrote to its return variable.
