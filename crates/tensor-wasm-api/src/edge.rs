@@ -125,7 +125,22 @@ impl Done {
             Some(expired)
         };
         let method = req.method().clone();
+        let span = tensor_wasm_telemetry::span!(
+            "http",
+            otel.name = %format_args!("{method} {}", labels.route),
+            otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
+            http.request.method = %method,
+            http.route = labels.route,
+            http.response.status_code = tracing::field::Empty,
+            url.path = req.uri().path(),
+            url.scheme = "http",
+            tensor_wasm.request_id = id.to_str().unwrap_or("-"),
+            trace_id = tracing::field::Empty,
+        );
+        tensor_wasm_telemetry::adopt_remote_parent(&span, req.headers());
         let done = Done {
+            span,
             state,
             start,
             id,
@@ -146,6 +161,9 @@ pub struct Answer<F> {
 
 /// What finishing a response takes.
 pub(crate) struct Done {
+    /// The request's server span (disabled when traces are off): entered
+    /// while the route runs, ended when the answer is finished.
+    span: tracing::Span,
     state: AppState,
     start: Instant,
     id: HeaderValue,
@@ -162,7 +180,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let Poll::Ready(Ok(response)) = Pin::new(&mut this.answer).poll(cx) else {
+        let polled = {
+            let _entered = this.done.as_ref().map(|done| done.span.enter());
+            Pin::new(&mut this.answer).poll(cx)
+        };
+        let Poll::Ready(Ok(response)) = polled else {
             return Poll::Pending;
         };
         let done = this.done.take().expect("polled after completion");
@@ -175,6 +197,7 @@ impl Done {
     /// id set (and `408` when the body was cut at its deadline).
     pub(crate) fn finish(self, mut response: Response) -> Response {
         let Done {
+            span,
             state,
             start,
             id,
@@ -188,8 +211,16 @@ impl Done {
         let elapsed = start.elapsed();
         let status = response.status();
         state.inner.http.series(labels).observe(status, elapsed);
+        if !span.is_disabled() {
+            span.record("http.response.status_code", status.as_u16());
+            if status.is_server_error() {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
         let id_text = id.to_str().unwrap_or("-");
         let route = labels.route;
+        // The log line carries the trace id (nothing when traces are off).
+        let _in = span.enter();
         if status.is_server_error() {
             tracing::warn!(request_id = id_text, %method, route, status = status.as_u16(), ?elapsed, "request failed");
         } else {

@@ -112,6 +112,7 @@ async fn serve(
     let guards = invocation_guards(&tenant, memory, runtime.is_uvm_backed())?;
     let permit = acquire_slot(&state).await?;
     let deadline = Instant::now() + timeout;
+    let faas = crate::trace::faas_span(crate::trace::request_id(req.headers()), &id, tenant.id());
     let cut = BodyCut::default();
     let request = component_request(req, skip, limit, deadline, cut.clone())?;
     let (tx, rx) = oneshot::channel::<HttpAnswer>();
@@ -121,6 +122,7 @@ async fn serve(
     let mut task = tokio::task::spawn_blocking(move || {
         crate::priority::lower_blocking_priority();
         let _held = (permit, guards);
+        let _in = faas.enter();
         watch.scope(|| {
             runtime.invoke_http(&task_id, request, move |answer| {
                 // The client may be gone already; then nobody reads the answer.

@@ -94,6 +94,10 @@ pub struct Job {
     /// key by the same tenant answers this job instead of creating one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// The W3C `traceparent` of the request that submitted the job, when
+    /// traces are exported: the job's run (on any replica) links to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -176,6 +180,7 @@ pub(crate) async fn invoke_async(
         cancel_requested: false,
         attempts: 0,
         idempotency_key,
+        traceparent: tensor_wasm_telemetry::traceparent_of(&tracing::Span::current()),
     };
     let max_active = state.inner.config.jobs.max_active_per_tenant;
     if let Some(shared) = state.inner.queue.get() {
@@ -365,14 +370,24 @@ async fn call(
         job.export.clone(),
         job.args.clone(),
     );
-    let work = crate::routes::blocking(move || {
-        let _held = held;
-        runtime.invoke_export(&id, &export, &args)
+    let span = crate::trace::job_span(
+        &job.id,
+        &job.function_id,
+        &job.tenant,
+        job.traceparent.as_deref(),
+    );
+    let work = span.in_scope(|| {
+        crate::routes::blocking(move || {
+            let _held = held;
+            runtime.invoke_export(&id, &export, &args)
+        })
     });
-    match timeout {
+    let result = match timeout {
         Some(timeout) => crate::routes::within_deadline(timeout, work).await,
         None => work.await,
-    }
+    };
+    crate::trace::outcome(&span, &result);
+    result
 }
 
 /// Records the outcome of a job's call in `j` (status, and results or error); results larger
@@ -482,6 +497,7 @@ mod tests {
             cancel_requested: false,
             attempts: 0,
             idempotency_key: None,
+            traceparent: None,
         }
     }
 

@@ -44,6 +44,7 @@ mod shutdown;
 mod snapshots;
 mod stream;
 mod tenants;
+mod trace;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -143,16 +143,21 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
 
 /// Runs blocking runtime work off the async threads, at the lower priority
 /// of [`crate::priority::lower_blocking_priority`].
-pub(crate) async fn blocking<T: Send + 'static>(
+pub(crate) fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, RuntimeError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(move || {
+) -> impl std::future::Future<Output = Result<T, ApiError>> {
+    // The work runs under the span current here (the request's, or an
+    // invocation's): nothing when traces are off.
+    let span = tracing::Span::current();
+    let task = tokio::task::spawn_blocking(move || {
         crate::priority::lower_blocking_priority();
-        f()
-    })
-    .await
-    .map_err(ApiError::internal)?
-    .map_err(ApiError::from)
+        span.in_scope(f)
+    });
+    async move {
+        task.await
+            .map_err(ApiError::internal)?
+            .map_err(ApiError::from)
+    }
 }
 
 /// Waits for `work`, an invocation with deadline `timeout`, at most until
@@ -252,6 +257,7 @@ pub(crate) async fn invoke_as(
         target.timeout(),
     );
     let runtime: Runtime = state.inner.runtime.clone();
+    let faas = crate::trace::faas_span(crate::trace::request_id(req.headers()), &id, tenant.id());
     // Released on every exit path: the guards move into the blocking task and
     // drop when the guest has finished (trap, timeout or client gone alike).
     // Taken before the body is read: a tenant at its quotas uploads nothing.
@@ -268,8 +274,11 @@ pub(crate) async fn invoke_as(
     // A short import-free call is answered here, without the hand-off to a
     // blocking thread; anything else (or an overrun) goes there.
     if let Some(call) = &call {
-        if let Some(results) = inline(&runtime, &target, call) {
+        if let Some(results) = faas.in_scope(|| inline(&runtime, &target, call)) {
             drop((permit, guards));
+            if results.is_err() {
+                crate::trace::failed(&faas);
+            }
             // Never ready-at-once forever: a client sending nothing but
             // inline calls still lets this thread's other tasks run.
             tokio::task::consume_budget().await;
@@ -284,25 +293,31 @@ pub(crate) async fn invoke_as(
         Some(call) => {
             let results = within_deadline(
                 timeout,
-                blocking(move || {
-                    let _held = (permit, guards);
-                    watch.scope(|| runtime.invoke_export(&id, &call.export, &call.args))
+                faas.in_scope(|| {
+                    blocking(move || {
+                        let _held = (permit, guards);
+                        watch.scope(|| runtime.invoke_export(&id, &call.export, &call.args))
+                    })
                 }),
             )
-            .await?;
-            Ok(Json(Results { results: &results }).into_response())
+            .await;
+            crate::trace::outcome(&faas, &results);
+            Ok(Json(Results { results: &results? }).into_response())
         }
         None => {
             let stdin = bytes.to_vec();
             let output = within_deadline(
                 timeout,
-                blocking(move || {
-                    let _held = (permit, guards);
-                    watch.scope(|| runtime.invoke_command(&id, stdin))
+                faas.in_scope(|| {
+                    blocking(move || {
+                        let _held = (permit, guards);
+                        watch.scope(|| runtime.invoke_command(&id, stdin))
+                    })
                 }),
             )
-            .await?;
-            Ok(command_response(output, json_output))
+            .await;
+            crate::trace::outcome(&faas, &output);
+            Ok(command_response(output?, json_output))
         }
     }
 }

@@ -251,9 +251,12 @@ pub(crate) async fn invoke_stream(
     let permit = crate::routes::acquire_slot(&state).await?;
     let (tx, rx) = mpsc::channel(BUFFERED_CHUNKS);
     let io = StreamIo::new(input, tx, StreamLimits::default());
+    // Ends when the guest has finished, after the response has started.
+    let faas = crate::trace::faas_span(crate::trace::request_id(&headers), &id, tenant.id());
     let done = tokio::task::spawn_blocking(move || {
         crate::priority::lower_blocking_priority();
         let _held = (permit, guards);
+        let _in = faas.enter();
         match call {
             Call::Export { export, args } => runtime
                 .invoke_export_streaming(&id, &export, &args, io)

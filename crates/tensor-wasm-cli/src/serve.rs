@@ -296,18 +296,72 @@ pub struct ServeArgs {
     /// `too_many_connections` and closed; beyond those, closed unanswered.
     #[arg(long, env = "TENSOR_WASM_MAX_CONNECTIONS", default_value_t = 1024)]
     max_connections: usize,
+    /// Follow the sampled flag of an incoming W3C `traceparent` (trace export
+    /// is configured by the standard `OTEL_*` variables). Off by default: the
+    /// sampler configured here decides, so a client cannot make the server
+    /// trace every one of its requests; its trace id is kept either way.
+    #[arg(long, env = "TENSOR_WASM_OTEL_TRUST_REMOTE_SAMPLED")]
+    otel_trust_remote_sampled: bool,
+    /// Tenants with metric series of their own (kernel time, bytes moved, device memory,
+    /// quotas); the rest are counted under `tenant="other"`.
+    #[arg(long, env = "TENSOR_WASM_METRICS_MAX_TENANTS", default_value_t = tensor_wasm_telemetry::labels::DEFAULT_MAX_TENANTS)]
+    metrics_max_tenants: usize,
+    /// Functions with metric series of their own, over all tenants; the rest are counted
+    /// under `function="other"`.
+    #[arg(long, env = "TENSOR_WASM_METRICS_MAX_FUNCTIONS", default_value_t = tensor_wasm_telemetry::labels::DEFAULT_MAX_FUNCTIONS)]
+    metrics_max_functions: usize,
 }
 
-fn init_logging(format: LogFormat) {
+/// Logging to stderr (text or JSON lines) and, when the `OTEL_*` variables
+/// configure it, trace export over OTLP. The log filter (`RUST_LOG`, `info`
+/// by default) does not decide which spans are exported: the trace spans
+/// have a layer and a filter of their own.
+fn init_logging(
+    format: LogFormat,
+    trust_remote_sampled: bool,
+) -> anyhow::Result<Option<tensor_wasm_telemetry::Telemetry>> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+
+    let settings = tensor_wasm_telemetry::Settings::from_env(trust_remote_sampled)
+        .map_err(|e| anyhow::anyhow!("OpenTelemetry settings: {e}"))?;
+    let telemetry = match &settings {
+        Some(settings) => Some(
+            tensor_wasm_telemetry::Telemetry::start(settings, env!("CARGO_PKG_VERSION"))
+                .map_err(|e| anyhow::anyhow!("starting trace export: {e}"))?,
+        ),
+        None => None,
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        // Trace spans are not log lines: the log filter never shows them
+        // (their trace id reaches the lines through `TraceIdLayer`).
+        .add_directive(
+            format!("{}=off", tensor_wasm_telemetry::TARGET)
+                .parse()
+                .expect("a valid directive"),
+        );
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => fmt.with_filter(filter).boxed(),
+        LogFormat::Json => {
+            let json = tracing_subscriber::fmt::format().json();
+            fmt.json()
+                .event_format(tensor_wasm_telemetry::WithTraceIds(json))
+                .with_filter(filter)
+                .boxed()
+        }
+    };
+    let registry = tracing_subscriber::registry().with(fmt);
+    match &telemetry {
+        Some(telemetry) => registry
+            .with(tensor_wasm_telemetry::TraceIdLayer)
+            .with(telemetry.layer())
+            .init(),
+        None => registry.init(),
     }
+    Ok(telemetry)
 }
 
 impl ServeArgs {
@@ -373,12 +427,17 @@ impl ServeArgs {
 
 /// Runs the server until SIGINT or SIGTERM.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    init_logging(args.log_format);
+    let telemetry = init_logging(args.log_format, args.otel_trust_remote_sampled)?;
+    tensor_wasm_telemetry::labels::configure(args.metrics_max_tenants, args.metrics_max_functions);
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let result = tokio.block_on(serve(args));
+    let stats = telemetry.as_ref().map(|t| t.stats().clone());
+    let result = tokio.block_on(serve(args, stats));
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown(Duration::from_secs(5));
+    }
     // Guests still running past the shutdown deadline (their jobs already
     // recorded as failed) sit on blocking threads, some inside WASI calls
     // on the runtime's timers. Dropping the runtime would wait for them, and
@@ -388,8 +447,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     result
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+async fn serve(
+    args: ServeArgs,
+    trace_export: Option<tensor_wasm_telemetry::ExportStats>,
+) -> anyhow::Result<()> {
     let registry = prometheus::Registry::new();
+    if let Some(stats) = &trace_export {
+        stats.register(&registry)?;
+    }
     let (data_dir, store, blob_store) = (
         args.data_dir.clone(),
         args.store.clone(),

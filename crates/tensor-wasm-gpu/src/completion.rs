@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -13,7 +13,6 @@ use crate::GpuError;
 
 /// The shared state between a `Completion` and whoever finishes the work (a CPU worker or the
 /// CUDA event waiter thread).
-#[derive(Default)]
 pub(crate) struct Signal {
     state: Mutex<SignalState>,
     finished: Condvar,
@@ -25,6 +24,9 @@ pub(crate) struct Signal {
     /// Run by [`Completion::cancel`] too: how the work is told on a device (a fenced CUDA
     /// kernel's cancel word).
     on_cancel: Mutex<Option<CancelHook>>,
+    /// Nanoseconds CPU workers spent running the work, summed over threads; `u64::MAX`
+    /// (the default) for work that is not timed so (a CUDA kernel's).
+    worker_ns: AtomicU64,
 }
 
 /// What [`Completion::cancel`] runs besides setting the flag.
@@ -38,14 +40,62 @@ struct SignalState {
     sleepers: usize,
 }
 
+/// Reads the kernel time of a launch ([`Completion::kernel_time`]), kept past the completion.
+pub struct KernelTimer(Arc<Signal>);
+
+impl KernelTimer {
+    /// The time CPU workers spent running the kernel, summed over threads, once it has
+    /// finished; `None` for a kernel not run by CPU workers (a CUDA kernel) or not finished.
+    pub fn worker_time(&self) -> Option<Duration> {
+        if !self.0.done.load(Ordering::Acquire) {
+            return None;
+        }
+        match self.0.worker_ns.load(Ordering::Acquire) {
+            NOT_TIMED => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+}
+
 /// How long a blocking wait watches for the outcome before it sleeps: a CPU launch's other
 /// parts usually end within it, and a sleeping waiter costs the finisher a wake-up (a system
 /// call, and on a virtual machine an interrupt to another core) and itself the time to wake.
 const WATCH: Duration = Duration::from_micros(50);
 
+impl Default for Signal {
+    fn default() -> Self {
+        Signal {
+            state: Mutex::default(),
+            finished: Condvar::new(),
+            done: AtomicBool::new(false),
+            cancel_requested: AtomicBool::new(false),
+            on_cancel: Mutex::new(None),
+            worker_ns: AtomicU64::new(NOT_TIMED),
+        }
+    }
+}
+
+/// [`Signal::worker_ns`] of work not timed on CPU workers.
+const NOT_TIMED: u64 = u64::MAX;
+
 impl Signal {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// Adds `took` to the CPU worker time of the work (before it is finished, so a waiter
+    /// sees the whole of it).
+    pub(crate) fn add_worker_time(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(NOT_TIMED - 1);
+        let _ = self
+            .worker_ns
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                Some(if now == NOT_TIMED {
+                    ns
+                } else {
+                    now.saturating_add(ns).min(NOT_TIMED - 1)
+                })
+            });
     }
 
     /// Marks the work finished with `outcome` and wakes every waiter. Only the first call counts.
@@ -143,6 +193,18 @@ impl<'m> Completion<'m> {
             signal,
             _memory: PhantomData,
         }
+    }
+
+    /// The same, with `took` of CPU worker time (a launch run whole on the launching thread).
+    pub(crate) fn finished_after(outcome: Result<(), GpuError>, took: Duration) -> Self {
+        let completion = Self::finished(outcome);
+        completion.signal.add_worker_time(took);
+        completion
+    }
+
+    /// What reads the work's kernel time once it has finished.
+    pub fn kernel_time(&self) -> KernelTimer {
+        KernelTimer(self.signal.clone())
     }
 
     /// A completion for work that is already finished (for example a launch that covers no

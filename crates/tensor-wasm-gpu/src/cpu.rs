@@ -83,18 +83,24 @@ impl CpuBackend {
         // a small kernel's own time). The calling thread is the invocation's own, so this is
         // the tenant's time, not a worker's that another tenant waits for; a slice is bounded
         // (see `pool.rs`), and what is left goes to the pool from where the slice ended.
+        let mut inline_time = None;
         if let [(part, cursor)] = parts.as_mut_slice() {
             if work.runs_inline(cursor) {
+                let started = std::time::Instant::now();
                 // SAFETY: `memory` is borrowed mutably for this call, so nothing else touches
                 // it while the slice runs; the caller validated `work` against it, and this is
                 // the launch's only part.
                 let outcome = unsafe { pool::run_slice_here(&work, memory, part, cursor) };
                 if let Some(outcome) = outcome {
-                    return Completion::finished(outcome);
+                    return Completion::finished_after(outcome, started.elapsed());
                 }
+                inline_time = Some(started.elapsed());
             }
         }
         let signal = Signal::new();
+        if let Some(took) = inline_time {
+            signal.add_worker_time(took);
+        }
         let job = Arc::new(CpuJob {
             tenant: Arc::from(tenant.as_str()),
             work,
@@ -138,6 +144,7 @@ impl Backend for CpuBackend {
     fn load_ptx(&self, tenant: &TenantKey, ptx: &str, entry: &str) -> Result<Kernel, GpuError> {
         let kernel = tenant_ptx::InterpretedPtx::load(tenant, ptx, entry, false)?;
         Ok(Kernel {
+            fingerprint: None,
             kind: KernelKind::Ptx(Arc::new(kernel)),
         })
     }
@@ -150,6 +157,7 @@ impl Backend for CpuBackend {
     ) -> Result<Kernel, GpuError> {
         let kernel = tenant_ptx::InterpretedPtx::load(tenant, ptx, entry, true)?;
         Ok(Kernel {
+            fingerprint: None,
             kind: KernelKind::Ptx(Arc::new(kernel)),
         })
     }
@@ -173,6 +181,7 @@ impl Backend for CpuBackend {
     ) -> Result<Kernel, GpuError> {
         self.programs.get_or_load(program.fingerprint(), || {
             Ok(Kernel {
+                fingerprint: None,
                 kind: KernelKind::Program(Arc::new(ProgramKernel {
                     program,
                     function: None,

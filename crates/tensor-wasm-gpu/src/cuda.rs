@@ -200,6 +200,7 @@ impl Backend for CudaBackend {
             }),
         };
         Ok(Kernel {
+            fingerprint: None,
             kind: KernelKind::Program(loaded),
         })
     }

@@ -159,6 +159,9 @@ impl fmt::Display for BuiltinKernel {
 #[derive(Clone)]
 pub struct Kernel {
     pub(crate) kind: KernelKind,
+    /// What the kernel cache knows it by, when its loader said
+    /// ([`Kernel::with_fingerprint`]).
+    pub(crate) fingerprint: Option<[u8; 16]>,
 }
 
 #[derive(Clone)]
@@ -197,6 +200,7 @@ impl Kernel {
     pub(crate) fn builtin(kernel: BuiltinKernel) -> Self {
         Self {
             kind: KernelKind::Builtin(kernel),
+            fingerprint: None,
         }
     }
 
@@ -213,6 +217,22 @@ impl Kernel {
         match &self.kind {
             KernelKind::Program(loaded) => Some(&loaded.program),
             KernelKind::Builtin(_) | KernelKind::Ptx(_) => None,
+        }
+    }
+
+    /// The same kernel, known by `fingerprint` (the kernel cache's key of the
+    /// tenant code it was loaded from): named so in its launches' trace spans.
+    pub fn with_fingerprint(mut self, fingerprint: [u8; 16]) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// The fingerprint of the code the kernel runs: a program's own, or the
+    /// one its loader gave; `None` for builtins and raw PTX.
+    pub fn fingerprint(&self) -> Option<[u8; 16]> {
+        match &self.kind {
+            KernelKind::Program(loaded) => Some(loaded.program.fingerprint()),
+            KernelKind::Builtin(_) | KernelKind::Ptx(_) => self.fingerprint,
         }
     }
 
@@ -459,6 +479,7 @@ mod tests {
         let loaded: Arc<dyn LoadedFunction> = Arc::new(Loaded("saxpy"));
         let kernel = Kernel {
             kind: KernelKind::Ptx(loaded.clone()),
+            fingerprint: None,
         };
         assert_eq!(kernel.name(), "saxpy");
         let found = loaded.downcast_ref::<Loaded>().map(|loaded| loaded.0);

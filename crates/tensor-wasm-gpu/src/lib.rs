@@ -103,7 +103,7 @@ mod validate;
 
 use std::sync::Arc;
 
-pub use completion::Completion;
+pub use completion::{Completion, KernelTimer};
 pub use cpu::tenant_ptx::MAX_TENANT_PTX_BYTES;
 pub use device::{discover, CudaDeviceInfo, Device, DeviceChoice, Discovery};
 pub use error::GpuError;

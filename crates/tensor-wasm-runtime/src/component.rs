@@ -410,6 +410,8 @@ pub(crate) struct ComponentState {
     pub(crate) gpu: Option<crate::component_gpu::ComponentGpu>,
     /// The invocation's `wasi:nn` state (its graphs and execution contexts).
     pub(crate) nn: Option<crate::nn::NnHost>,
+    /// The component's own spans (`tensor-wasm:trace`).
+    pub(crate) spans: crate::guest_trace::GuestSpans,
 }
 
 impl WasiHttpView for ComponentState {
@@ -452,6 +454,7 @@ impl ComponentState {
             hooks: OutgoingHttp::new(outgoing_allow),
             gpu: None,
             nn: None,
+            spans: Default::default(),
             deadline: None,
             budget: MemoryBudget::new(memory_limit),
             field_size_limit: limits.max_field_bytes,
@@ -508,6 +511,7 @@ impl ComponentHost {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .and_then(|()| wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker))
             .and_then(|()| crate::component_gpu::add_to_linker(&mut linker))
+            .and_then(|()| crate::component_trace::add_to_linker(&mut linker))
             .and_then(|()| crate::nn::wit::add_to_linker(&mut linker))
             .and_then(|()| crate::component_charge::charge_http_calls(&mut linker))
             .and_then(|()| deadline_bounded_sleeps(&mut linker))
@@ -548,8 +552,10 @@ impl ComponentHost {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(sha256)
         {
+            crate::trace::note_coldstart(false);
             return Ok(loaded.clone());
         }
+        crate::trace::note_coldstart(true);
         let invalid = |what: &str, e: wasmtime::Error| {
             RuntimeError::InvalidModule(truncate_message(format!("{what}: {e:#}")))
         };

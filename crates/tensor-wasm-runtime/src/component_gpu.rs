@@ -101,6 +101,8 @@ fn wit_error(e: AbiError) -> types::Error {
 pub(crate) struct ComponentGpu {
     shared: Arc<GpuShared>,
     tenant: TenantKey,
+    /// The function whose invocation this is (kernels and copies are accounted to it).
+    function: Arc<str>,
     raw_ptx: bool,
     deadline: Instant,
     /// Whether the arena is to be CUDA managed memory (guest memory is).
@@ -108,6 +110,8 @@ pub(crate) struct ComponentGpu {
     /// Most bytes the invocation's live buffers may take (its memory limit).
     capacity: u64,
     arena: Option<Arena>,
+    /// The arena counted as device memory held (while it is reserved).
+    held: Option<crate::accounting::DeviceHold>,
     kernels: usize,
 }
 
@@ -115,6 +119,7 @@ impl ComponentGpu {
     pub(crate) fn new(
         shared: Arc<GpuShared>,
         tenant: &str,
+        function: &str,
         raw_ptx: bool,
         deadline: Instant,
         managed: bool,
@@ -122,12 +127,14 @@ impl ComponentGpu {
     ) -> Self {
         ComponentGpu {
             tenant: shared.tenant_key(tenant),
+            function: Arc::from(function),
             shared,
             raw_ptx,
             deadline,
             managed,
             capacity,
             arena: None,
+            held: None,
             kernels: 0,
         }
     }
@@ -148,8 +155,21 @@ impl ComponentGpu {
                 )
             })?;
             self.arena = Some(Arena::new(memory));
+            let tenant = self.tenant.as_str();
+            self.held = Some(
+                self.shared
+                    .accounts
+                    .hold(tenant, &self.function, self.capacity),
+            );
         }
         Ok(self.arena.as_mut().expect("reserved above"))
+    }
+
+    /// Counts `bytes` copied by the host into or out of the arena.
+    fn moved(&self, what: crate::accounting::Moved, bytes: u64) {
+        self.shared
+            .accounts
+            .moved(self.tenant.as_str(), &self.function, what, bytes);
     }
 }
 
@@ -295,10 +315,9 @@ impl buffers::HostBuffer for ComponentState {
         data: Vec<u8>,
     ) -> Result<(), GpuCallError> {
         let (start, len) = self.range(&buffer, offset, data.len() as u64, "write")?;
-        self.gpu()?
-            .arena()?
-            .bytes(start, len)
-            .copy_from_slice(&data);
+        let gpu = self.gpu()?;
+        gpu.moved(crate::accounting::Moved::ToDevice, data.len() as u64);
+        gpu.arena()?.bytes(start, len).copy_from_slice(&data);
         Ok(())
     }
 
@@ -309,7 +328,9 @@ impl buffers::HostBuffer for ComponentState {
         len: u64,
     ) -> Result<Vec<u8>, GpuCallError> {
         let (start, len) = self.range(&buffer, offset, len, "read")?;
-        Ok(self.gpu()?.arena()?.bytes(start, len).to_vec())
+        let gpu = self.gpu()?;
+        gpu.moved(crate::accounting::Moved::FromDevice, len);
+        Ok(gpu.arena()?.bytes(start, len).to_vec())
     }
 
     fn drop(&mut self, buffer: Resource<GpuBuffer>) -> wasmtime::Result<()> {
@@ -466,7 +487,10 @@ impl kernels::Host for ComponentState {
         };
         let gpu = self.gpu()?;
         let (shared, tenant, deadline) = (gpu.shared.clone(), gpu.tenant.clone(), gpu.deadline);
+        let function = gpu.function.clone();
         let memory = gpu.arena()?.memory.as_mut_slice();
-        Ok(shared.launch_on(&tenant, deadline, &kernel, &config, &args, memory)?)
+        Ok(shared.launch_on(
+            &tenant, &function, deadline, &kernel, &config, &args, memory,
+        )?)
     }
 }

@@ -79,8 +79,8 @@ pub(crate) struct GpuShared {
     pub backend: Arc<dyn Backend>,
     pub dispatcher: KernelDispatcher,
     cache: Arc<KernelCache>,
-    /// Kernel seconds by tenant (`RuntimeMetrics::kernel_seconds`).
-    kernel_seconds: prometheus::CounterVec,
+    /// Kernel time and bytes by tenant and function (`RuntimeMetrics::accounts`).
+    pub(crate) accounts: crate::accounting::Accounts,
     /// Loaded blueprint kernels by canonical descriptor.
     blueprints: BlueprintKernels,
     /// GPU isolation levels set for single tenants (by tenant id); a tenant
@@ -100,7 +100,7 @@ impl GpuShared {
         backend: Arc<dyn Backend>,
         dispatcher: KernelDispatcher,
         cache: Arc<KernelCache>,
-        kernel_seconds: prometheus::CounterVec,
+        accounts: crate::accounting::Accounts,
         blueprints: BlueprintKernels,
         max_compiles_per_tenant: usize,
     ) -> Self {
@@ -108,7 +108,7 @@ impl GpuShared {
             backend,
             dispatcher,
             cache,
-            kernel_seconds,
+            accounts,
             blueprints,
             tenant_isolation: RwLock::new(HashMap::new()),
             policy: RwLock::new(None),
@@ -227,7 +227,10 @@ impl GpuShared {
             driver_version: 0,
         };
         let fenced = self.compiled(tenant, &key, deadline, || fence(ptx, entry))?;
-        Ok(self.backend.load_fenced_ptx(tenant, &fenced.ptx, entry)?)
+        Ok(self
+            .backend
+            .load_fenced_ptx(tenant, &fenced.ptx, entry)?
+            .with_fingerprint(key.fingerprint))
     }
 
     /// A kernel from tenant CUDA C++. On a CUDA device with `raw`: compiled by NVRTC for the
@@ -283,7 +286,10 @@ impl GpuShared {
             .cubin
             .as_ref()
             .ok_or_else(|| AbiError::new(code::DEVICE_ERROR, "cached kernel has no cubin"))?;
-        Ok(self.backend.load_cubin(tenant, cubin, entry)?)
+        Ok(self
+            .backend
+            .load_cubin(tenant, cubin, entry)?
+            .with_fingerprint(key.fingerprint))
     }
 
     /// The kernel cache's entry for `key`, or `compile`d (and cached) in one of `tenant`'s
@@ -316,9 +322,11 @@ impl GpuShared {
     /// stopped and is waited for (the memory it uses stays the caller's until then; the API
     /// answers the client at the deadline meanwhile). The tenant is charged the kernel's time
     /// whatever the outcome.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_on(
         &self,
         tenant: &TenantKey,
+        function: &str,
         deadline: Instant,
         kernel: &Kernel,
         config: &LaunchConfig,
@@ -328,6 +336,7 @@ impl GpuShared {
         self.launch_on_backend(
             &*self.backend,
             tenant,
+            function,
             deadline,
             kernel,
             config,
@@ -344,14 +353,19 @@ impl GpuShared {
         &self,
         backend: &dyn tensor_wasm_gpu::Backend,
         tenant: &TenantKey,
+        function: &str,
         deadline: Instant,
         kernel: &Kernel,
         config: &LaunchConfig,
         args: &[tensor_wasm_gpu::KernelArg],
         memory: &mut [u8],
     ) -> Result<(), Failure> {
+        let span = crate::trace::kernel_span(backend, tenant, kernel, config, args);
+        let _entered = span.enter();
+        let asked = Instant::now();
         let permit = self.dispatcher.acquire_blocking_until(deadline)?;
         let launched = Instant::now();
+        let mut timer = None;
         let outcome = tensor_wasm_gpu::launch(
             backend,
             tenant,
@@ -360,14 +374,29 @@ impl GpuShared {
             args,
             memory,
             |completion| {
+                timer = Some(completion.kernel_time());
                 self.dispatcher
                     .track(permit, completion)
                     .wait_until(deadline, |completion| completion.cancel())
             },
         )?;
-        self.kernel_seconds
-            .with_label_values(&[tenant.as_str()])
-            .inc_by(launched.elapsed().as_secs_f64());
+        // The kernel has finished here (the launch waits for it, past the deadline too).
+        let ran = launched.elapsed();
+        let device = if backend.device().is_cuda() {
+            "cuda"
+        } else {
+            "cpu"
+        };
+        let worker = timer.and_then(|t| t.worker_time());
+        self.accounts
+            .kernel(tenant.as_str(), function, device, worker, ran);
+        self.accounts.moved(
+            tenant.as_str(),
+            function,
+            crate::accounting::Moved::KernelArgs,
+            crate::trace::buffer_bytes(args),
+        );
+        crate::trace::kernel_done(&span, launched - asked, ran, &outcome);
         match outcome {
             Err(GpuError::Cancelled(_)) => Err(Failure::Deadline),
             Err(e) => Err(e.into()),
@@ -422,6 +451,8 @@ pub(crate) struct GuestGpu {
     /// level set for it when the instance was created: its kernels load and
     /// launch in that tenant's GPU lane (stream or context).
     tenant: TenantKey,
+    /// The function whose instance this is (its kernels are accounted to it).
+    function: Arc<str>,
     /// The invocation's deadline: no host call waits past it (a launch waits
     /// for a dispatch permit and for its kernel until then, and cancels a
     /// CPU kernel there).
@@ -439,8 +470,15 @@ impl GuestGpu {
             last_error: String::new(),
             raw_ptx,
             tenant: TenantKey::default(),
+            function: Arc::from(""),
             deadline,
         }
+    }
+
+    /// The same, for an instance of function `id` (its kernels are accounted to it).
+    pub(crate) fn for_function(mut self, id: &str) -> Self {
+        self.function = Arc::from(id);
+        self
     }
 
     /// The same, for an instance of a function of `tenant` (its id, as in
@@ -610,7 +648,15 @@ pub(crate) fn add_to_linker(linker: &mut Linker<InvocationState>) -> wasmtime::R
                 };
                 let args = abi::parse_args(mem, args_ptr, args_len)?;
                 let shared = gpu.shared.clone();
-                shared.launch_on(&gpu.tenant, gpu.deadline, &kernel, &config, &args, mem)?;
+                shared.launch_on(
+                    &gpu.tenant,
+                    &gpu.function,
+                    gpu.deadline,
+                    &kernel,
+                    &config,
+                    &args,
+                    mem,
+                )?;
                 Ok(code::OK)
             })
         },
@@ -705,7 +751,7 @@ mod tests {
                 )
                 .unwrap(),
             ),
-            prometheus::CounterVec::new(prometheus::Opts::new("k", "k"), &["tenant"]).unwrap(),
+            crate::accounting::Accounts::new().unwrap(),
             blueprints,
             crate::DEFAULT_COMPILES_PER_TENANT,
         ))

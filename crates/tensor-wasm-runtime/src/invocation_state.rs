@@ -30,6 +30,10 @@ pub(crate) struct InvocationState {
     pub(crate) stream: Option<crate::stream::StreamIo>,
     /// The `wasi-nn` state, for modules importing `wasi_ephemeral_nn`.
     pub(crate) nn: Option<crate::nn::NnHost>,
+    /// The guest's own spans (`tw:trace`).
+    pub(crate) spans: crate::guest_trace::GuestSpans,
+    /// Guest memory in CUDA managed memory, counted as device memory held.
+    pub(crate) device_memory: Option<crate::accounting::DeviceHold>,
 }
 
 /// Enforces the function's memory limit and remembers that it did.
@@ -132,6 +136,8 @@ impl InvocationState {
             gpu,
             stream: None,
             nn: None,
+            spans: crate::guest_trace::GuestSpans::default(),
+            device_memory: None,
         }
     }
 

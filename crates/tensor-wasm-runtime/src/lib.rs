@@ -23,17 +23,20 @@
 //! ```
 
 pub mod abi;
+mod accounting;
 mod bounded;
 mod compile_gate;
 pub mod component;
 mod component_charge;
 mod component_gpu;
+mod component_trace;
 pub mod component_values;
 mod config;
 mod engine;
 mod error;
 mod function_entry;
 mod guest_gpu;
+pub mod guest_trace;
 mod instrument;
 mod invocation_state;
 pub mod layout;
@@ -47,6 +50,7 @@ mod snapshot;
 mod storage_quota;
 mod store;
 pub mod stream;
+mod trace;
 mod values;
 mod wasi_poll;
 

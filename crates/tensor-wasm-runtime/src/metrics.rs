@@ -1,8 +1,8 @@
 //! Prometheus metrics of the runtime: invocations, instantiation, compilation.
 
 use prometheus::{
-    exponential_buckets, CounterVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry,
 };
 use tensor_wasm_dispatch::DispatchMetrics;
 use tensor_wasm_jit::KernelCacheMetrics;
@@ -104,9 +104,9 @@ pub struct RuntimeMetrics {
     pub(crate) inline_done: IntCounter,
     pub(crate) inline_overran: IntCounter,
     inline_calls: IntCounterVec,
-    /// Kernel time charged to each tenant: launch to completion of its
-    /// kernels, overruns past a deadline included (a CUDA kernel runs on).
-    pub(crate) kernel_seconds: CounterVec,
+    /// Kernel time, bytes moved and device memory by tenant and function,
+    /// overruns past a deadline included (a CUDA kernel runs on).
+    pub(crate) accounts: crate::accounting::Accounts,
     /// Component invocations ended at their deadline by dropping their call, by style
     /// (`command`, `export`, `http`).
     pub(crate) component_deadline_cancellations: IntCounterVec,
@@ -241,13 +241,7 @@ impl RuntimeMetrics {
             inline_done: inline_calls.with_label_values(&["done"]),
             inline_overran: inline_calls.with_label_values(&["overran"]),
             inline_calls,
-            kernel_seconds: CounterVec::new(
-                Opts::new(
-                    "tensor_wasm_tenant_kernel_seconds_total",
-                    "Kernel time of a tenant: launch to completion of its kernels, past deadlines too.",
-                ),
-                &["tenant"],
-            )?,
+            accounts: crate::accounting::Accounts::new()?,
             cache_entries,
             cache_bytes,
             cache_evictions,
@@ -278,7 +272,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.snapshot_restore_seconds.clone()))?;
         registry.register(Box::new(metrics.snapshot_bytes.clone()))?;
         registry.register(Box::new(metrics.inline_calls.clone()))?;
-        registry.register(Box::new(metrics.kernel_seconds.clone()))?;
+        metrics.accounts.register(registry)?;
         registry.register(Box::new(metrics.cache_entries.clone()))?;
         registry.register(Box::new(metrics.cache_bytes.clone()))?;
         registry.register(Box::new(metrics.cache_evictions.clone()))?;
@@ -315,7 +309,7 @@ impl RuntimeMetrics {
 
     /// Kernel seconds charged to `tenant` so far.
     pub fn tenant_kernel_seconds(&self, tenant: &str) -> f64 {
-        self.kernel_seconds.with_label_values(&[tenant]).get()
+        self.accounts.tenant_kernel_seconds(tenant)
     }
 
     /// Loaded modules held in memory now.

@@ -345,6 +345,8 @@ pub(crate) struct NnHost {
     shared: Arc<NnShared>,
     gpu: Arc<GpuShared>,
     tenant_id: String,
+    /// The function whose invocation this is (kernels are accounted to it).
+    function: Arc<str>,
     tenant: TenantKey,
     deadline: Instant,
     charge: Arc<HostBytes>,
@@ -364,12 +366,14 @@ impl NnHost {
         shared: Arc<NnShared>,
         gpu: Arc<GpuShared>,
         tenant: &str,
+        function: &str,
         deadline: Instant,
         charge: Arc<HostBytes>,
         managed: bool,
     ) -> Self {
         NnHost {
             tenant_id: tenant.to_owned(),
+            function: Arc::from(function),
             tenant: gpu.tenant_key(tenant),
             shared,
             gpu,
@@ -461,6 +465,7 @@ impl NnHost {
     /// dispatcher saturated, the deadline passed) is left in [`NnHost::failure`].
     pub(crate) fn compute(&mut self, context: u32) -> Result<(), OnnxError> {
         let (shared, gpu, tenant) = (self.shared.clone(), self.gpu.clone(), self.tenant.clone());
+        let function = self.function.clone();
         let (deadline, charge, managed) = (self.deadline, self.charge.clone(), self.managed);
         let ctx = self
             .contexts
@@ -475,6 +480,7 @@ impl NnHost {
             gpu: &gpu,
             side: side.as_deref(),
             tenant: &tenant,
+            function: &function,
             deadline,
             kernels: &mut ctx.kernels,
             failure: None,
@@ -518,6 +524,7 @@ struct NnLauncher<'a> {
     gpu: &'a GpuShared,
     side: Option<&'a dyn Backend>,
     tenant: &'a TenantKey,
+    function: &'a str,
     deadline: Instant,
     kernels: &'a mut HashMap<Blueprint, Kernel>,
     failure: Option<Failure>,
@@ -554,12 +561,19 @@ impl Launcher for NnLauncher<'_> {
         memory: &mut [u8],
     ) -> Result<(), OnnxError> {
         let outcome = self.kernel(blueprint)?.and_then(|kernel| match self.side {
-            None => self
-                .gpu
-                .launch_on(self.tenant, self.deadline, &kernel, config, args, memory),
+            None => self.gpu.launch_on(
+                self.tenant,
+                self.function,
+                self.deadline,
+                &kernel,
+                config,
+                args,
+                memory,
+            ),
             Some(backend) => self.gpu.launch_on_backend(
                 backend,
                 self.tenant,
+                self.function,
                 self.deadline,
                 &kernel,
                 config,

@@ -120,7 +120,7 @@ type SendResult = wasmtime_wasi_http::Result<(
 impl WasiHttpHooks for OutgoingHttp {
     fn send_request(
         &mut self,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
@@ -134,27 +134,53 @@ impl WasiHttpHooks for OutgoingHttp {
             return Box::new(std::future::ready(Err(Error::HttpRequestDenied)));
         }
         let deadline = self.deadline;
-        Box::new(async move {
-            let options = within(options, deadline);
-            let send = wasmtime_wasi_http::default_send_request(request, Some(options));
-            let (response, io) = match deadline {
-                Some(at) => tokio::time::timeout_at(at.into(), send)
-                    .await
-                    .map_err(|_| Error::ConnectionTimeout)??,
-                None => send.await?,
-            };
-            let response = response.map(|body| {
-                DeadlineBody {
-                    body: body.boxed_unsync(),
-                    deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at.into()))),
+        // A client span under the invocation's, and its context on the request
+        // (`traceparent`): the callee joins the trace.
+        let span = tensor_wasm_telemetry::span!(
+            "http client",
+            otel.name = %request.method(),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            http.request.method = %request.method(),
+            url.full = %request.uri(),
+            server.address = request.uri().host().unwrap_or(""),
+            http.response.status_code = tracing::field::Empty,
+        );
+        if !span.is_disabled() {
+            let _in = span.enter();
+            tensor_wasm_telemetry::inject_current(request.headers_mut());
+        }
+        let traced = span.clone();
+        Box::new(tracing::Instrument::instrument(
+            async move {
+                let options = within(options, deadline);
+                let send = wasmtime_wasi_http::default_send_request(request, Some(options));
+                let (response, io) = match deadline {
+                    Some(at) => tokio::time::timeout_at(at.into(), send)
+                        .await
+                        .map_err(|_| Error::ConnectionTimeout)??,
+                    None => send.await?,
+                };
+                if !traced.is_disabled() {
+                    traced.record("http.response.status_code", response.status().as_u16());
+                    if response.status().is_server_error() {
+                        traced.record("otel.status_code", "ERROR");
+                    }
                 }
-                .boxed_unsync()
-            });
-            Ok((
-                response,
-                Box::new(io) as Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
-            ))
-        })
+                let response = response.map(|body| {
+                    DeadlineBody {
+                        body: body.boxed_unsync(),
+                        deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at.into()))),
+                    }
+                    .boxed_unsync()
+                });
+                Ok((
+                    response,
+                    Box::new(io) as Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+                ))
+            },
+            span,
+        ))
     }
 
     /// What an outgoing body's stream buffers is charged to the invocation when the body is

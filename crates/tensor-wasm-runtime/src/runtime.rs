@@ -162,6 +162,8 @@ impl Runtime {
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         crate::stream::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        crate::guest_trace::add_to_linker(&mut linker)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let kernel_dir = config.data_dir.join("kernels");
         let kernel_cache = KernelCache::new(
             KernelCacheConfig {
@@ -175,7 +177,7 @@ impl Runtime {
             config.backend.clone(),
             KernelDispatcher::with_metrics(config.dispatch.clone(), metrics.dispatch.clone()),
             Arc::new(kernel_cache),
-            metrics.kernel_seconds.clone(),
+            metrics.accounts.clone(),
             BlueprintKernels::new(
                 CacheBounds::entries(caches.blueprint_kernels),
                 metrics.blueprint_cache.clone(),

@@ -370,6 +370,13 @@ impl Runtime {
         instance: &Instance,
     ) -> Result<()> {
         let start = Instant::now();
+        crate::trace::note_snapshot(snapshot_id);
+        let span = tensor_wasm_telemetry::span!(
+            "restore snapshot",
+            tensor_wasm.snapshot = snapshot_id,
+            tensor_wasm.function = entry.record.id.as_str(),
+        );
+        let _in = span.enter();
         let restorable = self.restorable(entry, snapshot_id)?;
         let image = &restorable.image;
         let corrupt = |message: String| RuntimeError::SnapshotCorrupt {

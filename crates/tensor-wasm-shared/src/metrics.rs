@@ -118,3 +118,24 @@ impl SharedMetrics {
             .observe(seconds.max(0.0));
     }
 }
+
+/// The trace span of one shared-store call (`store` is `database` or
+/// `objects`, `what` the table or object key): a child of the caller's span
+/// (an invocation's, a request's). Disabled when traces are off.
+pub(crate) fn store_span(store: &str, what: &str) -> tracing::Span {
+    tensor_wasm_telemetry::span!(
+        "shared store",
+        otel.name = %format_args!("shared {store}"),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        db.system.name = if store == "database" { "postgresql" } else { "s3" },
+        db.collection.name = what,
+    )
+}
+
+/// Marks a shared-store call's span failed when it was.
+pub(crate) fn store_span_done(span: &tracing::Span, failed: bool) {
+    if failed && !span.is_disabled() {
+        span.record("otel.status_code", "ERROR");
+    }
+}

@@ -162,8 +162,20 @@ impl SharedStore {
         T: Send + 'static,
         Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
     {
+        self.timed_as(store, "", call)
+    }
+
+    /// [`SharedStore::timed`] of a call about `what` (a table, an object key).
+    pub(crate) fn timed_as<T, Fut>(&self, store: &str, what: &str, call: Fut) -> Shared<T>
+    where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
+    {
         let start = std::time::Instant::now();
+        let span = crate::metrics::store_span(store, what);
+        let _in = span.enter();
         let result = self.bridge.run(call);
+        crate::metrics::store_span_done(&span, result.is_err());
         if let Some(metrics) = &self.metrics {
             metrics.observe(store, start.elapsed().as_secs_f64(), &result);
             metrics.set_connections(self.db.counts());
@@ -189,7 +201,9 @@ impl SharedStore {
         F: FnOnce(Arc<Db>) -> Fut,
         Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
     {
-        self.run_db(body).map_err(|e| e.into_runtime(what))
+        let (db, call) = (self.db.clone(), body(self.db.clone()));
+        self.timed_as("database", what, async move { db.bounded(call).await })
+            .map_err(|e| e.into_runtime(what))
     }
 
     /// Runs the future `body` makes with the connections' holder on the store's runtime, with
@@ -201,7 +215,7 @@ impl SharedStore {
         F: FnOnce(Arc<Db>) -> Fut,
         Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
     {
-        self.timed("objects", body(self.db.clone()))
+        self.timed_as("objects", what, body(self.db.clone()))
             .map_err(|e| e.into_runtime(what))
     }
 
@@ -238,7 +252,7 @@ impl SharedStore {
         Fut: std::future::Future<Output = Shared<T>> + Send + 'static,
     {
         let what = key.to_string();
-        self.timed("objects", body(self.blobs.clone(), key))
+        self.timed_as("objects", &what, body(self.blobs.clone(), key))
             .map_err(|e| e.into_runtime(&what))
     }
 }

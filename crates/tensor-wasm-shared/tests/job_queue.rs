@@ -42,6 +42,7 @@ fn job(n: u64, tenant: &str) -> Job {
         cancel_requested: false,
         attempts: 0,
         idempotency_key: None,
+        traceparent: None,
     }
 }
 

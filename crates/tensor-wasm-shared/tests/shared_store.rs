@@ -1100,6 +1100,7 @@ fn lease_renewals_keep_their_period_during_large_deploys(pg: &Postgres, s3: &S3S
         cancel_requested: false,
         attempts: 0,
         idempotency_key: None,
+        traceparent: None,
     };
     let lease = Duration::from_secs(30);
     assert!(matches!(store.submit(&job, 10).unwrap(), Submitted::Added));

@@ -101,7 +101,7 @@ impl TenantMetrics {
                     .iter()
                     .any(|l| l.name() == name && l.value() == value)
             };
-            has("tenant", tenant_id) && has("quota", quota)
+            has("tenant", tensor_wasm_telemetry::labels::tenant(tenant_id)) && has("quota", quota)
         };
         families
             .iter()
@@ -111,6 +111,8 @@ impl TenantMetrics {
     }
 
     pub(crate) fn series(&self, tenant_id: &str) -> TenantSeries {
+        // Past the label limit, tenants share the `other` series (the gauges then sum them).
+        let tenant_id = tensor_wasm_telemetry::labels::tenant(tenant_id);
         TenantSeries {
             denied: std::array::from_fn(|i| {
                 self.denied.with_label_values(&[tenant_id, quota_label(i)])
@@ -123,6 +125,10 @@ impl TenantMetrics {
 
     /// Drops every series of `tenant_id` from the families.
     pub(crate) fn remove(&self, tenant_id: &str) {
+        if tensor_wasm_telemetry::labels::tenant(tenant_id) != tenant_id {
+            // Shared with other tenants: it stays.
+            return;
+        }
         for i in 0..QUOTA_LABELS {
             let _ = self
                 .denied

@@ -303,6 +303,19 @@ impl ServeProcess {
             .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
     }
 
+    /// The sum of the series of metric `name` whose labels include `label`
+    /// (such as `tenant="tn-…"`); 0 when there are none.
+    pub fn metric_sum(&self, name: &str, label: &str) -> f64 {
+        let text = String::from_utf8(self.get("/metrics").1).expect("UTF-8 metrics");
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .filter_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                series.contains(label).then(|| value.parse::<f64>().ok())?
+            })
+            .sum()
+    }
+
     /// Runs the CLI against this server with `stdin` as its input.
     pub fn cli(&self, args: &[&str], stdin: &[u8]) -> std::process::Output {
         let mut child = Command::new(&self.bin)

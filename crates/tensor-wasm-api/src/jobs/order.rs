@@ -111,6 +111,7 @@ mod tests {
             cancel_requested: false,
             attempts: 0,
             idempotency_key: None,
+            traceparent: None,
         };
         board.insert(job.clone()).unwrap();
         let path = dir.path().join(format!("jobs/{}.json", job.id));

@@ -197,6 +197,7 @@ impl Task {
             );
             return None;
         }
+        let started = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: the job was validated against the `memory_len` bytes of guest memory at
             // `job.memory`, which its Completion (never leaked, by the contract of
@@ -210,6 +211,7 @@ impl Task {
                     .run_slice(job.memory, job.memory_len, &self.part, &mut self.cursor)
             }
         }));
+        job.signal.add_worker_time(started.elapsed());
         match slice_outcome(outcome) {
             None => return Some(self),
             Some(outcome) => finish_part(&job, outcome.err()),

@@ -242,6 +242,7 @@ pub(super) unsafe fn spawn(
         .name("tenant-ptx".into())
         .spawn(move || {
             let memory = memory;
+            let started = std::time::Instant::now();
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let ptx = kernel
                     .downcast_ref::<InterpretedPtx>()
@@ -251,6 +252,7 @@ pub(super) unsafe fn spawn(
                 let memory = unsafe { std::slice::from_raw_parts_mut(memory.0, len) };
                 ptx.run(&config, &args, memory, thread_signal.cancel_flag())
             }));
+            thread_signal.add_worker_time(started.elapsed());
             thread_signal.finish(outcome.unwrap_or_else(|_| {
                 Err(GpuError::Cuda(String::from(
                     "the PTX interpreter panicked (internal error)",

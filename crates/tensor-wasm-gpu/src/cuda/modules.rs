@@ -274,6 +274,7 @@ impl CudaBackend {
             }
             Ok(Kernel {
                 kind: KernelKind::Ptx(function),
+                fingerprint: None,
             })
         })
     }

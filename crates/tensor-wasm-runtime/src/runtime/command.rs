@@ -254,6 +254,7 @@ impl Runtime {
         state.gpu = Some(crate::component_gpu::ComponentGpu::new(
             self.inner.gpu.clone(),
             &record.tenant,
+            &record.id,
             limits.raw_ptx,
             deadline,
             self.is_uvm_backed(),
@@ -263,6 +264,7 @@ impl Runtime {
             self.inner.nn.clone(),
             self.inner.gpu.clone(),
             &record.tenant,
+            &record.id,
             deadline,
             state.budget.nn_bytes(),
             self.is_uvm_backed(),

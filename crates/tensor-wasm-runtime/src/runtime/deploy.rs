@@ -202,6 +202,15 @@ impl Runtime {
         // A core module is cached (and its artifact written) only once the deploy has
         // succeeded: a module that compiles but fails to link or to pass the checks
         // below leaves nothing behind.
+        let compile = tensor_wasm_telemetry::span!(
+            "compile",
+            tensor_wasm.module.sha256 = sha.as_str(),
+            tensor_wasm.module.bytes = binary.len(),
+            tensor_wasm.module.component = component,
+            tensor_wasm.tenant = spec.tenant.as_str(),
+            faas.name = name,
+        );
+        let compiling = compile.enter();
         let (style, core, exports, typed_exports) = if component {
             let (style, typed_exports) = self.check_component(&sha, &binary)?;
             (style, None, Vec::new(), typed_exports)
@@ -219,6 +228,7 @@ impl Runtime {
             let exports = exports_of(module);
             (spec.style, Some((prepared, loaded)), exports, Vec::new())
         };
+        drop(compiling);
 
         // The commit: module, record and catalogue entry under the read side
         // of the retired set, so a tenant delete either sees this function

@@ -96,6 +96,7 @@ impl Runtime {
         }
         // Only a loaded module runs inline: loading one would block this thread.
         let prepared = self.cached_prepared(&entry.record.module_sha256)?;
+        crate::trace::note_coldstart(false);
         if !prepared.self_contained || !prepared.fits_inline {
             return None;
         }

@@ -70,7 +70,10 @@ impl Runtime {
         binary: Option<&[u8]>,
     ) -> Result<(Module, ModuleSource)> {
         let start = Instant::now();
+        let span = crate::trace::load_span(sha);
+        let _in = span.enter();
         if let Some(module) = self.inner.artifacts.load(&self.inner.engine, sha) {
+            span.record("tensor_wasm.module.source", "artifact");
             self.note_module_loaded(sha, ModuleSource::Artifact, start.elapsed());
             return Ok((module, ModuleSource::Artifact));
         }
@@ -86,6 +89,7 @@ impl Runtime {
             .map_err(|e| RuntimeError::InvalidModule(truncate_message(e)))?;
         let module = Module::from_binary(&self.inner.engine, &instrumented)
             .map_err(|e| RuntimeError::InvalidModule(truncate_message(format!("{e:#}"))))?;
+        span.record("tensor_wasm.module.source", "compiled");
         self.note_module_loaded(sha, ModuleSource::Compiled, start.elapsed());
         Ok((module, ModuleSource::Compiled))
     }
@@ -157,9 +161,10 @@ impl Runtime {
     pub(super) fn prepare(&self, module: &Module) -> Result<Prepared> {
         let pre = self.inner.linker.instantiate_pre(module).map_err(|e| {
             RuntimeError::InvalidModule(truncate_message(format!(
-                "{e:#} (functions may import only `{WASI_P1}`, `{}` and `{}`)",
+                "{e:#} (functions may import only `{WASI_P1}`, `{}`, `{}` and `{}`)",
                 crate::abi::MODULE,
-                crate::stream::MODULE
+                crate::stream::MODULE,
+                crate::guest_trace::MODULE
             )))
         })?;
         let needs_wasi = module.imports().any(|i| i.module() == WASI_P1);
@@ -222,12 +227,15 @@ impl Runtime {
     pub(crate) fn prepared(&self, entry: &FunctionEntry) -> Result<Arc<Prepared>> {
         let sha = &entry.record.module_sha256;
         if let Some(p) = self.cached_prepared(sha) {
+            crate::trace::note_coldstart(false);
             return Ok(p);
         }
         let _guard = entry.load_lock.lock().expect("lock");
         if let Some(p) = self.cached_prepared(sha) {
+            crate::trace::note_coldstart(false);
             return Ok(p);
         }
+        crate::trace::note_coldstart(true);
         let (module, source) = self.load_module(sha, None)?;
         let prepared = Arc::new(self.prepare(&module)?);
         self.keep_loaded(sha, source, &prepared);
@@ -268,6 +276,8 @@ impl Runtime {
             return (store, Err(wasmtime::Error::new(withheld)));
         }
         let start = Instant::now();
+        let span = crate::trace::instantiate_span(&record.id);
+        let _in = span.enter();
         let ticks = deadline_ticks.unwrap_or_else(|| self.deadline_ticks(limits));
         // The same deadline as wall time, for host calls (which epochs cannot stop).
         let deadline = start
@@ -282,6 +292,7 @@ impl Runtime {
         let gpu = prepared.needs_gpu.then(|| {
             GuestGpu::new(self.inner.gpu.clone(), limits.raw_ptx, deadline)
                 .with_tenant(&record.tenant)
+                .for_function(&record.id)
         });
         let mut state = InvocationState::new(limits.memory_limit_bytes, deadline, wasi, gpu);
         if prepared.needs_nn {
@@ -289,6 +300,7 @@ impl Runtime {
                 self.inner.nn.clone(),
                 self.inner.gpu.clone(),
                 &record.tenant,
+                &record.id,
                 deadline,
                 state.host_bytes(),
                 self.is_uvm_backed(),
@@ -296,6 +308,14 @@ impl Runtime {
         }
         if let Some(budget) = inline {
             state.cap_for_inline(budget.max_memory_bytes);
+        }
+        if self.inner.memory_creator.is_some() {
+            // Unified memory: the whole limit is reserved up front (below).
+            state.device_memory = Some(self.inner.gpu.accounts.hold(
+                &record.tenant,
+                &record.id,
+                limits.memory_limit_bytes,
+            ));
         }
         let mut store = Store::new(&self.inner.engine, state);
         store.limiter(|s| s.limiter());
@@ -317,6 +337,9 @@ impl Runtime {
             .metrics
             .instantiate_seconds
             .observe(start.elapsed().as_secs_f64());
+        if instance.is_err() {
+            span.record("otel.status_code", "ERROR");
+        }
         (store, instance)
     }
 }
