@@ -57,6 +57,64 @@ const TRACED_GUEST: &str = r#"(module
     (drop (call $end (local.get $outer)))
     (local.get $denied)))"#;
 
+/// A component that traces a step of its own (`tensor-wasm:trace`): `run`
+/// answers 0 when its attribute was set.
+const TRACED_COMPONENT: &str = r#"(component
+  (import "tensor-wasm:trace/spans@0.1.0" (instance $spans
+    (type $e (variant (case "invalid-argument" string) (case "limit-exceeded" string)
+      (case "permission-denied" string)))
+    (export "error" (type $e2 (eq $e)))
+    (export "span" (type $s (sub resource)))
+    (export "[static]span.start" (func (param "name" string) (result (result (own $s) (error $e2)))))
+    (export "[method]span.set" (func (param "self" (borrow $s)) (param "key" string)
+      (param "value" string) (result (result (error $e2)))))
+    (export "[method]span.end" (func (param "self" (borrow $s))))))
+  (alias export $spans "span" (type $span))
+  (core module $libc
+    (memory (export "memory") 1)
+    (global $next (mut i32) (i32.const 1024))
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32)
+      (local $at i32)
+      (local.set $at (global.get $next))
+      (global.set $next (i32.add (global.get $next) (local.get 3)))
+      (local.get $at)))
+  (core instance $libc (instantiate $libc))
+  (alias core export $libc "memory" (core memory $memory))
+  (alias core export $libc "realloc" (core func $realloc))
+  (core func $start (canon lower (func $spans "[static]span.start") (memory $memory)
+    (realloc $realloc)))
+  (core func $set (canon lower (func $spans "[method]span.set") (memory $memory)
+    (realloc $realloc)))
+  (core func $end (canon lower (func $spans "[method]span.end")))
+  (core func $drop (canon resource.drop $span))
+  (core module $main
+    (import "host" "memory" (memory 1))
+    (import "host" "start" (func $start (param i32 i32 i32)))
+    (import "host" "set" (func $set (param i32 i32 i32 i32 i32 i32)))
+    (import "host" "end" (func $end (param i32)))
+    (import "host" "drop" (func $drop (param i32)))
+    (data (i32.const 0) "component-step")
+    (data (i32.const 32) "items")
+    (data (i32.const 48) "3")
+    (func (export "run") (result i32)
+      (local $h i32)
+      (call $start (i32.const 0) (i32.const 14) (i32.const 512))
+      (if (i32.load8_u (i32.const 512)) (then (return (i32.const 99))))
+      (local.set $h (i32.load (i32.const 516)))
+      (call $set (local.get $h) (i32.const 32) (i32.const 5) (i32.const 48) (i32.const 1)
+        (i32.const 544))
+      (call $end (local.get $h))
+      (call $drop (local.get $h))
+      (i32.load8_u (i32.const 544))))
+  (core instance $i (instantiate $main (with "host" (instance
+    (export "memory" (memory $memory))
+    (export "start" (func $start))
+    (export "set" (func $set))
+    (export "end" (func $end))
+    (export "drop" (func $drop))))))
+  (func $run (result u32) (canon lift (core func $i "run")))
+  (export "run" (func $run)))"#;
+
 /// One exported span, as both readers give it.
 #[derive(Debug, Clone)]
 struct SpanRec {
@@ -228,6 +286,7 @@ struct Workload {
     caller_span: String,
     vadd: String,
     traced: String,
+    component: String,
     stream: String,
     job: String,
 }
@@ -244,6 +303,17 @@ fn run_workload(server: &ServeProcess) -> Workload {
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
     let traced = json_of(&body)["id"].as_str().unwrap().to_owned();
     let stream = server.deploy(&examples().join("stream.wat"), "name=stream");
+    let (status, body, _) = server.post(
+        "/functions?name=traced-component",
+        "application/wasm",
+        TRACED_COMPONENT.as_bytes(),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let component = json_of(&body)["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        server.call(&component, "run", json!([])),
+        (200, json!({"results": [0]}))
+    );
 
     let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736".to_owned();
     let caller_span = "00f067aa0ba902b7".to_owned();
@@ -294,6 +364,7 @@ fn run_workload(server: &ServeProcess) -> Workload {
         caller_span,
         vadd,
         traced,
+        component,
         stream,
         job,
     }
@@ -385,6 +456,18 @@ fn check_tree(spans: &[SpanRec], work: &Workload) {
     let inner = find("guest span inner", &|s| s.name == "inner");
     assert_eq!(inner.parent.as_deref(), Some(prepare.span_id.as_str()));
     assert_eq!(inner.attr("faas.name"), None);
+
+    // A component's own span, under its invocation.
+    let component_faas = find("FaaS of the traced component", &|s| {
+        s.attr("tensor_wasm.function") == Some(work.component.as_str())
+            && s.attr("faas.trigger").is_some()
+    });
+    let step = find("component span", &|s| s.name == "component-step");
+    assert_eq!(
+        step.parent.as_deref(),
+        Some(component_faas.span_id.as_str())
+    );
+    assert_eq!(step.attr("items"), Some("3"));
 
     // The stream: its FaaS span under its server span.
     let stream = find("FaaS of the stream", &|s| {

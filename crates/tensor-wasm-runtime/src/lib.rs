@@ -39,6 +39,7 @@ mod guest_gpu;
 pub mod guest_trace;
 mod instrument;
 mod invocation_state;
+mod launch;
 pub mod layout;
 mod metrics;
 mod model_store;

@@ -1,4 +1,4 @@
-//! The WIT packages of `sdk/wit/` (the GPU for components) parse and resolve with
+//! The WIT packages of `sdk/wit/` (the GPU and guest spans for components) parse and resolve with
 //! `wit-parser`, carry a version, and docs/components.md describes each of their interfaces,
 //! functions and world.
 
@@ -13,15 +13,26 @@ fn root() -> PathBuf {
 
 #[test]
 fn the_gpu_wit_package_resolves_and_is_documented() {
+    resolves_and_is_documented("gpu");
+}
+
+#[test]
+fn the_trace_wit_package_resolves_and_is_documented() {
+    resolves_and_is_documented("trace");
+}
+
+/// `sdk/wit/<name>.wit` is package `tensor-wasm:<name>@0.1.0`, and docs/components.md
+/// names each of its interfaces, functions and worlds.
+fn resolves_and_is_documented(name: &str) {
     let root = root();
     let mut resolve = wit_parser::Resolve::default();
     let (package, _) = resolve
-        .push_path(root.join("sdk/wit/gpu.wit"))
-        .unwrap_or_else(|e| panic!("sdk/wit/gpu.wit: {e:#}"));
+        .push_path(root.join(format!("sdk/wit/{name}.wit")))
+        .unwrap_or_else(|e| panic!("sdk/wit/{name}.wit: {e:#}"));
     let package = &resolve.packages[package];
     assert_eq!(
         (package.name.namespace.as_str(), package.name.name.as_str()),
-        ("tensor-wasm", "gpu")
+        ("tensor-wasm", name)
     );
     assert_eq!(
         package
