@@ -12,7 +12,7 @@ run:
 	$(CARGO) run --release -p tensor-wasm-cli -- serve --listen $(LISTEN) --data-dir $(DATA_DIR)
 
 ## Everything CI checks: formatting, clippy, the whole test suite, docs.
-test: deps examples fmt-check clippy unit doc deploy-check icount perf-doc-check api-conformance
+test: deps examples fmt-check clippy unit doc deploy-check icount perf-doc-check api-conformance otel-check
 
 ci: test
 
@@ -115,6 +115,12 @@ image:
 ## (replicaCount>1 must fail), docs/deploy.md reference up to date.
 deploy-check: deps
 	@scripts/deploy-check.sh
+
+.PHONY: otel-check
+## The server's traces read back from a real trace store (Arize Phoenix from PyPI, pinned,
+## installed into .tools/otel-store when missing: about 50 s the first time, 853 MB).
+otel-check:
+	@scripts/otel-check.sh
 
 .PHONY: api-conformance
 ## The OpenAPI document against a real server: schemathesis (pinned, installed

@@ -47,6 +47,15 @@ SCENARIOS: dict[str, dict] = {
         "persistence": {"storageClass": "fast", "size": "50Gi"},
         "imagePullSecrets": [{"name": "regcred"}],
     },
+    "otel traces to a collector": {
+        "otel": {
+            "endpoint": "http://otel-collector.observability:4318",
+            "sampler": "traceidratio",
+            "samplerArg": 0.25,
+            "resourceAttributes": "deployment.environment=prod",
+            "headersSecret": {"name": "otlp-auth", "key": "headers"},
+        },
+    },
     "existing secret and claim, metrics token off": {
         "persistence": {"existingClaim": "my-data"},
         "metrics": {"token": {"enabled": False}},
@@ -301,6 +310,20 @@ def check_promises(scenario: str, values: dict, objs: list[dict]) -> None:
                    "ServiceMonitor bearer token is the server's metrics token")
     else:
         expect("TENSOR_WASM_METRICS_TOKEN" not in env, scenario, "no metrics token env")
+    otel = values.get("otel", {})
+    if otel.get("endpoint"):
+        expect(env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == otel["endpoint"], scenario,
+               "OTLP endpoint")
+        expect(env["OTEL_TRACES_SAMPLER_ARG"]["value"] == str(otel.get("samplerArg", "1.0")),
+               scenario, "sampler ratio")
+        expect(env["TENSOR_WASM_OTEL_TRUST_REMOTE_SAMPLED"]["value"] == "false", scenario,
+               "a caller's sampled flag is not trusted by default")
+        if otel.get("headersSecret", {}).get("name"):
+            ref = env["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"]["secretKeyRef"]
+            expect(ref == otel["headersSecret"], scenario, "OTLP headers from the Secret")
+    else:
+        expect(not any(name.startswith("OTEL_") for name in env), scenario,
+               "no OTEL_ variables unless an endpoint is set")
     wants_sm = values.get("metrics", {}).get("serviceMonitor", {}).get("enabled", False)
     expect(bool(by_kind.get("ServiceMonitor")) == wants_sm, scenario, "ServiceMonitor iff enabled")
     wants_pdb = values.get("podDisruptionBudget", {}).get("enabled", True)

@@ -643,6 +643,37 @@ def fence_overhead_section(out):
     out.append("")
 
 
+def otel_cost_section(out):
+    """What exporting every request's spans costs an invoke (scripts/otel-cost.sh)."""
+    runs = sorted(glob.glob(os.path.join(RESULTS, "otel-cost", "*.json")))
+    out.append("## Trace export: what it costs an invoke\n")
+    if not runs:
+        out.append("No otel-cost run file is committed yet (`bash scripts/otel-cost.sh`).\n")
+        return
+    path = runs[-1]
+    doc = load(path)
+    summary = doc["summary"]
+    out.append(f"From {provenance(path, doc)}. Method, as recorded: {doc['description']} "
+               f"{doc['config']['rounds']} rounds of {doc['config']['round_seconds']} s, "
+               f"{doc['config']['connections']} connections. With export off no span is made "
+               "(docs/observability.md).\n")
+    out.append("| | req/s, median [min … max] | p50 µs, median | p99 µs, median | server CPU µs/req, median |")
+    out.append("|---|---|---|---|---|")
+    for key, label in (("off", "traces off"), ("on", "every request traced and exported")):
+        side = summary[key]
+        rps = side["req_per_s"]
+        cpu = side["cpu_us_per_req"]
+        cpu_text = "n/a" if cpu is None else f"{cpu['median']:.1f}"
+        out.append(f"| {label} | {rps['median']:.0f} [{rps['min']:.0f} … {rps['max']:.0f}] | "
+                   f"{side['p50_us']['median']:.0f} | {side['p99_us']['median']:.0f} | {cpu_text} |")
+    ratio = summary["ratio_req_per_s_on_over_off"]
+    out.append("")
+    out.append(f"On/off throughput, median of the per-round ratios: {ratio['median']:.3f} "
+               f"(per round: {', '.join(f'{r:.3f}' for r in ratio['per_round'])}); p50 on/off "
+               f"{summary['ratio_p50_on_over_off']:.3f}. Spans exported {summary['spans_exported']}, "
+               f"dropped {summary['spans_dropped']}.\n")
+
+
 def interp_speed_section(out):
     """How fast the PTX interpreter runs tenant kernels (`make interp-speed`)."""
     runs = sorted(glob.glob(os.path.join(RESULTS, "interp-speed", "*.json")))
@@ -868,6 +899,7 @@ def render():
     tail_latency_section(out)
     fence_overhead_section(out)
     interp_speed_section(out)
+    otel_cost_section(out)
     throughput_section(out, cited)
     out += ["## Run files", "",
             f"Every committed run file, and which figures cite it: [{PAGES_DIR}/run-files.md]"

@@ -116,4 +116,31 @@ static inline int32_t tw_launch(int32_t kernel, uint32_t gx, uint32_t gy, uint32
                          (int32_t)bz, (int32_t)shared_bytes, args, (int32_t)(nargs * sizeof(tw_arg)));
 }
 
+/*
+ * Guest spans ("tw:trace"): a function's own spans, joined to its invocation's
+ * trace (docs/observability.md). tw_span_start returns a handle (>= 0) or a
+ * TW_ERR_* code; a span is a child of the innermost span still open, else of
+ * the invocation's. Ending a span ends the spans started inside it; the
+ * invocation's end ends whatever is left. Limits: 256 spans per invocation, 32
+ * attributes per span, names and keys of at most 128 bytes, values of at most
+ * 1024 (TW_ERR_LIMIT_EXCEEDED); keys under "faas.", "tensor_wasm." and "otel."
+ * are the host's (TW_ERR_PERMISSION_DENIED). Without trace export the calls
+ * succeed and record nothing.
+ */
+#define TW_TRACE_IMPORT(name) __attribute__((import_module("tw:trace"), import_name(name)))
+
+TW_TRACE_IMPORT("span_start") int32_t tw_span_start_n(const char *name, uint32_t len);
+TW_TRACE_IMPORT("span_set")
+int32_t tw_span_set_n(int32_t span, const char *key, uint32_t key_len, const char *value,
+                      uint32_t value_len);
+TW_TRACE_IMPORT("span_end") int32_t tw_span_end(int32_t span);
+
+static inline int32_t tw_span_start(const char *name) {
+    return tw_span_start_n(name, (uint32_t)strlen(name));
+}
+
+static inline int32_t tw_span_set(int32_t span, const char *key, const char *value) {
+    return tw_span_set_n(span, key, (uint32_t)strlen(key), value, (uint32_t)strlen(value));
+}
+
 #endif /* TENSOR_WASM_H */

@@ -123,10 +123,10 @@ impl Telemetry {
         &self.stats
     }
 
-    /// Sends what is queued (at most `timeout`) and stops exporting.
+    /// Sends what is queued, waiting at most `timeout` (a collector that does
+    /// not answer is left behind), and stops exporting.
     pub fn shutdown(self, timeout: Duration) {
         ENABLED.store(false, Ordering::Relaxed);
-        let _ = self.provider.force_flush();
         let _ = self.provider.shutdown_with_timeout(timeout);
     }
 }
