@@ -111,6 +111,11 @@ impl Telemetry {
             .with_tracer(self.provider.tracer("tensor-wasm"))
             .with_location(false)
             .with_threads(false)
+            // No busy/idle timing on every enter and exit (two clock reads and two
+            // attributes a span), and no OpenTelemetry context made current there:
+            // context is read from the span itself (`context.rs`).
+            .with_tracked_inactivity(false)
+            .with_context_activation(false)
             .with_target(false)
             .with_level(false)
             .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
