@@ -79,6 +79,7 @@ ICOUNT_PATHS = {
     "tenant_lookup/lookup_256": "TenantRegistry::lookup of a tenant among 256",
     "tenant_authenticate/authenticate_256": "TenantRegistry::authenticate of a bearer secret (SHA-256, map, constant-time compare)",
     "snapshot/read_portable_meta": "read_portable_meta: header, metadata checksum, decode, module-hash check",
+    "telemetry_off/request_hooks": "the trace hooks one invoke runs with traces off (spans not made: a flag check each)",
 }
 
 

@@ -21,6 +21,7 @@
 //! | `cpu_kernel/vector_add_4`              | `vector_add[4]`, 64 Ki f32, as the CPU backend's parts    |
 //! | `cpu_kernel/matmul_64`                 | `matmul[16x16x16]`, 64³ f32: the blocked multiply        |
 //! | `cpu_kernel/conv2d_3x3`                | `conv2d[3x3,s1,p1]`, 8 × 16 × 16 into 8 channels         |
+//! | `telemetry_off/request_hooks`          | the trace hooks of one invoke with traces off            |
 
 use std::hint::black_box;
 
@@ -28,8 +29,8 @@ use gungraun::{library_benchmark, library_benchmark_group, main};
 use tensor_wasm_dispatch::KernelDispatcher;
 use tensor_wasm_icount::{
     cpu_conv2d, cpu_matmul, cpu_vector_add, dispatch_once, dispatcher, fingerprint_input,
-    matmul_launch, portable_snapshot, tenants, vector_add_launch, warm_cache, CpuKernel, Launch,
-    Snapshot, Tenants,
+    matmul_launch, portable_snapshot, telemetry_off_request, tenants, traced_headers,
+    vector_add_launch, warm_cache, CpuKernel, Launch, Snapshot, Tenants,
 };
 use tensor_wasm_jit::{Blueprint, CacheKey, Fingerprint, KernelCache, PtxTarget};
 
@@ -104,6 +105,13 @@ fn cpu_kernel(mut kernel: CpuKernel) -> CpuKernel {
     kernel
 }
 
+#[library_benchmark]
+#[bench::request_hooks(traced_headers())]
+fn telemetry_off(headers: http::HeaderMap) -> http::HeaderMap {
+    telemetry_off_request(black_box(&headers));
+    headers
+}
+
 library_benchmark_group!(
     name = hot_paths,
     benchmarks = [
@@ -114,7 +122,8 @@ library_benchmark_group!(
         tenant_lookup,
         tenant_authenticate,
         snapshot,
-        cpu_kernel
+        cpu_kernel,
+        telemetry_off
     ]
 );
 

@@ -362,6 +362,57 @@ pub fn cpu_conv2d() -> CpuKernel {
     )
 }
 
+/// The request headers of [`telemetry_off_request`]: a caller's `traceparent`
+/// (which the hooks must not even parse when traces are off).
+pub fn traced_headers() -> http::HeaderMap {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        "traceparent",
+        http::HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    );
+    telemetry_off_request(&headers);
+    headers
+}
+
+/// The telemetry hooks one export call runs with traces off, in the order the
+/// request path runs them (`tensor-wasm-api` `edge.rs`, `trace.rs`,
+/// `routes.rs`; `tensor-wasm-runtime` `trace.rs`, `load.rs`, `launch.rs`): the
+/// server span and its parent, entered on a poll and at the answer; the FaaS
+/// span around the call; the coldstart note, the instantiate span, a kernel
+/// span with its outcome. Each is one flag check when traces are off.
+pub fn telemetry_off_request(headers: &http::HeaderMap) {
+    use tensor_wasm_telemetry::span;
+    let server = span!(
+        "http",
+        otel.kind = "server",
+        trace_id = tracing::field::Empty
+    );
+    tensor_wasm_telemetry::adopt_remote_parent(&server, headers);
+    let polled = server.enter();
+    let faas = span!("faas", faas.coldstart = tracing::field::Empty);
+    faas.in_scope(|| {
+        if tensor_wasm_telemetry::enabled() {
+            tracing::Span::current().record("faas.coldstart", false);
+        }
+        let instantiate = span!("instantiate");
+        drop(instantiate.enter());
+        let kernel = span!("kernel", tensor_wasm.kernel.run_us = tracing::field::Empty);
+        let launched = kernel.enter();
+        drop(launched);
+        if !kernel.is_disabled() {
+            kernel.record("tensor_wasm.kernel.run_us", 1u64);
+        }
+    });
+    if !faas.is_disabled() {
+        faas.record("faas.coldstart", false);
+    }
+    drop(polled);
+    if !server.is_disabled() {
+        server.record("trace_id", "-");
+    }
+    drop(server.enter());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
