@@ -484,9 +484,14 @@ fn upstreams() -> (u16, u16) {
             while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
                 head.push(byte[0]);
             }
-            let head = String::from_utf8_lossy(&head);
+            let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
             let path = head.split(' ').nth(1).unwrap_or("?");
-            let body = format!("upstream saw {path}");
+            // A W3C trace context, when the server exports traces, is said so.
+            let traced = match head.split("\r\ntraceparent: ").nth(1) {
+                Some(rest) if rest.starts_with("00-") => " (traced)",
+                _ => "",
+            };
+            let body = format!("upstream saw {path}{traced}");
             let _ = write!(
                 conn,
                 "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -543,6 +548,36 @@ fn outgoing_http_reaches_only_allowed_origins_and_ends_at_the_deadline() {
         (200, json!({"status": 200, "body": "upstream saw /again"}))
     );
     server.terminate();
+
+    // With traces exported, the component's outgoing request carries `traceparent` (the
+    // collector here refuses connections: spans are dropped, requests are not slowed).
+    let dir = tempfile::tempdir().unwrap();
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let collector = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let traced = ServeProcess::start_with_env(
+        Path::new(BIN),
+        dir.path(),
+        &["--outgoing-http-allow", &allow],
+        &[(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            std::ffi::OsStr::new(&collector),
+        )],
+        "warn",
+        std::process::Stdio::inherit(),
+    );
+    let id = traced.deploy(
+        &wasm,
+        "name=api&timeout_ms=3000&memory_limit_bytes=134217728",
+    );
+    let path = format!("/functions/{id}/http/fetch?url=http://127.0.0.1:{answering}/t");
+    assert_eq!(
+        json_answer(request(&traced, "GET", &path, &[], b"")),
+        (
+            200,
+            json!({"status": 200, "body": "upstream saw /t (traced)"})
+        )
+    );
 }
 
 /// A malformed allow-list stops the server at start with the reason.
