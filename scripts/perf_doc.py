@@ -646,7 +646,12 @@ def fence_overhead_section(out):
 
 def otel_cost_section(out):
     """What exporting every request's spans costs an invoke (scripts/otel-cost.sh)."""
-    runs = sorted(glob.glob(os.path.join(RESULTS, "otel-cost", "*.json")))
+    # <date>.json, then <date>-2.json, <date>-3.json, ... the same day.
+    def order(path):
+        name = os.path.basename(path)[:-len(".json")]
+        parts = name.split("-")
+        return (name[:10], int(parts[3]) if len(parts) > 3 else 1)
+    runs = sorted(glob.glob(os.path.join(RESULTS, "otel-cost", "*.json")), key=order)
     out.append("## Trace export: what it costs an invoke\n")
     if not runs:
         out.append("No otel-cost run file is committed yet (`bash scripts/otel-cost.sh`).\n")
