@@ -691,6 +691,113 @@ fn kernels_are_accounted_per_function_under_bounded_labels() {
     );
 }
 
+/// Scaled out over PostgreSQL and S3: shared-store calls are client spans
+/// under the request that made them, and an async job whose replica died is
+/// run by another replica, whose span links to the submitting request (the
+/// `traceparent` kept in the shared job record).
+#[test]
+fn shared_store_calls_and_a_job_moved_across_replicas_are_traced() {
+    use tensor_wasm_test_support::serve::Replicas;
+    use tensor_wasm_test_support::servers::{Postgres, S3Server};
+
+    let receiver = Receiver::start();
+    let pg = Postgres::start();
+    let s3 = S3Server::start();
+    s3.create_bucket("tw-traced");
+    let database = pg.create_database("traced");
+    let args = [
+        "--store",
+        database.as_str(),
+        "--blob-store",
+        "s3://tw-traced/e2e",
+        "--job-lease-s",
+        "1",
+        "--job-poll-ms",
+        "100",
+    ];
+    let mut env = s3.client_env();
+    env.push((
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        receiver.endpoint.clone().into(),
+    ));
+    env.push(("OTEL_BSP_SCHEDULE_DELAY", "100".into()));
+    let set = Replicas::new(bin(), 2, &args, env, "warn");
+    let a = set.start_in(set.dirs[0].path(), &["--replica-name", "A"]);
+    let b = set.start_in(set.dirs[1].path(), &["--replica-name", "B"]);
+
+    let nap = a.deploy(&examples().join("sleep.wat"), "name=nap");
+    let caller_trace = "5bf92f3577b34da6a3ce929d0e0e4737";
+    let answer = ServeProcess::agent()
+        .post(&a.url(&format!("/functions/{nap}/invoke-async")))
+        .set("authorization", &a.auth())
+        .set(
+            "traceparent",
+            &format!("00-{caller_trace}-10f067aa0ba902b8-01"),
+        )
+        .send_json(json!({"export": "nap", "args": [3000]}))
+        .expect("submit");
+    assert_eq!(answer.status(), 202);
+    let job = answer.into_json::<Value>().unwrap()["job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A runs it (jobs submitted to a replica wake it at once); it dies mid-job.
+    wait_until(Duration::from_secs(10), "A runs the job", || {
+        pg.query(
+            "traced",
+            &format!("SELECT id FROM tw_jobs WHERE id = '{job}' AND lease_owner = 'A'"),
+        )
+        .len()
+            == 1
+    });
+    a.kill9();
+    wait_until(Duration::from_secs(30), "B finishes the job", || {
+        json_of(&b.get(&format!("/jobs/{job}")).1)["status"] == "succeeded"
+    });
+    wait_until(Duration::from_secs(10), "B's job span is exported", || {
+        receiver
+            .spans()
+            .iter()
+            .any(|s| s.attr("faas.invocation_id") == Some(job.as_str()))
+    });
+    let spans = receiver.spans();
+    // Only B can have exported the job's span: A died with it open.
+    let run = spans
+        .iter()
+        .find(|s| s.attr("faas.invocation_id") == Some(job.as_str()))
+        .unwrap();
+    assert_eq!(run.parent, None);
+    let links = run.links.as_ref().unwrap();
+    assert_eq!(links.len(), 1, "{run:#?}");
+    assert_eq!(
+        links[0].0, caller_trace,
+        "the run links to the submitting request's trace"
+    );
+    // The submit's shared-store calls (B's reads of the job included) are client spans.
+    let store_calls: Vec<&SpanRec> = spans
+        .iter()
+        .filter(|s| s.name == "shared database" || s.name == "shared objects")
+        .collect();
+    assert!(
+        store_calls
+            .iter()
+            .any(|s| s.attr("db.system.name") == Some("postgresql") && s.kind == Some(3)),
+        "{store_calls:#?}"
+    );
+    assert!(store_calls
+        .iter()
+        .any(|s| s.attr("db.system.name") == Some("s3") && s.parent.is_some()));
+    let by_id: BTreeMap<&str, &SpanRec> = spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
+    assert!(
+        store_calls.iter().any(|s| s
+            .parent
+            .as_deref()
+            .and_then(|p| by_id.get(p))
+            .is_some_and(|p| p.name == "POST /functions")),
+        "the deploy's uploads are children of its request"
+    );
+}
+
 /// The same workload against a real trace store: `make otel-check` starts
 /// one (Arize Phoenix, `scripts/otel-store.sh`) and names its URL in
 /// `TENSOR_WASM_OTEL_STORE`. The store keeps neither span kinds nor links,
