@@ -2,7 +2,7 @@
 //!
 //! Spans are ordinary [`tracing`] spans under the target [`TARGET`]; when
 //! traces are configured ([`Settings::from_env`]) a `tracing-opentelemetry`
-//! layer turns them into OpenTelemetry spans and [`export`]'s queue sends
+//! layer turns them into OpenTelemetry spans and the export queue (`export.rs`) sends
 //! them over OTLP. When they are not, no such span is made at all: every
 //! place that would make one asks [`enabled`] first (one relaxed load), so
 //! the request path is what it was without telemetry.
