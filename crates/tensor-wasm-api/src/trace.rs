@@ -19,21 +19,8 @@ pub(crate) fn faas_span(invocation_id: &str, function: &str, tenant: &str) -> Sp
     if !tensor_wasm_telemetry::enabled() {
         return Span::none();
     }
-    tracing::info_span!(
-        target: "tensor_wasm::trace",
-        "faas",
-        otel.name = %format_args!("invoke {function}"),
-        otel.kind = "internal",
-        otel.status_code = Empty,
-        faas.trigger = HTTP,
-        faas.invocation_id = invocation_id,
-        faas.name = function,
-        faas.coldstart = Empty,
-        tensor_wasm.function = function,
-        tensor_wasm.tenant = tenant,
-        tensor_wasm.snapshot = Empty,
-        tensor_wasm.error = Empty,
-    )
+    let parent = Span::current().id();
+    faas(parent, "internal", HTTP, invocation_id, function, tenant)
 }
 
 /// The span of async job `job` of `function` by `tenant`: a root (the job
@@ -48,15 +35,32 @@ pub(crate) fn job_span(
     if !tensor_wasm_telemetry::enabled() {
         return Span::none();
     }
-    let span = tracing::info_span!(
+    let span = faas(None, "consumer", JOB, job, function, tenant);
+    if let Some(traceparent) = submitted_by {
+        tensor_wasm_telemetry::link_to(&span, traceparent);
+    }
+    tensor_wasm_telemetry::record_trace_id(&span);
+    span
+}
+
+/// A FaaS span under `parent` (`None`: a root).
+fn faas(
+    parent: Option<tracing::Id>,
+    kind: &'static str,
+    trigger: &'static str,
+    invocation_id: &str,
+    function: &str,
+    tenant: &str,
+) -> Span {
+    tracing::info_span!(
         target: "tensor_wasm::trace",
-        parent: None,
+        parent: parent,
         "faas",
         otel.name = %format_args!("invoke {function}"),
-        otel.kind = "consumer",
+        otel.kind = kind,
         otel.status_code = Empty,
-        faas.trigger = JOB,
-        faas.invocation_id = job,
+        faas.trigger = trigger,
+        faas.invocation_id = invocation_id,
         faas.name = function,
         faas.coldstart = Empty,
         tensor_wasm.function = function,
@@ -64,12 +68,7 @@ pub(crate) fn job_span(
         tensor_wasm.snapshot = Empty,
         tensor_wasm.error = Empty,
         trace_id = Empty,
-    );
-    if let Some(traceparent) = submitted_by {
-        tensor_wasm_telemetry::link_to(&span, traceparent);
-    }
-    tensor_wasm_telemetry::record_trace_id(&span);
-    span
+    )
 }
 
 /// The request id of a request the edge has seen (it sets one on every request).

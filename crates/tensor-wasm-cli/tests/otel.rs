@@ -726,6 +726,16 @@ fn shared_store_calls_and_a_job_moved_across_replicas_are_traced() {
     let b = set.start_in(set.dirs[1].path(), &["--replica-name", "B"]);
 
     let nap = a.deploy(&examples().join("sleep.wat"), "name=nap");
+    // A is killed below: what it exported of the deploy must have arrived first.
+    wait_until(
+        Duration::from_secs(10),
+        "A's deploy spans are exported",
+        || {
+            let spans = receiver.spans();
+            spans.iter().any(|s| s.name == "POST /functions")
+                && spans.iter().any(|s| s.attr("db.system.name") == Some("s3"))
+        },
+    );
     let caller_trace = "5bf92f3577b34da6a3ce929d0e0e4737";
     let answer = ServeProcess::agent()
         .post(&a.url(&format!("/functions/{nap}/invoke-async")))
