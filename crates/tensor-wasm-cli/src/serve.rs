@@ -310,6 +310,11 @@ pub struct ServeArgs {
     /// under `function="other"`.
     #[arg(long, env = "TENSOR_WASM_METRICS_MAX_FUNCTIONS", default_value_t = tensor_wasm_telemetry::labels::DEFAULT_MAX_FUNCTIONS)]
     metrics_max_functions: usize,
+    /// Time each CUDA kernel on the device, between timing events recorded around it: kernel
+    /// seconds are then device time (`timing="cuda_event"`) instead of launch to completion.
+    /// Timing events cost the driver a little more per launch.
+    #[arg(long, env = "TENSOR_WASM_CUDA_TIMING_EVENTS")]
+    cuda_timing_events: bool,
 }
 
 /// Logging to stderr (text or JSON lines) and, when the `OTEL_*` variables
@@ -429,6 +434,7 @@ impl ServeArgs {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let telemetry = init_logging(args.log_format, args.otel_trust_remote_sampled)?;
     tensor_wasm_telemetry::labels::configure(args.metrics_max_tenants, args.metrics_max_functions);
+    tensor_wasm_gpu::set_cuda_timing_events(args.cuda_timing_events);
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -104,7 +104,8 @@ fn doctor_says_the_driver_is_the_stand_in() {
 
 #[test]
 fn guests_launch_kernels_on_the_cuda_backend_over_the_stand_in() {
-    let standin = StandIn::new(&[]);
+    // Kernels timed between timing events (the stand-in's are host time, not a GPU's).
+    let standin = StandIn::new(&[("TENSOR_WASM_CUDA_TIMING_EVENTS", "true")]);
     let data = tempfile::tempdir().unwrap();
     let server = standin.serve(data.path());
 
@@ -112,6 +113,16 @@ fn guests_launch_kernels_on_the_cuda_backend_over_the_stand_in() {
     assert_eq!(
         server.call(&vadd, "run", json!([4096])),
         (200, json!({"results": [4096]}))
+    );
+    let series = format!(
+        "tensor_wasm_tenant_kernel_seconds_total{{backend=\"cuda\",function=\"{vadd}\",\
+         tenant=\"{}\",timing=\"cuda_event\"}}",
+        server.tenant_id()
+    );
+    assert!(
+        server.metric(&series).is_some_and(|s| s > 0.0),
+        "{series} in {}",
+        String::from_utf8_lossy(&server.get("/metrics").1)
     );
     // Hostile pointers are refused before any launch.
     assert_eq!(

@@ -27,6 +27,8 @@ pub(crate) struct Signal {
     /// Nanoseconds CPU workers spent running the work, summed over threads; `u64::MAX`
     /// (the default) for work that is not timed so (a CUDA kernel's).
     worker_ns: AtomicU64,
+    /// Nanoseconds a CUDA kernel ran on the device (timing events), `NOT_TIMED` without.
+    device_ns: AtomicU64,
 }
 
 /// What [`Completion::cancel`] runs besides setting the flag.
@@ -44,6 +46,19 @@ struct SignalState {
 pub struct KernelTimer(Arc<Signal>);
 
 impl KernelTimer {
+    /// The device time of a CUDA kernel between timing events around it, once it has
+    /// finished; `None` when launches are not timed (`--cuda-timing-events`) or it was not a
+    /// CUDA kernel.
+    pub fn device_time(&self) -> Option<Duration> {
+        if !self.0.done.load(Ordering::Acquire) {
+            return None;
+        }
+        match self.0.device_ns.load(Ordering::Acquire) {
+            NOT_TIMED => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+
     /// The time CPU workers spent running the kernel, summed over threads, once it has
     /// finished; `None` for a kernel not run by CPU workers (a CUDA kernel) or not finished.
     pub fn worker_time(&self) -> Option<Duration> {
@@ -71,6 +86,7 @@ impl Default for Signal {
             cancel_requested: AtomicBool::new(false),
             on_cancel: Mutex::new(None),
             worker_ns: AtomicU64::new(NOT_TIMED),
+            device_ns: AtomicU64::new(NOT_TIMED),
         }
     }
 }
@@ -81,6 +97,13 @@ const NOT_TIMED: u64 = u64::MAX;
 impl Signal {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// Sets the device time of the work (before it is finished).
+    pub(crate) fn set_device_time(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(NOT_TIMED - 1);
+        self.device_ns
+            .store(ns.min(NOT_TIMED - 1), Ordering::Release);
     }
 
     /// Adds `took` to the CPU worker time of the work (before it is finished, so a waiter

@@ -50,6 +50,7 @@ use crate::{
     KernelProgram, LaunchConfig, TenantKey, TenantLaneStats,
 };
 
+pub use self::events::set_timing_events;
 pub(crate) use self::events::BlockingEvent;
 pub(crate) use self::launch::{driver_config, params_for_layout, push_params, Param};
 pub(crate) use self::modules::param_sizes;

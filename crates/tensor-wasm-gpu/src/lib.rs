@@ -105,6 +105,7 @@ use std::sync::Arc;
 
 pub use completion::{Completion, KernelTimer};
 pub use cpu::tenant_ptx::MAX_TENANT_PTX_BYTES;
+pub use cuda::set_timing_events as set_cuda_timing_events;
 pub use device::{discover, CudaDeviceInfo, Device, DeviceChoice, Discovery};
 pub use error::GpuError;
 pub use isolation::{

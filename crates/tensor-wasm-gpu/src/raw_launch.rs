@@ -39,7 +39,7 @@ impl BlockingSyncEvent {
     /// # Errors
     /// `Cuda` when the driver cannot create it.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
-        crate::cuda::BlockingEvent::new(ctx)
+        crate::cuda::BlockingEvent::new(ctx, false)
             .map(|event| Self { event })
             .map_err(|error| GpuError::cuda("creating a blocking-sync event", error))
     }

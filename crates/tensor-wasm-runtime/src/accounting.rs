@@ -4,9 +4,10 @@
 //! Kernel time is what each backend can say of it, labelled by `timing`:
 //! `cpu_worker` on the CPU backend (the wall time of worker threads on the
 //! launch's slices, summed over threads: two workers for one second are two
-//! seconds); `launch_to_completion` on CUDA (from the launch to its
-//! completion event, queueing on the device included), as device-side event
-//! timing is not built. Tenant and function labels are bounded
+//! seconds); on CUDA `cuda_event` (device time between timing events
+//! recorded around the kernel, with `--cuda-timing-events`) or else
+//! `launch_to_completion` (from the launch to its completion event, queueing
+//! on the device included). Tenant and function labels are bounded
 //! ([`tensor_wasm_telemetry::labels`]): past the limits they read `other`.
 
 use std::time::Duration;
@@ -49,8 +50,8 @@ impl Accounts {
                 Opts::new(
                     "tensor_wasm_tenant_kernel_seconds_total",
                     "Kernel time by tenant, function and backend, past deadlines too; `timing` \
-                     says what was measured: cpu_worker (worker threads' time, summed) or \
-                     launch_to_completion.",
+                     says what was measured: cpu_worker (worker threads' time, summed), \
+                     cuda_event (device time between timing events) or launch_to_completion.",
                 ),
                 &["tenant", "function", "backend", "timing"],
             )?,
@@ -80,19 +81,24 @@ impl Accounts {
         registry.register(Box::new(self.device_memory.clone()))
     }
 
-    /// Charges a launch of `function` of `tenant` on `backend`: its CPU worker
-    /// time when the backend measured one, else `wall` (launch to completion).
+    /// Charges a launch of `function` of `tenant` on `backend`: what the
+    /// backend measured (CPU worker time, or CUDA device time between timing
+    /// events), else `wall` (launch to completion).
     pub(crate) fn kernel(
         &self,
         tenant: &str,
         function: &str,
         backend: &str,
-        worker: Option<Duration>,
+        timer: Option<&tensor_wasm_gpu::KernelTimer>,
         wall: Duration,
     ) {
-        let (timing, took) = match worker {
-            Some(worker) => ("cpu_worker", worker),
-            None => ("launch_to_completion", wall),
+        let (timing, took) = match (
+            timer.and_then(|t| t.worker_time()),
+            timer.and_then(|t| t.device_time()),
+        ) {
+            (Some(worker), _) => ("cpu_worker", worker),
+            (None, Some(device)) => ("cuda_event", device),
+            (None, None) => ("launch_to_completion", wall),
         };
         let (t, f) = labels(tenant, function);
         self.kernel_seconds
@@ -167,11 +173,10 @@ mod tests {
     fn kernels_are_charged_by_what_the_backend_measured() {
         let accounts = Accounts::new().unwrap();
         let ms = Duration::from_millis;
-        accounts.kernel("tn-a", "fn-1", "cpu", Some(ms(300)), ms(100));
         accounts.kernel("tn-a", "fn-2", "cuda", None, ms(200));
-        accounts.kernel("tn-b", "fn-3", "cpu", Some(ms(50)), ms(60));
-        assert!((accounts.tenant_kernel_seconds("tn-a") - 0.5).abs() < 1e-9);
-        assert!((accounts.tenant_kernel_seconds("tn-b") - 0.05).abs() < 1e-9);
+        accounts.kernel("tn-b", "fn-3", "cpu", None, ms(60));
+        assert!((accounts.tenant_kernel_seconds("tn-a") - 0.2).abs() < 1e-9);
+        assert!((accounts.tenant_kernel_seconds("tn-b") - 0.06).abs() < 1e-9);
         let held = accounts.hold("tn-a", "fn-1", 4096);
         let gauge = accounts.device_memory.with_label_values(&["tn-a", "fn-1"]);
         assert_eq!(gauge.get(), 4096);

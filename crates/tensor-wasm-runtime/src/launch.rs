@@ -81,9 +81,8 @@ impl GpuShared {
         } else {
             "cpu"
         };
-        let worker = timer.and_then(|t| t.worker_time());
         self.accounts
-            .kernel(tenant.as_str(), function, device, worker, ran);
+            .kernel(tenant.as_str(), function, device, timer.as_ref(), ran);
         self.accounts.moved(
             tenant.as_str(),
             function,

@@ -5,7 +5,8 @@
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
+use std::time::Duration;
 
 use cudarc::driver::{sys, CudaContext, CudaStream, DriverError};
 
@@ -14,28 +15,58 @@ use crate::completion::Signal;
 use crate::error::driver_error_text;
 use crate::GpuError;
 
-/// A CUDA event created with `CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING`: waiting on it
-/// puts the thread to sleep instead of spinning. (cudarc's `CudaEvent` takes one flag only.)
+/// A CUDA event created with `CU_EVENT_BLOCKING_SYNC` (and `CU_EVENT_DISABLE_TIMING` unless it
+/// is `timed`): waiting on it puts the thread to sleep instead of spinning. (cudarc's
+/// `CudaEvent` takes one flag only.)
 pub(crate) struct BlockingEvent {
     raw: sys::CUevent,
     ctx: Arc<CudaContext>,
+    /// Created for timing: [`BlockingEvent::elapsed_since`] works on it.
+    pub(crate) timed: bool,
+}
+
+/// Whether launches are timed on the device (`--cuda-timing-events`): an event recorded before
+/// each kernel and its completion event, both with timing, and the time between them read
+/// once the kernel has finished. Off by default: timing events cost the driver more than
+/// events without.
+static TIMING_EVENTS: AtomicBool = AtomicBool::new(false);
+
+/// Turns device-side kernel timing on or off for launches from now on.
+pub fn set_timing_events(on: bool) {
+    TIMING_EVENTS.store(on, Ordering::Relaxed);
+}
+
+/// Whether launches are timed on the device.
+pub(crate) fn timing_events() -> bool {
+    TIMING_EVENTS.load(Ordering::Relaxed)
 }
 
 // SAFETY: a CUevent is a driver handle usable from any thread; this wrapper is its only owner.
 unsafe impl Send for BlockingEvent {}
 
 impl BlockingEvent {
-    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, timed: bool) -> Result<Self, DriverError> {
         ctx.bind_to_thread()?;
-        let flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as c_uint
-            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
+        let mut flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as c_uint;
+        if !timed {
+            flags |= sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
+        }
         let mut raw: sys::CUevent = std::ptr::null_mut();
         // SAFETY: `raw` is a valid place for the handle; the context is current.
         unsafe { sys::cuEventCreate(&mut raw, flags) }.result()?;
         Ok(Self {
             raw,
             ctx: ctx.clone(),
+            timed,
         })
+    }
+
+    /// The device time from `start`'s record to this event's, both timed and completed.
+    pub(crate) fn elapsed_since(&self, start: &BlockingEvent) -> Result<Duration, DriverError> {
+        let mut ms = 0f32;
+        // SAFETY: both events are alive, belong to the same context and have completed.
+        unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.raw, self.raw) }.result()?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1000.0))
     }
 
     /// The context the event belongs to.
@@ -89,6 +120,8 @@ pub(super) fn is_sticky(error: &DriverError) -> bool {
 /// A launched kernel whose completion the waiter thread reports.
 pub(super) struct PendingLaunch {
     pub(super) event: BlockingEvent,
+    /// The timed event recorded before the kernel, when launches are timed.
+    pub(super) start: Option<BlockingEvent>,
     pub(super) signal: Arc<Signal>,
 }
 
@@ -102,14 +135,23 @@ pub(super) fn wait_for_launches(
     if let Err(error) = context.ctx.bind_to_thread() {
         tracing::warn!(error = %driver_error_text(error), "CUDA event thread cannot bind the context");
     }
-    while let Ok(PendingLaunch { event, signal }) = launches.recv() {
+    while let Ok(PendingLaunch {
+        event,
+        start,
+        signal,
+    }) = launches.recv()
+    {
         let outcome = event.synchronize();
         match outcome {
-            Ok(()) => context
-                .spare_events
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(event),
+            Ok(()) => {
+                if let Some(start) = start {
+                    if let Ok(took) = event.elapsed_since(&start) {
+                        signal.set_device_time(took);
+                    }
+                    context.spare(start);
+                }
+                context.spare(event);
+            }
             Err(error) => {
                 if !faulted.swap(true, Ordering::AcqRel) {
                     tracing::error!(

@@ -126,7 +126,19 @@ impl CudaBackend {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         lane.context.make_current()?;
-        let event = lane.context.event()?;
+        let timed = super::events::timing_events();
+        let event = lane.context.event(timed)?;
+        let start = match timed {
+            true => {
+                let start = lane.context.event(true)?;
+                start.record(&lane.stream).map_err(|error| {
+                    lane.note_submit_error(&error);
+                    GpuError::cuda("recording the timing event", error)
+                })?;
+                Some(start)
+            }
+            false => None,
+        };
         let mut builder = lane.stream.launch_builder(function);
         push_params(&mut builder, params);
         let cfg = driver_config(config);
@@ -155,6 +167,7 @@ impl CudaBackend {
         }
         let pending = PendingLaunch {
             event,
+            start,
             signal: signal.clone(),
         };
         let unsent = match &*to_waiter {

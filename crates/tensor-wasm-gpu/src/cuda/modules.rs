@@ -93,19 +93,32 @@ impl ContextState {
             .map_err(|error| GpuError::cuda("making a tenant context current", error))
     }
 
-    /// A completion event of this context: a spare one, or a new one.
-    pub(super) fn event(&self) -> Result<BlockingEvent, GpuError> {
+    /// An event of this context, `timed` or not: a spare one, or a new one.
+    pub(super) fn event(&self, timed: bool) -> Result<BlockingEvent, GpuError> {
         // The pool is a plain list of whole events: a poisoned lock still holds a valid one.
-        let spare = self
-            .spare_events
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
+        let spare = {
+            let mut spares = self
+                .spare_events
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            spares
+                .iter()
+                .rposition(|e| e.timed == timed)
+                .map(|at| spares.swap_remove(at))
+        };
         match spare {
             Some(event) => Ok(event),
-            None => BlockingEvent::new(&self.ctx)
+            None => BlockingEvent::new(&self.ctx, timed)
                 .map_err(|error| GpuError::cuda("creating a completion event", error)),
         }
+    }
+
+    /// Keeps `event` (completed) for a later launch.
+    pub(super) fn spare(&self, event: BlockingEvent) {
+        self.spare_events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(event);
     }
 }
 
