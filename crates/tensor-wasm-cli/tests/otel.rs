@@ -520,11 +520,15 @@ fn spans_of_deploys_invokes_guests_streams_and_jobs_form_one_tree() {
         },
     );
     check_tree(&receiver.spans(), &work);
-    assert!(
-        server
-            .metric("tensor_wasm_otel_spans_exported_total")
-            .unwrap_or(0.0)
-            > 0.0
+    // Counted once the receiver's answer is back (after it has the spans).
+    wait_until(
+        Duration::from_secs(10),
+        "exported spans are counted",
+        || {
+            server
+                .metric("tensor_wasm_otel_spans_exported_total")
+                .is_some_and(|n| n > 0.0)
+        },
     );
     assert_eq!(
         server.metric("tensor_wasm_otel_spans_dropped_total{reason=\"queue_full\"}"),
