@@ -574,7 +574,7 @@ fn an_untrusted_sampled_flag_does_not_force_sampling() {
             .expect("invoke");
         assert_eq!(answer.status(), 200);
     }
-    std::thread::sleep(Duration::from_millis(600));
+    // A graceful stop sends whatever is queued before the process exits.
     server.terminate();
     assert!(receiver.spans().is_empty(), "{:#?}", receiver.spans());
 }
